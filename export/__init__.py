@@ -1,0 +1,1 @@
+"""norcal.export: detectron2 checkpoints to ONNX, and the NorCal node's graph surgery."""

@@ -1,0 +1,1 @@
+"""An export-friendly implementation of detectron2's GeneralizedRCNN family."""

@@ -1,0 +1,75 @@
+"""ModelSpec: everything about a detectron2 R-CNN that changes inference, in one place.
+
+Built from a detectron2 config (``norcal.export.d2_config``) or inferred from a checkpoint's
+weights (``norcal.export.infer_arch``); consumed by ``norcal.export.modeling``.
+Field defaults are detectron2's (``detectron2/config/defaults.py``) except the test-time
+settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class ModelSpec:
+    meta_architecture: str = "GeneralizedRCNN"
+    # input
+    pixel_mean: tuple[float, float, float] = (103.53, 116.28, 123.675)
+    pixel_std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    input_format: str = "BGR"
+    min_size_test: int = 800
+    max_size_test: int = 1333
+    size_divisibility: int = 32
+    # backbone: ResNet / ResNeXt
+    depth: int = 50
+    norm: str = "FrozenBN"  # FrozenBN | BN | SyncBN | GN | ""
+    stem_out_channels: int = 64
+    res2_out_channels: int = 256
+    num_groups: int = 1
+    width_per_group: int = 64
+    stride_in_1x1: bool = True
+    res5_dilation: int = 1
+    # FPN
+    fpn_out_channels: int = 256
+    fpn_norm: str = ""
+    fpn_fuse_type: str = "sum"
+    # anchors and RPN
+    anchor_sizes: tuple[tuple[float, ...], ...] = ((32,), (64,), (128,), (256,), (512,))
+    anchor_aspect_ratios: tuple[tuple[float, ...], ...] = ((0.5, 1.0, 2.0),)
+    anchor_offset: float = 0.0
+    rpn_conv_dims: tuple[int, ...] = (-1,)
+    rpn_bbox_reg_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
+    rpn_pre_nms_topk_test: int = 1000
+    rpn_post_nms_topk_test: int = 1000
+    rpn_nms_thresh: float = 0.7
+    rpn_min_size: float = 0.0
+    # ROI heads
+    num_classes: int = 1203
+    pooler_type: str = "ROIAlignV2"
+    pooler_resolution: int = 7
+    pooler_sampling_ratio: int = 0
+    box_head_num_conv: int = 0
+    box_head_conv_dim: int = 256
+    box_head_num_fc: int = 2
+    box_head_fc_dim: int = 1024
+    box_head_norm: str = ""
+    bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
+    cls_agnostic_bbox_reg: bool = False
+    use_sigmoid_ce: bool = False
+    score_thresh_test: float = 1e-4
+    nms_thresh_test: float = 0.5
+    detections_per_image: int = 300
+    # mask head
+    mask_on: bool = True
+    mask_head_num_conv: int = 4
+    mask_head_conv_dim: int = 256
+    mask_head_norm: str = ""
+    mask_pooler_resolution: int = 14
+    mask_pooler_sampling_ratio: int = 0
+    cls_agnostic_mask: bool = False
+    # free-form notes on where values came from (config file, inferred from weights)
+    provenance: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,3 @@
+from norcal.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""The ``norcal`` command line: thin subcommands over the library.
+
+Each module in ``norcal.commands`` is one subcommand; it defines ``HELP`` (one line),
+``DESCRIPTION`` (the --help text), ``add_arguments(parser)`` and ``run(args) -> int``.
+Errors a user can fix (:class:`NorcalError`) print one line on stderr and exit with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import norcal.commands
+from norcal import __version__
+from norcal.errors import NorcalError
+
+
+def _command_modules():
+    for info in sorted(pkgutil.iter_modules(norcal.commands.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            yield info.name, importlib.import_module(f"norcal.commands.{info.name}")
+
+
+def _add_command(sub, name, module):
+    p = sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(p)
+    p.set_defaults(_run=module.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="norcal",
+        description="Bake NorCal long-tail calibration into deployed detectors, run and evaluate them.",
+    )
+    parser.add_argument("--version", action="version", version=f"norcal-deploy {__version__}")
+    sub = parser.add_subparsers(metavar="COMMAND", dest="command")
+    for name, module in _command_modules():
+        _add_command(sub, name, module)
+    return parser
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    try:
+        return int(args._run(args) or 0)
+    except NorcalError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    return _dispatch(args)
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    """``norcal-export``: the same as ``norcal export``."""
+    from norcal.commands import export as module
+
+    parser = argparse.ArgumentParser(prog="norcal-export", description=module.DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(parser)
+    parser.set_defaults(_run=module.run)
+    return _dispatch(parser.parse_args(argv))

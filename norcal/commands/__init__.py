@@ -1,0 +1,1 @@
+"""One module per ``norcal`` subcommand (see :mod:`norcal.cli`)."""

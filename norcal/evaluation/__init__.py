@@ -1,0 +1,1 @@
+"""LVIS evaluation: AP, AP_r/c/f, AP^Fixed."""

@@ -1,0 +1,1 @@
+"""norcal.runtime: host pre/post-processing, ONNX Runtime and TensorRT runners."""
