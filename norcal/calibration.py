@@ -46,7 +46,7 @@ def check_counts(counts: Sequence[float], names: Sequence[str] | None = None) ->
         who = f"class {i} ({names[i]!r})" if names is not None else f"class {i}"
         more = f" (and {bad.size - 1} more)" if bad.size > 1 else ""
         raise NorcalError(
-            f"{who} has training count {arr[i]!r}: counts must be finite and > 0{more}"
+            f"{who} has training count {float(arr[i])}: counts must be finite and > 0{more}"
         )
     return arr
 
@@ -165,6 +165,14 @@ def calibrate(logits, log_prior_: Sequence[float] | np.ndarray, mechanism: str =
     if activation not in ACTIVATIONS:
         raise NorcalError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
     ops = _ops(logits)
+    if ops is _NumpyOps:
+        # fp16 extremes over/underflow to +-inf on the way; the results stay finite
+        with np.errstate(over="ignore", invalid="ignore"):
+            return _calibrate(ops, logits, log_prior_, mechanism, renormalize, activation)
+    return _calibrate(ops, logits, log_prior_, mechanism, renormalize, activation)
+
+
+def _calibrate(ops, logits, log_prior_, mechanism, renormalize, activation):
     lp = ops.const(log_prior_, logits)
     if lp.shape[-1] != logits.shape[-1]:
         raise NorcalError(

@@ -1,0 +1,54 @@
+"""Put NorCal into an ONNX detector: choose the table, compute the log prior, run the surgery."""
+
+from __future__ import annotations
+
+import onnx
+
+from norcal.calibration import check_gamma, log_prior
+from norcal.errors import NorcalError
+from norcal.export.norcal_node import NorCalSettings
+from norcal.export.surgery import find_classifiers, insert_norcal
+from norcal.tables import CalibrationTable, builtin_names, load_table
+
+
+def default_table(num_classes: int) -> CalibrationTable:
+    """The built-in table with exactly ``num_classes`` classes (LVIS v1: 1203, v0.5: 1230)."""
+    for name in builtin_names():
+        t = load_table(name)
+        if t.num_classes == num_classes:
+            return t
+    raise NorcalError(f"no built-in calibration table has {num_classes} classes; "
+                      "pass --table (a table JSON, see `norcal table build`)")
+
+
+def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:
+    """Foreground class count of the single classifier candidate, when there is exactly one."""
+    found = find_classifiers(model)
+    if len(found) == 1 and found[0].width:
+        return found[0].width - (0 if background == "none" else 1)
+    return None
+
+
+def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | CalibrationTable | None = None,
+                   *, factor: str = "cdt", mechanism: str = "exp", renormalize: bool = True,
+                   background: str = "last", background_scale: float = 1.0,
+                   count_type: str | None = None, logits: str | None = None,
+                   inline: bool = False) -> onnx.ModelProto:
+    """Return a copy of ``model`` whose box classifier is NorCal-calibrated with ``table``'s counts."""
+    gamma = check_gamma(gamma, factor)
+    if table is None:
+        n = classifier_classes(model, background)
+        if n is None:
+            raise NorcalError("cannot tell the model's class count; pass --table")
+        table = default_table(n)
+    elif not isinstance(table, CalibrationTable):
+        table = load_table(table)
+    kind = count_type or table.count_type
+    counts = table.counts(kind)
+    prior = log_prior(counts, gamma, factor, background, background_scale, table.names)
+    settings = NorCalSettings(gamma=gamma, factor=factor, mechanism=mechanism,
+                              renormalize=renormalize, background=background,
+                              background_scale=background_scale, count_type=kind,
+                              table=table.name, table_sha256=table.sha256,
+                              num_classes=table.num_classes)
+    return insert_norcal(model, prior, settings, logits=logits, inline=inline)

@@ -1,0 +1,144 @@
+"""The export job end to end: load, export (checkpoints), calibrate, check, write, summarise."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from norcal.errors import NorcalError
+from norcal.export.calibrate_onnx import calibrate_onnx
+from norcal.export.onnx_io import describe_io, load_onnx, save_onnx
+from norcal.export.surgery import norcal_metadata, strip_norcal
+
+
+@dataclass
+class NorCalOptions:
+    """The calibration the user asked for (None gamma with strip=True removes NorCal)."""
+
+    gamma: float | None
+    table: str | None = None
+    factor: str = "cdt"
+    mechanism: str = "exp"
+    renormalize: bool = True
+    background_scale: float = 1.0
+    count: str | None = None
+    background: str | None = None
+    logits: str | None = None
+    inline: bool = False
+    strip: bool = False
+
+    @classmethod
+    def from_args(cls, args) -> "NorCalOptions":
+        return cls(**{k: getattr(args, k) for k in cls.__dataclass_fields__})
+
+    def apply(self, model: onnx.ModelProto, default_background: str = "last") -> onnx.ModelProto:
+        if self.strip:
+            return strip_norcal(model)
+        return calibrate_onnx(model, self.gamma, self.table, factor=self.factor,
+                              mechanism=self.mechanism, renormalize=self.renormalize,
+                              background=self.background or default_background,
+                              background_scale=self.background_scale, count_type=self.count,
+                              logits=self.logits, inline=self.inline)
+
+
+@dataclass
+class ExportResult:
+    source: Path
+    output: Path
+    model: onnx.ModelProto
+    seconds: float
+    extra_rows: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def print_summary(self) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(soft_wrap=True)
+        meta = norcal_metadata(self.model)
+        t = Table(title=f"exported {self.output}", show_header=False)
+        t.add_row("source", str(self.source))
+        for k, v in self.extra_rows:
+            t.add_row(k, v)
+        if meta:
+            t.add_row("classes", meta.get("norcal.num_classes", "?"))
+            t.add_row("table", f"{meta.get('norcal.table')} (sha256 {meta.get('norcal.table_sha256', '')[:16]}…)")
+            t.add_row("NorCal", f"gamma {meta.get('norcal.gamma')}, factor {meta.get('norcal.factor')}, "
+                                f"mechanism {meta.get('norcal.mechanism')}, renormalize "
+                                f"{meta.get('norcal.renormalize')}, background {meta.get('norcal.background')}")
+            t.add_row("node", f"{'inlined ops' if meta.get('norcal.inline') == 'true' else 'ai.norcal::NorCal'}"
+                              f" on {meta.get('norcal.logits')}")
+        else:
+            t.add_row("NorCal", "none (plain classifier)")
+        for kind, name, dtype, shape in describe_io(self.model):
+            t.add_row(kind, f"{name}: {dtype} {shape}")
+        t.add_row("file size", f"{self.output.stat().st_size / 2**20:.1f} MiB")
+        t.add_row("time", f"{self.seconds:.1f} s")
+        console.print(t)
+        for n in self.notes:
+            console.print(n)
+
+
+def _finish(model: onnx.ModelProto, out: Path) -> None:
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as e:  # a bug of ours, not the user's: keep the trace
+        raise RuntimeError(f"the calibrated model fails the ONNX checker: {e}") from e
+    save_onnx(model, out)
+
+
+def export_onnx_file(src: Path, out: Path, args) -> ExportResult:
+    """ONNX in, ONNX out: surgery only."""
+    t0 = time.perf_counter()
+    opts = NorCalOptions.from_args(args)
+    model = opts.apply(load_onnx(src))
+    _finish(model, out)
+    return ExportResult(src, out, model, time.perf_counter() - t0)
+
+
+def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
+    """A detectron2 checkpoint -> batched ONNX with NorCal (see norcal.export.onnx_export)."""
+    from rich.console import Console
+
+    from norcal.export.detector import build_detector, export_detector
+
+    console = Console(stderr=True)
+    t0 = time.perf_counter()
+    opts = NorCalOptions.from_args(args)
+    if opts.strip:
+        raise NorcalError("--strip applies to ONNX models; a checkpoint export has no node to strip")
+    if opts.logits:
+        raise NorcalError("--logits applies to ONNX input; a checkpoint export knows its classifier")
+    with console.status("loading checkpoint"):
+        spec, model = build_detector(src, getattr(args, "config", None))
+    with console.status("exporting to ONNX"):
+        graph = export_detector(model, spec, batch=args.batch, height=args.height,
+                                width=args.width, opset=args.opset)
+    with console.status("inserting the NorCal node"):
+        graph = opts.apply(graph, default_background="last")
+    _finish(graph, out)
+    rows = [("architecture", f"{spec.meta_architecture} R{spec.depth}-FPN, {spec.num_classes} classes, "
+                             f"{'mask' if spec.mask_on else 'box'} head"),
+            ("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}, score > "
+                              f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
+                              f"{spec.detections_per_image} detections")]
+    result = ExportResult(src, out, graph, time.perf_counter() - t0, rows)
+    if getattr(args, "verify", None):
+        from norcal.export.verify import verify_images
+
+        result.notes.append(verify_images(model, out, args.verify, spec, opts))
+    if getattr(args, "triton_repo", None):
+        from norcal.export.triton import write_triton_repo
+
+        d = write_triton_repo(out, args.triton_repo, out.name.split(".")[0])
+        result.notes.append(f"Triton model repository written: {d}")
+    return result
+
+
+def describe(model: onnx.ModelProto) -> dict[str, Any]:
+    """NorCal metadata and graph I/O, for scripts."""
+    return {"norcal": norcal_metadata(model), "io": describe_io(model)}

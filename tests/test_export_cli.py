@@ -1,0 +1,115 @@
+"""norcal-export on ONNX input: happy path, and bad input -> one line on stderr, exit 2, no file."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from norcal.cli import export_main, main
+from norcal.export.surgery import norcal_metadata
+
+from onnx_graphs import classifier_graph
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    p = tmp_path / "det.onnx"
+    onnx.save(classifier_graph(num_classes=4), str(p))
+    return p
+
+
+def write_table(tmp_path, counts, name="t.json"):
+    cats = [{"id": i + 1, "name": f"class{i}", "image_count": c, "instance_count": 1}
+            for i, c in enumerate(counts)]
+    p = tmp_path / name
+    p.write_text(json.dumps({"name": "toy", "categories": cats}))
+    return p
+
+
+def call_fails(capsys, argv, message):
+    rc = export_main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1, err
+    assert message in err, err
+    return err
+
+
+def test_export_writes_calibrated_model(tmp_path, model_path, capsys):
+    table = write_table(tmp_path, [1, 5, 50, 500])
+    assert export_main([str(model_path), "--gamma", "0.5", "--table", str(table)]) == 0
+    out = tmp_path / "det.norcal.onnx"
+    meta = norcal_metadata(onnx.load(str(out)))
+    assert meta["norcal.gamma"] == "0.5" and meta["norcal.table"] == "toy"
+    assert "ai.norcal::NorCal" in capsys.readouterr().out
+    # re-run on its own output with a new gamma replaces the node
+    out2 = tmp_path / "det2.onnx"
+    assert export_main([str(out), "--gamma", "1.0", "--table", str(table), "-o", str(out2)]) == 0
+    m2 = onnx.load(str(out2))
+    assert sum(n.op_type == "NorCal" for n in m2.graph.node) == 1
+    assert norcal_metadata(m2)["norcal.gamma"] == "1.0"
+    out3 = tmp_path / "det3.onnx"
+    assert export_main([str(out2), "--strip", "-o", str(out3)]) == 0
+    assert not norcal_metadata(onnx.load(str(out3)))
+
+
+@pytest.mark.parametrize("case", ["text", "truncated", "missing"])
+def test_not_onnx(tmp_path, model_path, capsys, case):
+    bad = tmp_path / "bad.onnx"
+    if case == "text":
+        bad.write_text("this is not a model\n")
+    elif case == "truncated":
+        bad.write_bytes(model_path.read_bytes()[:150])
+    out = tmp_path / "out.onnx"
+    msg = "no such file" if case == "missing" else "not an ONNX model or truncated"
+    call_fails(capsys, [bad, "--gamma", "0.5", "--table", "lvis_v1", "-o", out], msg)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gamma", "-0.5"], "gamma must be a finite number >= 0"),
+    (["--gamma", "1.0", "--factor", "ens"], "ENS gamma must lie in [0, 1)"),
+    (["--gamma", "0.5", "--table", "lvis_v1"], "the table has 1203 classes"),
+])
+def test_bad_settings(tmp_path, model_path, capsys, argv, message):
+    out = tmp_path / "out.onnx"
+    call_fails(capsys, [model_path, *argv, "-o", out], message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value,shown", [(0, "0.0"), (-3, "-3.0"), ("Infinity", "inf")])
+def test_bad_count_names_class(tmp_path, model_path, capsys, value, shown):
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"name": "toy", "categories": [
+        {"id": i + 1, "name": f"class{i}", "image_count": v, "instance_count": 1}
+        for i, v in enumerate([4, 9, 2, 1])]}).replace('"image_count": 2', f'"image_count": {value}'))
+    out = tmp_path / "out.onnx"
+    err = call_fails(capsys, [model_path, "--gamma", "0.5", "--table", table, "-o", out], "'class2'")
+    assert f"count {shown}" in err
+    assert not out.exists()
+
+
+def test_output_equal_to_input(tmp_path, model_path, capsys):
+    before = model_path.read_bytes()
+    call_fails(capsys, [model_path, "--gamma", "0.5", "-o", model_path], "is the input file")
+    assert model_path.read_bytes() == before
+    leftovers = [p for p in tmp_path.iterdir() if p.name != model_path.name]
+    assert not leftovers
+
+
+def test_console_scripts_and_module(tmp_path):
+    for cmd in (["norcal-export", "--help"], ["norcal", "--help"], [sys.executable, "-m", "norcal", "table", "--help"]):
+        exe = cmd if cmd[0] == sys.executable else [str(__import__("pathlib").Path(sys.executable).parent / cmd[0]), *cmd[1:]]
+        r = subprocess.run(exe, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "usage" in r.stdout
+
+
+def test_table_show_lvis_v1(capsys):
+    assert main(["table", "show", "lvis_v1", "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "classes: 1203" in out
+    assert "│ rare     │ 337" in out and "│ common   │ 461" in out and "│ frequent │ 405" in out
