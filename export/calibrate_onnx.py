@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import onnx
 
 from norcal.calibration import check_gamma, log_prior
@@ -51,4 +53,9 @@ def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | Calibratio
                               background_scale=background_scale, count_type=kind,
                               table=table.name, table_sha256=table.sha256,
                               num_classes=table.num_classes)
-    return insert_norcal(model, prior, settings, logits=logits, inline=inline)
+    out = insert_norcal(model, prior, settings, logits=logits, inline=inline)
+    # runners map class index -> dataset category id with this (norcal.runtime.contract)
+    props = {p.key: p.value for p in out.metadata_props}
+    props["norcal.category_ids"] = json.dumps(table.category_ids)
+    onnx.helper.set_model_props(out, props)
+    return out

@@ -1,0 +1,48 @@
+"""A detectron2 checkpoint -> our PyTorch detector -> its ONNX graph with the runtime metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+
+from norcal.export.spec import ModelSpec
+from norcal.runtime import contract
+
+
+def build_detector(weights: str | Path, config: str | Path | None = None):
+    """(spec, model in eval mode) from a detectron2 checkpoint and optional config."""
+    from norcal.export.loader import load_detector_spec
+    from norcal.export.modeling.build import build_model
+
+    spec, state = load_detector_spec(weights, config)
+    model = build_model(spec, state).eval()
+    return spec, model
+
+
+def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
+    """What runners need to prepare inputs (the keys of norcal.runtime.contract)."""
+    return {
+        contract.MIN_SIZE_TEST: str(spec.min_size_test),
+        contract.MAX_SIZE_TEST: str(spec.max_size_test),
+        contract.INPUT_FORMAT: "BGR",  # the graph takes BGR whatever the training format
+        contract.SIZE_DIVISIBILITY: str(spec.size_divisibility),
+        contract.NUM_CLASSES: str(spec.num_classes),
+        "norcal.detector": json.dumps({"depth": spec.depth, "mask_on": spec.mask_on,
+                                       "score_thresh_test": spec.score_thresh_test,
+                                       "nms_thresh_test": spec.nms_thresh_test,
+                                       "detections_per_image": spec.detections_per_image}),
+    }
+
+
+def export_detector(model, spec: ModelSpec, *, batch: int | None = None, height: int | None = None,
+                    width: int | None = None, opset: int = 17) -> onnx.ModelProto:
+    """The batched ONNX graph (plain softmax classifier) with runtime metadata set."""
+    from norcal.export.onnx_export import export_onnx
+
+    graph = export_onnx(model, spec, batch=batch, height=height, width=width, opset=opset)
+    props = {p.key: p.value for p in graph.metadata_props}
+    props.update(runtime_metadata(spec))
+    onnx.helper.set_model_props(graph, props)
+    return graph
