@@ -1,0 +1,320 @@
+"""Read a detectron2 YAML config (with ``_BASE_`` chains) into a :class:`ModelSpec`, without detectron2.
+
+Semantics follow ``detectron2.config.CfgNode.merge_from_file``: each ``_BASE_`` path is
+relative to the file naming it; a child's values override its base's and nested mappings
+merge; keys no file sets take detectron2's defaults (``d2_defaults``). Keys that change
+inference in a way we do not implement raise :class:`NorcalError`; training-only keys
+(SOLVER, DATASETS, ...) are ignored.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from norcal.errors import NorcalError
+
+from .d2_defaults import d2_defaults
+from .spec import ModelSpec
+
+BASE_KEY = "_BASE_"
+FPN_IN_FEATURES = ["res2", "res3", "res4", "res5"]
+RPN_IN_FEATURES = ["p2", "p3", "p4", "p5", "p6"]
+ROI_IN_FEATURES = ["p2", "p3", "p4", "p5"]
+RESNET_DEPTHS = (18, 34, 50, 101, 152)
+# every BatchNorm flavour is a fixed affine map at inference; SyncBN's variants act as SyncBN
+_NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naiveSyncBN": "SyncBN",
+          "nnSyncBN": "SyncBN", "GN": "GN"}
+
+
+# ---------------------------------------------------------------- YAML with _BASE_ chains
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise NorcalError(f"{path}: config file not found") from None
+    except OSError as e:
+        raise NorcalError(f"{path}: cannot read config: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise NorcalError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise NorcalError(f"{path}: a detectron2 config must be a YAML mapping, found {type(data).__name__}")
+    return data
+
+
+def _merge_base(child: dict, base: dict, path: Path, prefix: str = "") -> None:
+    """Merge ``child`` into ``base`` in place: child wins, nested mappings merge."""
+    for k, v in child.items():
+        if isinstance(v, dict) and k in base:
+            if not isinstance(base[k], dict):
+                raise NorcalError(f"{path}: cannot inherit key '{prefix}{k}' from base: the base sets it "
+                                  f"to {base[k]!r}, not a mapping")
+            _merge_base(v, base[k], path, f"{prefix}{k}.")
+        else:
+            base[k] = v
+
+
+def load_yaml_with_base(path, _chain: tuple[Path, ...] = ()) -> dict:
+    """The YAML file at ``path`` with its ``_BASE_`` files merged in (a nested dict)."""
+    path = Path(os.path.expanduser(str(path)))
+    key = path.resolve()
+    if key in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain, key))
+        raise NorcalError(f"{path}: _BASE_ chain loops: {cycle}")
+    cfg = _read_yaml(path)
+    if BASE_KEY not in cfg:
+        return cfg
+    bases = cfg.pop(BASE_KEY)
+    names = bases if isinstance(bases, list) else [bases]
+    merged: dict = {}
+    for name in names:
+        if not isinstance(name, str):
+            raise NorcalError(f"{path}: _BASE_ entry {name!r} is not a file name")
+        if name.startswith(("http://", "https://")):
+            raise NorcalError(f"{path}: _BASE_ {name} is a URL; download it and name the local file")
+        base_path = Path(os.path.expanduser(name))
+        if not base_path.is_absolute():
+            base_path = path.parent / base_path  # relative to the file that names it
+        if not base_path.is_file():
+            raise NorcalError(f"{path}: _BASE_ file {name} not found (looked for {base_path})")
+        _merge_base(load_yaml_with_base(base_path, (*_chain, key)), merged, base_path)
+    _merge_base(cfg, merged, path)
+    return merged
+
+
+def _decode(value: Any) -> Any:
+    # yacs literal-evals strings when merging, so "1e-4" (a string to YAML 1.1) is a float
+    if isinstance(value, str):
+        try:
+            return ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return value
+    return value
+
+
+def _merge_into_defaults(loaded: dict, defaults: dict, prefix: str = "") -> None:
+    for k, v in loaded.items():
+        full = f"{prefix}{k}"
+        if isinstance(defaults.get(k), dict):
+            if not isinstance(v, dict):
+                raise NorcalError(f"config key {full} must be a mapping, got {v!r}")
+            _merge_into_defaults(v, defaults[k], full + ".")
+        else:
+            defaults[k] = v if isinstance(v, dict) else _decode(v)
+
+
+def load_cfg_dict(path) -> dict:
+    """detectron2's defaults (for the keys we read) overridden by the file and its bases."""
+    cfg = d2_defaults()
+    _merge_into_defaults(load_yaml_with_base(path), cfg)
+    return cfg
+
+
+# ---------------------------------------------------------------- typed access
+
+class _Cfg:
+    def __init__(self, data: dict, source: str):
+        self.data, self.source = data, source
+
+    def get(self, key: str) -> Any:
+        node: Any = self.data
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise NorcalError(f"{self.source}: config key {key} is missing")
+            node = node[part]
+        return node
+
+    def bad(self, key: str, why: str) -> NorcalError:
+        return NorcalError(f"{self.source}: {key}: {self.get(key)!r}: {why}")
+
+    def int(self, key: str, minimum: int | None = None) -> int:
+        v = self.get(key)
+        if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise self.bad(key, "expected an integer")
+        if minimum is not None and v < minimum:
+            raise self.bad(key, f"must be >= {minimum}")
+        return v
+
+    def float(self, key: str) -> float:
+        v = self.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.bad(key, "expected a number")
+        return float(v)
+
+    def bool(self, key: str) -> bool:
+        v = self.get(key)
+        if not isinstance(v, bool):
+            raise self.bad(key, "expected true or false")
+        return v
+
+    def str(self, key: str) -> str:
+        v = self.get(key)
+        if not isinstance(v, str):
+            raise self.bad(key, "expected a string")
+        return v
+
+    def seq(self, key: str) -> list:
+        v = self.get(key)
+        if not isinstance(v, (list, tuple)):
+            raise self.bad(key, "expected a list")
+        return list(v)
+
+    def floats(self, key: str, length: int | None = None) -> tuple[float, ...]:
+        v = self.seq(key)
+        if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v):
+            raise self.bad(key, "expected a list of numbers")
+        if length is not None and len(v) != length:
+            raise self.bad(key, f"expected {length} numbers")
+        return tuple(float(x) for x in v)
+
+    def float_lists(self, key: str) -> tuple[tuple[float, ...], ...]:
+        v = self.seq(key)
+        ok = v and all(isinstance(r, (list, tuple)) and r and
+                       all(not isinstance(x, bool) and isinstance(x, (int, float)) for x in r) for r in v)
+        if not ok:
+            raise self.bad(key, "expected a non-empty list of non-empty lists of numbers")
+        return tuple(tuple(float(x) for x in r) for r in v)
+
+    def norm(self, key: str) -> str:
+        v = self.str(key)
+        if v not in _NORMS:
+            raise self.bad(key, f"unsupported norm; supported: {', '.join(repr(n) for n in _NORMS)}")
+        return _NORMS[v]
+
+    def require(self, key: str, allowed, why: str = "not supported") -> None:
+        """Raise unless the value is ``allowed`` (or one of a tuple of allowed values)."""
+        v = self.get(key)
+        v = list(v) if isinstance(v, tuple) else v
+        options = list(allowed) if isinstance(allowed, tuple) else [allowed]
+        # bools must match as bools: YAML's true is not the integer 1
+        if not any(v == o and isinstance(v, bool) == isinstance(o, bool) for o in options):
+            raise self.bad(key, f"{why} (supported: {', '.join(repr(o) for o in options)})")
+
+
+# ---------------------------------------------------------------- config -> ModelSpec
+
+def _check_supported(c: _Cfg) -> None:
+    """Refuse what changes inference and is not implemented, naming the key and value."""
+    c.require("VERSION", 2, "only version-2 detectron2 configs are supported")
+    c.require("MODEL.META_ARCHITECTURE", "GeneralizedRCNN")
+    c.require("MODEL.BACKBONE.NAME", "build_resnet_fpn_backbone", "only ResNet/ResNeXt + FPN backbones are supported")
+    c.require("MODEL.RESNETS.DEPTH", RESNET_DEPTHS)
+    c.require("MODEL.FPN.FUSE_TYPE", "sum")
+    c.require("MODEL.FPN.IN_FEATURES", (FPN_IN_FEATURES,))
+    c.require("MODEL.PROPOSAL_GENERATOR.NAME", "RPN")
+    c.require("MODEL.RPN.HEAD_NAME", "StandardRPNHead")
+    c.require("MODEL.RPN.IN_FEATURES", (RPN_IN_FEATURES,))
+    c.require("MODEL.ANCHOR_GENERATOR.NAME", "DefaultAnchorGenerator")
+    c.require("MODEL.ROI_HEADS.NAME", "StandardROIHeads")
+    c.require("MODEL.ROI_HEADS.IN_FEATURES", (ROI_IN_FEATURES,))
+    c.require("MODEL.ROI_BOX_HEAD.NAME", "FastRCNNConvFCHead")
+    c.require("MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIAlignV2")
+    c.require("MODEL.KEYPOINT_ON", False)
+    c.require("MODEL.LOAD_PROPOSALS", False)
+    c.require("TEST.AUG.ENABLED", False, "test-time augmentation is not supported")
+    c.require("INPUT.FORMAT", ("BGR", "RGB"))
+    if any(bool(x) for x in c.seq("MODEL.RESNETS.DEFORM_ON_PER_STAGE")):
+        raise c.bad("MODEL.RESNETS.DEFORM_ON_PER_STAGE", "deformable convolutions are not supported")
+    # FPN needs contiguous power-of-2 strides, which a dilated res5 breaks (detectron2 refuses it too)
+    c.require("MODEL.RESNETS.RES5_DILATION", 1, "a dilated res5 is not supported with FPN")
+    if c.int("MODEL.RESNETS.DEPTH") in (18, 34):
+        c.require("MODEL.RESNETS.RES2_OUT_CHANNELS", 64, "ResNet-18/34 need RES2_OUT_CHANNELS 64")
+        c.require("MODEL.RESNETS.NUM_GROUPS", 1, "ResNet-18/34 have no grouped convolutions")
+    if c.bool("MODEL.MASK_ON"):
+        c.require("MODEL.ROI_MASK_HEAD.NAME", "MaskRCNNConvUpsampleHead")
+        c.require("MODEL.ROI_MASK_HEAD.POOLER_TYPE", "ROIAlignV2")
+
+
+def _anchors(c: _Cfg) -> tuple[tuple, tuple]:
+    sizes = c.float_lists("MODEL.ANCHOR_GENERATOR.SIZES")
+    ratios = c.float_lists("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS")
+    levels = len(RPN_IN_FEATURES)
+    for key, v in (("MODEL.ANCHOR_GENERATOR.SIZES", sizes), ("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS", ratios)):
+        if len(v) not in (1, levels):
+            raise c.bad(key, f"needs 1 entry or one per RPN level ({levels})")
+    # the RPN head shares one conv across levels, so every level needs the same anchor count
+    counts = {len(sizes[i % len(sizes)]) * len(ratios[i % len(ratios)]) for i in range(levels)}
+    if len(counts) != 1:
+        raise c.bad("MODEL.ANCHOR_GENERATOR.SIZES", "every FPN level needs the same number of anchors")
+    return sizes, ratios
+
+
+def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
+    """Map a merged detectron2 config (nested dict, defaults filled) to a :class:`ModelSpec`."""
+    c = _Cfg(cfg, source)
+    _check_supported(c)
+    sizes, ratios = _anchors(c)
+    conv_dims = c.seq("MODEL.RPN.CONV_DIMS")
+    if not conv_dims or any(isinstance(d, bool) or not isinstance(d, int) or (d < 1 and d != -1)
+                            for d in conv_dims):
+        raise c.bad("MODEL.RPN.CONV_DIMS", "expected a list of positive integers or -1")
+    mask_on = c.bool("MODEL.MASK_ON")
+    return ModelSpec(
+        meta_architecture=c.str("MODEL.META_ARCHITECTURE"),
+        pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
+        pixel_std=c.floats("MODEL.PIXEL_STD", 3),
+        input_format=c.str("INPUT.FORMAT"),
+        min_size_test=c.int("INPUT.MIN_SIZE_TEST", 1),
+        max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
+        size_divisibility=32,  # FPN over res2-res5: the largest input stride
+        depth=c.int("MODEL.RESNETS.DEPTH"),
+        norm=c.norm("MODEL.RESNETS.NORM"),
+        stem_out_channels=c.int("MODEL.RESNETS.STEM_OUT_CHANNELS", 1),
+        res2_out_channels=c.int("MODEL.RESNETS.RES2_OUT_CHANNELS", 1),
+        num_groups=c.int("MODEL.RESNETS.NUM_GROUPS", 1),
+        width_per_group=c.int("MODEL.RESNETS.WIDTH_PER_GROUP", 1),
+        stride_in_1x1=c.bool("MODEL.RESNETS.STRIDE_IN_1X1"),
+        res5_dilation=c.int("MODEL.RESNETS.RES5_DILATION", 1),
+        fpn_out_channels=c.int("MODEL.FPN.OUT_CHANNELS", 1),
+        fpn_norm=c.norm("MODEL.FPN.NORM"),
+        fpn_fuse_type=c.str("MODEL.FPN.FUSE_TYPE"),
+        anchor_sizes=sizes,
+        anchor_aspect_ratios=ratios,
+        anchor_offset=c.float("MODEL.ANCHOR_GENERATOR.OFFSET"),
+        rpn_conv_dims=tuple(conv_dims),
+        rpn_bbox_reg_weights=c.floats("MODEL.RPN.BBOX_REG_WEIGHTS", 4),
+        rpn_pre_nms_topk_test=c.int("MODEL.RPN.PRE_NMS_TOPK_TEST", 1),
+        rpn_post_nms_topk_test=c.int("MODEL.RPN.POST_NMS_TOPK_TEST", 1),
+        rpn_nms_thresh=c.float("MODEL.RPN.NMS_THRESH"),
+        rpn_min_size=c.float("MODEL.PROPOSAL_GENERATOR.MIN_SIZE"),
+        num_classes=c.int("MODEL.ROI_HEADS.NUM_CLASSES", 1),
+        pooler_type=c.str("MODEL.ROI_BOX_HEAD.POOLER_TYPE"),
+        pooler_resolution=c.int("MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", 1),
+        pooler_sampling_ratio=c.int("MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO", 0),
+        box_head_num_conv=c.int("MODEL.ROI_BOX_HEAD.NUM_CONV", 0),
+        box_head_conv_dim=c.int("MODEL.ROI_BOX_HEAD.CONV_DIM", 1),
+        box_head_num_fc=c.int("MODEL.ROI_BOX_HEAD.NUM_FC", 0),
+        box_head_fc_dim=c.int("MODEL.ROI_BOX_HEAD.FC_DIM", 1),
+        box_head_norm=c.norm("MODEL.ROI_BOX_HEAD.NORM"),
+        bbox_reg_weights=c.floats("MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS", 4),
+        cls_agnostic_bbox_reg=c.bool("MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG"),
+        use_sigmoid_ce=c.bool("MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE"),
+        score_thresh_test=c.float("MODEL.ROI_HEADS.SCORE_THRESH_TEST"),
+        nms_thresh_test=c.float("MODEL.ROI_HEADS.NMS_THRESH_TEST"),
+        detections_per_image=c.int("TEST.DETECTIONS_PER_IMAGE", 1),
+        mask_on=mask_on,
+        mask_head_num_conv=c.int("MODEL.ROI_MASK_HEAD.NUM_CONV", 0),
+        mask_head_conv_dim=c.int("MODEL.ROI_MASK_HEAD.CONV_DIM", 1),
+        mask_head_norm=c.norm("MODEL.ROI_MASK_HEAD.NORM"),
+        mask_pooler_resolution=c.int("MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION", 1),
+        mask_pooler_sampling_ratio=c.int("MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO", 0),
+        cls_agnostic_mask=c.bool("MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK"),
+        provenance={"source": source},
+    )
+
+
+def load_config(path) -> ModelSpec:
+    """Read a detectron2 config file (following ``_BASE_``) into a :class:`ModelSpec`."""
+    return spec_from_cfg(load_cfg_dict(path), source=f"config {path}")

@@ -1,0 +1,89 @@
+"""detectron2's config defaults (``detectron2/config/defaults.py``) for the keys we read.
+
+Only keys that change inference, or that must be checked because we do not support them,
+are listed; a config file that leaves one out gets this value, as in detectron2.
+"""
+
+from __future__ import annotations
+
+import copy
+
+_DEFAULTS = {
+    "VERSION": 2,
+    "MODEL": {
+        "LOAD_PROPOSALS": False,
+        "MASK_ON": False,
+        "KEYPOINT_ON": False,
+        "META_ARCHITECTURE": "GeneralizedRCNN",
+        "PIXEL_MEAN": [103.530, 116.280, 123.675],
+        "PIXEL_STD": [1.0, 1.0, 1.0],
+        "BACKBONE": {"NAME": "build_resnet_backbone"},
+        "FPN": {"IN_FEATURES": [], "OUT_CHANNELS": 256, "NORM": "", "FUSE_TYPE": "sum"},
+        "PROPOSAL_GENERATOR": {"NAME": "RPN", "MIN_SIZE": 0},
+        "ANCHOR_GENERATOR": {
+            "NAME": "DefaultAnchorGenerator",
+            "SIZES": [[32, 64, 128, 256, 512]],
+            "ASPECT_RATIOS": [[0.5, 1.0, 2.0]],
+            "OFFSET": 0.0,
+        },
+        "RPN": {
+            "HEAD_NAME": "StandardRPNHead",
+            "IN_FEATURES": ["res4"],
+            "BBOX_REG_WEIGHTS": [1.0, 1.0, 1.0, 1.0],
+            "PRE_NMS_TOPK_TEST": 6000,
+            "POST_NMS_TOPK_TEST": 1000,
+            "NMS_THRESH": 0.7,
+            "CONV_DIMS": [-1],
+        },
+        "ROI_HEADS": {
+            "NAME": "Res5ROIHeads",
+            "NUM_CLASSES": 80,
+            "IN_FEATURES": ["res4"],
+            "SCORE_THRESH_TEST": 0.05,
+            "NMS_THRESH_TEST": 0.5,
+        },
+        "ROI_BOX_HEAD": {
+            "NAME": "",
+            "BBOX_REG_WEIGHTS": [10.0, 10.0, 5.0, 5.0],
+            "POOLER_RESOLUTION": 14,
+            "POOLER_SAMPLING_RATIO": 0,
+            "POOLER_TYPE": "ROIAlignV2",
+            "NUM_FC": 0,
+            "FC_DIM": 1024,
+            "NUM_CONV": 0,
+            "CONV_DIM": 256,
+            "NORM": "",
+            "CLS_AGNOSTIC_BBOX_REG": False,
+            "USE_SIGMOID_CE": False,
+        },
+        "ROI_MASK_HEAD": {
+            "NAME": "MaskRCNNConvUpsampleHead",
+            "POOLER_RESOLUTION": 14,
+            "POOLER_SAMPLING_RATIO": 0,
+            "NUM_CONV": 0,
+            "CONV_DIM": 256,
+            "NORM": "",
+            "CLS_AGNOSTIC_MASK": False,
+            "POOLER_TYPE": "ROIAlignV2",
+        },
+        "RESNETS": {
+            "DEPTH": 50,
+            "OUT_FEATURES": ["res4"],
+            "NUM_GROUPS": 1,
+            "NORM": "FrozenBN",
+            "WIDTH_PER_GROUP": 64,
+            "STRIDE_IN_1X1": True,
+            "RES5_DILATION": 1,
+            "RES2_OUT_CHANNELS": 256,
+            "STEM_OUT_CHANNELS": 64,
+            "DEFORM_ON_PER_STAGE": [False, False, False, False],
+        },
+    },
+    "INPUT": {"MIN_SIZE_TEST": 800, "MAX_SIZE_TEST": 1333, "FORMAT": "BGR"},
+    "TEST": {"DETECTIONS_PER_IMAGE": 100, "AUG": {"ENABLED": False}},
+}
+
+
+def d2_defaults() -> dict:
+    """A fresh nested-dict copy of the defaults (callers may merge into it)."""
+    return copy.deepcopy(_DEFAULTS)

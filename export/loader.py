@@ -1,0 +1,67 @@
+"""One entry point: a detectron2 checkpoint (and optionally its config) -> (ModelSpec, state dict)."""
+
+from __future__ import annotations
+
+from norcal.errors import NorcalError
+
+from .checkpoint import clean_state_dict, read_checkpoint
+from .d2_config import load_config
+from .infer_arch import architecture, spec_from_weights
+from .spec import ModelSpec
+
+# what each architecture field is called in a detectron2 config, for error messages
+_CONFIG_KEYS = {
+    "depth": "MODEL.RESNETS.DEPTH", "norm": "MODEL.RESNETS.NORM",
+    "stem_out_channels": "MODEL.RESNETS.STEM_OUT_CHANNELS", "res2_out_channels": "MODEL.RESNETS.RES2_OUT_CHANNELS",
+    "num_groups": "MODEL.RESNETS.NUM_GROUPS", "width_per_group": "MODEL.RESNETS.WIDTH_PER_GROUP",
+    "fpn_out_channels": "MODEL.FPN.OUT_CHANNELS", "fpn_norm": "MODEL.FPN.NORM",
+    "num_classes": "MODEL.ROI_HEADS.NUM_CLASSES", "cls_agnostic_bbox_reg": "MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG",
+    "box_head_num_conv": "MODEL.ROI_BOX_HEAD.NUM_CONV", "box_head_num_fc": "MODEL.ROI_BOX_HEAD.NUM_FC",
+    "box_head_conv_dim": "MODEL.ROI_BOX_HEAD.CONV_DIM", "box_head_fc_dim": "MODEL.ROI_BOX_HEAD.FC_DIM",
+    "box_head_norm": "MODEL.ROI_BOX_HEAD.NORM", "pooler_resolution": "MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION",
+    "mask_on": "MODEL.MASK_ON", "mask_head_num_conv": "MODEL.ROI_MASK_HEAD.NUM_CONV",
+    "mask_head_conv_dim": "MODEL.ROI_MASK_HEAD.CONV_DIM", "mask_head_norm": "MODEL.ROI_MASK_HEAD.NORM",
+    "cls_agnostic_mask": "MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK",
+    "anchors_per_location": "MODEL.ANCHOR_GENERATOR.SIZES x ASPECT_RATIOS",
+    "rpn_conv_widths": "MODEL.RPN.CONV_DIMS",
+}
+
+
+def _check_consistent(config_spec: ModelSpec, weights_spec: ModelSpec, config, weights) -> None:
+    want, have = architecture(config_spec), architecture(weights_spec)
+    if want["num_classes"] != have["num_classes"]:
+        n = have["num_classes"]
+        raise NorcalError(f"{config} sets MODEL.ROI_HEADS.NUM_CLASSES = {want['num_classes']} but {weights} has "
+                          f"roi_heads.box_predictor.cls_score with {n + 1} rows ({n} classes + background)")
+    for field in [*want, *(k for k in have if k not in want)]:  # stable order: the first cause first
+        if want.get(field) != have.get(field):
+            raise NorcalError(f"{config} and {weights} disagree on {field} ({_CONFIG_KEYS.get(field, field)}): "
+                              f"config {want.get(field)!r}, weights {have.get(field)!r}")
+
+
+def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
+    """Read a detectron2 checkpoint and return ``(spec, state_dict)``.
+
+    ``weights``: ``.pth``/``.pt`` or model-zoo ``.pkl``. ``config``: the model's detectron2
+    YAML; when given it defines the spec and must agree with the weights' shapes
+    (a mismatch is a :class:`NorcalError` naming both values); otherwise the spec is
+    inferred from the weights (see :func:`~norcal.export.infer_arch.spec_from_weights`).
+    ``state_dict``: ``{name: torch.Tensor}`` without entries inference ignores.
+    """
+    raw = read_checkpoint(weights)
+    # inferred from the raw dict: num_batches_tracked still tells BN from FrozenBN
+    inferred = spec_from_weights(raw)
+    state = clean_state_dict(raw)
+    if config is None:
+        inferred.provenance["weights"] = str(weights)
+        return inferred, state
+    spec = load_config(config)
+    _check_consistent(spec, inferred, config, weights)
+    spec.provenance["weights"] = str(weights)
+    stats = {k: tuple(float(v) for v in state[k].reshape(-1).tolist()) for k in ("pixel_mean", "pixel_std")
+             if k in state}
+    for key, values in stats.items():
+        if values != getattr(spec, key):
+            # detectron2 builds these buffers from the config (they are not loaded), so the config wins
+            spec.provenance[key] = f"config {getattr(spec, key)}; the checkpoint's {values} ignored"
+    return spec, state
