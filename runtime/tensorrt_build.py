@@ -1,0 +1,326 @@
+"""Build a TensorRT engine from an exported detector, or print the trtexec line that does.
+
+The engine gets one optimization profile over the ONNX contract's inputs, images [B,3,H,W] and
+image_sizes [B,2]. The ONNX model's ``metadata_props`` (what NorCal baked in, how to resize)
+go into a sidecar ``<engine>.json``, since an engine file cannot carry them. TensorRT is
+imported only when an engine is built or run, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from norcal.errors import NorcalError
+from norcal.export.trt_check import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
+                                     image_size_range, input_dims)
+from norcal.fileio import write_bytes, write_json
+
+SIDECAR_FORMAT = "norcal-engine-sidecar/1"
+
+
+def import_tensorrt():
+    """The ``tensorrt`` module, or a NorcalError saying it is missing and what to do instead."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        raise NorcalError("TensorRT's Python package is not installed: build with the trtexec "
+                          "command printed above, or install it (pip install 'norcal-deploy[tensorrt]'; "
+                          "on a Jetson it comes with JetPack)") from None
+    major = int(str(trt.__version__).split(".")[0])
+    if major < 10:
+        raise NorcalError(f"TensorRT {trt.__version__} is too old: norcal needs TensorRT 10 or newer")
+    return trt
+
+
+# ----------------------------------------------------------------------------- options
+
+def parse_range(text: str, what: str = "--batch") -> tuple[int, int, int]:
+    """``"1:4:8"`` -> (1, 4, 8), positive and ordered; ``"4"`` means 4:4:4."""
+    parts = text.split(":")
+    if len(parts) == 1:
+        parts = parts * 3
+    if len(parts) != 3 or not all(re.fullmatch(r"\d+", p) for p in parts):
+        raise NorcalError(f"{what} {text!r}: expected MIN:OPT:MAX, e.g. 1:4:8")
+    lo, opt, hi = (int(p) for p in parts)
+    if not 0 < lo <= opt <= hi:
+        raise NorcalError(f"{what} {text!r}: needs 0 < MIN <= OPT <= MAX")
+    return lo, opt, hi
+
+
+def parse_hw(text: str, what: str = "--shape") -> tuple[int, int]:
+    """``"800x1088"`` -> (800, 1088)."""
+    m = re.fullmatch(r"(\d+)x(\d+)", text.strip().lower())
+    if not m or int(m[1]) <= 0 or int(m[2]) <= 0:
+        raise NorcalError(f"{what} {text!r}: expected HxW with positive sizes, e.g. 800x1088")
+    return int(m[1]), int(m[2])
+
+
+def parse_hw_range(text: str) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """``"320x320:800x1088:1344x1344"`` -> three (H, W), each dim ordered min <= opt <= max."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise NorcalError(f"--shapes {text!r}: expected MINHxMINW:OPTHxOPTW:MAXHxMAXW")
+    lo, opt, hi = (parse_hw(p, "--shapes") for p in parts)
+    for i, axis in enumerate("HW"):
+        if not lo[i] <= opt[i] <= hi[i]:
+            raise NorcalError(f"--shapes {text!r}: {axis} needs MIN <= OPT <= MAX")
+    return lo, opt, hi
+
+
+@dataclass
+class BuildOptions:
+    """What ``norcal build`` was asked for."""
+
+    onnx_path: Path
+    engine_path: Path
+    fp16: bool = False
+    batch: tuple[int, int, int] | None = None  # None: 1:4:8 where the model's batch is dynamic
+    hw: tuple | None = None  # (min, opt, max) (H, W); None: the model's resize metadata
+    workspace_gb: float | None = None  # None: TensorRT's default (the device's memory)
+    timing_cache: Path | None = None
+
+
+def engine_profiles(model: onnx.ModelProto, options: BuildOptions) -> dict[str, Profile]:
+    """The optimization profile for the model's contract inputs (images, image_sizes).
+
+    Ranges the user left to defaults follow the model where it fixes a dim (a static batch of 1
+    stays 1); ranges the user gave are kept as given, and the check reports a clash.
+    """
+    meta = {p.key: p.value for p in model.metadata_props}
+    hw = options.hw or image_size_range(meta)
+    profiles = detector_profiles(options.batch or DEFAULT_BATCH, *hw)
+    dims = input_dims(model)
+    names = list(dims)
+    if "images" not in names:
+        raise NorcalError(f"{options.onnx_path}: no 'images' input (inputs: {', '.join(names)}); "
+                          f"norcal build expects the detector contract images [B,3,H,W], image_sizes [B,2]")
+    others = [n for n in names if n not in profiles]
+    if others:
+        raise NorcalError(f"{options.onnx_path}: inputs {others} are not in the detector contract; "
+                          f"build it with trtexec and your own --minShapes/--optShapes/--maxShapes")
+    defaulted = {"images": ((0,) if options.batch is None else ()) + ((2, 3) if options.hw is None else ()),
+                 "image_sizes": (0,) if options.batch is None else ()}
+    return {n: fit_static(p, dims[n], defaulted[n]) for n, p in profiles.items() if n in names}
+
+
+def _shapes_arg(profiles: dict[str, Profile], which: str) -> str:
+    return ",".join(f"{p.input}:{'x'.join(str(d) for d in getattr(p, which))}" for p in profiles.values())
+
+
+def trtexec_command(onnx_path, engine_path, profiles: dict[str, Profile], fp16: bool = False,
+                    workspace_gb: float | None = None, timing_cache=None) -> str:
+    """The trtexec command line that builds the same engine (for machines without Python TensorRT)."""
+    args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}"]
+    if profiles:
+        args += [f"--minShapes={_shapes_arg(profiles, 'min')}",
+                 f"--optShapes={_shapes_arg(profiles, 'opt')}",
+                 f"--maxShapes={_shapes_arg(profiles, 'max')}"]
+    if fp16:
+        args.append("--fp16")
+    if workspace_gb is not None:
+        args.append(f"--memPoolSize=workspace:{workspace_mib(workspace_gb)}M")
+    if timing_cache is not None:
+        args.append(f"--timingCacheFile={timing_cache}")
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def workspace_mib(gb: float) -> int:
+    """Workspace GiB -> whole MiB (trtexec's ``M`` suffix is base 2)."""
+    if not gb > 0:
+        raise NorcalError(f"--workspace {gb}: must be a positive number of GiB")
+    return max(1, int(round(gb * 1024)))
+
+
+# ----------------------------------------------------------------------------- sidecar
+
+def sidecar_path(engine_path) -> Path:
+    """``model.engine`` -> ``model.engine.json``."""
+    p = Path(engine_path)
+    return p.with_name(p.name + ".json")
+
+
+def _io(values) -> list[dict]:
+    out = []
+    for v in values:
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        out.append({"name": v.name, "dtype": onnx.TensorProto.DataType.Name(t.elem_type), "shape": dims})
+    return out
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dict[str, Profile],
+                    trtexec: str, built_by: str, tensorrt_version: str | None = None,
+                    device: str | None = None) -> dict:
+    """What the sidecar records: the ONNX metadata and I/O, and how the engine was built."""
+    from norcal import __version__
+
+    inits = {i.name for i in model.graph.initializer}
+    return {
+        "format": SIDECAR_FORMAT,
+        "engine": Path(options.engine_path).name,
+        "onnx": str(options.onnx_path),
+        "onnx_sha256": file_sha256(options.onnx_path),
+        "metadata": {p.key: p.value for p in model.metadata_props},
+        "inputs": _io([v for v in model.graph.input if v.name not in inits]),
+        "outputs": _io(model.graph.output),
+        "profile": {n: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)} for n, p in profiles.items()},
+        "precision": "fp16" if options.fp16 else "fp32",
+        "workspace_gb": options.workspace_gb,
+        "timing_cache": str(options.timing_cache) if options.timing_cache else None,
+        "built_by": built_by,
+        "tensorrt_version": tensorrt_version,
+        "device": device,
+        "trtexec": trtexec,
+        "norcal_version": __version__,
+    }
+
+
+def read_sidecar(engine_path) -> dict | None:
+    """The sidecar next to an engine, or None when there is none; a malformed one is an error."""
+    import json
+
+    path = sidecar_path(engine_path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise NorcalError(f"{path}: unreadable engine sidecar ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
+        raise NorcalError(f"{path}: not a norcal engine sidecar (format {SIDECAR_FORMAT} expected)")
+    return data
+
+
+# ----------------------------------------------------------------------------- build
+
+def prepare(options: BuildOptions, check: bool = True) -> tuple[onnx.ModelProto, dict[str, Profile], str]:
+    """Load and (optionally) check the model; return it, its profiles and the trtexec line."""
+    from norcal.export.onnx_io import load_onnx
+
+    model = load_onnx(options.onnx_path)
+    profiles = engine_profiles(model, options)
+    if check:
+        from norcal.export.trt_check import check_model
+
+        report = check_model(model, profiles)
+        if not report.compatible:
+            first = report.errors[0]
+            raise NorcalError(f"{options.onnx_path} fails the TensorRT {report.tensorrt_version} check "
+                              f"({len(report.errors)} errors; first: {first.node} ({first.op_type}): "
+                              f"{first.reason}); run norcal check for all, or pass --skip-check")
+    cmd = trtexec_command(options.onnx_path, options.engine_path, profiles, options.fp16,
+                          options.workspace_gb, options.timing_cache)
+    return model, profiles, cmd
+
+
+def write_trtexec_sidecar(options: BuildOptions, model, profiles, cmd) -> dict:
+    """Write the sidecar for an engine that trtexec will build; returns its content."""
+    content = sidecar_content(model, options, profiles, cmd, built_by="trtexec")
+    write_json(sidecar_path(options.engine_path), content)
+    return content
+
+
+def _make_logger(trt, verbose: bool):
+    """A TensorRT logger that prints warnings and errors and keeps the errors for the report."""
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity, msg):
+            bad = severity in (trt.ILogger.INTERNAL_ERROR, trt.ILogger.ERROR)
+            if bad:
+                self.errors.append(msg)
+            if verbose or bad or severity == trt.ILogger.WARNING:
+                print(f"[TensorRT] {msg}")
+
+    return Logger()
+
+
+def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[str, Profile],
+                 trtexec: str, verbose: bool = False) -> dict:
+    """Build and serialize the engine with TensorRT's Python API; write it and its sidecar.
+
+    Returns the sidecar content. Needs TensorRT 10 and a GPU.
+    """
+    trt = import_tensorrt()
+    log = _make_logger(trt, verbose)
+    builder = trt.Builder(log)
+    network = builder.create_network(0)  # TensorRT 10 networks are always explicit-batch
+    parser = trt.OnnxParser(network, log)
+    # parse_from_file resolves external weights relative to the model's folder
+    if not parser.parse_from_file(str(options.onnx_path)):
+        errors = []
+        for i in range(parser.num_errors):
+            e = parser.get_error(i)
+            # node_name/node_operator exist in the 10.x bindings; older ones only have node()
+            name = getattr(e, "node_name", lambda: "")() or f"#{e.node()}"
+            op = getattr(e, "node_operator", lambda: "")() or "?"
+            where = f"node '{name}' ({op})" if e.node() >= 0 else "model"
+            errors.append(f"{where}: {e.desc()}")
+        raise NorcalError(f"TensorRT {trt.__version__} could not parse {options.onnx_path}: "
+                          + "; ".join(errors or log.errors or ["no reason given"]))
+
+    config = builder.create_builder_config()
+    if options.workspace_gb is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib(options.workspace_gb) << 20)
+    if options.fp16:
+        # weak typing (the FP16 flag) is deprecated since 10.12 and gone in TensorRT 11
+        if not hasattr(trt.BuilderFlag, "FP16"):
+            raise NorcalError(f"TensorRT {trt.__version__} has no FP16 builder flag: convert the ONNX "
+                              f"model to mixed precision first and build without --fp16")
+        config.set_flag(trt.BuilderFlag.FP16)
+    profile, dynamic = builder.create_optimization_profile(), 0
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        if all(d >= 0 for d in tensor.shape):
+            continue  # a static input takes no profile entry
+        p = profiles.get(tensor.name)
+        if p is None:
+            raise NorcalError(f"input '{tensor.name}' {tuple(tensor.shape)} is dynamic and has no profile")
+        profile.set_shape(tensor.name, p.min, p.opt, p.max)
+        dynamic += 1
+    if dynamic:
+        config.add_optimization_profile(profile)
+
+    cache_path = Path(options.timing_cache) if options.timing_cache else None
+    if cache_path is not None:
+        blob = cache_path.read_bytes() if cache_path.is_file() else b""
+        cache = config.create_timing_cache(blob)
+        config.set_timing_cache(cache, ignore_mismatch=False)
+
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise NorcalError(f"TensorRT {trt.__version__} failed to build {options.onnx_path}: "
+                          + ("; ".join(log.errors) or "no reason given"))
+    if cache_path is not None:
+        write_bytes(cache_path, bytes(memoryview(config.get_timing_cache().serialize())))
+
+    device = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            device = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    write_bytes(options.engine_path, bytes(memoryview(serialized)))
+    content = sidecar_content(model, options, profiles, trtexec, built_by="norcal build",
+                              tensorrt_version=str(trt.__version__), device=device)
+    write_json(sidecar_path(options.engine_path), content)
+    return content

@@ -1,0 +1,107 @@
+"""TensorRTRunner: the Runner interface over a serialized TensorRT 10 engine.
+
+Device memory comes from torch CUDA tensors (no pycuda), and the engine runs with
+``execute_async_v3`` on a torch stream. Model metadata (NorCal settings, resize sizes) is
+read from the sidecar ``<engine>.json`` written by ``norcal build``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from norcal.errors import NorcalError
+from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        raise NorcalError("the TensorRT runner needs torch with CUDA (pip install 'norcal-deploy[torch]')") from None
+    if not torch.cuda.is_available():
+        raise NorcalError("the TensorRT runner needs a CUDA GPU, and torch sees none")
+    return torch
+
+
+class TensorRTRunner:
+    """Run a TensorRT engine: ``infer({"images": [B,3,H,W] f32, "image_sizes": [B,2] i64})``."""
+
+    def __init__(self, engine_path, device: int = 0):
+        trt = import_tensorrt()
+        torch = _torch_cuda()
+        self._trt, self._torch = trt, torch
+        self.engine_path = Path(engine_path)
+        if not self.engine_path.is_file():
+            raise NorcalError(f"{self.engine_path}: no such file")
+        self.sidecar = read_sidecar(self.engine_path) or {}
+        self.metadata: dict[str, str] = dict(self.sidecar.get("metadata", {}))
+        self.device = torch.device("cuda", device)
+        torch.cuda.set_device(self.device)
+
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)
+        self.engine = self._runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
+        if self.engine is None:
+            built = self.sidecar.get("tensorrt_version") or "an unknown version"
+            raise NorcalError(f"{self.engine_path}: TensorRT {trt.__version__} cannot load it (built with "
+                              f"TensorRT {built} on {self.sidecar.get('device') or 'an unknown GPU'}; "
+                              f"engines only load on the TensorRT version and GPU model that built them)")
+        self.context = self.engine.create_execution_context()
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.output_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        self.name = f"tensorrt-{self.sidecar.get('precision', 'fp32')}"
+        self._stream = torch.cuda.Stream(device=self.device)
+
+    def _torch_dtype(self, name: str):
+        trt, torch = self._trt, self._torch
+        table = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16,
+                 trt.DataType.INT32: torch.int32, trt.DataType.INT64: torch.int64,
+                 trt.DataType.BOOL: torch.bool, trt.DataType.UINT8: torch.uint8,
+                 trt.DataType.INT8: torch.int8, trt.DataType.BF16: torch.bfloat16}
+        dtype = self.engine.get_tensor_dtype(name)
+        if dtype not in table:
+            raise NorcalError(f"engine tensor '{name}' has type {dtype}, which the runner cannot hold")
+        return table[dtype]
+
+    def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        fixed = tuple(self.engine.get_tensor_shape(name))
+        if all(d >= 0 for d in fixed):
+            lo = hi = fixed  # a static input: no profile to consult
+        else:
+            lo, _, hi = (tuple(d) for d in self.engine.get_tensor_profile_shape(name, 0))
+        if len(shape) != len(lo) or any(not a <= s <= b for a, s, b in zip(lo, shape, hi)):
+            raise NorcalError(f"input '{name}' has shape {shape}, outside the engine's profile "
+                              f"{lo} .. {hi}; rebuild with a wider --batch/--shapes")
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch on the GPU; returns host arrays by output name."""
+        torch = self._torch
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise NorcalError(f"missing inputs {missing} (the engine takes {self.input_names})")
+        keep = []  # device tensors must outlive the launch
+        with torch.cuda.stream(self._stream):
+            for name in self.input_names:
+                dtype = self._torch_dtype(name)
+                host = torch.from_numpy(np.ascontiguousarray(feeds[name])).to(dtype)
+                self._check_shape(name, tuple(host.shape))
+                dev = host.to(self.device, non_blocking=False).contiguous()
+                keep.append(dev)
+                self.context.set_input_shape(name, tuple(dev.shape))
+                self.context.set_tensor_address(name, dev.data_ptr())
+            outputs = {}
+            for name in self.output_names:
+                shape = tuple(self.context.get_tensor_shape(name))
+                if any(d < 0 for d in shape):
+                    raise NorcalError(f"output '{name}' has a data-dependent shape {shape}; the ONNX "
+                                      f"contract's outputs are fixed-size (padded)")
+                out = torch.empty(shape, dtype=self._torch_dtype(name), device=self.device)
+                outputs[name] = out
+                self.context.set_tensor_address(name, out.data_ptr())
+            if not self.context.execute_async_v3(self._stream.cuda_stream):
+                raise NorcalError(f"{self.engine_path}: TensorRT execution failed")
+        self._stream.synchronize()
+        return {name: t.cpu().numpy() for name, t in outputs.items()}
