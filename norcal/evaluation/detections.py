@@ -1,0 +1,129 @@
+"""Detections as arrays, LVIS result files, and the two detection caps.
+
+The LVIS protocol keeps the top ``max_dets`` (300) detections per image; AP^Fixed (Dave et
+al. 2021) drops that cap and keeps the top ``per_class`` (10,000) per class over the set.
+Ties in score keep the input order, as Python's stable sort does in lvis-api.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from norcal.errors import NorcalError
+from norcal.evaluation.ground_truth import load_json
+
+
+@dataclass
+class Detections:
+    """N detections: ``image_ids`` [N], ``category_ids`` [N], ``scores`` [N],
+    ``boxes`` [N, 4] (x, y, w, h; may be None for mask-only results), ``rles`` (list of
+    compressed RLE dicts or None) and ``areas`` [N] (None: box w*h, as lvis-api does when
+    results carry boxes)."""
+
+    image_ids: np.ndarray
+    category_ids: np.ndarray
+    scores: np.ndarray
+    boxes: np.ndarray | None = None
+    rles: list | None = None
+    areas: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def subset(self, idx: np.ndarray) -> "Detections":
+        return Detections(
+            self.image_ids[idx], self.category_ids[idx], self.scores[idx],
+            None if self.boxes is None else self.boxes[idx],
+            None if self.rles is None else [self.rles[i] for i in idx],
+            None if self.areas is None else self.areas[idx],
+        )
+
+    def area(self) -> np.ndarray:
+        """The area lvis-api uses for area ranges: box w*h when boxes exist, else mask area."""
+        if self.areas is not None:
+            return self.areas
+        if self.boxes is not None:
+            return self.boxes[:, 2] * self.boxes[:, 3]
+        import pycocotools.mask as mask_utils
+
+        # pycocotools 2.0.11's area() fails on lists of 256 or more RLEs: go in chunks
+        parts = [np.asarray(mask_utils.area(self.rles[i:i + 255]), dtype=np.float64).reshape(-1)
+                 for i in range(0, len(self.rles), 255)]
+        self.areas = np.concatenate(parts) if parts else np.zeros(0)
+        return self.areas
+
+
+def from_results(results: Any) -> Detections:
+    """Detections from an LVIS/COCO result list (or the path of its JSON file), or as given."""
+    if isinstance(results, Detections):
+        return results
+    where = "results"
+    if isinstance(results, (str, Path)):
+        where = str(results)
+        results = load_json(results, "results")
+    if not isinstance(results, list):
+        raise NorcalError(f"{where}: results must be a JSON list of detections")
+    if not results:
+        raise NorcalError(f"{where}: no detections (empty results)")
+    n = len(results)
+    image_ids = np.empty(n, dtype=np.int64)
+    category_ids = np.empty(n, dtype=np.int64)
+    scores = np.empty(n, dtype=np.float64)
+    has_box = "bbox" in results[0]
+    has_seg = "segmentation" in results[0]
+    if not (has_box or has_seg):
+        raise NorcalError(f"{where}: detection 0 has neither 'bbox' nor 'segmentation'")
+    boxes = np.empty((n, 4), dtype=np.float64) if has_box else None
+    rles = [] if has_seg else None
+    try:
+        for i, d in enumerate(results):
+            image_ids[i] = d["image_id"]
+            category_ids[i] = d["category_id"]
+            scores[i] = d["score"]
+            if has_box:
+                boxes[i] = d["bbox"]
+            if has_seg:
+                rles.append(d["segmentation"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise NorcalError(f"{where}: detection {i} is malformed ({type(e).__name__}: {e}); "
+                          "each needs image_id, category_id, score and the same bbox/segmentation "
+                          "keys as the first") from None
+    if not np.isfinite(scores).all():
+        i = int(np.flatnonzero(~np.isfinite(scores))[0])
+        raise NorcalError(f"{where}: detection {i} has a non-finite score {scores[i]}")
+    return Detections(image_ids, category_ids, scores, boxes, rles)
+
+
+def _top_per_group(group: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices (in input order) of the top-k scores within each group; ties keep input order."""
+    n = len(scores)
+    order = np.lexsort((np.arange(n), -scores, group))
+    g = group[order]
+    start = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
+    rank = np.arange(n) - np.repeat(start, np.diff(np.r_[start, n]))
+    return np.sort(order[rank < k])
+
+
+def cap_per_image(dets: Detections, max_dets: int, img_index: np.ndarray | None = None) -> Detections:
+    """Keep the top ``max_dets`` detections of each image (max_dets < 0: keep all).
+
+    img_index: optional [N] non-negative image indices, to skip the sort when no image is over.
+    """
+    if max_dets < 0 or len(dets) == 0:
+        return dets
+    if img_index is not None and np.bincount(img_index).max() <= max_dets:
+        return dets
+    keep = _top_per_group(dets.image_ids, dets.scores, max_dets)
+    return dets if len(keep) == len(dets) else dets.subset(keep)
+
+
+def cap_per_class(dets: Detections, per_class: int) -> Detections:
+    """AP^Fixed's cut: keep the top ``per_class`` detections of each class over the whole set."""
+    if per_class < 0 or len(dets) == 0:
+        return dets
+    keep = _top_per_group(dets.category_ids, dets.scores, per_class)
+    return dets if len(keep) == len(dets) else dets.subset(keep)

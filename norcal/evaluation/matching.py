@@ -1,0 +1,126 @@
+"""IoU and LVIS's greedy detection-to-GT matching, vectorised over (image, category) groups.
+
+lvis-api matches each (image, category, area range, IoU threshold) with Python loops. The
+rule it implements: detections in descending score take, among GTs not yet matched with
+IoU >= threshold, the one with the highest IoU, preferring GTs that are not ignored in
+this area range; ties go to the later GT in file order. Here one numpy step handles the
+r-th detection of every group at once, for all area ranges and thresholds together.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+IOU_THRS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True)
+REC_THRS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True)
+AREA_RNGS = np.array([[0.0, 1e5 ** 2], [0.0, 32.0 ** 2], [32.0 ** 2, 96.0 ** 2], [96.0 ** 2, 1e5 ** 2]])
+AREA_LABELS = ("all", "small", "medium", "large")
+
+
+def box_iou_pairs(d: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """IoU of paired boxes d[i], g[i] ([P, 4] x, y, w, h), the arithmetic of pycocotools."""
+    w = np.minimum(d[:, 2] + d[:, 0], g[:, 2] + g[:, 0]) - np.maximum(d[:, 0], g[:, 0])
+    h = np.minimum(d[:, 3] + d[:, 1], g[:, 3] + g[:, 1]) - np.maximum(d[:, 1], g[:, 1])
+    inter = w * h
+    union = d[:, 2] * d[:, 3] + g[:, 2] * g[:, 3] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = inter / union
+    return np.where((w > 0) & (h > 0), iou, 0.0)
+
+
+def pair_ious(ng: np.ndarray, gstart: np.ndarray, dt_boxes, gt_boxes, dt_rles=None, gt_rles=None,
+              group_start=None, group_len=None):
+    """IoUs of each detection with every GT of its group, flat, detection-major.
+
+    ng / gstart: [N] per detection, its group's GT count and first GT index (GT sorted by
+    group). Returns (iou [P], pair_offset [N]) with P = sum(ng); detection i's IoUs are
+    iou[pair_offset[i] : pair_offset[i] + ng[i]].
+    """
+    off = np.zeros(len(ng), dtype=np.int64)
+    np.cumsum(ng[:-1], out=off[1:])
+    total = int(ng.sum())
+    if dt_rles is None:
+        dt_of = np.repeat(np.arange(len(ng)), ng)
+        gt_of = np.repeat(gstart - off, ng) + np.arange(total)
+        return box_iou_pairs(dt_boxes[dt_of], gt_boxes[gt_of]), off
+    import pycocotools.mask as mask_utils
+
+    iou = np.zeros(total, dtype=np.float64)
+    for s, n in zip(group_start, group_len):  # one C call per (image, category) group
+        m = int(ng[s])
+        if m == 0:
+            continue
+        g0 = int(gstart[s])
+        block = mask_utils.iou(dt_rles[s:s + n], gt_rles[g0:g0 + m], [0] * m)
+        iou[off[s]:off[s] + n * m] = np.asarray(block, dtype=np.float64).reshape(-1)
+    return iou, off
+
+
+def greedy_match(iou, off, ng, gstart, group_start, group_len, gt_ignore):
+    """LVIS matching for all groups, area ranges and IoU thresholds.
+
+    gt_ignore: [A, G] bool, GT ignored in area range a. Detections are sorted by group,
+    then descending score. Returns (matched [A, T, N], matched_ignored [A, T, N]): the
+    detection matched a GT / matched a GT that is ignored in that area range.
+    """
+    n = len(ng)
+    a_n, t_n = gt_ignore.shape[0], len(IOU_THRS)
+    matched = np.zeros((a_n, t_n, n), dtype=bool)
+    matched_ign = np.zeros((a_n, t_n, n), dtype=bool)
+    group_ng = ng[group_start]
+
+    # one GT: the first detection (by score) over each threshold takes it
+    one = group_ng == 1
+    if one.any():
+        sel = np.repeat(one, group_len)
+        idx = np.flatnonzero(sel)
+        hit = iou[off[idx]][None, :] >= IOU_THRS[:, None]  # [T, n1]
+        csum = np.cumsum(hit, axis=1)
+        starts = group_start[one]
+        first_pos = np.searchsorted(idx, starts)
+        # hits before each group's first detection, to make the running count per group
+        base = np.where(first_pos > 0, csum[:, np.maximum(first_pos - 1, 0)], 0)
+        base_per = np.repeat(base, group_len[one], axis=1)
+        take = hit & (csum - base_per == 1)
+        g_ign = gt_ignore[:, gstart[idx]]  # [A, n1]
+        matched[:, :, idx] = take[None]
+        matched_ign[:, :, idx] = take[None] & g_ign[:, None, :]
+
+    # several GTs: sequential in score order, vectorised across groups of similar GT count
+    many = np.flatnonzero(group_ng >= 2)
+    if many.size:
+        buckets = np.ceil(np.log2(group_ng[many])).astype(np.int64)
+        for b in np.unique(buckets):
+            gsel = many[buckets == b]
+            gsel = gsel[np.argsort(-group_len[gsel], kind="stable")]
+            _match_bucket(iou, off, gstart, group_start[gsel], group_len[gsel], group_ng[gsel],
+                          1 << int(b), gt_ignore, matched, matched_ign)
+    return matched, matched_ign
+
+
+def _match_bucket(iou, off, gstart, dstart, nd, ngr, gmax, gt_ignore, matched, matched_ign):
+    cols = np.arange(gmax)
+    valid = cols[None, :] < ngr[:, None]  # [B, gmax]
+    gi = np.minimum(gstart[dstart][:, None] + cols[None, :], gt_ignore.shape[1] - 1)
+    gign = np.transpose(gt_ignore[:, gi], (1, 0, 2)) & valid[:, None, :]  # [B, A, gmax]
+    bonus = 2.0 * (~gign & valid[:, None, :])  # prefer GTs not ignored in this area range
+    taken = np.zeros((len(nd), gt_ignore.shape[0], len(IOU_THRS), gmax), dtype=bool)
+    thr = IOU_THRS[None, None, :, None]
+    active = len(nd)
+    for r in range(int(nd[0])):
+        while nd[active - 1] <= r:
+            active -= 1
+        dpos = dstart[:active] + r
+        rows = iou[np.minimum(off[dpos][:, None] + cols[None, :], len(iou) - 1)]
+        rows = np.where(valid[:active], rows, -1.0)[:, None, None, :]  # [k, 1, 1, gmax]
+        cand = (rows >= thr) & ~taken[:active]
+        key = np.where(cand, rows + bonus[:active, :, None, :], -1.0)  # [k, A, T, gmax]
+        j = gmax - 1 - np.argmax(key[..., ::-1], axis=-1)  # ties: the later GT, as lvis-api
+        best = np.take_along_axis(key, j[..., None], axis=-1)[..., 0]
+        hit = best > -0.5
+        k_idx, a_idx, t_idx = np.nonzero(hit)
+        taken[k_idx, a_idx, t_idx, j[k_idx, a_idx, t_idx]] = True
+        ign = np.take_along_axis(np.broadcast_to(gign[:active, :, None, :], key.shape),
+                                 j[..., None], axis=-1)[..., 0]
+        matched[:, :, dpos] = np.transpose(hit, (1, 2, 0))
+        matched_ign[:, :, dpos] = np.transpose(hit & ign, (1, 2, 0))

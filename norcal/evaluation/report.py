@@ -1,0 +1,125 @@
+"""Evaluation output: a rich table, the metrics JSON, per-class CSV and PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import numpy as np
+
+from norcal.evaluation.lvis_eval import STAT_KEYS, EvalResult
+from norcal.fileio import atomic_path, write_json, write_text
+
+GROUP_LABELS = {"r": "rare", "c": "common", "f": "frequent"}
+
+
+def _fmt(v: float) -> str:
+    return "-" if v < 0 else f"{100 * v:.2f}"
+
+
+def stats_table(results: dict[str, EvalResult], title: str = "LVIS evaluation"):
+    """A rich Table: one row per metric, one column per named result (values in %)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    for name in results:
+        table.add_column(name, justify="right")
+    first = next(iter(results.values()))
+    for key in STAT_KEYS:
+        label = key
+        if key.startswith("AR"):
+            cap = first.max_dets if first.max_dets >= 0 else "all"
+            label = f"{key}@{cap}"
+        table.add_row(label, *(_fmt(r.stats[key]) for r in results.values()))
+    return table
+
+
+def metrics_json(result: EvalResult, fixed: EvalResult | None = None) -> dict:
+    """The --json document: ``result.to_json()`` plus ``fixed`` (AP^Fixed) when computed."""
+    doc = result.to_json()
+    if fixed is not None:
+        doc["fixed"] = {"per_class_cap": fixed.per_class, "num_detections": fixed.num_detections,
+                        "stats": {k: float(v) for k, v in fixed.stats.items()},
+                        "per_class_AP": [float(a) for a in fixed.class_ap()]}
+    return doc
+
+
+def write_metrics(path: str | Path, result: EvalResult, fixed: EvalResult | None = None) -> None:
+    write_json(path, metrics_json(result, fixed))
+
+
+def write_per_class_csv(path: str | Path, result: EvalResult, fixed: EvalResult | None = None) -> None:
+    """One row per category: id, name, frequency, N_c (blank when unknown), GT count, AP
+    (and AP_fixed); AP is a fraction, -1 where the category has no GT."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["category_id", "name", "frequency", "image_count", "num_gt", "AP"]
+               + (["AP_fixed"] if fixed is not None else []))
+    ap = result.class_ap()
+    apf = fixed.class_ap() if fixed is not None else None
+    for i, cid in enumerate(result.cat_ids):
+        nc = result.image_count[i]
+        row = [int(cid), result.cat_names[i], result.frequency[i] or "",
+               "" if not np.isfinite(nc) else f"{nc:g}", int(result.num_gt[i, 0]), f"{ap[i]:.6f}"]
+        if apf is not None:
+            row.append(f"{apf[i]:.6f}")
+        w.writerow(row)
+    write_text(path, buf.getvalue())
+
+
+def _save(fig, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+
+
+def write_plots(folder: str | Path, result: EvalResult, fixed: EvalResult | None = None) -> list[Path]:
+    """ap_by_frequency.png (AP per group, bars) and ap_vs_count.png (per-class AP vs N_c)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    keys = ["AP", "APr", "APc", "APf"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    series = [("LVIS AP", result)] + ([("AP^Fixed", fixed)] if fixed is not None else [])
+    width = 0.8 / len(series)
+    for j, (name, r) in enumerate(series):
+        vals = [max(r.stats[k], 0) * 100 for k in keys]
+        ax.bar(np.arange(len(keys)) + (j - (len(series) - 1) / 2) * width, vals, width, label=name)
+    ax.set_xticks(np.arange(len(keys)), ["all", "rare", "common", "frequent"])
+    ax.set_ylabel("AP (%)")
+    ax.set_title(f"{result.iou_type} AP by frequency group")
+    ax.legend()
+    _save(fig, folder / "ap_by_frequency.png")
+    plt.close(fig)
+    written.append(folder / "ap_by_frequency.png")
+
+    ap = result.class_ap()
+    have_nc = np.isfinite(result.image_count)
+    x = np.where(have_nc, result.image_count, result.num_gt[:, 0]).astype(float)
+    ok = (ap > -1) & (x > 0)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colors = {"r": "tab:red", "c": "tab:orange", "f": "tab:blue"}
+    for g, label in GROUP_LABELS.items():
+        sel = ok & np.array([f == g for f in result.frequency])
+        if sel.any():
+            ax.scatter(x[sel], ap[sel] * 100, s=10, c=colors[g], label=label, alpha=0.7)
+    other = ok & np.array([f not in GROUP_LABELS for f in result.frequency])
+    if other.any():
+        ax.scatter(x[other], ap[other] * 100, s=10, c="gray", alpha=0.7)
+    ax.set_xscale("log")
+    ax.set_xlabel("N_c: training images of the class" if have_nc.all() else
+                  "GT instances of the class in this set (N_c unknown)")
+    ax.set_ylabel("AP (%)")
+    ax.set_title("per-class AP")
+    if ok.any():
+        ax.legend()
+    _save(fig, folder / "ap_vs_count.png")
+    plt.close(fig)
+    written.append(folder / "ap_vs_count.png")
+    return written
