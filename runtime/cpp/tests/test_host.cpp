@@ -1,0 +1,158 @@
+// ctest: the host library on hand-computed cases (no framework: a failed CHECK exits 1).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "norcal/host.hpp"
+#include "norcal/npy.hpp"
+
+using namespace norcal;
+
+static int failures = 0;
+#define CHECK(cond)                                                  \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                    \
+    }                                                                \
+  } while (0)
+
+static void test_resized_size() {
+  Size2 s = resized_size(480, 640, 800, 1333);
+  CHECK(s.h == 800 && s.w == 1067);
+  s = resized_size(1000, 3000, 800, 1333);  // capped: 800 * 1333/2400 = 444.3
+  CHECK(s.h == 444 && s.w == 1333);
+  s = resized_size(333, 500, 320, 512);  // 500 * 320/333 = 480.48
+  CHECK(s.h == 320 && s.w == 480);
+  s = resized_size(240, 320, 320, 512);  // 320 * 4/3 = 426.67
+  CHECK(s.h == 320 && s.w == 427);
+}
+
+static void test_resize_hand_computed() {
+  // 1x4 row [0,0,255,255] -> 1x2. Scale 2 widens the triangle to support 2: output 0 takes
+  // source 0,1,2 with weights .75,.75,.25 (/1.75), so 255*.25/1.75 = 36.4 -> 36; output 1
+  // takes 1,2,3 with .25,.75,.75 -> 255*1.5/1.75 = 218.6 -> 219.
+  Image in(1, 4, 1);
+  const uint8_t px[4] = {0, 0, 255, 255};
+  std::memcpy(in.data.data(), px, 4);
+  Image out = resize_bilinear_pil(in, 1, 2);
+  CHECK(out.h == 1 && out.w == 2);
+  CHECK(out.data[0] == 36 && out.data[1] == 219);
+  // Upscale 2 -> 4: centres at 0.25, 0.75, 1.25, 1.75 source px: [0, 64, 191, 255] for [0,255]
+  // (weights .75/.25 with the edge tap renormalised: 0, .25*255=63.75, .75*255=191.25, 255).
+  Image up(1, 2, 1);
+  up.data = {0, 255};
+  Image o2 = resize_bilinear_pil(up, 1, 4);
+  CHECK(o2.data[0] == 0 && o2.data[1] == 64 && o2.data[2] == 191 && o2.data[3] == 255);
+  // A constant image stays constant at any size, in both passes.
+  Image c(7, 9, 3);
+  std::fill(c.data.begin(), c.data.end(), 77);
+  Image r = resize_bilinear_pil(c, 13, 4);
+  bool flat = true;
+  for (uint8_t v : r.data) flat = flat && v == 77;
+  CHECK(flat && r.h == 13 && r.w == 4 && r.c == 3);
+}
+
+static void test_batch_layout() {
+  Image a(32, 48, 3), b(40, 32, 3);
+  for (size_t i = 0; i < a.data.size(); ++i) a.data[i] = uint8_t(i % 3 == 0 ? 200 : 10);  // red-ish
+  std::fill(b.data.begin(), b.data.end(), 5);
+  Batch batch = prepare_batch({a, b}, 32, 1000, true, 32);
+  CHECK(batch.b == 2 && batch.h == 64 && batch.w == 64);
+  CHECK(batch.image_sizes[0] == 32 && batch.image_sizes[1] == 48);
+  CHECK(batch.image_sizes[2] == 40 && batch.image_sizes[3] == 32);
+  const size_t plane = 64 * 64;
+  CHECK(batch.images[0] == 10.0f);              // channel 0 = blue
+  CHECK(batch.images[2 * plane] == 200.0f);     // channel 2 = red
+  CHECK(batch.images[47] == 10.0f && batch.images[48] == 0.0f);  // zero padding right of w=48
+  CHECK(batch.images[32 * 64] == 0.0f);         // and below h=32
+}
+
+static void test_rescale_boxes() {
+  float boxes[12] = {-5, 10, 50, 700, 10, 10, 10, 20, 100, 100, 300, 120};
+  auto keep = rescale_boxes(boxes, 3, {200, 100}, {400, 300});  // x * 3, y * 2
+  CHECK(boxes[0] == 0 && boxes[1] == 20 && boxes[2] == 150 && boxes[3] == 400);
+  CHECK(keep[0] == 1 && keep[1] == 0 && keep[2] == 0);
+}
+
+static void test_paste_mask() {
+  std::vector<float> ones(28 * 28, 1.0f);
+  std::vector<uint8_t> out(100, 0);
+  const float box[4] = {2, 2, 6, 6};
+  paste_mask(ones.data(), 28, box, 10, 10, out.data());
+  int inside = 0, total = 0;
+  for (int y = 0; y < 10; ++y)
+    for (int x = 0; x < 10; ++x) {
+      total += out[y * 10 + x];
+      inside += (y >= 2 && y < 6 && x >= 2 && x < 6) ? out[y * 10 + x] : 0;
+    }
+  CHECK(inside == 16 && total == 16);
+  // [[1,0],[1,0]] on (0,0,4,4): columns 0,1 at 0.75 (0.5625 on the edge rows), 2,3 <= 0.25
+  const float half[4] = {1, 0, 1, 0};
+  std::vector<uint8_t> o2(16, 0);
+  const float box2[4] = {0, 0, 4, 4};
+  paste_mask(half, 2, box2, 4, 4, o2.data());
+  bool ok = true;
+  for (int y = 0; y < 4; ++y)
+    for (int x = 0; x < 4; ++x) ok = ok && o2[y * 4 + x] == (x < 2 ? 1 : 0);
+  CHECK(ok);
+}
+
+static void test_rle() {
+  // column-major [[0,1],[1,1]] = 0,1,1,1: runs [1, 3] -> "13"
+  const uint8_t m[4] = {0, 1, 1, 1};
+  CHECK(rle_encode(m, 2, 2) == "13");
+  // all ones 2x3: runs [0, 6] -> "06"
+  const uint8_t ones[6] = {1, 1, 1, 1, 1, 1};
+  CHECK(rle_encode(ones, 2, 3) == "06");
+  // a run of 40 = 0b101000: low 5 bits 8 with the continuation bit (8|0x20)+48 = 'X', then 1 -> '1'
+  std::vector<uint8_t> z(40, 0);
+  CHECK(rle_encode(z.data(), 8, 5) == "X1");
+}
+
+static void test_results_json() {
+  Detections d;
+  d.image_id = "000000000042";
+  d.image_size = {4, 4};
+  d.boxes = {0, 0, 4, 4};
+  d.scores = {0.5f};
+  d.classes = {1};
+  d.masks = {1, 0, 1, 0};
+  d.mask_size = 2;
+  std::string js;
+  append_results_json(d, {3, 7}, js);
+  CHECK(js == "{\"image_id\": 42, \"category_id\": 7, \"bbox\": [0, 0, 4, 4], \"score\": 0.5, "
+              "\"segmentation\": {\"size\": [4, 4], \"counts\": \"088\"}}");
+  bool threw = false;
+  try {
+    std::string s;
+    append_results_json(d, {3}, s);
+  } catch (const std::out_of_range&) {
+    threw = true;
+  }
+  CHECK(threw);
+}
+
+static void test_half() {
+  CHECK(half_to_float(0x3c00) == 1.0f && half_to_float(0xc000) == -2.0f);
+  CHECK(half_to_float(0x0001) == std::ldexp(1.0f, -24) && half_to_float(0x3800) == 0.5f);
+}
+
+int main() {
+  test_resized_size();
+  test_resize_hand_computed();
+  test_batch_layout();
+  test_rescale_boxes();
+  test_paste_mask();
+  test_rle();
+  test_results_json();
+  test_half();
+  if (failures) std::fprintf(stderr, "%d check(s) failed\n", failures);
+  else std::printf("all host checks passed\n");
+  return failures ? 1 : 0;
+}

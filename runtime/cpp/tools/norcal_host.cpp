@@ -1,0 +1,103 @@
+// norcal-host: the C++ host library on .npy files, for tests and for checking a deployment
+// against the Python runtime.
+//
+//   norcal-host size H W MIN MAX                       -> prints "new_h new_w"
+//   norcal-host resize IN.npy OUT.npy NEW_H NEW_W      uint8 [H,W,C] -> uint8 resized
+//   norcal-host batch PREFIX MIN MAX BGR|RGB DIV IN.npy...  -> PREFIX_images.npy, PREFIX_sizes.npy
+//   norcal-host rescale BOXES.npy RH RW OH OW OUT.npy KEEP.npy
+//   norcal-host paste MASKS.npy BOXES.npy H W OUT.npy  masks [N,M,M], boxes [N,4] -> uint8 [N,H,W]
+//   norcal-host results OUT.json IMAGE_ID RH RW OH OW NUM BOXES.npy SCORES.npy CLASSES.npy
+//                       [MASKS.npy|-] [CATEGORY_IDS.npy]
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "norcal/host.hpp"
+#include "norcal/npy.hpp"
+
+using namespace norcal;
+
+static Image load_image(const std::string& path) {
+  NpyArray a = read_npy(path);
+  if (a.descr != "|u1" || a.shape.size() != 3) throw std::runtime_error(path + ": expected uint8 [H,W,C]");
+  Image im(int(a.shape[0]), int(a.shape[1]), int(a.shape[2]));
+  im.data = a.bytes;
+  return im;
+}
+
+static int usage() {
+  std::cerr << "usage: norcal-host size|resize|batch|rescale|paste|results ... (see the source header)\n";
+  return 2;
+}
+
+static int run(int argc, char** argv) {
+  if (argc < 2) return usage();
+  const std::string cmd = argv[1];
+  auto arg_i = [&](int i) { return std::stoi(argv[i]); };
+  if (cmd == "size" && argc == 6) {
+    const Size2 s = resized_size(arg_i(2), arg_i(3), arg_i(4), arg_i(5));
+    std::printf("%d %d\n", s.h, s.w);
+  } else if (cmd == "resize" && argc == 6) {
+    const Image out = resize_bilinear_pil(load_image(argv[2]), arg_i(4), arg_i(5));
+    write_npy(argv[3], "|u1", {out.h, out.w, out.c}, out.data.data(), out.data.size());
+  } else if (cmd == "batch" && argc >= 8) {
+    std::vector<Image> ims;
+    for (int i = 7; i < argc; ++i) ims.push_back(load_image(argv[i]));
+    const std::string fmt = argv[5];
+    if (fmt != "BGR" && fmt != "RGB") throw std::runtime_error("format must be BGR or RGB");
+    const Batch b = prepare_batch(ims, arg_i(3), arg_i(4), fmt == "BGR", arg_i(6));
+    const std::string prefix = argv[2];
+    write_npy(prefix + "_images.npy", "<f4", {b.b, 3, b.h, b.w}, b.images.data(), b.images.size() * 4);
+    write_npy(prefix + "_sizes.npy", "<i8", {b.b, 2}, b.image_sizes.data(), b.image_sizes.size() * 8);
+  } else if (cmd == "rescale" && argc == 9) {
+    std::vector<float> boxes = read_npy(argv[2]).to_float();
+    const int n = int(boxes.size() / 4);
+    const std::vector<uint8_t> keep = rescale_boxes(boxes.data(), n, {arg_i(3), arg_i(4)}, {arg_i(5), arg_i(6)});
+    write_npy(argv[7], "<f4", {n, 4}, boxes.data(), boxes.size() * 4);
+    write_npy(argv[8], "|u1", {n}, keep.data(), keep.size());
+  } else if (cmd == "paste" && argc == 7) {
+    const NpyArray ma = read_npy(argv[2]);
+    const std::vector<float> masks = ma.to_float(), boxes = read_npy(argv[3]).to_float();
+    const int n = int(ma.shape[0]), m = int(ma.shape[2]), H = arg_i(4), W = arg_i(5);
+    std::vector<uint8_t> out(size_t(n) * H * W, 0);
+    for (int i = 0; i < n; ++i)
+      paste_mask(&masks[size_t(i) * m * m], m, &boxes[4 * i], H, W, &out[size_t(i) * H * W]);
+    write_npy(argv[6], "|u1", {n, H, W}, out.data(), out.size());
+  } else if (cmd == "results" && (argc == 13 || argc == 14)) {
+    const std::vector<float> boxes = read_npy(argv[9]).to_float(), scores = read_npy(argv[10]).to_float();
+    const std::vector<int64_t> classes = read_npy(argv[11]).to_int64();
+    std::vector<float> masks;
+    int m = 0;
+    if (std::strcmp(argv[12], "-") != 0) {
+      const NpyArray ma = read_npy(argv[12]);
+      masks = ma.to_float();
+      m = int(ma.shape.back());
+    }
+    std::vector<int64_t> cats;
+    if (argc == 14) cats = read_npy(argv[13]).to_int64();
+    const Detections d = postprocess_one(std::stoll(argv[8]), boxes.data(), scores.data(), classes.data(),
+                                         masks.empty() ? nullptr : masks.data(), m, {arg_i(4), arg_i(5)},
+                                         {arg_i(6), arg_i(7)}, argv[3]);
+    std::string body;
+    append_results_json(d, cats, body);
+    std::ofstream f(argv[2]);
+    f << "[" << body << "]\n";
+    if (!f) throw std::runtime_error(std::string(argv[2]) + ": write failed");
+  } else {
+    return usage();
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+}

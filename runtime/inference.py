@@ -1,0 +1,75 @@
+"""Batched inference over images: read, prepare, run, map back. Shared by the CLI and tools."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from norcal.errors import NorcalError
+from norcal.runtime.base import Runner
+from norcal.runtime.contract import InputSpec, input_spec
+from norcal.runtime.images import read_rgb
+from norcal.runtime.postprocess import Detections, split_outputs
+from norcal.runtime.preprocess import prepare_batch
+
+
+def runner_metadata(runner: Runner) -> dict[str, str]:
+    return dict(getattr(runner, "metadata", None) or {})
+
+
+def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1,
+               spec: InputSpec | None = None) -> list[Detections]:
+    """RGB uint8 [H,W,3] images -> one :class:`Detections` each (original coordinates)."""
+    spec = spec or input_spec(runner_metadata(runner))
+    if batch_size < 1:
+        raise NorcalError(f"batch size must be >= 1, got {batch_size}")
+    out: list[Detections] = []
+    for s in range(0, len(images_rgb), batch_size):
+        chunk = images_rgb[s:s + batch_size]
+        batch = prepare_batch(chunk, spec.min_size, spec.max_size, spec.input_format, spec.divisibility)
+        outputs = runner.infer(batch.feeds())
+        out.extend(split_outputs(outputs, batch.image_sizes, batch.original_sizes))
+    return out
+
+
+def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int = 1,
+               spec: InputSpec | None = None, failed: list[tuple[Path, str]] | None = None,
+               on_done: Callable[[int], None] | None = None) -> Iterator[tuple[Path, Detections]]:
+    """Yield (path, detections) per readable image, in input order, ``batch_size`` at a time.
+
+    Unreadable files are skipped and appended to ``failed`` as (path, reason); ``on_done(n)``
+    is called as n more input files are finished, unreadable ones included (progress bars).
+    """
+    spec = spec or input_spec(runner_metadata(runner))
+    if batch_size < 1:
+        raise NorcalError(f"batch size must be >= 1, got {batch_size}")
+    pending: list[tuple[Path, np.ndarray]] = []
+
+    def flush():
+        batch = prepare_batch([a for _, a in pending], spec.min_size, spec.max_size,
+                              spec.input_format, spec.divisibility)
+        outputs = runner.infer(batch.feeds())
+        dets = split_outputs(outputs, batch.image_sizes, batch.original_sizes)
+        done = [(p, d) for (p, _), d in zip(pending, dets)]
+        pending.clear()
+        if on_done:
+            on_done(len(done))
+        return done
+
+    for raw in paths:
+        path = Path(raw)
+        try:
+            pending.append((path, read_rgb(path)))
+        except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for unreadable files
+            if failed is not None:
+                failed.append((path, str(e).splitlines()[0] if str(e) else type(e).__name__))
+            if on_done:
+                on_done(1)
+            continue
+        if len(pending) == batch_size:
+            yield from flush()
+    if pending:
+        yield from flush()

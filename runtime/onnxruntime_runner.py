@@ -1,0 +1,60 @@
+"""ONNX Runtime runner (CPU, CUDA or TensorRT execution provider) behind the Runner interface."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from norcal.errors import NorcalError
+
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+class OnnxRuntimeRunner:
+    """An ONNX model in an ``onnxruntime.InferenceSession``.
+
+    provider: 'cpu', 'cuda' or 'tensorrt' (ONNX Runtime's execution provider, with the usual
+    fallbacks for nodes it cannot take). ``metadata`` holds the model's metadata_props.
+    """
+
+    def __init__(self, path: str | os.PathLike, provider: str = "cpu", threads: int | None = None):
+        import onnxruntime as ort
+
+        path = Path(path)
+        if not path.is_file():
+            raise NorcalError(f"{path}: no such model file")
+        if provider not in PROVIDERS:
+            raise NorcalError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
+        available = ort.get_available_providers()
+        wanted = PROVIDERS[provider][0]
+        if wanted not in available:
+            usable = [k for k, v in PROVIDERS.items() if v[0] in available]
+            raise NorcalError(f"provider {provider!r} ({wanted}) is not available in this onnxruntime "
+                              f"build; available: {', '.join(usable)}")
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = int(threads)
+        try:
+            self.session = ort.InferenceSession(str(path), sess_options=opts,
+                                                providers=[p for p in PROVIDERS[provider] if p in available])
+        except Exception as e:  # onnxruntime raises its own exception types for a bad file
+            raise NorcalError(f"{path}: ONNX Runtime cannot load the model ({str(e).splitlines()[0]})") from None
+        self.path = path
+        self.name = f"onnxruntime-{provider}"
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """images float32 [B,3,H,W], image_sizes int64 [B,2] -> outputs by name."""
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise NorcalError(f"{self.path.name}: missing inputs {', '.join(missing)}")
+        outs = self.session.run(self.output_names, {n: feeds[n] for n in self.input_names})
+        return dict(zip(self.output_names, outs))

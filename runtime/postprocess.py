@@ -1,0 +1,145 @@
+"""Host-side postprocessing: model outputs -> detections in original image coordinates.
+
+Numpy versions of detectron2's ``detector_postprocess`` (box rescale, clip, drop empty boxes)
+and ``paste_masks_in_image`` (``_do_paste_mask``: ``grid_sample`` bilinear,
+``align_corners=False``, zero padding, threshold 0.5), so inference needs no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Detections:
+    """One image's detections in original image coordinates.
+
+    boxes: float32 [N,4] (x0,y0,x1,y1); scores: float32 [N]; classes: int64 [N] (0-based);
+    mask_probs: float32 [N,M,M] mask head probabilities or None (box-only model);
+    image_size: (h, w) of the original image.
+    """
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    mask_probs: np.ndarray | None
+    image_size: tuple[int, int]
+
+    def __len__(self) -> int:
+        return len(self.boxes)
+
+    def masks(self, threshold: float = 0.5) -> np.ndarray:
+        """bool [N,H,W] full-image masks (memory: N*H*W bytes)."""
+        if self.mask_probs is None:
+            raise ValueError("this model has no mask output")
+        return paste_masks(self.mask_probs, self.boxes, self.image_size, threshold)
+
+
+def rescale_boxes(boxes: np.ndarray, resized_hw, original_hw) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes [N,4] in resized coords -> (boxes [N,4] float32 in original coords, keep bool [N]).
+
+    As ``detector_postprocess``: scale x by W/w and y by H/h (float32), clip to [0,W]x[0,H];
+    ``keep`` marks boxes that still have positive width and height (detectron2 drops the rest).
+    """
+    oh, ow = int(original_hw[0]), int(original_hw[1])
+    rh, rw = int(resized_hw[0]), int(resized_hw[1])
+    out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
+    out[:, 0::2] *= np.float32(ow / rw)
+    out[:, 1::2] *= np.float32(oh / rh)
+    np.clip(out[:, 0::2], 0, ow, out=out[:, 0::2])
+    np.clip(out[:, 1::2], 0, oh, out=out[:, 1::2])
+    keep = (out[:, 2] - out[:, 0] > 0) & (out[:, 3] - out[:, 1] > 0)
+    return out, keep
+
+
+def _axis_taps(lo: np.ndarray, hi: np.ndarray, start: np.ndarray, stop: np.ndarray, m: int):
+    """Bilinear taps for many boxes on one axis, concatenated over pixels start[i]..stop[i]-1.
+
+    grid_sample(align_corners=False) samples the mask at src = ((g+1)*m - 1)/2 with
+    g = (p + 0.5 - lo) / (hi - lo) * 2 - 1 (float32). Returns (i0, i1, w0, w1) [sum(stop-start)]:
+    cells floor(src) and floor(src)+1 (clipped into the mask) and their weights, 0 for a cell
+    outside the mask (zero padding).
+    """
+    lengths = stop - start
+    owner = np.repeat(np.arange(len(lo)), lengths)
+    offsets = np.cumsum(lengths) - lengths
+    p = (start[owner] + np.arange(lengths.sum()) - offsets[owner]).astype(np.float32) + np.float32(0.5)
+    g = (p - lo[owner]) / (hi[owner] - lo[owner]) * np.float32(2) - np.float32(1)
+    src = ((g + np.float32(1)) * np.float32(m) - np.float32(1)) / np.float32(2)
+    f = np.floor(src)
+    i0 = f.astype(np.int64)
+    i1 = i0 + 1
+    w0 = np.where((i0 >= 0) & (i0 < m), (f + np.float32(1)) - src, np.float32(0))
+    w1 = np.where((i1 >= 0) & (i1 < m), src - f, np.float32(0))
+    return np.clip(i0, 0, m - 1), np.clip(i1, 0, m - 1), w0, w1
+
+
+def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5):
+    """Paste masks [N,M,M] at boxes [N,4] (x0,y0,x1,y1, original coords); yields per mask
+    (bool [h,w] region, y0, x0): the thresholded mask on image rows y0..y0+h, columns x0..x0+w.
+
+    Every pixel outside a region is below threshold (detectron2's skip_empty region:
+    floor(box)-1 .. ceil(box)+1 clipped to the image), so regions are the whole answer.
+    """
+    img_h, img_w = int(image_hw[0]), int(image_hw[1])
+    n, m = len(masks), masks.shape[-1]
+    b = np.asarray(boxes, np.float32).reshape(-1, 4)
+    xs = np.maximum(np.floor(b[:, 0]).astype(np.int64) - 1, 0)
+    ys = np.maximum(np.floor(b[:, 1]).astype(np.int64) - 1, 0)
+    xe = np.maximum(np.minimum(np.ceil(b[:, 2]).astype(np.int64) + 1, img_w), xs)
+    ye = np.maximum(np.minimum(np.ceil(b[:, 3]).astype(np.int64) + 1, img_h), ys)
+    ty = _axis_taps(b[:, 1], b[:, 3], ys, ye, m)
+    tx = _axis_taps(b[:, 0], b[:, 2], xs, xe, m)
+    oy = np.cumsum(ye - ys) - (ye - ys)
+    ox = np.cumsum(xe - xs) - (xe - xs)
+    for i in range(n):
+        sy = slice(oy[i], oy[i] + ye[i] - ys[i])
+        sx = slice(ox[i], ox[i] + xe[i] - xs[i])
+        a0, a1, wy0, wy1 = (t[sy] for t in ty)
+        b0, b1, wx0, wx1 = (t[sx] for t in tx)
+        mk = np.asarray(masks[i], np.float32)
+        # grid_sample's grid is separable here and each pixel reads 2 cells per axis:
+        # interpolate rows, then columns (gathers; no BLAS call per mask).
+        rows = wy0[:, None] * mk[a0] + wy1[:, None] * mk[a1]
+        probs = rows[:, b0] * wx0 + rows[:, b1] * wx1
+        yield probs >= threshold, int(ys[i]), int(xs[i])
+
+
+def paste_mask_region(mask: np.ndarray, box: np.ndarray, image_hw, threshold: float = 0.5):
+    """One mask [M,M] at box (x0,y0,x1,y1): (bool [h,w] region, y0, x0), see paste_mask_regions."""
+    return next(paste_mask_regions(mask[None], np.asarray(box)[None], image_hw, threshold))
+
+
+def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5) -> np.ndarray:
+    """Masks [N,M,M] + boxes [N,4] (original coords) -> bool [N,H,W], as ``paste_masks_in_image``."""
+    h, w = int(image_hw[0]), int(image_hw[1])
+    out = np.zeros((len(masks), h, w), bool)
+    for i, (region, y0, x0) in enumerate(paste_mask_regions(masks, boxes, (h, w), threshold)):
+        out[i, y0:y0 + region.shape[0], x0:x0 + region.shape[1]] = region
+    return out
+
+
+def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
+                  original_sizes: np.ndarray) -> list[Detections]:
+    """Batched model outputs -> per-image :class:`Detections` in original coordinates.
+
+    outputs: num_detections int64 [B], boxes float32 [B,K,4] (resized coords), scores [B,K],
+    classes int64 [B,K], optional masks float32 [B,K,M,M]. Only the first num_detections[b]
+    rows of image b are valid (EfficientNMS-style padding).
+    """
+    num = np.asarray(outputs["num_detections"]).reshape(-1)
+    masks = outputs.get("masks")
+    result = []
+    for b in range(len(image_sizes)):
+        n = int(num[b])
+        boxes, keep = rescale_boxes(outputs["boxes"][b, :n], image_sizes[b], original_sizes[b])
+        result.append(Detections(
+            boxes=boxes[keep],
+            scores=np.asarray(outputs["scores"][b, :n], np.float32)[keep],
+            classes=np.asarray(outputs["classes"][b, :n], np.int64)[keep],
+            mask_probs=None if masks is None else np.asarray(masks[b, :n], np.float32)[keep],
+            image_size=(int(original_sizes[b][0]), int(original_sizes[b][1])),
+        ))
+    return result

@@ -1,0 +1,103 @@
+"""Host-side preprocessing: detectron2's test-time ResizeShortestEdge, channel order, batching.
+
+detectron2 resizes uint8 images with PIL's bilinear filter (``ResizeTransform.apply_image``),
+so this module does too: the pixels match detectron2 exactly. The graph normalises and zeroes
+the padding itself (see DESIGN.md), so the host pads raw pixels with zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from norcal.errors import NorcalError
+
+
+def resized_size(h: int, w: int, min_size: int, max_size: int) -> tuple[int, int]:
+    """(new_h, new_w) of detectron2's ``ResizeShortestEdge.get_output_shape``.
+
+    The short edge goes to ``min_size`` unless the long edge would then exceed ``max_size``.
+    """
+    size = float(min_size)
+    scale = size / min(h, w)
+    if h < w:
+        newh, neww = size, scale * w
+    else:
+        newh, neww = scale * h, size
+    if max(newh, neww) > max_size:
+        scale = max_size * 1.0 / max(newh, neww)
+        newh, neww = newh * scale, neww * scale
+    return int(newh + 0.5), int(neww + 0.5)
+
+
+def resize_uint8(image: np.ndarray, new_h: int, new_w: int) -> np.ndarray:
+    """uint8 [H,W,C] -> uint8 [new_h,new_w,C] with PIL bilinear, exactly as detectron2 does."""
+    from PIL import Image
+
+    if image.shape[:2] == (new_h, new_w):
+        return image
+    if image.ndim == 3 and image.shape[2] == 1:
+        out = Image.fromarray(image[:, :, 0], mode="L").resize((new_w, new_h), Image.BILINEAR)
+        return np.asarray(out)[:, :, None]
+    return np.asarray(Image.fromarray(image).resize((new_w, new_h), Image.BILINEAR))
+
+
+@dataclass
+class Batch:
+    """One model input batch and what is needed to map outputs back.
+
+    images: float32 [B,3,H,W] (H, W multiples of the divisibility; zero padding);
+    image_sizes: int64 [B,2] resized (h, w) of each image before padding;
+    original_sizes: int64 [B,2] (h, w) of each image as read.
+    """
+
+    images: np.ndarray
+    image_sizes: np.ndarray
+    original_sizes: np.ndarray
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        return {"images": self.images, "image_sizes": self.image_sizes}
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+def _check_image(i: int, image: np.ndarray) -> None:
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 \
+            or image.shape[2] != 3:
+        desc = f"{image.dtype} {image.shape}" if isinstance(image, np.ndarray) else type(image).__name__
+        raise NorcalError(f"image {i}: expected RGB uint8 [H,W,3], got {desc}")
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise NorcalError(f"image {i}: empty ({image.shape[0]}x{image.shape[1]})")
+
+
+def prepare_batch(images_rgb: list[np.ndarray], min_size: int, max_size: int, fmt: str = "BGR",
+                  divisibility: int = 32) -> Batch:
+    """RGB uint8 [H,W,3] images -> one padded float32 batch per the ONNX contract.
+
+    Each image is resized (ResizeShortestEdge(min_size, max_size)), put in ``fmt`` channel
+    order, and zero-padded at the bottom/right to the batch's largest size rounded up to a
+    multiple of ``divisibility``, as detectron2's ``ImageList.from_tensors``.
+    """
+    if not images_rgb:
+        raise NorcalError("prepare_batch needs at least one image")
+    if fmt not in ("BGR", "RGB"):
+        raise NorcalError(f"channel format must be BGR or RGB, got {fmt!r}")
+    resized = []
+    for i, img in enumerate(images_rgb):
+        _check_image(i, img)
+        nh, nw = resized_size(img.shape[0], img.shape[1], min_size, max_size)
+        resized.append(resize_uint8(img, nh, nw))
+    d = max(int(divisibility), 1)
+    H = -(-max(r.shape[0] for r in resized) // d) * d
+    W = -(-max(r.shape[1] for r in resized) // d) * d
+    out = np.zeros((len(resized), 3, H, W), np.float32)
+    for b, r in enumerate(resized):
+        chw = r.transpose(2, 0, 1)
+        out[b, :, : r.shape[0], : r.shape[1]] = chw[::-1] if fmt == "BGR" else chw
+    return Batch(
+        images=out,
+        image_sizes=np.array([r.shape[:2] for r in resized], np.int64).reshape(-1, 2),
+        original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
+    )

@@ -1,0 +1,110 @@
+"""Detections -> COCO/LVIS results JSON (what lvis-api's ``LVISResults`` and pycocotools load).
+
+Each detection becomes ``{image_id, category_id, bbox: [x, y, w, h], score}`` plus, for mask
+models, ``segmentation``: compressed RLE with ``counts`` as str, like detectron2's
+``instances_to_coco_json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from norcal.errors import NorcalError
+from norcal.runtime.postprocess import Detections, paste_mask_regions
+
+
+def encode_rle(mask: np.ndarray) -> dict[str, Any]:
+    """bool/uint8 [H,W] -> compressed RLE {'size': [H, W], 'counts': str}."""
+    from pycocotools import mask as mask_util
+
+    rle = mask_util.encode(np.asfortranarray(mask, dtype=np.uint8))
+    rle["counts"] = rle["counts"].decode("ascii")
+    return rle
+
+
+def region_rle_counts(region: np.ndarray, y0: int, x0: int, image_hw) -> np.ndarray:
+    """Uncompressed RLE counts of an [H,W] mask that is zero outside ``region`` placed at (y0, x0).
+
+    Works on the region only (no full-image mask): runs are over the column-major order,
+    starting with zeros, as pycocotools' rleEncode.
+    """
+    H, W = int(image_hw[0]), int(image_hw[1])
+    h, w = region.shape
+    if h == 0 or w == 0 or not region.any():
+        return np.array([H * W], np.int64)
+    # One zero row above and below each column: every run starts inside the padded region,
+    # and a start on the bottom pad row (y0 + h) maps to the right global index even when
+    # it is the next column's first pixel.
+    padded = np.zeros((h + 2, w), np.int8)
+    padded[1:-1] = region
+    flat = padded.ravel(order="F")
+    starts = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+    rows, cols = starts % (h + 2), starts // (h + 2)
+    where = (x0 + cols).astype(np.int64) * H + (y0 - 1 + rows)
+    where = where[where < H * W]  # a 0-run "starting" past the last pixel is no run
+    return np.diff(np.concatenate(([0], where, [H * W])))
+
+
+def detections_to_results(image_id: int | str, det: Detections, category_ids: list[int] | None,
+                          with_masks: bool = True, mask_threshold: float = 0.5) -> list[dict]:
+    """One image's detections -> result dicts (masks pasted one at a time, then RLE-encoded).
+
+    category_ids: class index -> dataset category id; None keeps detectron2's LVIS default
+    (index + 1).
+    """
+    out = []
+    h, w = det.image_size
+    masks = with_masks and det.mask_probs is not None and len(det) > 0
+    regions = paste_mask_regions(det.mask_probs, det.boxes, (h, w), mask_threshold) if masks else None
+    uncompressed = []
+    for i in range(len(det)):
+        c = int(det.classes[i])
+        if category_ids is None:
+            cat = c + 1
+        elif 0 <= c < len(category_ids):
+            cat = int(category_ids[c])
+        else:
+            raise NorcalError(f"class index {c} out of range: {len(category_ids)} category ids known")
+        x0, y0, x1, y1 = (float(v) for v in det.boxes[i])
+        wh = det.boxes[i, 2:] - det.boxes[i, :2]  # float32, as detectron2's BoxMode.convert
+        r = {"image_id": image_id, "category_id": cat,
+             "bbox": [x0, y0, float(wh[0]), float(wh[1])], "score": float(det.scores[i])}
+        if masks:
+            region, ry, rx = next(regions)
+            uncompressed.append({"size": [h, w], "counts": region_rle_counts(region, ry, rx, (h, w)).tolist()})
+        out.append(r)
+    if masks and out:
+        from pycocotools import mask as mask_util
+
+        # pycocotools compresses uncompressed RLE in C, all masks of the image in one call
+        for r, rle in zip(out, mask_util.frPyObjects(uncompressed, h, w)):
+            r["segmentation"] = {"size": [h, w], "counts": rle["counts"].decode("ascii")}
+    return out
+
+
+def category_ids_from_annotations(path: str | Path) -> tuple[list[int], dict[str, int]]:
+    """From a COCO/LVIS annotation file: (category ids in id order, image file name -> image id).
+
+    File names are matched by base name (``file_name`` or, for LVIS, ``coco_url``).
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise NorcalError(f"{p}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NorcalError(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
+            or not isinstance(data.get("categories"), list):
+        raise NorcalError(f"{p}: not a COCO/LVIS annotation file (needs 'images' and 'categories')")
+    ids = sorted(int(c["id"]) for c in data["categories"])
+    names: dict[str, int] = {}
+    for im in data["images"]:
+        ref = im.get("file_name") or im.get("coco_url") or ""
+        if ref:
+            names[Path(str(ref)).name] = int(im["id"])
+    return ids, names

@@ -1,0 +1,31 @@
+"""``open_runner``: the right backend for a model file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from norcal.errors import NorcalError
+from norcal.runtime.base import Runner
+
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+
+
+def open_runner(path: str | os.PathLike, provider: str | None = None) -> Runner:
+    """.onnx -> OnnxRuntimeRunner(provider or 'cpu'); .engine/.plan -> TensorRTRunner."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix == ".onnx":
+        from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+
+        return OnnxRuntimeRunner(p, provider or "cpu")
+    if suffix in ENGINE_SUFFIXES:
+        if provider not in (None, "tensorrt"):
+            raise NorcalError(f"{p.name} is a TensorRT engine; --provider {provider} applies to .onnx models")
+        try:
+            from norcal.runtime.tensorrt_runner import TensorRTRunner
+        except ImportError as e:
+            raise NorcalError(f"cannot run {p.name}: the TensorRT runner is unavailable ({e})") from None
+        return TensorRTRunner(p)
+    raise NorcalError(f"{p}: unknown model type {suffix or '(no suffix)'!r}; "
+                      f"expected .onnx or a TensorRT engine ({', '.join(ENGINE_SUFFIXES)})")
