@@ -56,6 +56,7 @@ class ExportResult:
 
     def print_summary(self) -> None:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         console = Console(soft_wrap=True)
@@ -75,12 +76,12 @@ class ExportResult:
         else:
             t.add_row("NorCal", "none (plain classifier)")
         for kind, name, dtype, shape in describe_io(self.model):
-            t.add_row(kind, f"{name}: {dtype} {shape}")
+            t.add_row(kind, escape(f"{name}: {dtype} {shape}"))
         t.add_row("file size", f"{self.output.stat().st_size / 2**20:.1f} MiB")
         t.add_row("time", f"{self.seconds:.1f} s")
         console.print(t)
         for n in self.notes:
-            console.print(n)
+            console.print(escape(n))
 
 
 def _finish(model: onnx.ModelProto, out: Path) -> None:
