@@ -1,0 +1,59 @@
+"""detectron2's ``DefaultAnchorGenerator``: per-level cell anchors shifted over the grid."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from norcal.errors import NorcalError
+
+
+def cell_anchors(sizes, aspect_ratios) -> torch.Tensor:
+    """Anchors [len(sizes)*len(ratios), 4] centred on 0, sizes outer, ratios inner (detectron2)."""
+    out = []
+    for size in sizes:
+        area = size ** 2.0
+        for ratio in aspect_ratios:
+            w = math.sqrt(area / ratio)
+            h = ratio * w
+            out.append([-w / 2.0, -h / 2.0, w / 2.0, h / 2.0])
+    return torch.tensor(out, dtype=torch.float32)
+
+
+class AnchorGenerator(nn.Module):
+    """Anchors for each feature map: [H*W*A, 4], location-major then anchor (detectron2 order)."""
+
+    def __init__(self, sizes, aspect_ratios, strides, offset: float = 0.0):
+        super().__init__()
+        n = len(strides)
+        sizes = list(sizes) * n if len(sizes) == 1 else list(sizes)
+        ratios = list(aspect_ratios) * n if len(aspect_ratios) == 1 else list(aspect_ratios)
+        if len(sizes) != n or len(ratios) != n:
+            raise NorcalError(f"anchor sizes ({len(sizes)}) and aspect ratios ({len(ratios)}) "
+                              f"must be given once or per feature level ({n})")
+        if not 0.0 <= offset < 1.0:
+            raise NorcalError(f"anchor offset must lie in [0, 1), got {offset}")
+        self.strides = list(strides)
+        self.offset = float(offset)
+        cells = [cell_anchors(s, r) for s, r in zip(sizes, ratios)]
+        counts = {len(c) for c in cells}
+        if len(counts) != 1:
+            raise NorcalError("every feature level needs the same number of anchors per location")
+        self.num_anchors = counts.pop()
+        for i, c in enumerate(cells):
+            self.register_buffer(f"cell{i}", c, persistent=False)
+
+    def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = []
+        for i, (f, stride) in enumerate(zip(features, self.strides)):
+            h, w = f.shape[-2], f.shape[-1]
+            shift_x = (torch.arange(w, device=f.device).to(torch.float32) + self.offset) * stride
+            shift_y = (torch.arange(h, device=f.device).to(torch.float32) + self.offset) * stride
+            sy, sx = torch.meshgrid(shift_y, shift_x, indexing="ij")
+            sx, sy = sx.reshape(-1), sy.reshape(-1)
+            shifts = torch.stack((sx, sy, sx, sy), dim=1)
+            cell = getattr(self, f"cell{i}")
+            out.append((shifts[:, None, :] + cell[None, :, :]).reshape(-1, 4))
+        return out

@@ -1,0 +1,129 @@
+"""detectron2's ResNet / ResNeXt bottom-up backbone (``build_resnet_backbone``), depth 18-152.
+
+State-dict names follow detectron2: ``stem.conv1``, ``res2.0.conv1``, ``res2.0.conv1.norm``,
+``res2.0.shortcut`` ...
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from norcal.errors import NorcalError
+
+from .layers import Conv2d, PaddingMasks
+
+BLOCKS_PER_STAGE = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3],
+                    101: [3, 4, 23, 3], 152: [3, 8, 36, 3]}
+
+
+class BasicStem(nn.Module):
+    """7x7/2 conv + norm + ReLU, then 3x3/2 max-pool: stride 4."""
+
+    def __init__(self, in_channels: int, out_channels: int, norm: str):
+        super().__init__()
+        self.conv1 = Conv2d(in_channels, out_channels, 7, stride=2, padding=3, bias=False,
+                            norm=norm, relu=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # inputs are >= 0 after ReLU, so the max-pool's -inf padding and our zero padding agree
+        return F.max_pool2d(self.conv1(x), kernel_size=3, stride=2, padding=1)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convs (ResNet-18/34)."""
+
+    def __init__(self, in_channels, out_channels, *, stride, in_stride, norm):
+        super().__init__()
+        self.in_stride, self.out_stride = in_stride, in_stride * stride
+        self.shortcut = (Conv2d(in_channels, out_channels, 1, stride=stride, bias=False, norm=norm)
+                         if in_channels != out_channels else None)
+        self.conv1 = Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False,
+                            norm=norm, relu=True)
+        self.conv2 = Conv2d(out_channels, out_channels, 3, padding=1, bias=False, norm=norm)
+
+    def forward(self, x: torch.Tensor, masks: PaddingMasks) -> torch.Tensor:
+        x = masks.apply(x, self.in_stride)
+        out = self.conv2(masks.apply(self.conv1(x), self.out_stride))
+        short = self.shortcut(x) if self.shortcut is not None else x
+        return F.relu(out + short)
+
+
+class BottleneckBlock(nn.Module):
+    """1x1 -> 3x3 (grouped, dilated) -> 1x1, stride on the 1x1 or the 3x3 (``stride_in_1x1``)."""
+
+    def __init__(self, in_channels, out_channels, *, bottleneck_channels, stride, in_stride,
+                 num_groups, norm, stride_in_1x1, dilation):
+        super().__init__()
+        s1, s3 = (stride, 1) if stride_in_1x1 else (1, stride)
+        self.mid_stride = in_stride * s1  # stride of conv2's input
+        self.shortcut = (Conv2d(in_channels, out_channels, 1, stride=stride, bias=False, norm=norm)
+                         if in_channels != out_channels else None)
+        self.conv1 = Conv2d(in_channels, bottleneck_channels, 1, stride=s1, bias=False,
+                            norm=norm, relu=True)
+        self.conv2 = Conv2d(bottleneck_channels, bottleneck_channels, 3, stride=s3,
+                            padding=dilation, dilation=dilation, groups=num_groups, bias=False,
+                            norm=norm, relu=True)
+        self.conv3 = Conv2d(bottleneck_channels, out_channels, 1, bias=False, norm=norm)
+
+    def forward(self, x: torch.Tensor, masks: PaddingMasks) -> torch.Tensor:
+        out = masks.apply(self.conv1(x), self.mid_stride)  # only the 3x3 reads past an edge
+        out = self.conv3(self.conv2(out))
+        short = self.shortcut(x) if self.shortcut is not None else x
+        return F.relu(out + short)
+
+
+class ResNet(nn.Module):
+    """Returns ``{"res2": [B,C2,H/4,W/4], ..., "res5": [B,C5,H/32,W/32]}``."""
+
+    def __init__(self, *, depth=50, norm="FrozenBN", stem_out_channels=64, res2_out_channels=256,
+                 num_groups=1, width_per_group=64, stride_in_1x1=True, res5_dilation=1,
+                 in_channels=3):
+        super().__init__()
+        if depth not in BLOCKS_PER_STAGE:
+            raise NorcalError(f"ResNet depth {depth} is not one of {sorted(BLOCKS_PER_STAGE)}")
+        if res5_dilation not in (1, 2):
+            raise NorcalError(f"res5 dilation must be 1 or 2, got {res5_dilation}")
+        basic = depth in (18, 34)
+        if basic and (res2_out_channels != 64 or num_groups != 1 or res5_dilation != 1):
+            raise NorcalError(f"ResNet-{depth} needs RES2_OUT_CHANNELS 64, 1 group, no dilation")
+        self.stem = BasicStem(in_channels, stem_out_channels, norm)
+        self.stage_names: list[str] = []
+        self.out_strides: dict[str, int] = {}
+        self.out_channels: dict[str, int] = {}
+        in_ch, out_ch = stem_out_channels, res2_out_channels
+        bottleneck = num_groups * width_per_group
+        stride = 4
+        for idx, n_blocks in enumerate(BLOCKS_PER_STAGE[depth]):
+            stage = idx + 2
+            dilation = res5_dilation if stage == 5 else 1
+            first_stride = 1 if idx == 0 or (stage == 5 and dilation == 2) else 2
+            blocks = []
+            for i in range(n_blocks):
+                s = first_stride if i == 0 else 1
+                if basic:
+                    blocks.append(BasicBlock(in_ch, out_ch, stride=s, in_stride=stride, norm=norm))
+                else:
+                    blocks.append(BottleneckBlock(
+                        in_ch, out_ch, bottleneck_channels=bottleneck, stride=s, in_stride=stride,
+                        num_groups=num_groups, norm=norm, stride_in_1x1=stride_in_1x1,
+                        dilation=dilation))
+                stride *= s
+                in_ch = out_ch
+            name = f"res{stage}"
+            self.add_module(name, nn.ModuleList(blocks))
+            self.stage_names.append(name)
+            self.out_strides[name] = stride
+            self.out_channels[name] = out_ch
+            out_ch *= 2
+            bottleneck *= 2
+
+    def forward(self, x: torch.Tensor, masks: PaddingMasks) -> dict[str, torch.Tensor]:
+        x = self.stem(x)
+        out = {}
+        for name in self.stage_names:
+            for block in getattr(self, name):
+                x = block(x, masks)
+            out[name] = x
+        return out

@@ -1,0 +1,99 @@
+"""detectron2's ``FastRCNNOutputLayers`` and ``fast_rcnn_inference``, batched.
+
+Scores: softmax over C+1 (background last) or sigmoid, optionally NorCal-calibrated with a
+``log_prior`` [C+1]. Inference: drop background, keep score > thresh, class-wise NMS, top-K;
+outputs are fixed-size and zero-padded like TensorRT's EfficientNMS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from norcal.calibration import calibrate
+from norcal.errors import NorcalError
+
+from .box_coder import BoxCoder, clip_boxes
+from .ops import non_max_suppression
+
+
+class FastRCNNOutputLayers(nn.Module):
+    """Box features [M, D] -> cls logits [M, C+1] and box deltas [M, C*4] (or [M, 4] agnostic)."""
+
+    def __init__(self, input_size: int, num_classes: int, *, cls_agnostic_bbox_reg: bool = False,
+                 box_weights=(10.0, 10.0, 5.0, 5.0), use_sigmoid: bool = False,
+                 score_thresh: float = 1e-4, nms_thresh: float = 0.5, topk: int = 300):
+        super().__init__()
+        self.num_classes = int(num_classes)
+        self.cls_score = nn.Linear(input_size, num_classes + 1)
+        self.num_reg_classes = 1 if cls_agnostic_bbox_reg else num_classes
+        self.bbox_pred = nn.Linear(input_size, self.num_reg_classes * 4)
+        self.box_coder = BoxCoder(box_weights)
+        self.use_sigmoid = use_sigmoid
+        self.score_thresh = float(score_thresh)
+        self.nms_thresh = float(nms_thresh)
+        self.topk = int(topk)
+        self.log_prior: torch.Tensor | None = None
+
+    def set_log_prior(self, log_prior) -> None:
+        """Calibrate scores with NorCal: ``log_prior`` [C+1] from ``norcal.calibration.log_prior``
+        (background last); None restores the plain scores."""
+        if log_prior is None:
+            self.log_prior = None
+            return
+        lp = torch.as_tensor(np.asarray(log_prior, dtype=np.float64), dtype=torch.float32)
+        if lp.shape != (self.num_classes + 1,):
+            raise NorcalError(f"log prior has shape {tuple(lp.shape)}, the classifier needs "
+                              f"({self.num_classes + 1},) (C classes + background)")
+        self.log_prior = lp
+
+    def forward(self, x: torch.Tensor):
+        return self.cls_score(x), self.bbox_pred(x)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Class probabilities [..., C+1] from logits [..., C+1]."""
+        lp = self.log_prior
+        act = "sigmoid" if self.use_sigmoid else "softmax"
+        if lp is None:
+            return torch.sigmoid(logits) if self.use_sigmoid else F.softmax(logits, dim=-1)
+        if torch.onnx.is_in_onnx_export():
+            # the plain graph form of NorCal: Sub then the activation (surgery can replace it)
+            z = logits - lp.to(logits.device)
+            return torch.sigmoid(z) if self.use_sigmoid else F.softmax(z, dim=-1)
+        return calibrate(logits, lp.to(logits.device), activation=act)
+
+    def inference(self, logits, deltas, proposals, valid, image_sizes):
+        """logits [B, R, C+1], deltas [B, R, K*4], proposals [B, R, 4], valid bool [B, R]
+        -> num_detections int64 [B], boxes [B, N, 4], scores [B, N], classes int64 [B, N]."""
+        b, r = proposals.shape[0], proposals.shape[1]
+        c = self.num_classes
+        probs = self.probs(logits)[..., :c] * valid[..., None].to(logits.dtype)
+        boxes = clip_boxes(self.box_coder.decode(deltas, proposals), image_sizes)  # [B,R,K,4]
+        scores = probs.permute(0, 2, 1)  # [B, C, R]
+        if self.num_reg_classes == 1:
+            nms_boxes, nms_scores = boxes[:, :, 0, :], scores
+        else:
+            # detectron2 regresses a box per class: fold the class into NMS's batch axis
+            nms_boxes = boxes.permute(0, 2, 1, 3).reshape(-1, r, 4)
+            nms_scores = scores.reshape(-1, 1, r)
+        sel = non_max_suppression(nms_boxes, nms_scores, self.topk, self.nms_thresh,
+                                  self.score_thresh)
+        # both layouts index the same [B, C, R] grid
+        flat = (sel[:, 0] * nms_scores.shape[1] + sel[:, 1]) * r + sel[:, 2]
+        dense = torch.zeros_like(scores).reshape(-1)
+        dense = dense.scatter(0, flat, scores.reshape(-1)[flat]).reshape(b, -1)  # [B, C*R]
+        n = min(self.topk, c * r) if isinstance(r, int) else self.topk
+        top, idx = dense.topk(n, dim=1)
+        classes = torch.div(idx, r, rounding_mode="trunc")  # idx >= 0
+        if self.num_reg_classes == 1:
+            box_idx = idx - classes * r
+            det = torch.gather(boxes[:, :, 0, :], 1, box_idx[:, :, None].expand(-1, -1, 4))
+        else:
+            det = torch.gather(boxes.permute(0, 2, 1, 3).reshape(b, -1, 4), 1,
+                               idx[:, :, None].expand(-1, -1, 4))
+        keep = top > 0  # kept scores are > score_thresh >= 0; the rest are the zero padding
+        num = keep.sum(dim=1)
+        keep_f = keep.to(top.dtype)
+        return num, det * keep_f[..., None], top * keep_f, classes * keep.to(classes.dtype)

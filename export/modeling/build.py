@@ -1,0 +1,166 @@
+"""One place that maps a ModelSpec + a detectron2 state dict onto our model."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from norcal.errors import NorcalError
+
+from ..spec import ModelSpec
+from .anchors import AnchorGenerator
+from .backbone import ResNet
+from .box_head import FastRCNNConvFCHead
+from .box_predictor import FastRCNNOutputLayers
+from .fpn import FPN
+from .mask_head import MaskRCNNConvUpsampleHead
+from .poolers import ROIPooler
+from .rcnn import GeneralizedRCNN
+from .roi_heads import StandardROIHeads
+
+# buffers detectron2 may or may not have saved; they do not change inference
+_OPTIONAL_SUFFIXES = ("num_batches_tracked",)
+
+
+def _check_spec(spec: ModelSpec) -> None:
+    if spec.meta_architecture != "GeneralizedRCNN":
+        raise NorcalError(f"meta architecture {spec.meta_architecture!r} is not supported "
+                          "(only GeneralizedRCNN: Faster / Mask R-CNN with FPN)")
+    if spec.input_format not in ("BGR", "RGB"):
+        raise NorcalError(f"input format {spec.input_format!r} must be BGR or RGB")
+    if spec.fpn_fuse_type not in ("sum", "avg"):
+        raise NorcalError(f"FPN fuse type {spec.fpn_fuse_type!r} must be 'sum' or 'avg'")
+
+
+def create_model(spec: ModelSpec) -> GeneralizedRCNN:
+    """The model for ``spec`` with default-initialised weights, in eval mode."""
+    _check_spec(spec)
+    bottom_up = ResNet(depth=spec.depth, norm=spec.norm, stem_out_channels=spec.stem_out_channels,
+                       res2_out_channels=spec.res2_out_channels, num_groups=spec.num_groups,
+                       width_per_group=spec.width_per_group, stride_in_1x1=spec.stride_in_1x1,
+                       res5_dilation=spec.res5_dilation)
+    backbone = FPN(bottom_up, spec.fpn_out_channels, spec.fpn_norm, spec.fpn_fuse_type)
+    ch = spec.fpn_out_channels
+    anchors = AnchorGenerator(spec.anchor_sizes, spec.anchor_aspect_ratios, backbone.strides,
+                              spec.anchor_offset)
+    from .rpn import RPN, StandardRPNHead
+    rpn = RPN(StandardRPNHead(ch, anchors.num_anchors, spec.rpn_conv_dims), anchors,
+              box_weights=spec.rpn_bbox_reg_weights, pre_nms_topk=spec.rpn_pre_nms_topk_test,
+              post_nms_topk=spec.rpn_post_nms_topk_test, nms_thresh=spec.rpn_nms_thresh,
+              min_size=spec.rpn_min_size)
+    roi_strides = backbone.in_strides
+    box_pooler = ROIPooler(spec.pooler_resolution, roi_strides, spec.pooler_sampling_ratio,
+                           spec.pooler_type)
+    box_head = FastRCNNConvFCHead(ch, spec.pooler_resolution, num_conv=spec.box_head_num_conv,
+                                  conv_dim=spec.box_head_conv_dim, num_fc=spec.box_head_num_fc,
+                                  fc_dim=spec.box_head_fc_dim, norm=spec.box_head_norm)
+    if box_head.num_fc == 0:
+        raise NorcalError("a box head without fully connected layers is not supported")
+    predictor = FastRCNNOutputLayers(
+        box_head.output_size, spec.num_classes, cls_agnostic_bbox_reg=spec.cls_agnostic_bbox_reg,
+        box_weights=spec.bbox_reg_weights, use_sigmoid=spec.use_sigmoid_ce,
+        score_thresh=spec.score_thresh_test, nms_thresh=spec.nms_thresh_test,
+        topk=spec.detections_per_image)
+    mask_pooler = mask_head = None
+    if spec.mask_on:
+        mask_pooler = ROIPooler(spec.mask_pooler_resolution, roi_strides,
+                                spec.mask_pooler_sampling_ratio, spec.pooler_type)
+        mask_head = MaskRCNNConvUpsampleHead(ch, num_conv=spec.mask_head_num_conv,
+                                             conv_dim=spec.mask_head_conv_dim,
+                                             num_classes=spec.num_classes,
+                                             cls_agnostic=spec.cls_agnostic_mask,
+                                             norm=spec.mask_head_norm)
+    roi_heads = StandardROIHeads(box_pooler, box_head, predictor, mask_pooler, mask_head)
+    mean, std = list(spec.pixel_mean), list(spec.pixel_std)
+    if spec.input_format == "RGB":
+        # the graph's contract is BGR input: flip the statistics, and the first conv below
+        mean, std = mean[::-1], std[::-1]
+    model = GeneralizedRCNN(backbone, rpn, roi_heads, pixel_mean=mean, pixel_std=std,
+                            size_divisibility=spec.size_divisibility)
+    return model.eval()
+
+
+def _to_tensor(name: str, value) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    raise NorcalError(f"checkpoint entry {name!r} is a {type(value).__name__}, not an array")
+
+
+def _listing(keys, limit: int = 12) -> str:
+    keys = sorted(keys)
+    more = f" ... (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def build_model(spec: ModelSpec, state_dict: Mapping[str, object]) -> GeneralizedRCNN:
+    """Our model for ``spec`` loaded from a detectron2 state dict (detectron2's key names).
+
+    Strict: missing or unexpected keys, and shape mismatches, are a NorcalError listing them.
+    Values may be torch tensors or numpy arrays (model-zoo ``.pkl``).
+    """
+    model = create_model(spec)
+    expected = model.state_dict()
+    given = {k: v for k, v in state_dict.items() if k not in ("pixel_mean", "pixel_std")}
+    missing = [k for k in expected if k not in given and not k.endswith(_OPTIONAL_SUFFIXES)]
+    unexpected = [k for k in given if k not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing: {_listing(missing)}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected: {_listing(unexpected)}")
+        raise NorcalError("checkpoint does not match the model spec: " + "; ".join(parts))
+    tensors = {}
+    bad = []
+    for k, v in given.items():
+        t = _to_tensor(k, v)
+        if tuple(t.shape) != tuple(expected[k].shape):
+            bad.append(f"{k} {tuple(t.shape)} vs {tuple(expected[k].shape)}")
+        tensors[k] = t.to(expected[k].dtype)
+    if bad:
+        raise NorcalError(f"checkpoint shapes do not match the model spec ({len(bad)}): "
+                          + "; ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""))
+    if spec.input_format == "RGB":
+        w = "backbone.bottom_up.stem.conv1.weight"
+        tensors[w] = tensors[w].flip(1)  # RGB-trained stem, BGR graph input
+    model.load_state_dict(tensors, strict=False)
+    return model
+
+
+def random_state_dict(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A randomly initialised, well-conditioned state dict for ``spec`` with detectron2's names.
+
+    He-normal convs and fcs (the stem scaled for 0-255 input), identity norms, and detectron2's
+    head init: RPN outputs std 0.01, classifier std 0.001, box regressor std 0.001, so features
+    stay O(1) at any depth and every class scores about 1/(C+1) (the NMS worst case).
+    """
+    model = create_model(spec)
+    gen = torch.Generator().manual_seed(int(seed))
+    small = {"cls_score.weight": 0.001, "bbox_pred.weight": 0.001, "objectness_logits.weight": 0.01,
+             "anchor_deltas.weight": 0.01, "mask_head.predictor.weight": 0.001}
+    out = {}
+    for name, t in model.state_dict().items():
+        std = next((v for k, v in small.items() if name.endswith(k)), None)
+        if name.endswith(("running_var", "norm.weight")):
+            v = torch.ones_like(t)
+        elif name.endswith(("running_mean", "num_batches_tracked", ".bias")):
+            v = torch.zeros_like(t)
+        elif std is not None:
+            v = torch.randn(t.shape, generator=gen) * std
+        elif t.dim() >= 2:
+            fan_in = math.prod(t.shape[1:]) if "deconv" not in name else t.shape[0] * 4
+            v = torch.randn(t.shape, generator=gen) * math.sqrt(2.0 / fan_in)
+            if name.endswith("stem.conv1.weight"):
+                v = v / 64.0  # pixels minus mean are O(100), not O(1)
+            elif "bottom_up" in name and name.endswith(("conv3.weight", "conv2.weight")) \
+                    and "res" in name and ".0." not in name:
+                v = v * 0.3  # keep residual sums from growing block by block
+        else:
+            v = torch.zeros_like(t)
+        out[name] = v.to(t.dtype)
+    return out

@@ -1,0 +1,90 @@
+"""The two detection ops that need an explicit ONNX form: multi-class NMS and ROIAlign.
+
+Each is a ``torch.autograd.Function`` whose eager forward computes exactly what the ONNX
+operator defines (with torchvision, as detectron2 does) and whose ``symbolic`` writes that
+operator, so the eager model and the exported graph share every other line.
+"""
+
+from __future__ import annotations
+
+import torch
+import torchvision
+
+FLOAT_LOWEST = float(torch.finfo(torch.float32).min)
+
+
+class _NonMaxSuppression(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, boxes, scores, max_per_class: int, iou_threshold: float,
+                score_threshold: float):
+        n, c, r = scores.shape
+        # nonzero is row-major, so candidates come grouped by (n, c) with r ascending
+        ni, ci, ri = torch.nonzero(scores > score_threshold, as_tuple=True)
+        if ni.numel() == 0:
+            return torch.zeros((0, 3), dtype=torch.int64, device=scores.device)
+        cand_boxes = boxes[ni, ri]
+        cand_scores = scores[ni, ci, ri]
+        _, counts = torch.unique_consecutive(ni * c + ci, return_counts=True)
+        keep, start = [], 0
+        # one torchvision nms per (n, c), like batched_nms' per-class path in detectron2, but
+        # on contiguous slices: no O(classes x candidates) scan
+        for cnt in counts.tolist():
+            k = torchvision.ops.nms(cand_boxes[start:start + cnt], cand_scores[start:start + cnt],
+                                    iou_threshold)
+            keep.append(k[:max_per_class] + start)
+            start += cnt
+        keep = torch.cat(keep)
+        return torch.stack((ni[keep], ci[keep], ri[keep]), dim=1)
+
+    @staticmethod
+    def symbolic(g, boxes, scores, max_per_class, iou_threshold, score_threshold):
+        # scalars as 0-d constants: TensorRT's importer wants them 0-D, and a constant
+        # max_output_boxes_per_class bounds the output allocation
+        return g.op(
+            "NonMaxSuppression", boxes, scores,
+            g.op("Constant", value_t=torch.tensor(int(max_per_class), dtype=torch.int64)),
+            g.op("Constant", value_t=torch.tensor(float(iou_threshold), dtype=torch.float32)),
+            g.op("Constant", value_t=torch.tensor(float(score_threshold), dtype=torch.float32)),
+            center_point_box_i=0,
+        )
+
+
+def non_max_suppression(boxes: torch.Tensor, scores: torch.Tensor, max_per_class: int,
+                        iou_threshold: float, score_threshold: float) -> torch.Tensor:
+    """ONNX ``NonMaxSuppression``: boxes [N, R, 4] XYXY shared by the classes of scores [N, C, R].
+
+    Keeps candidates with score > ``score_threshold``, suppresses within each (n, c) those with
+    IoU > ``iou_threshold`` to a higher-scored kept box, at most ``max_per_class`` per (n, c).
+    Returns selected indices int64 [S, 3] as (n, c, r), in no guaranteed order.
+    """
+    return _NonMaxSuppression.apply(boxes, scores, int(max_per_class), float(iou_threshold),
+                                    float(score_threshold))
+
+
+class _RoiAlign(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, features, boxes, batch_indices, output_size: int, spatial_scale: float,
+                sampling_ratio: int, aligned: bool):
+        rois = torch.cat([batch_indices.to(boxes.dtype)[:, None], boxes], dim=1)
+        return torchvision.ops.roi_align(features, rois, (output_size, output_size),
+                                         spatial_scale, sampling_ratio, aligned)
+
+    @staticmethod
+    def symbolic(g, features, boxes, batch_indices, output_size, spatial_scale, sampling_ratio,
+                 aligned):
+        # sampling_ratio is always written: TensorRT's importer defaults a missing one to 1
+        return g.op(
+            "RoiAlign", features, boxes, batch_indices,
+            coordinate_transformation_mode_s="half_pixel" if aligned else "output_half_pixel",
+            mode_s="avg", output_height_i=int(output_size), output_width_i=int(output_size),
+            sampling_ratio_i=int(sampling_ratio), spatial_scale_f=float(spatial_scale),
+        )
+
+
+def roi_align(features: torch.Tensor, boxes: torch.Tensor, batch_indices: torch.Tensor,
+              output_size: int, spatial_scale: float, sampling_ratio: int = 0,
+              aligned: bool = True) -> torch.Tensor:
+    """features [B, C, H, W], boxes [M, 4] XYXY image coords, batch_indices int64 [M]
+    -> [M, C, output_size, output_size] (ONNX RoiAlign-16 / torchvision roi_align)."""
+    return _RoiAlign.apply(features, boxes, batch_indices, int(output_size), float(spatial_scale),
+                           int(sampling_ratio), bool(aligned))

@@ -1,0 +1,90 @@
+"""detectron2's multi-level ``ROIPooler`` (ROIAlignV2: aligned=True) for FPN features."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+from torch import nn
+
+from norcal.errors import NorcalError
+
+from .layers import PaddingMasks
+from .ops import roi_align
+
+
+def replicate_edge(f: torch.Tensor, extent: torch.Tensor) -> torch.Tensor:
+    """Copy each image's last valid column and row of f [B, C, H, W] one step outward.
+
+    ROIAlign clamps samples past a map's last pixel to that pixel; in a batch an image's map
+    continues into padding, so bilinear sampling would blend in the pixel beyond. A box lies
+    inside its image, so only that one pixel is ever read: replicating the edge into it gives
+    detectron2's per-image result. ``extent`` int64 [B, 2] is the valid (rows, cols).
+    """
+    h, w = f.shape[-2], f.shape[-1]
+    cols = (torch.arange(w, device=f.device)[None, :] == extent[:, 1:2])[:, None, None, :]
+    f = torch.where(cols, torch.cat([f[..., :1], f[..., :-1]], dim=-1), f)
+    rows = (torch.arange(h, device=f.device)[None, :] == extent[:, 0:1])[:, None, :, None]
+    return torch.where(rows, torch.cat([f[..., :1, :], f[..., :-1, :]], dim=-2), f)
+
+
+def assign_boxes_to_levels(boxes: torch.Tensor, min_level: int, max_level: int,
+                           canonical_box_size: float = 224.0, canonical_level: int = 4):
+    """boxes [..., 4] -> int64 [...] level index from 0 (= min_level), detectron2's eq. (1):
+    floor(canonical_level + log2(sqrt(area) / canonical_box_size + eps)), clamped."""
+    area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    eps = sys.float_info.epsilon  # keeps log2 finite for empty boxes
+    lvl = torch.floor(canonical_level + torch.log2(torch.sqrt(area) / canonical_box_size + eps))
+    return torch.clamp(lvl, min=min_level, max=max_level).to(torch.int64) - min_level
+
+
+class ROIPooler(nn.Module):
+    """Pool boxes [B, R, 4] from features [p_min .. p_max] -> [B*R, C, S, S].
+
+    Every level runs on every box, but a box that belongs to another level is replaced by an
+    empty box, for which ROIAlign's adaptive sampling takes no samples: the cost stays one
+    level's worth and the graph needs no data-dependent shapes (NonZero/ScatterND).
+    """
+
+    def __init__(self, output_size: int, strides, sampling_ratio: int = 0,
+                 pooler_type: str = "ROIAlignV2", canonical_box_size: float = 224.0,
+                 canonical_level: int = 4):
+        super().__init__()
+        if pooler_type not in ("ROIAlignV2", "ROIAlign"):
+            raise NorcalError(f"pooler type {pooler_type!r} is not supported; "
+                              "use ROIAlignV2 (detectron2's default) or ROIAlign")
+        if sampling_ratio < 0:
+            raise NorcalError(f"pooler sampling ratio must be >= 0, got {sampling_ratio}")
+        self.output_size = int(output_size)
+        self.strides = list(strides)
+        self.scales = [1.0 / s for s in strides]
+        self.aligned = pooler_type == "ROIAlignV2"
+        self.sampling_ratio = int(sampling_ratio)
+        self.min_level = int(round(math.log2(strides[0])))
+        self.max_level = int(round(math.log2(strides[-1])))
+        self.canonical_box_size = canonical_box_size
+        self.canonical_level = canonical_level
+
+    def forward(self, features: list[torch.Tensor], boxes: torch.Tensor,
+                masks: PaddingMasks | None = None) -> torch.Tensor:
+        b, r = boxes.shape[0], boxes.shape[1]
+        if masks is not None:
+            features = [replicate_edge(f, masks.extent(s))
+                        for f, s in zip(features, self.strides)]
+        flat = boxes.reshape(-1, 4)
+        batch_idx = torch.arange(b, device=boxes.device)[:, None].expand(b, r).reshape(-1)
+        if len(features) == 1:
+            return roi_align(features[0], flat, batch_idx, self.output_size, self.scales[0],
+                             self.sampling_ratio, self.aligned)
+        levels = assign_boxes_to_levels(flat, self.min_level, self.max_level,
+                                        self.canonical_box_size, self.canonical_level)
+        out = None
+        for i, (f, scale) in enumerate(zip(features, self.scales)):
+            on = (levels == i)[:, None]
+            lvl_boxes = torch.where(on, flat, torch.zeros_like(flat))
+            pooled = roi_align(f, lvl_boxes, batch_idx, self.output_size, scale,
+                               self.sampling_ratio, self.aligned)
+            pooled = pooled * on.to(pooled.dtype)[:, :, None, None]
+            out = pooled if out is None else out + pooled
+        return out

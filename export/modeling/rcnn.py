@@ -1,0 +1,43 @@
+"""GeneralizedRCNN: the composition. Input contract (DESIGN.md): images float32 [B,3,H,W]
+BGR 0-255, resized and zero-padded to a multiple of 32; image_sizes int64 [B,2] (h, w)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .layers import PaddingMasks
+
+OUTPUT_NAMES = ("num_detections", "boxes", "scores", "classes", "masks")
+
+
+class GeneralizedRCNN(nn.Module):
+    def __init__(self, backbone, proposal_generator, roi_heads, *, pixel_mean, pixel_std,
+                 size_divisibility: int = 32):
+        super().__init__()
+        self.backbone = backbone
+        self.proposal_generator = proposal_generator
+        self.roi_heads = roi_heads
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean).view(1, -1, 1, 1), False)
+        self.register_buffer("pixel_std", torch.tensor(pixel_std).view(1, -1, 1, 1), False)
+        self.size_divisibility = size_divisibility
+
+    def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
+                  intermediates: bool = False) -> dict[str, torch.Tensor]:
+        """Detections by name (see OUTPUT_NAMES); with ``intermediates`` also ``proposals``
+        [B, P, 4], ``proposal_logits`` / ``proposal_valid`` [B, P], ``cls_logits`` [B, P, C+1]
+        and ``box_deltas`` [B, P, K*4]."""
+        masks = PaddingMasks(image_sizes, self.size_divisibility)
+        # detectron2 pads after normalising: the padded area must be 0, not -mean/std
+        x = masks.apply_image((images - self.pixel_mean) / self.pixel_std)
+        features = self.backbone(x, masks)
+        props, logits, valid = self.proposal_generator(features, image_sizes, masks)
+        extra = {} if intermediates else None
+        out = self.roi_heads(features[:-1], props, valid, image_sizes, masks, extra)
+        if intermediates:
+            out.update(extra, proposals=props, proposal_logits=logits, proposal_valid=valid)
+        return out
+
+    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor):
+        out = self.inference(images, image_sizes)
+        return tuple(out[k] for k in OUTPUT_NAMES if k in out)

@@ -1,0 +1,76 @@
+"""Export our GeneralizedRCNN to ONNX with the project's contract (DESIGN.md, runtime/base.py).
+
+Inputs ``images`` float32 [B,3,H,W] (BGR 0-255, zero-padded to a multiple of 32) and
+``image_sizes`` int64 [B,2]; outputs ``num_detections`` int64 [B], ``boxes`` [B,K,4],
+``scores`` [B,K], ``classes`` int64 [B,K], ``masks`` [B,K,28,28]. B, H and W are dynamic
+unless fixed. Uses the TorchScript exporter (``dynamo=False``): the model's NMS and ROIAlign
+carry their own ONNX symbolics, so the graph holds plain NonMaxSuppression / RoiAlign-16.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import onnx
+import torch
+
+from norcal.errors import NorcalError
+from norcal.runtime.base import INPUT_NAMES, OUTPUT_NAMES
+
+from .spec import ModelSpec
+
+MIN_OPSET = 17  # RoiAlign-16 (half_pixel) and Softmax-13 on the last axis
+
+
+def _dummy_size(value: int | None, default: int, div: int) -> int:
+    v = default if value is None else int(value)
+    if v <= 0 or (div > 1 and v % div):
+        raise NorcalError(f"export size {v} must be a positive multiple of {div}")
+    return v
+
+
+def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = None,
+                height: int | None = None, width: int | None = None,
+                opset: int = 17) -> onnx.ModelProto:
+    """Trace ``model`` (from ``modeling.build_model``) to an ONNX model in memory.
+
+    ``batch``/``height``/``width``: fix that dimension (height/width a multiple of the spec's
+    size divisibility); left None it stays dynamic. The graph is checked with
+    ``onnx.checker.check_model(full_check=True)`` before it is returned.
+    """
+    if opset < MIN_OPSET:
+        raise NorcalError(f"opset {opset} is too old: the export needs opset >= {MIN_OPSET}")
+    div = max(int(spec.size_divisibility), 1)
+    b = 1 if batch is None else int(batch)
+    if b <= 0:
+        raise NorcalError(f"export batch must be positive, got {b}")
+    # the trace is valid for any size; a small default keeps it quick
+    h = _dummy_size(height, 320, div)
+    w = _dummy_size(width, 320, div)
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand((b, 3, h, w), generator=gen) * 255.0
+    sizes = torch.tensor([[h, w]] * b, dtype=torch.int64)
+    model = model.eval()
+    dynamic: dict[str, dict[int, str]] = {name: {} for name in INPUT_NAMES + OUTPUT_NAMES}
+    if batch is None:
+        for name in dynamic:
+            dynamic[name][0] = "batch"
+    if height is None:
+        dynamic["images"][2] = "height"
+    if width is None:
+        dynamic["images"][3] = "width"
+    names = [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on]
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
+        torch.onnx.export(
+            model, (images, sizes), buf, input_names=list(INPUT_NAMES), output_names=names,
+            dynamic_axes={k: v for k, v in dynamic.items()
+                          if v and (k in INPUT_NAMES or k in names)},
+            opset_version=opset, dynamo=False, do_constant_folding=True, autograd_inlining=False,
+        )
+    proto = onnx.load_from_string(buf.getvalue())
+    proto.producer_name = "norcal-deploy"
+    onnx.checker.check_model(proto, full_check=True)
+    return proto

@@ -1,0 +1,159 @@
+"""Helpers for parity tests against detectron2's golden outputs in tests/fixtures/d2_lvis_tiny.
+
+The resize here is an independent re-statement of detectron2's ``ResizeShortestEdge`` (PIL
+bilinear on uint8, new size rounded with int(x + 0.5)), so tests do not depend on the
+runtime's own pre-processing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+FIXTURE = Path(__file__).parent / "fixtures" / "d2_lvis_tiny"
+SETTINGS = ("baseline", "cdt_g0.5", "cdt_g1.0", "ens_g0.999")
+GAMMAS = {"baseline": ("cdt", 0.0), "cdt_g0.5": ("cdt", 0.5), "cdt_g1.0": ("cdt", 1.0),
+          "ens_g0.999": ("ens", 0.999)}
+
+
+def tiny_spec():
+    """The fixture's ModelSpec, written out by hand from its config.yaml."""
+    from norcal.export.spec import ModelSpec
+    return ModelSpec(depth=50, norm="FrozenBN", stem_out_channels=16, res2_out_channels=64,
+                     width_per_group=16, fpn_out_channels=64, box_head_fc_dim=256,
+                     mask_head_conv_dim=64, num_classes=1203, min_size_test=320,
+                     max_size_test=512, score_thresh_test=1e-4, detections_per_image=300)
+
+
+def tiny_state_dict():
+    return torch.load(FIXTURE / "model_final.pth", weights_only=True)["model"]
+
+
+def output_shape(h: int, w: int, short: int, max_size: int) -> tuple[int, int]:
+    scale = short / min(h, w)
+    nh, nw = (short, scale * w) if h < w else (scale * h, short)
+    if max(nh, nw) > max_size:
+        s = max_size / max(nh, nw)
+        nh, nw = nh * s, nw * s
+    return int(nh + 0.5), int(nw + 0.5)
+
+
+def load_bgr_resized(k: int, short: int = 320, max_size: int = 512) -> np.ndarray:
+    """imgK.png as detectron2 feeds it: BGR uint8 resized, HWC."""
+    rgb = np.asarray(Image.open(FIXTURE / "images" / f"img{k}.png").convert("RGB"))
+    bgr = np.ascontiguousarray(rgb[:, :, ::-1])
+    nh, nw = output_shape(bgr.shape[0], bgr.shape[1], short, max_size)
+    return np.asarray(Image.fromarray(bgr).resize((nw, nh), Image.BILINEAR))
+
+
+def golden(k: int) -> dict[str, np.ndarray]:
+    with np.load(FIXTURE / "golden" / f"img{k}.npz") as z:
+        return {name: z[name] for name in z.files}
+
+
+def batch(indices, divisibility: int = 32):
+    """Images float32 [B,3,H,W] zero-padded to the largest (multiple of 32), sizes int64 [B,2]."""
+    imgs = [load_bgr_resized(k) for k in indices]
+    h = max(i.shape[0] for i in imgs)
+    w = max(i.shape[1] for i in imgs)
+    h, w = -(-h // divisibility) * divisibility, -(-w // divisibility) * divisibility
+    out = np.zeros((len(imgs), 3, h, w), np.float32)
+    for n, im in enumerate(imgs):
+        out[n, :, :im.shape[0], :im.shape[1]] = im.transpose(2, 0, 1)
+    sizes = np.array([i.shape[:2] for i in imgs], np.int64)
+    return out, sizes
+
+
+def lvis_counts() -> np.ndarray:
+    from norcal.tables import load_table
+    return load_table("lvis_v1").counts()
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU matrix [len(a), len(b)] of XYXY boxes (float64)."""
+    a = a.astype(np.float64)[:, None]
+    b = b.astype(np.float64)[None]
+    iw = np.clip(np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0]), 0, None)
+    ih = np.clip(np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1]), 0, None)
+    inter = iw * ih
+    area = lambda x: (x[..., 2] - x[..., 0]) * (x[..., 3] - x[..., 1])
+    union = area(a) + area(b) - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+def match_boxes(gold: np.ndarray, ours: np.ndarray, min_iou: float) -> float:
+    """Fraction of golden boxes with a distinct counterpart of IoU >= min_iou (greedy)."""
+    if len(gold) == 0:
+        return 1.0
+    iou = box_iou(gold, ours)
+    used = np.zeros(len(ours), bool)
+    hit = 0
+    for i in range(len(gold)):
+        cand = np.where((iou[i] >= min_iou) & ~used)[0]
+        if cand.size:
+            used[cand[np.argmax(iou[i, cand])]] = True
+            hit += 1
+    return hit / len(gold)
+
+
+def match_detections(g_boxes, g_scores, g_classes, boxes, scores, classes, *, min_iou=0.99,
+                     max_score_diff=1e-4):
+    """Match golden detections to ours as sets: same class, IoU >= min_iou, |score diff| <=
+    max_score_diff, each of ours used once. Returns (fraction matched, pairs [(gi, oi)])."""
+    pairs = []
+    used = np.zeros(len(boxes), bool)
+    iou = box_iou(g_boxes, boxes) if len(boxes) else np.zeros((len(g_boxes), 0))
+    for i in np.argsort(-g_scores, kind="stable"):
+        ok = ((classes == g_classes[i]) & (iou[i] >= min_iou)
+              & (np.abs(scores - g_scores[i]) <= max_score_diff) & ~used)
+        cand = np.where(ok)[0]
+        if cand.size:
+            j = cand[np.argmax(iou[i, cand])]
+            used[j] = True
+            pairs.append((int(i), int(j)))
+    return (len(pairs) / len(g_boxes) if len(g_boxes) else 1.0), pairs
+
+
+def reference_fast_rcnn_inference(cls_logits, box_deltas, proposals, image_size, *,
+                                  weights=(10.0, 10.0, 5.0, 5.0), score_thresh=1e-4,
+                                  nms_thresh=0.5, topk=300):
+    """detectron2's ``fast_rcnn_inference_single_image`` restated for one image, list-style:
+    softmax, decode per class (scale clamp log(1000/16)), clip, drop background, threshold,
+    torchvision batched_nms per class, top-k. Inputs are torch tensors [R, C+1], [R, K*4],
+    [R, 4]; image_size (h, w). Returns (boxes [n,4], scores [n], classes [n]) as numpy."""
+    import math
+    import torchvision
+
+    probs = torch.softmax(cls_logits, dim=-1)[:, :-1]
+    r, c = probs.shape
+    d = box_deltas.reshape(r, -1, 4)
+    w = proposals[:, 2] - proposals[:, 0]
+    h = proposals[:, 3] - proposals[:, 1]
+    cx = proposals[:, 0] + 0.5 * w
+    cy = proposals[:, 1] + 0.5 * h
+    dx, dy = d[..., 0] / weights[0], d[..., 1] / weights[1]
+    dw = torch.clamp(d[..., 2] / weights[2], max=math.log(1000.0 / 16))
+    dh = torch.clamp(d[..., 3] / weights[3], max=math.log(1000.0 / 16))
+    px, py = dx * w[:, None] + cx[:, None], dy * h[:, None] + cy[:, None]
+    pw, ph = torch.exp(dw) * w[:, None], torch.exp(dh) * h[:, None]
+    boxes = torch.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw, py + 0.5 * ph], -1)
+    ih, iw = float(image_size[0]), float(image_size[1])
+    boxes[..., 0::2] = boxes[..., 0::2].clamp(min=0, max=iw)
+    boxes[..., 1::2] = boxes[..., 1::2].clamp(min=0, max=ih)
+    mask = probs > score_thresh
+    inds = mask.nonzero()
+    sel_boxes = boxes[inds[:, 0], 0] if boxes.shape[1] == 1 else boxes[mask]
+    sel_scores = probs[mask]
+    # batched_nms's per-class path, with the classes split by one sort instead of C scans
+    cls = inds[:, 1]
+    order = torch.argsort(cls, stable=True)
+    keep = []
+    for chunk in torch.split(order, torch.bincount(cls, minlength=c).tolist()):
+        if len(chunk):
+            keep.append(chunk[torchvision.ops.nms(sel_boxes[chunk], sel_scores[chunk], nms_thresh)])
+    keep = torch.cat(keep)
+    keep = keep[torch.argsort(sel_scores[keep], descending=True)][:topk]
+    return sel_boxes[keep].numpy(), sel_scores[keep].numpy(), cls[keep].numpy()
