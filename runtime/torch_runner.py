@@ -1,0 +1,181 @@
+"""TorchRunner: our PyTorch detector behind the Runner interface, the reference for parity.
+
+It takes the same feeds (``images`` float32 [B,3,H,W] BGR, ``image_sizes`` int64 [B,2]) and
+returns the same named outputs as the exported ONNX graph, so parity code never knows which
+backend it compares. A NorCal ONNX model is compared against the PyTorch model with the same
+calibration: :func:`onnx_calibration` reads what surgery baked in (the ``norcal.log_prior``
+initializer and the ``norcal.*`` metadata) and :func:`calibrated` gives it to the box predictor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from norcal.errors import NorcalError
+from norcal.runtime.base import INPUT_NAMES, OUTPUT_NAMES
+
+PRIOR_NAME = "norcal.log_prior"  # the initializer export/norcal_node.py writes
+
+
+@dataclass
+class OnnxCalibration:
+    """The NorCal calibration an ONNX model carries.
+
+    log_prior: [K] exactly as stored (its dtype's values, log a_c and -log b);
+    mechanism 'exp'/'prob'/'logit'; renormalize; activation 'softmax'/'sigmoid';
+    metadata: every ``norcal.*`` metadata entry (gamma, factor, table, ...).
+    """
+
+    log_prior: np.ndarray
+    mechanism: str
+    renormalize: bool
+    activation: str
+    metadata: dict[str, str]
+
+    def describe(self) -> str:
+        m = self.metadata
+        return (f"NorCal gamma {m.get('norcal.gamma', '?')} ({m.get('norcal.factor', '?')}, "
+                f"{self.mechanism}, table {m.get('norcal.table', '?')})")
+
+
+def onnx_calibration(model) -> OnnxCalibration | None:
+    """The NorCal calibration of an ONNX model (a path or ModelProto); None for a plain model."""
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.is_file():
+            raise NorcalError(f"{path}: no such ONNX file")
+        try:
+            model = onnx.load(str(path))
+        except Exception as e:  # protobuf's DecodeError and friends: not an ONNX file
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise NorcalError(f"{path}: not a readable ONNX model ({why})") from None
+    meta = {p.key: p.value for p in model.metadata_props if p.key.startswith("norcal.")}
+    prior = next((t for t in model.graph.initializer if t.name == PRIOR_NAME), None)
+    if prior is None:
+        if "norcal.gamma" in meta:
+            raise NorcalError(f"the model's metadata says NorCal gamma {meta['norcal.gamma']} but it has "
+                              f"no {PRIOR_NAME} initializer")
+        return None
+    return OnnxCalibration(
+        log_prior=numpy_helper.to_array(prior).copy(),
+        mechanism=meta.get("norcal.mechanism", "exp"),
+        renormalize=meta.get("norcal.renormalize", "true").lower() != "false",
+        activation=meta.get("norcal.activation", "softmax"),
+        metadata=meta,
+    )
+
+
+def box_predictor(model):
+    """The model's FastRCNNOutputLayers (``roi_heads.box_predictor``)."""
+    pred = getattr(getattr(model, "roi_heads", None), "box_predictor", None)
+    if pred is None or not hasattr(pred, "set_log_prior"):
+        raise NorcalError("the PyTorch model has no NorCal-capable box predictor (roi_heads.box_predictor)")
+    return pred
+
+
+@contextlib.contextmanager
+def calibrated(model, calibration: OnnxCalibration | None):
+    """Within the block the model's box predictor scores with ``calibration`` (None: plain
+    scores); its previous state comes back after."""
+    pred = box_predictor(model)
+    saved_prior = pred.log_prior
+    had_override = "probs" in pred.__dict__
+    saved_override = pred.__dict__.get("probs")
+    try:
+        _apply(pred, calibration)
+        yield model
+    finally:
+        pred.__dict__.pop("probs", None)
+        if had_override:
+            pred.__dict__["probs"] = saved_override
+        pred.log_prior = saved_prior
+
+
+def _apply(pred, cal: OnnxCalibration | None) -> None:
+    pred.__dict__.pop("probs", None)
+    if cal is None:
+        pred.set_log_prior(None)
+        return
+    model_act = "sigmoid" if pred.use_sigmoid else "softmax"
+    if cal.activation != model_act:
+        raise NorcalError(f"the ONNX model's NorCal node uses {cal.activation} but the PyTorch classifier "
+                          f"uses {model_act}: they are not the same model")
+    pred.set_log_prior(cal.log_prior.astype(np.float64))  # checks the width (C+1)
+    if cal.mechanism != "exp" or not cal.renormalize:
+        # the predictor's own path is the default variant; route the others through the same
+        # library function the node's body mirrors (norcal.calibration.calibrate)
+        import torch
+
+        from norcal.calibration import calibrate
+
+        lp = pred.log_prior
+
+        def probs(logits: torch.Tensor) -> torch.Tensor:
+            return calibrate(logits, lp.to(logits.device, logits.dtype), mechanism=cal.mechanism,
+                             renormalize=cal.renormalize, activation=cal.activation)
+
+        pred.__dict__["probs"] = probs
+
+
+class TorchRunner:
+    """Runner over our PyTorch GeneralizedRCNN (``norcal.export.modeling``), CPU by default.
+
+    model: the detector (``build_detector``); calibration: NorCal to apply while inferring
+    (see :func:`onnx_calibration`); metadata: what an ONNX runner's ``metadata`` would hold
+    (resize sizes), for tools that prepare inputs from it.
+    """
+
+    def __init__(self, model, name: str = "pytorch", calibration: OnnxCalibration | None = None,
+                 metadata: dict[str, str] | None = None, device: str = "cpu", threads: int | None = None):
+        import torch
+
+        self.model = model.eval().to(device)
+        self.device = torch.device(device)
+        self.name = name
+        self.calibration = calibration
+        self.threads = threads
+        self.metadata: dict[str, str] = dict(metadata or {})
+        self.spec = None  # the ModelSpec, when built by from_checkpoint
+        self.input_names = list(INPUT_NAMES)
+        has_masks = getattr(getattr(model, "roi_heads", None), "mask_head", None) is not None
+        self.output_names = [n for n in OUTPUT_NAMES if n != "masks" or has_masks]
+        if calibration is not None:
+            box_predictor(model)  # fail now, not at the first batch
+
+    @classmethod
+    def from_checkpoint(cls, weights, config=None, name: str = "pytorch",
+                        calibration: OnnxCalibration | None = None, **kw) -> "TorchRunner":
+        """Load a detectron2 checkpoint (+ optional config) as ``build_detector`` does."""
+        from norcal.export.detector import build_detector, runtime_metadata
+
+        spec, model = build_detector(weights, config)
+        runner = cls(model, name=name, calibration=calibration, metadata=runtime_metadata(spec), **kw)
+        runner.spec = spec
+        return runner
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """images float32 [B,3,H,W], image_sizes int64 [B,2] -> outputs by name (numpy)."""
+        import torch
+
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise NorcalError(f"{self.name}: missing inputs {', '.join(missing)}")
+        images = torch.as_tensor(np.ascontiguousarray(feeds["images"], np.float32), device=self.device)
+        sizes = torch.as_tensor(np.asarray(feeds["image_sizes"], np.int64), device=self.device)
+        old_threads = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(int(self.threads))
+        try:
+            with torch.no_grad(), calibrated(self.model, self.calibration):
+                out = self.model.inference(images, sizes)
+        finally:
+            torch.set_num_threads(old_threads)
+        return {k: out[k].detach().cpu().numpy() for k in self.output_names}
