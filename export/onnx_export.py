@@ -30,6 +30,16 @@ def _dummy_size(value: int | None, default: int, div: int) -> int:
     return v
 
 
+def _fix_detection_dim(proto: onnx.ModelProto, k: int) -> None:
+    """Outputs are padded to K detections (like EfficientNMS): say so in their shapes, so
+    TensorRT, Triton and users see [B, K, ...] instead of a traced symbol."""
+    for out in proto.graph.output:
+        dims = out.type.tensor_type.shape.dim
+        if out.name != "num_detections" and len(dims) >= 2:
+            dims[1].Clear()
+            dims[1].dim_value = k
+
+
 def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = None,
                 height: int | None = None, width: int | None = None,
                 opset: int = 17) -> onnx.ModelProto:
@@ -72,5 +82,6 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
         )
     proto = onnx.load_from_string(buf.getvalue())
     proto.producer_name = "norcal-deploy"
+    _fix_detection_dim(proto, int(spec.detections_per_image))
     onnx.checker.check_model(proto, full_check=True)
     return proto

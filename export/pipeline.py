@@ -84,12 +84,19 @@ class ExportResult:
             console.print(escape(n))
 
 
-def _finish(model: onnx.ModelProto, out: Path) -> None:
+def _finish(model: onnx.ModelProto, out: Path) -> str:
+    """Check, write, and return the TensorRT-parser verdict for the summary."""
+    from norcal.export.trt_check import check_model
+
     try:
         onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as e:  # a bug of ours, not the user's: keep the trace
         raise RuntimeError(f"the calibrated model fails the ONNX checker: {e}") from e
     save_onnx(model, out)
+    report = check_model(model)
+    verdict = "compatible" if report.compatible else f"NOT compatible ({len(report.errors)} errors)"
+    return (f"{verdict}, {len(report.warnings)} warnings with the default profile "
+            f"(details: norcal check {out})")
 
 
 def export_onnx_file(src: Path, out: Path, args) -> ExportResult:
@@ -97,8 +104,8 @@ def export_onnx_file(src: Path, out: Path, args) -> ExportResult:
     t0 = time.perf_counter()
     opts = NorCalOptions.from_args(args)
     model = opts.apply(load_onnx(src))
-    _finish(model, out)
-    return ExportResult(src, out, model, time.perf_counter() - t0)
+    trt = _finish(model, out)
+    return ExportResult(src, out, model, time.perf_counter() - t0, [("TensorRT 10.15 parser", trt)])
 
 
 def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
@@ -121,12 +128,13 @@ def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
                                 width=args.width, opset=args.opset)
     with console.status("inserting the NorCal node"):
         graph = opts.apply(graph, default_background="last")
-    _finish(graph, out)
+    trt = _finish(graph, out)
     rows = [("architecture", f"{spec.meta_architecture} R{spec.depth}-FPN, {spec.num_classes} classes, "
                              f"{'mask' if spec.mask_on else 'box'} head"),
             ("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}, score > "
                               f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
-                              f"{spec.detections_per_image} detections")]
+                              f"{spec.detections_per_image} detections"),
+            ("TensorRT 10.15 parser", trt)]
     result = ExportResult(src, out, graph, time.perf_counter() - t0, rows)
     if getattr(args, "verify", None):
         from norcal.export.verify import verify_images

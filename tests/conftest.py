@@ -15,3 +15,11 @@ def tiny_dir() -> Path:
 @pytest.fixture
 def synth_dir() -> Path:
     return SYNTH
+
+
+def assert_tensorrt_compatible(model) -> None:
+    """Every model the tests export must pass the TensorRT ONNX-parser check."""
+    from norcal.export.trt_check import check_model
+
+    report = check_model(model)
+    assert report.compatible, [f"{f.node} ({f.op_type}): {f.reason}" for f in report.errors]

@@ -16,23 +16,10 @@ from norcal.errors import NorcalError
 from norcal.export.modeling.build import build_model, random_state_dict
 from norcal.export.onnx_export import export_onnx
 from norcal.export.spec import ModelSpec
+from conftest import assert_tensorrt_compatible
 from test_modeling_parity import check_detections
 
 torch.set_num_threads(2)
-
-# TensorRT 10.15's ONNX parser marks these unsupported (reference/tensorrt_onnx_support.md §2)
-TRT_UNSUPPORTED = {
-    "AffineGrid", "Bernoulli", "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor",
-    "Col2Im", "CenterCropPad", "Compress", "ConcatFromSequence", "ConvInteger", "DFT", "Det",
-    "DynamicQuantizeLinear", "ImageDecoder", "MatMulInteger", "MaxRoiPool", "MaxUnpool",
-    "MelWeightMatrix", "Multinomial", "NegativeLogLikelihoodLoss", "Optional",
-    "OptionalGetElement", "OptionalHasElement", "QLinearConv", "QLinearMatMul", "RegexFullMatch",
-    "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
-    "SequenceLength", "SequenceMap", "SoftmaxCrossEntropyLoss", "SplitToSequence",
-    "StringConcat", "StringNormalizer", "StringSplit", "TfIdfVectorizer", "Unique",
-    "Loop", "If", "Scan",  # not unsupported, but a detector graph should not need them
-}
-
 
 def session(proto: onnx.ModelProto) -> ort.InferenceSession:
     so = ort.SessionOptions()
@@ -83,14 +70,16 @@ def test_graph_contract(tiny_onnx):
     assert dims == ["batch", 3, "height", "width"]
     out_dims = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
                 for o in g.output}
-    assert out_dims["masks"][0] == "batch" and out_dims["masks"][2:] == [28, 28]
+    assert out_dims["masks"] == ["batch", 300, 28, 28] and out_dims["boxes"] == ["batch", 300, 4]
+    assert out_dims["scores"] == out_dims["classes"] == ["batch", 300]
     assert max(o.version for o in tiny_onnx.opset_import if o.domain in ("", "ai.onnx")) >= 17
     onnx.checker.check_model(tiny_onnx, full_check=True)
 
 
 def test_graph_uses_only_tensorrt_friendly_ops(tiny_onnx):
     nodes = list(tiny_onnx.graph.node)
-    assert not {n.op_type for n in nodes} & TRT_UNSUPPORTED
+    assert_tensorrt_compatible(tiny_onnx)
+    assert not {n.op_type for n in nodes} & {"Loop", "If", "Scan"}  # a detector needs no control flow
     rois = [n for n in nodes if n.op_type == "RoiAlign"]
     assert len(rois) == 8  # 4 FPN levels for the box head, 4 for the mask head
     for n in rois:
@@ -125,6 +114,7 @@ def test_onnxruntime_norcal_matches_golden(tiny_onnx, fixture_batch, setting):
         tiny_onnx, lp, NorCalSettings(gamma=gamma, factor=factor, num_classes=1203,
                                       table="lvis_v1"))
     onnx.checker.check_model(calibrated, full_check=True)
+    assert_tensorrt_compatible(calibrated)
     check_detections(run(session(calibrated), *fixture_batch), setting)
 
 
@@ -143,6 +133,7 @@ def test_fixed_shape_export_runs_one_image(tiny_model):
     proto = export_onnx(tiny_model, G.tiny_spec(), batch=1, height=320, width=448)
     dims = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
     assert dims == [1, 3, 320, 448]
+    assert_tensorrt_compatible(proto)
     images, sizes = G.batch([0])
     out = run(session(proto), images, sizes)
     g = G.golden(0)
@@ -166,6 +157,7 @@ def test_full_size_lvis_model_exports_and_runs():
     model = build_model(spec, random_state_dict(spec, seed=0))
     proto = export_onnx(model, spec)
     assert proto.ByteSize() > 150e6  # ~44M parameters in fp32
+    assert_tensorrt_compatible(proto)
     gen = np.random.default_rng(0)
     images = np.zeros((1, 3, 800, 1344), np.float32)
     images[:, :, :, :1333] = gen.uniform(0, 255, (1, 3, 800, 1333))
@@ -189,6 +181,7 @@ def test_class_agnostic_heads_export_and_match_eager():
 
     spec, model = agnostic_model()
     proto = export_onnx(model, spec)
+    assert_tensorrt_compatible(proto)
     images, sizes = G.batch([0, 3])
     got = run(session(proto), images, sizes)
     with torch.no_grad():

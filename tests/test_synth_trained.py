@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import assert_tensorrt_compatible
 from golden import match_detections
 
 pytest.importorskip("torch")
@@ -89,6 +90,7 @@ def test_onnx_matches_detectron2(setting, plain_export, table, images, tmp_path)
     _, plain = plain_export
     gamma = SETTINGS[setting]
     model = plain if gamma == 0 else calibrate_onnx(plain, gamma, table)
+    assert_tensorrt_compatible(model)
     dets = run_onnx(model, images, tmp_path, setting)
     assert len(dets) == len(IMAGE_IDS)
     for image_id, det in zip(IMAGE_IDS, dets):
