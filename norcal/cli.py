@@ -42,11 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# optional dependencies -> the extra that installs them
+_EXTRAS = {"torch": "torch", "torchvision": "torch", "lvis": "eval", "tritonclient": "triton"}
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args._run(args) or 0)
     except NorcalError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        top = (e.name or "").split(".")[0]
+        if top not in _EXTRAS:
+            raise
+        print(f"error: this needs the optional package {top!r}: pip install "
+              f"'norcal-deploy[{_EXTRAS[top]}]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

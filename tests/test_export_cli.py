@@ -11,7 +11,10 @@ import pytest
 from norcal.cli import export_main, main
 from norcal.export.surgery import norcal_metadata
 
+from conftest import TINY
 from onnx_graphs import classifier_graph
+
+TINY_PTH = TINY / "model_final.pth"
 
 
 @pytest.fixture
@@ -113,3 +116,13 @@ def test_table_show_lvis_v1(capsys):
     out = capsys.readouterr().out
     assert "classes: 1203" in out
     assert "│ rare     │ 337" in out and "│ common   │ 461" in out and "│ frequent │ 405" in out
+
+
+def test_missing_torch_is_one_clear_line(tmp_path):
+    """Without the [torch] extra, checkpoint export says what to install (exit 2, no trace)."""
+    code = ("import sys; sys.modules['torch'] = None; from norcal.cli import export_main; "
+            f"raise SystemExit(export_main([{str(TINY_PTH)!r}, '--gamma', '0.5', '-o', {str(tmp_path / 'o.onnx')!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == "error: this needs the optional package 'torch': pip install 'norcal-deploy[torch]'"
+    assert not (tmp_path / "o.onnx").exists()
