@@ -15,7 +15,6 @@ norcal.export.onnx_export), or any contract model given with --model.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -25,16 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "d2_lvis_tiny"
 
 
-def export_fixture(out: Path) -> Path | None:
-    """The fixture checkpoint exported to ONNX, or None when the exporter is unavailable."""
-    try:
-        import norcal.export.onnx_export  # noqa: F401  (the exporter another module provides)
-        from norcal.export.detector import build_detector, export_detector
-    except ImportError as e:
-        print(f"SKIPPED: norcal.export.onnx_export is not available ({e}); "
-              f"pass --model an exported contract model to benchmark it", file=sys.stderr)
-        return None
+def export_fixture(out: Path) -> Path:
+    """The fixture checkpoint exported to ONNX."""
     import onnx
+
+    from norcal.export.detector import build_detector, export_detector
 
     spec, model = build_detector(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
     onnx.save(export_detector(model, spec), out)
@@ -102,8 +96,6 @@ def main(argv=None) -> int:
         console = Console(width=120)  # keep the table on one line per row in logs
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or export_fixture(Path(tmp) / "d2_lvis_tiny.onnx")
-        if model is None:
-            return 0
         runner, rows = bench(model, expand_inputs([args.images]),
                              [int(b) for b in args.batches.split(",")], args.rounds, args.threads)
     table = Table("batch", "images", "images/s", "pre ms/img", "infer ms/img", "post ms/img", "host share",

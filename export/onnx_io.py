@@ -36,14 +36,23 @@ def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
         onnx.save(model, str(tmp))
 
 
-def describe_io(model: onnx.ModelProto) -> list[tuple[str, str, str, str]]:
-    """(kind, name, dtype, shape) for every graph input and output; symbolic dims by name."""
-    rows = []
-    for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
+def graph_io(model: onnx.ModelProto) -> tuple[list[dict], list[dict]]:
+    """(inputs, outputs) as {name, dtype (ONNX name, e.g. FLOAT), shape (ints, dim names or None)};
+    initializers listed as inputs (old exporters) are left out."""
+    def specs(values):
+        out = []
         for v in values:
             t = v.type.tensor_type
-            dims = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
-                    for d in t.shape.dim]
-            rows.append((kind, v.name, onnx.TensorProto.DataType.Name(t.elem_type).lower(),
-                         "[" + ", ".join(dims) + "]"))
-    return rows
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+            out.append({"name": v.name, "dtype": onnx.TensorProto.DataType.Name(t.elem_type), "shape": dims})
+        return out
+
+    inits = {i.name for i in model.graph.initializer}
+    return specs([v for v in model.graph.input if v.name not in inits]), specs(model.graph.output)
+
+
+def describe_io(model: onnx.ModelProto) -> list[tuple[str, str, str, str]]:
+    """(kind, name, dtype, shape) for every graph input and output, for printing."""
+    inputs, outputs = graph_io(model)
+    return [(kind, s["name"], s["dtype"].lower(), "[" + ", ".join("?" if d is None else str(d) for d in s["shape"]) + "]")
+            for kind, specs in (("input", inputs), ("output", outputs)) for s in specs]

@@ -18,6 +18,7 @@ from pathlib import Path
 import onnx
 
 from norcal.errors import NorcalError
+from norcal.export.onnx_io import graph_io
 from norcal.fileio import atomic_path, write_text
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
@@ -32,17 +33,6 @@ TRITON_TYPES = {
 }
 
 
-def _onnx_io(model: onnx.ModelProto) -> tuple[list[dict], list[dict]]:
-    def io(values):
-        out = []
-        for v in values:
-            t = v.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-            out.append({"name": v.name, "dtype": onnx.TensorProto.DataType.Name(t.elem_type), "shape": dims})
-        return out
-
-    inits = {i.name for i in model.graph.initializer}
-    return io([v for v in model.graph.input if v.name not in inits]), io(model.graph.output)
 
 
 def _tensor_block(t: dict, max_batch_size: int, where: str) -> str:
@@ -142,7 +132,7 @@ def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | Non
             model = onnx.load(str(src), load_external_data=False)
         except Exception as e:
             raise NorcalError(f"{src}: not an ONNX model ({type(e).__name__})") from None
-        inputs, outputs = _onnx_io(model)
+        inputs, outputs = graph_io(model)
         platform, filename = "onnxruntime_onnx", "model.onnx"
         extra = _external_files(model)
         if max_batch_size is None:

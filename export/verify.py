@@ -23,7 +23,7 @@ def verify_images(torch_model, onnx_path, image_paths, spec, opts=None) -> str:
     """
     from rich.console import Console
 
-    from norcal.runtime.images import expand_inputs, read_rgb
+    from norcal.runtime.images import expand_inputs, read_images
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.runtime.parity import (PRESETS, compare, fixed_input_shape, render_tables, run_parity,
                                        verdict_lines)
@@ -32,12 +32,7 @@ def verify_images(torch_model, onnx_path, image_paths, spec, opts=None) -> str:
     paths = expand_inputs([str(p) for p in image_paths])
     if not paths:
         raise NorcalError("--verify: no image files found in " + ", ".join(map(str, image_paths)))
-    images = []
-    for p in paths:
-        try:
-            images.append(read_rgb(p))
-        except (OSError, ValueError, SyntaxError) as e:
-            raise NorcalError(f"--verify: {p}: cannot read the image ({e})") from None
+    images = read_images(paths, "--verify: ")
     ort = OnnxRuntimeRunner(Path(onnx_path), "cpu")
     calibration = onnx_calibration(onnx_path)
     reference = TorchRunner(torch_model, calibration=calibration)

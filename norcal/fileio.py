@@ -43,6 +43,23 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Non
     write_text(path, json.dumps(obj, indent=indent) + "\n")
 
 
+def read_json(path: str | os.PathLike, what: str = "") -> Any:
+    """Parse a JSON file; a missing, non-JSON or folder path is a NorcalError (``what`` names it)."""
+    from norcal.errors import NorcalError
+
+    p = Path(path)
+    label = f"{what} {p}" if what else str(p)
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise NorcalError(f"{label}: no such file") from None
+    except IsADirectoryError:
+        raise NorcalError(f"{label}: is a directory, not a JSON file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NorcalError(f"{label}: not valid JSON ({e})") from None
+
+
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     """True when two paths name the same file (the second need not exist)."""
     a, b = Path(a), Path(b)

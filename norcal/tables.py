@@ -18,7 +18,7 @@ import numpy as np
 
 from norcal.calibration import check_counts
 from norcal.errors import NorcalError
-from norcal.fileio import write_json
+from norcal.fileio import read_json, write_json
 
 COUNT_TYPES = ("image", "instance")
 GROUPS = {"r": "rare", "c": "common", "f": "frequent"}
@@ -120,11 +120,7 @@ def load_table(name_or_path: str | Path) -> CalibrationTable:
         raise NorcalError(
             f"no calibration table {s!r}: not a built-in ({', '.join(builtin_names())}) nor a file"
         )
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NorcalError(f"{p}: not valid JSON ({e})") from None
-    return _from_json(data, str(p))
+    return _from_json(read_json(p), str(p))
 
 
 def build_table(annotations: str | Path, count_type: str = "image",
@@ -138,12 +134,7 @@ def build_table(annotations: str | Path, count_type: str = "image",
     if count_type not in COUNT_TYPES:
         raise NorcalError(f"--count must be one of {', '.join(COUNT_TYPES)}, got {count_type!r}")
     p = Path(annotations)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise NorcalError(f"{p}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NorcalError(f"{p}: not valid JSON ({e})") from None
+    data = read_json(p)
     if not isinstance(data, dict) or not isinstance(data.get("categories"), list):
         raise NorcalError(f"{p}: not a COCO/LVIS annotation file (no 'categories' list)")
     cats = sorted(data["categories"], key=lambda c: c["id"])

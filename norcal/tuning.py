@@ -68,12 +68,9 @@ def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable
         return arg
     s = str(arg)
     if s not in builtin_names() and Path(s).is_file():
-        import json
+        from norcal.fileio import read_json
 
-        try:
-            data = json.loads(Path(s).read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise NorcalError(f"{s}: not valid JSON ({e})") from None
+        data = read_json(s)
         if isinstance(data, dict) and "annotations" in data:
             return build_table(s)
     return load_table(s)
@@ -146,7 +143,7 @@ def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], b
     (:func:`norcal.runtime.preprocess.prepare_batch`) and cache the box predictor's inputs."""
     import torch
 
-    from norcal.runtime.images import read_rgb
+    from norcal.runtime.images import read_images
     from norcal.runtime.preprocess import prepare_batch
 
     if batch_size < 1:
@@ -156,12 +153,7 @@ def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], b
     with torch.no_grad(), _heads_only(model):
         for s in range(0, len(images), batch_size):
             chunk = images[s:s + batch_size]
-            arrays = []
-            for image_id, path in chunk:
-                try:
-                    arrays.append(read_rgb(path))
-                except (OSError, ValueError, SyntaxError) as e:
-                    raise NorcalError(f"{path}: cannot read the image ({e})") from None
+            arrays = read_images([path for _, path in chunk])
             b = prepare_batch(arrays, spec.min_size_test, spec.max_size_test, "BGR",
                               spec.size_divisibility)
             out = model.inference(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes),

@@ -29,6 +29,17 @@ def read_rgb(path: str | os.PathLike) -> np.ndarray:
         raise OSError(str(e)) from None
 
 
+def read_images(paths: list[str | os.PathLike], context: str = "") -> list[np.ndarray]:
+    """read_rgb for each path; an unreadable file is a NorcalError naming it (``context`` prefixes it)."""
+    images = []
+    for p in paths:
+        try:
+            images.append(read_rgb(p))
+        except (OSError, ValueError, SyntaxError) as e:
+            raise NorcalError(f"{context}{p}: cannot read the image ({e})") from None
+    return images
+
+
 def expand_inputs(inputs: list[str | os.PathLike]) -> list[Path]:
     """Files as given plus image files (by suffix, sorted) inside given folders."""
     out: list[Path] = []

@@ -7,13 +7,13 @@ models, ``segmentation``: compressed RLE with ``counts`` as str, like detectron2
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from norcal.errors import NorcalError
+from norcal.fileio import read_json
 from norcal.runtime.postprocess import Detections, paste_mask_regions
 
 
@@ -92,12 +92,7 @@ def category_ids_from_annotations(path: str | Path) -> tuple[list[int], dict[str
     File names are matched by base name (``file_name`` or, for LVIS, ``coco_url``).
     """
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise NorcalError(f"{p}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NorcalError(f"{p}: not valid JSON ({e})") from None
+    data = read_json(p)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
             or not isinstance(data.get("categories"), list):
         raise NorcalError(f"{p}: not a COCO/LVIS annotation file (needs 'images' and 'categories')")

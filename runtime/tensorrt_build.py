@@ -145,13 +145,6 @@ def sidecar_path(engine_path) -> Path:
     return p.with_name(p.name + ".json")
 
 
-def _io(values) -> list[dict]:
-    out = []
-    for v in values:
-        t = v.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-        out.append({"name": v.name, "dtype": onnx.TensorProto.DataType.Name(t.elem_type), "shape": dims})
-    return out
 
 
 def file_sha256(path) -> str:
@@ -167,16 +160,17 @@ def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dic
                     device: str | None = None) -> dict:
     """What the sidecar records: the ONNX metadata and I/O, and how the engine was built."""
     from norcal import __version__
+    from norcal.export.onnx_io import graph_io
 
-    inits = {i.name for i in model.graph.initializer}
+    inputs, outputs = graph_io(model)
     return {
         "format": SIDECAR_FORMAT,
         "engine": Path(options.engine_path).name,
         "onnx": str(options.onnx_path),
         "onnx_sha256": file_sha256(options.onnx_path),
         "metadata": {p.key: p.value for p in model.metadata_props},
-        "inputs": _io([v for v in model.graph.input if v.name not in inits]),
-        "outputs": _io(model.graph.output),
+        "inputs": inputs,
+        "outputs": outputs,
         "profile": {n: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)} for n, p in profiles.items()},
         "precision": "fp16" if options.fp16 else "fp32",
         "workspace_gb": options.workspace_gb,

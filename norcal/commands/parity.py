@@ -88,7 +88,7 @@ def _engine_runner(args, console):
 
 
 def _load_images(args, console):
-    from norcal.runtime.images import expand_inputs, read_rgb
+    from norcal.runtime.images import expand_inputs, read_images
     from norcal.runtime.parity import synthetic_images
 
     if not args.images:
@@ -104,13 +104,7 @@ def _load_images(args, console):
         paths = paths[: args.limit]
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(args.images))
-    images = []
-    for p in paths:
-        try:
-            images.append(read_rgb(p))
-        except (OSError, ValueError, SyntaxError) as e:
-            raise NorcalError(f"{p}: cannot read the image ({e})") from None
-    return images, paths
+    return read_images(paths), paths
 
 
 def run(args) -> int:

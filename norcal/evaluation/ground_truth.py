@@ -6,29 +6,18 @@ needed (a gamma sweep evaluates the same GT many times): nothing here is recompu
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from norcal.errors import NorcalError
+from norcal.fileio import read_json
 
 FREQUENCIES = ("r", "c", "f")
 
 
-def load_json(path: str | Path, what: str) -> Any:
-    p = Path(path)
-    try:
-        with open(p) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise NorcalError(f"{what} {p}: no such file") from None
-    except IsADirectoryError:
-        raise NorcalError(f"{what} {p}: is a directory, not a JSON file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NorcalError(f"{what} {p}: not valid JSON ({e})") from None
+load_json = read_json
 
 
 @dataclass
