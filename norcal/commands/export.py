@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from norcal.commands._options import add_calibration_options
 from norcal.errors import NorcalError
 
 HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
@@ -37,10 +38,7 @@ def add_arguments(p):
     p.add_argument("--gamma", type=float, help="NorCal gamma (>= 0; ENS: in [0, 1)); 0 = plain softmax")
     p.add_argument("--table", help="calibration table: built-in name (lvis_v1, lvis_v0_5) or JSON path "
                                    "(default: the built-in table matching the class count)")
-    p.add_argument("--factor", choices=("cdt", "ens"), default="cdt",
-                   help="a_c = N_c^gamma (cdt, default) or effective number (ens)")
-    p.add_argument("--mechanism", choices=("exp", "prob", "logit"), default="exp",
-                   help="scale the exponentials (default), the probabilities, or the logits")
+    add_calibration_options(p)
     p.add_argument("--no-renormalize", dest="renormalize", action="store_false",
                    help="do not renormalise over the classes after scaling")
     p.add_argument("--background-scale", type=float, default=1.0,

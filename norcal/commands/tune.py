@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from norcal.commands._options import add_calibration_options
+from norcal.commands.export import CHECKPOINT_SUFFIXES
 from norcal.errors import NorcalError
 
 HELP = "sweep NorCal's gamma on (a subset of) training images and recommend the best"
@@ -39,7 +41,6 @@ The rows print in %; --json writes {"factor", "mechanism", "table", "num_images"
 (fractions in [0, 1], -1 where undefined); --plot writes AP, APr, APc, APf against gamma.
 """
 
-CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 
 
 def add_arguments(p):
@@ -52,10 +53,7 @@ def add_arguments(p):
                    help="start:stop:step (stop included) or a comma list (default 0:1.5:0.1)")
     p.add_argument("--table", help="N_c: built-in name, table JSON or training annotation file "
                                    "(default: the built-in table matching the class count)")
-    p.add_argument("--factor", choices=("cdt", "ens"), default="cdt",
-                   help="a_c = N_c^gamma (cdt, default) or the effective number (ens, gamma < 1)")
-    p.add_argument("--mechanism", choices=("exp", "prob", "logit"), default="exp",
-                   help="scale the exponentials (default), the probabilities, or the logits")
+    add_calibration_options(p)
     p.add_argument("--batch", type=int, default=4, help="images per network batch (default 4)")
     p.add_argument("--max-cache-gb", type=float, default=2.0,
                    help="memory for cached head outputs; images are processed in chunks that fit "
