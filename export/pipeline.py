@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import onnx
 
@@ -105,7 +104,9 @@ def export_onnx_file(src: Path, out: Path, args) -> ExportResult:
     opts = NorCalOptions.from_args(args)
     model = opts.apply(load_onnx(src))
     trt = _finish(model, out)
-    return ExportResult(src, out, model, time.perf_counter() - t0, [("TensorRT 10.15 parser", trt)])
+    result = ExportResult(src, out, model, time.perf_counter() - t0, [("TensorRT 10.15 parser", trt)])
+    _triton(result, args)
+    return result
 
 
 def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
@@ -140,14 +141,14 @@ def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
         from norcal.export.verify import verify_images
 
         result.notes.append(verify_images(model, out, args.verify, spec, opts))
-    if getattr(args, "triton_repo", None):
-        from norcal.export.triton import write_triton_repo
-
-        d = write_triton_repo(out, args.triton_repo, out.name.split(".")[0])
-        result.notes.append(f"Triton model repository written: {d}")
+    _triton(result, args)
     return result
 
 
-def describe(model: onnx.ModelProto) -> dict[str, Any]:
-    """NorCal metadata and graph I/O, for scripts."""
-    return {"norcal": norcal_metadata(model), "io": describe_io(model)}
+def _triton(result: ExportResult, args) -> None:
+    """--triton-repo DIR: a Triton model repository serving the written model."""
+    if getattr(args, "triton_repo", None):
+        from norcal.export.triton import write_triton_repo
+
+        d = write_triton_repo(result.output, args.triton_repo, result.output.name.split(".")[0])
+        result.notes.append(f"Triton model repository written: {d}")

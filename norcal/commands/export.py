@@ -60,7 +60,8 @@ def add_arguments(p):
     g.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     g.add_argument("--verify", nargs="+", metavar="IMAGE",
                    help="run ONNX Runtime against the PyTorch model on these images and print differences")
-    g.add_argument("--triton-repo", metavar="DIR", help="also write a Triton model repository here")
+    p.add_argument("--triton-repo", metavar="DIR", help="also write a Triton model repository here "
+                                                         "(DIR/<name>/config.pbtxt + 1/model.onnx)")
 
 
 def default_output(model: Path) -> Path:

@@ -1,0 +1,65 @@
+"""norcal-export on a detectron2 checkpoint, end to end through the CLI."""
+
+import shutil
+
+import onnx
+import pytest
+
+from conftest import TINY
+from norcal.cli import export_main
+from norcal.export.surgery import norcal_metadata
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ckpt")
+    out = tmp / "tiny.norcal.onnx"
+    argv = [str(TINY / "model_final.pth"), "--config", str(TINY / "config.yaml"), "--gamma", "0.5",
+            "-o", str(out), "--verify", str(TINY / "images" / "img0.png"), str(TINY / "images" / "img2.png"),
+            "--triton-repo", str(tmp / "triton")]
+    return tmp, out, argv
+
+
+def test_export_verify_and_triton(exported, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    tmp, out, argv = exported
+    assert export_main(argv) == 0
+    text = capsys.readouterr().out
+    for row in ("architecture", "R50-FPN, 1203 classes, mask head", "short edge 320, max 512",
+                "gamma 0.5, factor cdt", "images: float [batch, 3, height, width]",
+                "boxes: float [batch, 300, 4]", "TensorRT 10.15 parser", "compatible"):
+        assert row in text, row
+    assert "NOT compatible" not in text
+    assert "img0.png" in text or "2 images" in text  # the --verify report names what it ran
+    model = onnx.load(str(out))
+    meta = norcal_metadata(model)
+    assert meta["norcal.gamma"] == "0.5" and meta["norcal.table"] == "lvis_v1"
+    assert meta["norcal.min_size_test"] == "320" and meta["norcal.max_size_test"] == "512"
+    config = tmp / "triton" / "tiny" / "config.pbtxt"
+    assert config.is_file() and (tmp / "triton" / "tiny" / "1" / "model.onnx").is_file()
+    pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from google.protobuf import text_format
+
+    cfg = text_format.Parse(config.read_text(), pb.ModelConfig())
+    assert cfg.platform == "onnxruntime_onnx" and cfg.HasField("dynamic_batching")
+    assert [i.name for i in cfg.input] == ["images", "image_sizes"]
+
+
+def test_configless_export_uses_lvis_defaults(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one summary row per line
+    src = tmp_path / "model_final.pth"
+    shutil.copy(TINY / "model_final.pth", src)
+    assert export_main([str(src), "--gamma", "1.0", "--factor", "cdt"]) == 0
+    out = tmp_path / "model_final.norcal.onnx"  # the default output name
+    meta = norcal_metadata(onnx.load(str(out)))
+    # architecture from the weights, test settings from detectron2's LVIS configs
+    assert meta["norcal.num_classes"] == "1203"
+    assert meta["norcal.min_size_test"] == "800" and meta["norcal.max_size_test"] == "1333"
+    assert "short edge 800, max 1333, score > 0.0001, NMS 0.5, 300 detections" in capsys.readouterr().out
+
+
+def test_checkpoint_refuses_onnx_only_options(tmp_path, capsys):
+    out = tmp_path / "o.onnx"
+    rc = export_main([str(TINY / "model_final.pth"), "--gamma", "0.5", "--logits", "x", "-o", str(out)])
+    assert rc == 2 and "--logits applies to ONNX input" in capsys.readouterr().err
+    assert not out.exists()
