@@ -86,21 +86,15 @@ def calibrated(model, calibration: OnnxCalibration | None):
     """Within the block the model's box predictor scores with ``calibration`` (None: plain
     scores); its previous state comes back after."""
     pred = box_predictor(model)
-    saved_prior = pred.log_prior
-    had_override = "probs" in pred.__dict__
-    saved_override = pred.__dict__.get("probs")
+    saved = (pred.log_prior, pred.mechanism, pred.renormalize)
     try:
         _apply(pred, calibration)
         yield model
     finally:
-        pred.__dict__.pop("probs", None)
-        if had_override:
-            pred.__dict__["probs"] = saved_override
-        pred.log_prior = saved_prior
+        pred.log_prior, pred.mechanism, pred.renormalize = saved
 
 
 def _apply(pred, cal: OnnxCalibration | None) -> None:
-    pred.__dict__.pop("probs", None)
     if cal is None:
         pred.set_log_prior(None)
         return
@@ -108,21 +102,8 @@ def _apply(pred, cal: OnnxCalibration | None) -> None:
     if cal.activation != model_act:
         raise NorcalError(f"the ONNX model's NorCal node uses {cal.activation} but the PyTorch classifier "
                           f"uses {model_act}: they are not the same model")
-    pred.set_log_prior(cal.log_prior.astype(np.float64))  # checks the width (C+1)
-    if cal.mechanism != "exp" or not cal.renormalize:
-        # the predictor's own path is the default variant; route the others through the same
-        # library function the node's body mirrors (norcal.calibration.calibrate)
-        import torch
-
-        from norcal.calibration import calibrate
-
-        lp = pred.log_prior
-
-        def probs(logits: torch.Tensor) -> torch.Tensor:
-            return calibrate(logits, lp.to(logits.device, logits.dtype), mechanism=cal.mechanism,
-                             renormalize=cal.renormalize, activation=cal.activation)
-
-        pred.__dict__["probs"] = probs
+    # checks the width (C+1)
+    pred.set_log_prior(cal.log_prior.astype(np.float64), cal.mechanism, cal.renormalize)
 
 
 class TorchRunner:

@@ -36,10 +36,13 @@ class FastRCNNOutputLayers(nn.Module):
         self.nms_thresh = float(nms_thresh)
         self.topk = int(topk)
         self.log_prior: torch.Tensor | None = None
+        self.mechanism, self.renormalize = "exp", True
 
-    def set_log_prior(self, log_prior) -> None:
+    def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool = True) -> None:
         """Calibrate scores with NorCal: ``log_prior`` [C+1] from ``norcal.calibration.log_prior``
-        (background last); None restores the plain scores."""
+        (background last) and the variant (see ``norcal.calibration.calibrate``); None restores
+        the plain scores."""
+        self.mechanism, self.renormalize = mechanism, bool(renormalize)
         if log_prior is None:
             self.log_prior = None
             return
@@ -59,10 +62,14 @@ class FastRCNNOutputLayers(nn.Module):
         if lp is None:
             return torch.sigmoid(logits) if self.use_sigmoid else F.softmax(logits, dim=-1)
         if torch.onnx.is_in_onnx_export():
+            if (self.mechanism, self.renormalize) != ("exp", True):
+                raise NorcalError("only the default NorCal variant exports from the eager model; "
+                                  "export plain and let the surgery insert the node")
             # the plain graph form of NorCal: Sub then the activation (surgery can replace it)
             z = logits - lp.to(logits.device)
             return torch.sigmoid(z) if self.use_sigmoid else F.softmax(z, dim=-1)
-        return calibrate(logits, lp.to(logits.device), activation=act)
+        return calibrate(logits, lp.to(logits.device), mechanism=self.mechanism,
+                         renormalize=self.renormalize, activation=act)
 
     def inference(self, logits, deltas, proposals, valid, image_sizes):
         """logits [B, R, C+1], deltas [B, R, K*4], proposals [B, R, 4], valid bool [B, R]
