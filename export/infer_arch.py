@@ -127,13 +127,17 @@ def _fpn(sd: Mapping[str, Any]) -> dict:
             "fpn_norm": norm_of(sd, "backbone.fpn_lateral2.norm")}
 
 
-def _rpn(sd: Mapping[str, Any], fpn_channels: int) -> dict:
+def _rpn(sd: Mapping[str, Any], fpn_channels: int, anchor_layout=None) -> dict:
     anchors = _shape(sd, f"{RPN_HEAD}.objectness_logits.weight")[0]
     deltas = _shape(sd, f"{RPN_HEAD}.anchor_deltas.weight")[0]
     if deltas != 4 * anchors:
         raise NorcalError(f"{RPN_HEAD}.anchor_deltas has {deltas} rows for {anchors} anchors; expected "
                           f"{4 * anchors} (rotated anchors are not supported)")
-    if anchors != 3:
+    sizes, ratios = anchor_layout or (FPN_ANCHOR_SIZES, FPN_ASPECT_RATIOS)
+    if anchor_layout is not None and len(sizes[0]) * len(ratios[0]) != anchors:
+        raise NorcalError(f"the config's anchors ({len(sizes[0])} sizes x {len(ratios[0])} aspect ratios per "
+                          f"location) do not fit the RPN's weights, which predict {anchors} anchors per location")
+    if anchor_layout is None and anchors != 3:
         raise NorcalError(f"the RPN predicts {anchors} anchors per location; only 3 (aspect ratios 0.5, 1, 2, "
                           "one size per FPN level) can be inferred from weights: pass the model's config.yaml")
     if f"{RPN_HEAD}.conv.weight" in sd:
@@ -145,8 +149,7 @@ def _rpn(sd: Mapping[str, Any], fpn_channels: int) -> dict:
         out = _shape(sd, key)[0]
         dims.append(-1 if out == channels else out)  # -1: "as many as the input", detectron2's default
         channels = out
-    return {"rpn_conv_dims": tuple(dims) or (-1,), "anchor_sizes": FPN_ANCHOR_SIZES,
-            "anchor_aspect_ratios": FPN_ASPECT_RATIOS}
+    return {"rpn_conv_dims": tuple(dims) or (-1,), "anchor_sizes": sizes, "anchor_aspect_ratios": ratios}
 
 
 def _resolution(features: int, channels: int, what: str) -> int:
@@ -212,18 +215,19 @@ def _pixel_stats(sd: Mapping[str, Any]) -> dict:
     return out
 
 
-def spec_from_weights(state_dict: Mapping[str, Any]) -> ModelSpec:
+def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> ModelSpec:
     """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (ResNet+FPN) state dict.
 
-    ``state_dict``: ``{name: tensor or array}`` with detectron2 names. Raises
-    :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
+    ``state_dict``: ``{name: tensor or array}`` with detectron2 names. ``anchor_layout``:
+    (sizes, aspect ratios) when a config gives them (weights only tell the anchor count).
+    Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
     """
     sd = state_dict
     _check_supported(sd)
     fields: dict = {}
     fields.update(_backbone(sd))
     fields.update(_fpn(sd))
-    fields.update(_rpn(sd, fields["fpn_out_channels"]))
+    fields.update(_rpn(sd, fields["fpn_out_channels"], anchor_layout))
     fields.update(_box_head(sd, fields["fpn_out_channels"]))
     fields.update(_mask_head(sd, fields["num_classes"]))
     stats = _pixel_stats(sd)

@@ -49,13 +49,13 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
     ``state_dict``: ``{name: torch.Tensor}`` without entries inference ignores.
     """
     raw = read_checkpoint(weights)
+    spec = load_config(config) if config is not None else None
     # inferred from the raw dict: num_batches_tracked still tells BN from FrozenBN
-    inferred = spec_from_weights(raw)
+    inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None)
     state = clean_state_dict(raw)
-    if config is None:
+    if spec is None:
         inferred.provenance["weights"] = str(weights)
         return inferred, state
-    spec = load_config(config)
     _check_consistent(spec, inferred, config, weights)
     spec.provenance["weights"] = str(weights)
     stats = {k: tuple(float(v) for v in state[k].reshape(-1).tolist()) for k in ("pixel_mean", "pixel_std")

@@ -307,3 +307,30 @@ def test_loader_config_pixel_stats_win(tmp_path, lvis_weights):
     assert "pixel_mean" in state
     inferred, _ = load_detector_spec(path)
     assert inferred.pixel_mean == (1.0, 2.0, 3.0)
+
+
+def test_config_gives_anchor_layout_the_weights_cannot(tmp_path):
+    """5 anchors per location: weights alone cannot say which; the config can."""
+    import torch
+    import yaml
+
+    from norcal.export.loader import load_detector_spec
+
+    src = FIXTURES / "d2_lvis_tiny"
+    sd = torch.load(src / "model_final.pth", weights_only=True)["model"]
+    for name, extra in (("objectness_logits", 2), ("anchor_deltas", 8)):
+        for part in ("weight", "bias"):
+            key = f"proposal_generator.rpn_head.{name}.{part}"
+            sd[key] = torch.cat([sd[key], sd[key][:extra]])
+    torch.save({"model": sd}, tmp_path / "m.pth")
+    cfg = yaml.safe_load((src / "config.yaml").read_text())
+    cfg["MODEL"]["ANCHOR_GENERATOR"]["ASPECT_RATIOS"] = [[0.25, 0.5, 1.0, 2.0, 4.0]]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    spec, _ = load_detector_spec(tmp_path / "m.pth", tmp_path / "c.yaml")
+    assert spec.anchor_aspect_ratios == ((0.25, 0.5, 1.0, 2.0, 4.0),)
+    with pytest.raises(NorcalError, match="5 anchors per location.*config.yaml"):
+        load_detector_spec(tmp_path / "m.pth")
+    cfg["MODEL"]["ANCHOR_GENERATOR"]["ASPECT_RATIOS"] = [[0.5, 1.0, 2.0]]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(NorcalError, match="do not fit the RPN's weights, which predict 5"):
+        load_detector_spec(tmp_path / "m.pth", tmp_path / "c.yaml")
