@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from norcal.calibration import ACTIVATIONS, MECHANISMS
+from norcal.calibration import check_variant
 from norcal.errors import NorcalError
 
 DOMAIN = "ai.norcal"
@@ -47,18 +47,22 @@ class NorCalSettings:
     num_classes: int = 0
 
     def validate(self) -> None:
-        if self.mechanism not in MECHANISMS:
-            raise NorcalError(f"unknown mechanism {self.mechanism!r}")
-        if self.activation not in ACTIVATIONS:
-            raise NorcalError(f"unknown activation {self.activation!r}")
-        if self.mechanism == "logit" and not self.renormalize and self.activation == "softmax":
-            raise NorcalError("the logit mechanism always renormalises; drop --no-renormalize")
+        check_variant(self.mechanism, self.renormalize, self.activation)
 
     def metadata(self) -> dict[str, str]:
         out = {}
         for k, v in asdict(self).items():
             out[META_PREFIX + k] = str(v).lower() if isinstance(v, bool) else str(v)
         return out
+
+
+# what the surgery records besides the settings; with them, exactly what strip removes
+SURGERY_KEYS = ("logits", "output", "node", "inline", "background_index", "tool_version")
+
+
+def calibration_keys() -> set[str]:
+    """The metadata_props keys the NorCal node owns (runtime contract keys are not among them)."""
+    return {META_PREFIX + k for k in (*NorCalSettings.__dataclass_fields__, *SURGERY_KEYS)}
 
 
 def _body(settings: NorCalSettings, x: str, prior: str, out: str, prefix: str) -> list[onnx.NodeProto]:
@@ -87,7 +91,6 @@ def _body(settings: NorCalSettings, x: str, prior: str, out: str, prefix: str) -
 
 def make_function(settings: NorCalSettings, opset: int) -> onnx.FunctionProto:
     """The model-local function ``ai.norcal::NorCal(logits, log_prior) -> probs``."""
-    settings.validate()
     return helper.make_function(
         DOMAIN, OP_TYPE, inputs=["logits", "log_prior"], outputs=["probs"],
         nodes=_body(settings, "logits", "log_prior", "probs", ""),
@@ -99,7 +102,6 @@ def make_function(settings: NorCalSettings, opset: int) -> onnx.FunctionProto:
 
 def make_nodes(settings: NorCalSettings, logits: str, output: str, inline: bool) -> list[onnx.NodeProto]:
     """Nodes that compute ``output`` from ``logits``: one NorCal node, or its body inlined."""
-    settings.validate()
     if inline:
         return _body(settings, logits, PRIOR_NAME, output, INLINE_PREFIX)
     return [helper.make_node(OP_TYPE, [logits, PRIOR_NAME], [output], name="NorCal", domain=DOMAIN)]

@@ -11,7 +11,8 @@ import onnx
 from norcal.errors import NorcalError
 from norcal.export.calibrate_onnx import calibrate_onnx
 from norcal.export.onnx_io import describe_io, load_onnx, save_onnx
-from norcal.export.surgery import norcal_metadata, strip_norcal
+from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
+from norcal.export.trt_support import TENSORRT_VERSION
 
 
 @dataclass
@@ -34,12 +35,12 @@ class NorCalOptions:
     def from_args(cls, args) -> "NorCalOptions":
         return cls(**{k: getattr(args, k) for k in cls.__dataclass_fields__})
 
-    def apply(self, model: onnx.ModelProto, default_background: str = "last") -> onnx.ModelProto:
+    def apply(self, model: onnx.ModelProto) -> onnx.ModelProto:
         if self.strip:
             return strip_norcal(model)
         return calibrate_onnx(model, self.gamma, self.table, factor=self.factor,
                               mechanism=self.mechanism, renormalize=self.renormalize,
-                              background=self.background or default_background,
+                              background=self.background or "last",
                               background_scale=self.background_scale, count_type=self.count,
                               logits=self.logits, inline=self.inline)
 
@@ -59,7 +60,7 @@ class ExportResult:
         from rich.table import Table
 
         console = Console(soft_wrap=True)
-        meta = norcal_metadata(self.model)
+        meta = norcal_metadata(self.model) if has_norcal(self.model) else {}
         t = Table(title=f"exported {self.output}", show_header=False)
         t.add_row("source", str(self.source))
         for k, v in self.extra_rows:
@@ -83,6 +84,9 @@ class ExportResult:
             console.print(escape(n))
 
 
+TRT_ROW = f"TensorRT {TENSORRT_VERSION} parser"
+
+
 def _finish(model: onnx.ModelProto, out: Path) -> str:
     """Check, write, and return the TensorRT-parser verdict for the summary."""
     from norcal.export.trt_check import check_model
@@ -104,7 +108,7 @@ def export_onnx_file(src: Path, out: Path, args) -> ExportResult:
     opts = NorCalOptions.from_args(args)
     model = opts.apply(load_onnx(src))
     trt = _finish(model, out)
-    result = ExportResult(src, out, model, time.perf_counter() - t0, [("TensorRT 10.15 parser", trt)])
+    result = ExportResult(src, out, model, time.perf_counter() - t0, [(TRT_ROW, trt)])
     _triton(result, args)
     return result
 
@@ -123,31 +127,31 @@ def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
     if opts.logits:
         raise NorcalError("--logits applies to ONNX input; a checkpoint export knows its classifier")
     with console.status("loading checkpoint"):
-        spec, model = build_detector(src, getattr(args, "config", None))
+        spec, model = build_detector(src, args.config)
     with console.status("exporting to ONNX"):
         graph = export_detector(model, spec, batch=args.batch, height=args.height,
                                 width=args.width, opset=args.opset)
     with console.status("inserting the NorCal node"):
-        graph = opts.apply(graph, default_background="last")
+        graph = opts.apply(graph)
     trt = _finish(graph, out)
     rows = [("architecture", f"{spec.meta_architecture} R{spec.depth}-FPN, {spec.num_classes} classes, "
                              f"{'mask' if spec.mask_on else 'box'} head"),
             ("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}, score > "
                               f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
                               f"{spec.detections_per_image} detections"),
-            ("TensorRT 10.15 parser", trt)]
+            (TRT_ROW, trt)]
     result = ExportResult(src, out, graph, time.perf_counter() - t0, rows)
-    if getattr(args, "verify", None):
+    if args.verify:
         from norcal.export.verify import verify_images
 
-        result.notes.append(verify_images(model, out, args.verify, spec, opts))
+        result.notes.append(verify_images(model, out, args.verify, spec))
     _triton(result, args)
     return result
 
 
 def _triton(result: ExportResult, args) -> None:
     """--triton-repo DIR: a Triton model repository serving the written model."""
-    if getattr(args, "triton_repo", None):
+    if args.triton_repo:
         from norcal.export.triton import write_triton_repo
 
         d = write_triton_repo(result.output, args.triton_repo, result.output.name.split(".")[0])

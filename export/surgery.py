@@ -9,6 +9,7 @@ calibrated scores. Running insertion on a model that already has NorCal replaces
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,8 @@ import onnx
 from onnx import helper
 
 from norcal.export.norcal_node import (DOMAIN, INLINE_PREFIX, META_PREFIX, OP_TYPE, PRIOR_NAME,
-                                NorCalSettings, make_function, make_nodes, make_prior)
+                                NorCalSettings, calibration_keys, make_function, make_nodes,
+                                make_prior)
 from norcal import __version__
 from norcal.errors import NorcalError
 
@@ -162,7 +164,8 @@ def _elem_type(model: onnx.ModelProto, tensor: str) -> int:
 
 
 def norcal_metadata(model: onnx.ModelProto) -> dict[str, str]:
-    """The ``norcal.*`` metadata_props of a model (empty when it has no NorCal node)."""
+    """The ``norcal.*`` metadata_props of a model: what the NorCal node baked in, and the
+    runtime contract (resize sizes, category ids) of models exported from checkpoints."""
     return {p.key: p.value for p in model.metadata_props if p.key.startswith(META_PREFIX)}
 
 
@@ -203,7 +206,8 @@ def strip_norcal(model: onnx.ModelProto) -> onnx.ModelProto:
     ops = [o for o in out.opset_import if o.domain != DOMAIN]
     del out.opset_import[:]
     out.opset_import.extend(ops)
-    props = [p for p in out.metadata_props if not p.key.startswith(META_PREFIX)]
+    owned = calibration_keys()
+    props = [p for p in out.metadata_props if p.key not in owned]
     del out.metadata_props[:]
     out.metadata_props.extend(props)
     return out
@@ -216,7 +220,6 @@ def insert_norcal(model: onnx.ModelProto, log_prior: np.ndarray, settings: NorCa
     log_prior: [K] from :func:`norcal.calibration.log_prior`, K = the classifier's width.
     logits: the classifier's logits tensor; found automatically when None.
     """
-    settings.validate()
     base = model
     if has_norcal(model):
         meta = norcal_metadata(model)
@@ -228,7 +231,8 @@ def insert_norcal(model: onnx.ModelProto, log_prior: np.ndarray, settings: NorCa
         raise NorcalError(f"the classifier {cand.node!r} has {cand.width} outputs but the calibration "
                           f"has {lp.size} entries ({settings.num_classes} classes + background "
                           f"{settings.background!r})")
-    settings.activation = cand.op_type.lower()
+    settings = dataclasses.replace(settings, activation=cand.op_type.lower())
+    settings.validate()
     out = copy.deepcopy(base)
     nodes = list(out.graph.node)
     idx = next(i for i, n in enumerate(nodes) if n.name == cand.node and n.output[0] == cand.output)
@@ -248,5 +252,3 @@ def insert_norcal(model: onnx.ModelProto, log_prior: np.ndarray, settings: NorCa
     onnx.helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, **meta})
     return out
 
-
-apply_norcal = insert_norcal

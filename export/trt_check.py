@@ -471,7 +471,7 @@ def _check_types(n, row, facts, io_names, err, warn):
         if t == TensorProto.UINT8 and o not in io_names:
             err(f"output '{o}' is UINT8 inside the network; TensorRT supports UINT8 only as a "
                 f"network input or output")
-        elif t == TensorProto.DOUBLE:
+        elif t == TensorProto.DOUBLE and o not in io_names:  # graph outputs: _check_io_types
             warn(f"output '{o}' is DOUBLE: TensorRT casts DOUBLE down to FLOAT (clamping to +-FLT_MAX)")
     if p.op_type in ("If", "Loop", "Scan"):
         return  # their types are the branch/body outputs', checked node by node

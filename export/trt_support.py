@@ -262,7 +262,6 @@ MATRIX_TYPE = {
     TensorProto.DOUBLE: "DOUBLE",  # cast down to FLOAT by the parser (limited support, a warning)
 }
 # Matrix note: "UINT8 is only supported as network input or output tensor types."
-IO_ONLY_TYPES = frozenset({"UINT8"})
 # Matrix note: INT8/INT4/FP8/FP4 exist only as quantized types (through Q/DQ from a float type).
 QUANTIZED_TYPES = frozenset({"INT8", "INT4", "FP8", "FP4"})
 

@@ -12,12 +12,11 @@ from pathlib import Path
 from norcal.errors import NorcalError
 
 
-def verify_images(torch_model, onnx_path, image_paths, spec, opts=None) -> str:
+def verify_images(torch_model, onnx_path, image_paths, spec) -> str:
     """Run ``onnx_path`` (ONNX Runtime, CPU) and ``torch_model`` on ``image_paths`` (files or
     folders) and return a printable per-output difference summary.
 
-    The calibration is read from the written file itself (what was really baked in), so
-    ``opts`` (the export's NorCalOptions) is not needed to reproduce it.
+    The calibration is read from the written file itself (what was really baked in).
     Judged with fp32 tolerances; a model that fails even the loose fp16 ones (detections that
     do not pair up, scores off by > 2e-2) raises NorcalError with the numbers.
     """

@@ -12,6 +12,7 @@ for numpy arrays and torch tensors alike (the result has the input's type and dt
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -87,6 +88,16 @@ def log_prior(counts: Sequence[float], gamma: float, factor: str = "cdt",
     return fg
 
 
+def check_variant(mechanism: str, renormalize: bool, activation: str) -> None:
+    """Refuse a NorCal variant that does not exist (see :func:`calibrate`)."""
+    if mechanism not in MECHANISMS:
+        raise NorcalError(f"unknown mechanism {mechanism!r}; choose one of {', '.join(MECHANISMS)}")
+    if activation not in ACTIVATIONS:
+        raise NorcalError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+    if mechanism == "logit" and not renormalize and activation == "softmax":
+        raise NorcalError("the logit mechanism always renormalises (softmax); drop --no-renormalize")
+
+
 def _ops(x: Any):
     """Array namespace shim so one implementation serves numpy and torch."""
     if isinstance(x, np.ndarray):
@@ -160,16 +171,12 @@ def calibrate(logits, log_prior_: Sequence[float] | np.ndarray, mechanism: str =
     (the same as 'exp' once renormalised), 'logit' divides the logits by a_c.
     Returns probabilities [..., K] of the input's type and dtype.
     """
-    if mechanism not in MECHANISMS:
-        raise NorcalError(f"unknown mechanism {mechanism!r}; choose one of {', '.join(MECHANISMS)}")
-    if activation not in ACTIVATIONS:
-        raise NorcalError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+    check_variant(mechanism, renormalize, activation)
     ops = _ops(logits)
-    if ops is _NumpyOps:
-        # fp16 extremes over/underflow to +-inf on the way; the results stay finite
-        with np.errstate(over="ignore", invalid="ignore"):
-            return _calibrate(ops, logits, log_prior_, mechanism, renormalize, activation)
-    return _calibrate(ops, logits, log_prior_, mechanism, renormalize, activation)
+    # numpy: fp16 extremes over/underflow to +-inf on the way; the results stay finite
+    quiet = np.errstate(over="ignore", invalid="ignore") if ops is _NumpyOps else contextlib.nullcontext()
+    with quiet:
+        return _calibrate(ops, logits, log_prior_, mechanism, renormalize, activation)
 
 
 def _calibrate(ops, logits, log_prior_, mechanism, renormalize, activation):
@@ -179,8 +186,6 @@ def _calibrate(ops, logits, log_prior_, mechanism, renormalize, activation):
             f"log prior has {lp.shape[-1]} entries but the logits have {logits.shape[-1]}"
         )
     if mechanism == "logit":
-        if not renormalize and activation == "softmax":
-            raise NorcalError("the logit mechanism always renormalises (softmax); drop --no-renormalize")
         z = ops.finite(logits * ops.exp(-lp))
         return ops.sigmoid(z) if activation == "sigmoid" else ops.exp(ops.log_softmax(z))
     if activation == "sigmoid":

@@ -110,7 +110,7 @@ def test_onnxruntime_norcal_matches_golden(tiny_onnx, fixture_batch, setting):
     lp = log_prior(G.lvis_counts(), gamma, factor)
     surgery = pytest.importorskip("norcal.export.surgery")
     from norcal.export.norcal_node import NorCalSettings
-    calibrated = surgery.apply_norcal(
+    calibrated = surgery.insert_norcal(
         tiny_onnx, lp, NorCalSettings(gamma=gamma, factor=factor, num_classes=1203,
                                       table="lvis_v1"))
     onnx.checker.check_model(calibrated, full_check=True)

@@ -95,6 +95,32 @@ def test_rerun_replaces_never_stacks_and_strip_restores():
     np.testing.assert_allclose(run(strip_norcal(inl), x)[0], run(model, x)[0], atol=1e-7)
 
 
+def test_rerun_and_strip_keep_runtime_metadata():
+    """Resize sizes and other runtime keys of an exported model survive a new gamma and --strip."""
+    model = classifier_graph()
+    onnx.helper.set_model_props(model, {"norcal.min_size_test": "320", "norcal.max_size_test": "512"})
+    once = insert_norcal(model, log_prior(COUNTS, 0.2), settings(0.2))
+    twice = insert_norcal(once, log_prior(COUNTS, 0.9), settings(0.9))
+    plain = strip_norcal(twice)
+    for m in (once, twice, plain):
+        meta = norcal_metadata(m)
+        assert meta["norcal.min_size_test"] == "320" and meta["norcal.max_size_test"] == "512"
+    assert "norcal.gamma" not in norcal_metadata(plain)
+
+
+def test_sigmoid_logit_without_renormalisation():
+    """A valid variant for sigmoid heads (no renormalisation exists there); settings not mutated."""
+    model = classifier_graph(activation="Sigmoid")
+    lp = log_prior(COUNTS, 0.7)
+    s = settings(0.7, mechanism="logit", renormalize=False)
+    out = insert_norcal(model, lp, s)
+    assert s.activation == "softmax"  # the caller's settings are left alone
+    x = np.random.default_rng(4).normal(size=(4, 8)).astype(np.float32)
+    w, b = gemm_weights(model)
+    np.testing.assert_allclose(run(out, x)[0], calibrate(x @ w.T + b, lp, "logit", activation="sigmoid"),
+                               atol=1e-6)
+
+
 def test_sigmoid_classifier():
     model = classifier_graph(activation="Sigmoid")
     lp = log_prior(COUNTS, 0.7)
