@@ -130,7 +130,7 @@ def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
         spec, model = build_detector(src, args.config)
     with console.status("exporting to ONNX"):
         graph = export_detector(model, spec, batch=args.batch, height=args.height,
-                                width=args.width, opset=args.opset)
+                                width=args.width, opset=args.opset or 17)
     with console.status("inserting the NorCal node"):
         graph = opts.apply(graph)
     trt = _finish(graph, out)
@@ -140,6 +140,8 @@ def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
                               f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
                               f"{spec.detections_per_image} detections"),
             (TRT_ROW, trt)]
+    # where the spec's values came from, e.g. what a config-less export had to assume
+    rows += [(f"({key})", value) for key, value in spec.provenance.items() if key != "weights"]
     result = ExportResult(src, out, graph, time.perf_counter() - t0, rows)
     if args.verify:
         from norcal.export.verify import verify_images
@@ -149,10 +151,16 @@ def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
     return result
 
 
+def triton_name(output: Path) -> str:
+    """The Triton model name for an exported file: its name up to the first dot."""
+    return output.name.split(".")[0]
+
+
 def _triton(result: ExportResult, args) -> None:
     """--triton-repo DIR: a Triton model repository serving the written model."""
     if args.triton_repo:
         from norcal.export.triton import write_triton_repo
 
-        d = write_triton_repo(result.output, args.triton_repo, result.output.name.split(".")[0])
+        d = write_triton_repo(result.output, args.triton_repo, triton_name(result.output),
+                              force=args.force)
         result.notes.append(f"Triton model repository written: {d}")

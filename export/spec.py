@@ -8,7 +8,7 @@ settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -70,6 +70,3 @@ class ModelSpec:
     cls_agnostic_mask: bool = False
     # free-form notes on where values came from (config file, inferred from weights)
     provenance: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return asdict(self)

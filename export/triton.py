@@ -91,6 +91,13 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, tmp)
 
 
+def check_target(repo_dir, name: str, force: bool = False) -> None:
+    """Refuse to replace an existing model folder ``repo_dir/name`` unless ``force``."""
+    target = Path(repo_dir) / name
+    if target.exists() and not force:
+        raise NorcalError(f"{target} exists; pass --force to replace it")
+
+
 def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | None = None,
                       force: bool = False) -> Path:
     """Write ``repo_dir/name`` (config.pbtxt, 1/model.onnx or 1/model.plan); returns that folder.
@@ -107,8 +114,7 @@ def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | Non
         raise NorcalError(f"Triton model name {name!r}: use letters, digits, '_', '.', '-' only")
     repo = Path(repo_dir)
     target = repo / name
-    if target.exists() and not force:
-        raise NorcalError(f"{target} exists; pass force to replace it")
+    check_target(repo_dir, name, force)
 
     extra: list[str] = []
     if src.suffix.lower() in ENGINE_SUFFIXES:

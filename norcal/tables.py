@@ -137,6 +137,9 @@ def build_table(annotations: str | Path, count_type: str = "image",
     data = read_json(p)
     if not isinstance(data, dict) or not isinstance(data.get("categories"), list):
         raise NorcalError(f"{p}: not a COCO/LVIS annotation file (no 'categories' list)")
+    for i, c in enumerate(data["categories"]):
+        if not isinstance(c, dict) or not isinstance(c.get("id"), int):
+            raise NorcalError(f"{p}: category {i} has no integer 'id'")
     cats = sorted(data["categories"], key=lambda c: c["id"])
     anns = data.get("annotations")
     if anns is None:
@@ -148,7 +151,9 @@ def build_table(annotations: str | Path, count_type: str = "image",
         known = {c["id"] for c in cats}
         per_cat_images: dict[int, set] = {c["id"]: set() for c in cats}
         instances = {c["id"]: 0 for c in cats}
-        for a in anns:
+        for i, a in enumerate(anns):
+            if not isinstance(a, dict) or "category_id" not in a or "image_id" not in a:
+                raise NorcalError(f"{p}: annotation {i} needs 'image_id' and 'category_id'")
             cid = a["category_id"]
             if cid not in known:
                 raise NorcalError(f"{p}: annotation {a.get('id')} has unknown category_id {cid}")

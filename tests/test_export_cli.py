@@ -126,3 +126,25 @@ def test_missing_torch_is_one_clear_line(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == "error: this needs the optional package 'torch': pip install 'norcal-deploy[torch]'"
     assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("flag", [["--batch", "2"], ["--opset", "18"], ["--config", "c.yaml"]])
+def test_checkpoint_only_options_refused_for_onnx(tmp_path, model_path, capsys, flag):
+    out = tmp_path / "out.onnx"
+    call_fails(capsys, [model_path, "--gamma", "0.5", "--table", write_table(tmp_path, [1, 2, 3, 4]), *flag,
+                        "-o", out], f"{flag[0]} apply to detectron2 checkpoints")
+    assert not out.exists()
+
+
+def test_triton_repo_refused_before_any_work_then_forced(tmp_path, model_path, capsys):
+    table = write_table(tmp_path, [1, 2, 3, 4])
+    repo = tmp_path / "triton"
+    args = [str(model_path), "--gamma", "0.5", "--table", str(table), "--triton-repo", str(repo)]
+    assert export_main([*args, "-o", str(tmp_path / "det.norcal.onnx")]) == 0
+    assert (repo / "det" / "config.pbtxt").is_file()
+    capsys.readouterr()
+    again = tmp_path / "again" / "det.norcal.onnx"
+    call_fails(capsys, [*args, "-o", again], "pass --force to replace it")
+    assert not again.exists()  # refused before exporting anything
+    assert export_main([*args, "-o", str(again), "--force"]) == 0
+    assert again.exists()

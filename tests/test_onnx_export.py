@@ -118,15 +118,14 @@ def test_onnxruntime_norcal_matches_golden(tiny_onnx, fixture_batch, setting):
     check_detections(run(session(calibrated), *fixture_batch), setting)
 
 
-def test_eager_log_prior_bakes_into_the_graph(tiny_model, fixture_batch):
-    """Without surgery: the eager model's log prior exports as Sub -> Softmax."""
-    lp = log_prior(G.lvis_counts(), 0.5, "cdt")
-    tiny_model.roi_heads.box_predictor.set_log_prior(lp)
+def test_eager_log_prior_does_not_export(tiny_model):
+    """NorCal enters the graph only through the surgery's node, never as a second copy."""
+    tiny_model.roi_heads.box_predictor.set_log_prior(log_prior(G.lvis_counts(), 0.5, "cdt"))
     try:
-        proto = export_onnx(tiny_model, G.tiny_spec())
+        with pytest.raises(NorcalError, match="export the plain model"):
+            export_onnx(tiny_model, G.tiny_spec())
     finally:
         tiny_model.roi_heads.box_predictor.set_log_prior(None)
-    check_detections(run(session(proto), *fixture_batch), "cdt_g0.5")
 
 
 def test_fixed_shape_export_runs_one_image(tiny_model):

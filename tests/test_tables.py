@@ -54,6 +54,18 @@ def test_build_refuses_a_class_without_training_data(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("data,message", [
+    ({"categories": [{"name": "x"}], "annotations": []}, "category 0 has no integer 'id'"),
+    ({"categories": [{"id": 1}], "annotations": [{"id": 5, "image_id": 1}]}, "annotation 0 needs"),
+    ({"categories": [{"id": 1}], "annotations": [{"image_id": 1, "category_id": 7}]}, "unknown category_id 7"),
+])
+def test_malformed_annotations(tmp_path, data, message):
+    p = tmp_path / "a.json"
+    p.write_text(json.dumps(data))
+    with pytest.raises(NorcalError, match=message):
+        build_table(p)
+
+
 def test_unknown_table_and_bad_json(tmp_path):
     with pytest.raises(NorcalError, match="not a built-in"):
         load_table("lvis_v9")

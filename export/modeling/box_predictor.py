@@ -62,12 +62,9 @@ class FastRCNNOutputLayers(nn.Module):
         if lp is None:
             return torch.sigmoid(logits) if self.use_sigmoid else F.softmax(logits, dim=-1)
         if torch.onnx.is_in_onnx_export():
-            if (self.mechanism, self.renormalize) != ("exp", True):
-                raise NorcalError("only the default NorCal variant exports from the eager model; "
-                                  "export plain and let the surgery insert the node")
-            # the plain graph form of NorCal: Sub then the activation (surgery can replace it)
-            z = logits - lp.to(logits.device)
-            return torch.sigmoid(z) if self.use_sigmoid else F.softmax(z, dim=-1)
+            # the graph gets NorCal from one place only: the surgery's node (norcal_node.py)
+            raise NorcalError("export the plain model (no log prior set); the NorCal node is "
+                              "inserted into the ONNX graph afterwards (norcal.export.surgery)")
         return calibrate(logits, lp.to(logits.device), mechanism=self.mechanism,
                          renormalize=self.renormalize, activation=act)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import PaddingMasks
+from norcal.runtime.base import OUTPUT_NAMES
 
-OUTPUT_NAMES = ("num_detections", "boxes", "scores", "classes", "masks")
+from .layers import PaddingMasks
 
 
 class GeneralizedRCNN(nn.Module):

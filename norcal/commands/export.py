@@ -57,11 +57,12 @@ def add_arguments(p):
     g.add_argument("--batch", type=int, help="fix the batch size (default dynamic)")
     g.add_argument("--height", type=int, help="fix the padded input height (default dynamic)")
     g.add_argument("--width", type=int, help="fix the padded input width (default dynamic)")
-    g.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    g.add_argument("--opset", type=int, help="ONNX opset (default 17)")
     g.add_argument("--verify", nargs="+", metavar="IMAGE",
                    help="run ONNX Runtime against the PyTorch model on these images and print differences")
     p.add_argument("--triton-repo", metavar="DIR", help="also write a Triton model repository here "
                                                          "(DIR/<name>/config.pbtxt + 1/model.onnx)")
+    p.add_argument("--force", action="store_true", help="replace an existing Triton model folder")
 
 
 def default_output(model: Path) -> Path:
@@ -74,6 +75,7 @@ def default_output(model: Path) -> Path:
 
 
 def run(args) -> int:
+    from norcal.export.pipeline import export_checkpoint, export_onnx_file, triton_name
     from norcal.fileio import same_file
 
     src = Path(args.model)
@@ -87,10 +89,15 @@ def run(args) -> int:
     if not args.strip and args.gamma is None:
         raise NorcalError("--gamma is required (0 gives the plain softmax)")
     is_checkpoint = src.suffix.lower() in CHECKPOINT_SUFFIXES
-    if not is_checkpoint and (args.config or args.verify):
-        raise NorcalError("--config and --verify apply to detectron2 checkpoints, not ONNX input")
-    from norcal.export.pipeline import export_checkpoint, export_onnx_file
+    if not is_checkpoint:
+        given = [f"--{k}" for k in ("config", "verify", "batch", "height", "width", "opset")
+                 if getattr(args, k) is not None]
+        if given:
+            raise NorcalError(f"{', '.join(given)} apply to detectron2 checkpoints, not ONNX input")
+    if args.triton_repo:
+        from norcal.export.triton import check_target
 
+        check_target(args.triton_repo, triton_name(out), args.force)  # before any work is done
     if is_checkpoint:
         result = export_checkpoint(src, out, args)
     else:
