@@ -29,7 +29,7 @@ def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
         contract.INPUT_FORMAT: "BGR",  # the graph takes BGR whatever the training format
         contract.SIZE_DIVISIBILITY: str(spec.size_divisibility),
         contract.NUM_CLASSES: str(spec.num_classes),
-        "norcal.detector": json.dumps({"depth": spec.depth, "mask_on": spec.mask_on,
+        contract.DETECTOR: json.dumps({"depth": spec.depth, "mask_on": spec.mask_on,
                                        "score_thresh_test": spec.score_thresh_test,
                                        "nms_thresh_test": spec.nms_thresh_test,
                                        "detections_per_image": spec.detections_per_image}),

@@ -168,14 +168,13 @@ def run_demo(data: os.PathLike | None = None, output_dir: os.PathLike = "norcal-
                                 len(results), infer_s))
     seconds["infer_and_eval"] = time.perf_counter() - t_start - seconds["export"] - seconds["surgery"]
 
+    result = DemoResult(settings, len(pairs), table.name, out, out / "ap_vs_gamma.png", seconds)
     series = [(0.0 if s.gamma is None else s.gamma, s) for s in settings]
-    best = max(settings[1:], key=lambda s: s.bbox["AP"]).gamma if len(settings) > 1 else None
-    plot = write_sweep_plot(out / "ap_vs_gamma.png",
-                            {"bbox": [(g, s.bbox) for g, s in series],
-                             "segm": [(g, s.segm) for g, s in series]},
-                            best=best, title=f"{FIXTURE_NAME}, {len(pairs)} val images")
+    write_sweep_plot(result.plot_path, {"bbox": [(g, s.bbox) for g, s in series],
+                                        "segm": [(g, s.segm) for g, s in series]},
+                     best=result.best.gamma if len(settings) > 1 else None,
+                     title=f"{FIXTURE_NAME}, {len(pairs)} val images")
     seconds["total"] = time.perf_counter() - t_start
-    result = DemoResult(settings, len(pairs), table.name, out, plot, seconds)
     write_json(out / "summary.json", result.to_json())
     return result
 
@@ -186,6 +185,8 @@ def comparison_table(result: DemoResult):
     NorCal model (highest bbox AP) over the baseline."""
     from rich.table import Table
 
+    from norcal.evaluation.report import percent
+
     t = Table(title=f"baseline vs NorCal: {result.num_images} validation images, LVIS AP (%)")
     best = result.best if len(result.settings) > 1 else None
     t.add_column("metric")
@@ -194,11 +195,10 @@ def comparison_table(result: DemoResult):
         t.add_column(name + (" *" if s is best else ""), justify="right")
     if best is not None:
         t.add_column(f"Δ γ={best.gamma:g}", justify="right", style="bold")
-    fmt = lambda v: "-" if v < 0 else f"{100 * v:.2f}"  # noqa: E731
     for kind in ("bbox", "segm"):
         for k in METRICS:
             vals = [getattr(s, kind)[k] for s in result.settings]
-            row = [f"{kind} {k}", *(fmt(v) for v in vals)]
+            row = [f"{kind} {k}", *(percent(v) for v in vals)]
             if best is not None:
                 row.append(f"{100 * (getattr(best, kind)[k] - vals[0]):+.2f}")
             t.add_row(*row, end_section=(k == METRICS[-1]))

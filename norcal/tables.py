@@ -110,7 +110,8 @@ def _from_json(data: Any, where: str) -> CalibrationTable:
 
 
 def load_table(name_or_path: str | Path) -> CalibrationTable:
-    """A built-in table by name (``lvis_v1``, ``lvis_v0_5``) or a table JSON file by path."""
+    """A built-in table by name (``lvis_v1``, ``lvis_v0_5``), a table JSON file, or a COCO/LVIS
+    training annotation file (counted as :func:`build_table` does, N_c = images)."""
     s = str(name_or_path)
     if s in builtin_names():
         text = resources.files("norcal.calibration_tables").joinpath(f"{s}.json").read_text()
@@ -120,7 +121,10 @@ def load_table(name_or_path: str | Path) -> CalibrationTable:
         raise NorcalError(
             f"no calibration table {s!r}: not a built-in ({', '.join(builtin_names())}) nor a file"
         )
-    return _from_json(read_json(p), str(p))
+    data = read_json(p)
+    if isinstance(data, dict) and "annotations" in data:
+        return table_from_annotations(data, p)
+    return _from_json(data, str(p))
 
 
 def build_table(annotations: str | Path, count_type: str = "image",
@@ -131,10 +135,16 @@ def build_table(annotations: str | Path, count_type: str = "image",
     no ``annotations`` but categories that carry image_count/instance_count (LVIS's category
     lists) is taken as it stands.
     """
+    p = Path(annotations)
+    return table_from_annotations(read_json(p), p, count_type, name)
+
+
+def table_from_annotations(data: Any, path: str | Path, count_type: str = "image",
+                           name: str | None = None) -> CalibrationTable:
+    """:func:`build_table` on an annotation file already loaded (``path`` names it in errors)."""
     if count_type not in COUNT_TYPES:
         raise NorcalError(f"--count must be one of {', '.join(COUNT_TYPES)}, got {count_type!r}")
-    p = Path(annotations)
-    data = read_json(p)
+    p = Path(path)
     if not isinstance(data, dict) or not isinstance(data.get("categories"), list):
         raise NorcalError(f"{p}: not a COCO/LVIS annotation file (no 'categories' list)")
     for i, c in enumerate(data["categories"]):

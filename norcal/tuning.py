@@ -25,7 +25,7 @@ import math
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -36,21 +36,34 @@ from norcal.errors import NorcalError
 from norcal.tables import CalibrationTable
 
 
+MAX_GAMMAS = 1000  # more is a typo (a tiny step), not a sweep
+
+
 def parse_gammas(text: str) -> list[float]:
-    """'0:1.5:0.1' (start:stop:step, stop included) or '0,0.5,1' -> sorted unique gammas."""
+    """'0:1.5:0.1' (start:stop:step, stop included) or '0,0.5,1' -> sorted unique gammas
+    (finite, at most :data:`MAX_GAMMAS`)."""
     text = str(text).strip()
     try:
         if ":" in text:
             parts = [float(v) for v in text.split(":")]
             if len(parts) != 3:
                 raise ValueError
+            if not all(math.isfinite(v) for v in parts):
+                raise NorcalError(f"gamma range {text!r}: start, stop and step must be finite")
             start, stop, step = parts
             if step <= 0 or stop < start:
                 raise NorcalError(f"gamma range {text!r}: need start <= stop and step > 0")
-            n = int(math.floor((stop - start) / step + 1e-9)) + 1
-            values = [round(start + i * step, 10) for i in range(n)]
+            n = (stop - start) / step + 1e-9
+            if not math.isfinite(n) or n >= MAX_GAMMAS:
+                raise NorcalError(f"gamma range {text!r} gives more than {MAX_GAMMAS} gammas: "
+                                  "use a larger step")
+            values = [round(start + i * step, 10) for i in range(int(math.floor(n)) + 1)]
         else:
             values = [float(v) for v in text.split(",") if v.strip()]
+            if not all(math.isfinite(v) for v in values):
+                raise NorcalError(f"gammas {text!r}: every gamma must be finite")
+            if len(values) > MAX_GAMMAS:
+                raise NorcalError(f"gammas {text!r}: more than {MAX_GAMMAS} values")
     except ValueError:
         raise NorcalError(f"gammas {text!r}: expected start:stop:step (e.g. 0:1.5:0.1) "
                           "or a comma list (e.g. 0,0.5,1)") from None
@@ -60,20 +73,11 @@ def parse_gammas(text: str) -> list[float]:
 
 
 def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable:
-    """A table as given, a built-in name, a table JSON, or a COCO/LVIS training annotation
-    file (counted with :func:`norcal.tables.build_table`)."""
-    from norcal.tables import build_table, builtin_names, load_table
+    """A table as given, or what :func:`norcal.tables.load_table` makes of a name or path
+    (a built-in, a table JSON, or a COCO/LVIS training annotation file)."""
+    from norcal.tables import load_table
 
-    if isinstance(arg, CalibrationTable):
-        return arg
-    s = str(arg)
-    if s not in builtin_names() and Path(s).is_file():
-        from norcal.fileio import read_json
-
-        data = read_json(s)
-        if isinstance(data, dict) and "annotations" in data:
-            return build_table(s)
-    return load_table(s)
+    return arg if isinstance(arg, CalibrationTable) else load_table(arg)
 
 
 # ----------------------------------------------------------------------------- the cache
@@ -205,14 +209,15 @@ def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: st
     import torch
 
     from norcal.runtime.postprocess import split_outputs
+    from norcal.runtime.torch_runner import predictor_state
 
-    saved, saved_threads = predictor.log_prior, torch.get_num_threads()
-    predictor.set_log_prior(None)  # NorCal enters through the logits, exactly as in the graph
-    if threads:
-        torch.set_num_threads(int(threads))
+    saved_threads = torch.get_num_threads()
     out = []
     try:
-        with torch.no_grad():
+        with torch.no_grad(), predictor_state(predictor):
+            predictor.set_log_prior(None)  # NorCal enters through the logits, exactly as in the graph
+            if threads:
+                torch.set_num_threads(int(threads))
             for s in range(0, len(cache), batch_size):
                 sl = slice(s, s + batch_size)
                 logits = cache.cls_logits[sl]
@@ -225,7 +230,6 @@ def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: st
                            "scores": scores.numpy(), "classes": classes.numpy()}
                 out.extend(split_outputs(outputs, cache.image_sizes[sl], cache.original_sizes[sl]))
     finally:
-        predictor.log_prior = saved
         torch.set_num_threads(saved_threads)
     return out
 
@@ -270,7 +274,6 @@ class TuneResult:
     num_images: int
     network_seconds: float
     cache_bytes: int  # the largest chunk's cache
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def best(self) -> SweepPoint:
@@ -285,7 +288,6 @@ class TuneResult:
             "best": {"gamma": self.best.gamma, "AP": self.best.stats["AP"]},
             "sweep": [{"gamma": p.gamma, "num_detections": p.num_detections, "seconds": p.seconds,
                        "stats": {k: float(v) for k, v in p.stats.items()}} for p in self.points],
-            **self.extra,
         }
 
 
@@ -359,11 +361,16 @@ def sweep(predictor, cache: HeadCache, gt, table: CalibrationTable, gammas: Sequ
     return acc.evaluate(prepare_gt(gt, table), on_gamma)
 
 
-def images_from_gt(gt_path: os.PathLike, image_dir: os.PathLike) -> list[tuple[int, Path]]:
-    """(image_id, path) for every GT image whose file (by base name) is in ``image_dir``."""
+def images_from_gt(gt_path: os.PathLike | dict, image_dir: os.PathLike,
+                   where: str | None = None) -> list[tuple[int, Path]]:
+    """(image_id, path) for every GT image whose file (by base name) is in ``image_dir``.
+
+    gt_path: the annotation file or its already loaded dict (``where`` then names it)."""
     from norcal.runtime.results import category_ids_from_annotations
 
-    _, by_name = category_ids_from_annotations(gt_path)
+    _, by_name = category_ids_from_annotations(gt_path, where)
+    if where is None:
+        where = str(gt_path)
     d = Path(image_dir)
     if not d.is_dir():
         raise NorcalError(f"{d}: no such folder")
@@ -371,17 +378,19 @@ def images_from_gt(gt_path: os.PathLike, image_dir: os.PathLike) -> list[tuple[i
              if (d / name).is_file()]
     if not found:
         example = next(iter(by_name), "?")
-        raise NorcalError(f"none of the {len(by_name)} images of {gt_path} is in {d} "
+        raise NorcalError(f"none of the {len(by_name)} images of {where} is in {d} "
                           f"(matched by file name, e.g. {example})")
     return found
 
 
 def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
-         table: str | os.PathLike | CalibrationTable, *, config: os.PathLike | None = None,
+         table: str | os.PathLike | CalibrationTable | None = None, *, config: os.PathLike | None = None,
          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
          max_cache_bytes: int = 2 << 30, progress=None) -> TuneResult:
     """The whole job: build the detector, run it once over the GT's images, sweep gammas.
 
+    table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
+    count. The checkpoint and the GT file are each read once.
     The images go through in chunks whose cache fits ``max_cache_bytes``; each chunk is
     re-scored at every gamma before the next is computed, so memory holds one chunk's cache
     plus the (small) detections of every gamma, whatever the number of images.
@@ -389,17 +398,27 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     """
     from norcal.evaluation import prepare_gt
     from norcal.export.detector import build_detector
+    from norcal.fileio import read_json
 
     gammas = [check_gamma(g, factor) for g in gammas]
     if not gammas:
         raise NorcalError("no gammas to sweep")
-    table = resolve_table(table)
-    pairs = images_from_gt(gt, images)
+    if not (isinstance(max_cache_bytes, (int, float)) and math.isfinite(max_cache_bytes)
+            and max_cache_bytes > 0):
+        raise NorcalError(f"the cache budget must be a finite number > 0, got {max_cache_bytes}")
+    if table is not None:
+        table = resolve_table(table)
+    gt_data = read_json(gt, "GT")
+    pairs = images_from_gt(gt_data, images, str(gt))
     spec, model = build_detector(weights, config)
+    if table is None:
+        from norcal.export.calibrate_onnx import default_table
+
+        table = default_table(spec.num_classes)
     if spec.num_classes != table.num_classes:
         raise NorcalError(f"the model has {spec.num_classes} classes but table {table.name!r} "
                           f"has {table.num_classes}")
-    prepared = prepare_gt(gt, table)
+    prepared = prepare_gt(gt_data, table)
     if sorted(table.category_ids) != [int(c) for c in prepared.cat_ids]:
         raise NorcalError(f"the categories of {gt} and of table {table.name!r} differ")
     per_image = estimate_cache_bytes(spec, 1)
@@ -439,6 +458,8 @@ def sweep_table(result: TuneResult, title: str | None = None):
     """A rich Table: gamma, AP, AP50, APr, APc, APf (in %), the best row marked."""
     from rich.table import Table
 
+    from norcal.evaluation.report import percent
+
     best = result.best.gamma
     t = Table(title=title or f"NorCal gamma sweep ({result.factor}, {result.mechanism}, "
                              f"{result.num_images} images, bbox)")
@@ -447,8 +468,7 @@ def sweep_table(result: TuneResult, title: str | None = None):
         t.add_column(k, justify="right")
     t.add_column("detections", justify="right")
     for p in result.points:
-        fmt = lambda v: "-" if v < 0 else f"{100 * v:.2f}"  # noqa: E731
-        row = [f"{p.gamma:g}"] + [fmt(p.stats[k]) for k in ("AP", "AP50", "APr", "APc", "APf")]
+        row = [f"{p.gamma:g}"] + [percent(p.stats[k]) for k in ("AP", "AP50", "APr", "APc", "APf")]
         row.append(str(p.num_detections))
         t.add_row(*row, style="bold green" if p.gamma == best else None)
     return t
@@ -463,7 +483,7 @@ def write_sweep_plot(path: os.PathLike, panels: dict[str, Sequence[tuple[float, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from norcal.fileio import atomic_path
+    from norcal.evaluation.report import save_figure
 
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels) + 1, 4), squeeze=False)
     for ax, (name, series) in zip(axes[0], panels.items()):
@@ -479,8 +499,4 @@ def write_sweep_plot(path: os.PathLike, panels: dict[str, Sequence[tuple[float, 
         ax.grid(alpha=0.3)
     # one legend, right of the last panel: inside, it hides curves
     axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -19,6 +19,7 @@ SIZE_DIVISIBILITY = "norcal.size_divisibility"  # pad H and W to a multiple of t
 NUM_CLASSES = "norcal.num_classes"  # foreground classes C
 TABLE = "norcal.table"  # calibration table name (maps class index -> category id)
 CATEGORY_IDS = "norcal.category_ids"  # optional JSON list: class index -> dataset category id
+DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, mask_on, score_thresh_test, ...)
 
 # detectron2's defaults (config/defaults.py) when a model carries no metadata.
 DEFAULTS = {MIN_SIZE_TEST: "800", MAX_SIZE_TEST: "1333", INPUT_FORMAT: "BGR", SIZE_DIVISIBILITY: "32"}
@@ -52,8 +53,8 @@ def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int 
     if fmt not in ("BGR", "RGB"):
         raise NorcalError(f"input format must be BGR or RGB, got {fmt!r}")
     spec = InputSpec(
-        min_size=int(min_size) if min_size else _int(meta, MIN_SIZE_TEST),
-        max_size=int(max_size) if max_size else _int(meta, MAX_SIZE_TEST),
+        min_size=int(min_size) if min_size is not None else _int(meta, MIN_SIZE_TEST),
+        max_size=int(max_size) if max_size is not None else _int(meta, MAX_SIZE_TEST),
         input_format=fmt,
         divisibility=_int(meta, SIZE_DIVISIBILITY),
     )

@@ -20,6 +20,13 @@ def runner_metadata(runner: Runner) -> dict[str, str]:
     return dict(getattr(runner, "metadata", None) or {})
 
 
+def _run_batch(runner: Runner, images: list[np.ndarray], spec: InputSpec) -> list[Detections]:
+    """One batch: prepare (resize, pad), run, split per image in original coordinates."""
+    batch = prepare_batch(images, spec.min_size, spec.max_size, spec.input_format, spec.divisibility)
+    outputs = runner.infer(batch.feeds())
+    return split_outputs(outputs, batch.image_sizes, batch.original_sizes)
+
+
 def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1,
                spec: InputSpec | None = None) -> list[Detections]:
     """RGB uint8 [H,W,3] images -> one :class:`Detections` each (original coordinates)."""
@@ -28,10 +35,7 @@ def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1
         raise NorcalError(f"batch size must be >= 1, got {batch_size}")
     out: list[Detections] = []
     for s in range(0, len(images_rgb), batch_size):
-        chunk = images_rgb[s:s + batch_size]
-        batch = prepare_batch(chunk, spec.min_size, spec.max_size, spec.input_format, spec.divisibility)
-        outputs = runner.infer(batch.feeds())
-        out.extend(split_outputs(outputs, batch.image_sizes, batch.original_sizes))
+        out.extend(_run_batch(runner, images_rgb[s:s + batch_size], spec))
     return out
 
 
@@ -49,10 +53,7 @@ def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int =
     pending: list[tuple[Path, np.ndarray]] = []
 
     def flush():
-        batch = prepare_batch([a for _, a in pending], spec.min_size, spec.max_size,
-                              spec.input_format, spec.divisibility)
-        outputs = runner.infer(batch.feeds())
-        dets = split_outputs(outputs, batch.image_sizes, batch.original_sizes)
+        dets = _run_batch(runner, [a for _, a in pending], spec)
         done = [(p, d) for (p, _), d in zip(pending, dets)]
         pending.clear()
         if on_done:

@@ -433,14 +433,12 @@ def _concat(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 def _only_images(gt, image_ids):
     """An annotation file or dict cut down to ``image_ids``: AP over the images that were run,
     not over a whole validation set most of which was never seen (a prepared LvisGT is kept)."""
-    import json
     from pathlib import Path
 
+    from norcal.fileio import read_json
+
     if isinstance(gt, (str, Path)):
-        try:
-            gt = json.loads(Path(gt).read_text())
-        except (OSError, ValueError) as e:
-            raise NorcalError(f"{gt}: cannot read the annotations ({e})") from None
+        gt = read_json(gt, "annotations")
     if not isinstance(gt, dict) or "images" not in gt:
         return gt
     keep = set(image_ids)
@@ -617,11 +615,8 @@ def render_tables(run: ParityRun) -> list:
         for d in rep.tensors:
             if d.name == "classes" and d.aligned:
                 tolerance, result = "same", "pass"
-            elif d.name == "num_detections":
-                tolerance = "edge"
-                result = ("pass" if d.passed else "FAIL") if d.gating else ("ok" if d.passed else "over")
             else:
-                tolerance = f"{d.atol:g}"
+                tolerance = "edge" if d.name == "num_detections" else f"{d.atol:g}"
                 result = ("pass" if d.passed else "FAIL") if d.gating else ("ok" if d.passed else "over")
             colour = "green" if result.startswith(("pass", "ok")) else ("red" if result == "FAIL" else "yellow")
             t.add_row(d.name, "x".join(map(str, d.shape)), _g(d.max_abs), _g(d.mean_abs),

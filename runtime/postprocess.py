@@ -107,11 +107,6 @@ def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold
         yield probs >= threshold, int(ys[i]), int(xs[i])
 
 
-def paste_mask_region(mask: np.ndarray, box: np.ndarray, image_hw, threshold: float = 0.5):
-    """One mask [M,M] at box (x0,y0,x1,y1): (bool [h,w] region, y0, x0), see paste_mask_regions."""
-    return next(paste_mask_regions(mask[None], np.asarray(box)[None], image_hw, threshold))
-
-
 def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5) -> np.ndarray:
     """Masks [N,M,M] + boxes [N,4] (original coords) -> bool [N,H,W], as ``paste_masks_in_image``."""
     h, w = int(image_hw[0]), int(image_hw[1])

@@ -86,20 +86,38 @@ def detections_to_results(image_id: int | str, det: Detections, category_ids: li
     return out
 
 
-def category_ids_from_annotations(path: str | Path) -> tuple[list[int], dict[str, int]]:
-    """From a COCO/LVIS annotation file: (category ids in id order, image file name -> image id).
+def category_ids_from_annotations(path: str | Path | dict,
+                                  where: str | None = None) -> tuple[list[int], dict[str, int]]:
+    """From a COCO/LVIS annotation file (or its loaded dict; ``where`` names it in errors):
+    (category ids in id order, image file name -> image id).
 
     File names are matched by base name (``file_name`` or, for LVIS, ``coco_url``).
     """
-    p = Path(path)
-    data = read_json(p)
+    if isinstance(path, dict):
+        data, p = path, where or "annotations"
+    else:
+        p = Path(path)
+        data = read_json(p)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
             or not isinstance(data.get("categories"), list):
         raise NorcalError(f"{p}: not a COCO/LVIS annotation file (needs 'images' and 'categories')")
-    ids = sorted(int(c["id"]) for c in data["categories"])
+    ids = []
+    for i, c in enumerate(data["categories"]):
+        ids.append(_entry_id(c, p, f"category {i}"))
     names: dict[str, int] = {}
-    for im in data["images"]:
+    for i, im in enumerate(data["images"]):
+        iid = _entry_id(im, p, f"image {i}")
         ref = im.get("file_name") or im.get("coco_url") or ""
         if ref:
-            names[Path(str(ref)).name] = int(im["id"])
-    return ids, names
+            names[Path(str(ref)).name] = iid
+    return sorted(ids), names
+
+
+def _entry_id(entry: Any, where, what: str) -> int:
+    """The integer ``id`` of an image or category entry; a NorcalError naming it otherwise."""
+    if not isinstance(entry, dict) or "id" not in entry:
+        raise NorcalError(f"{where}: {what} has no 'id' ({str(entry)[:80]})")
+    try:
+        return int(entry["id"])
+    except (TypeError, ValueError):
+        raise NorcalError(f"{where}: {what} has a non-integer id {entry['id']!r}") from None

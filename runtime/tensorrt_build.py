@@ -29,9 +29,8 @@ def import_tensorrt():
     try:
         import tensorrt as trt
     except ImportError:
-        raise NorcalError("TensorRT's Python package is not installed: build with the trtexec "
-                          "command printed above, or install it (pip install 'norcal-deploy[tensorrt]'; "
-                          "on a Jetson it comes with JetPack)") from None
+        raise NorcalError("TensorRT's Python package is not installed (pip install "
+                          "'norcal-deploy[tensorrt]'; on a Jetson it comes with JetPack)") from None
     major = int(str(trt.__version__).split(".")[0])
     if major < 10:
         raise NorcalError(f"TensorRT {trt.__version__} is too old: norcal needs TensorRT 10 or newer")
@@ -185,15 +184,12 @@ def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dic
 
 def read_sidecar(engine_path) -> dict | None:
     """The sidecar next to an engine, or None when there is none; a malformed one is an error."""
-    import json
+    from norcal.fileio import read_json
 
     path = sidecar_path(engine_path)
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise NorcalError(f"{path}: unreadable engine sidecar ({e})") from None
+    data = read_json(path, "engine sidecar")
     if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
         raise NorcalError(f"{path}: not a norcal engine sidecar (format {SIDECAR_FORMAT} expected)")
     return data
@@ -252,7 +248,10 @@ def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[s
 
     Returns the sidecar content. Needs TensorRT 10 and a GPU.
     """
-    trt = import_tensorrt()
+    try:
+        trt = import_tensorrt()
+    except NorcalError as e:
+        raise NorcalError(f"{e}; or build with the trtexec command printed above") from None
     log = _make_logger(trt, verbose)
     builder = trt.Builder(log)
     network = builder.create_network(0)  # TensorRT 10 networks are always explicit-batch

@@ -7,6 +7,7 @@ read from the sidecar ``<engine>.json`` written by ``norcal build``.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,18 +26,37 @@ def _torch_cuda():
     return torch
 
 
+def engine_metadata(engine_path) -> tuple[dict, dict[str, str]]:
+    """(sidecar, model metadata) of an engine. Without a sidecar ``<engine>.json`` the resize
+    sizes are unknown: a warning on stderr says the defaults apply unless given explicitly
+    (``norcal infer --min-size/--max-size``)."""
+    sidecar = read_sidecar(engine_path)
+    if sidecar is None:
+        from norcal.runtime.contract import DEFAULTS, MAX_SIZE_TEST, MIN_SIZE_TEST
+        from norcal.runtime.tensorrt_build import sidecar_path
+
+        print(f"warning: {sidecar_path(engine_path)} not found (norcal build writes it next to the "
+              f"engine): no model metadata, so images are resized to the default "
+              f"{DEFAULTS[MIN_SIZE_TEST]}/{DEFAULTS[MAX_SIZE_TEST]} unless --min-size/--max-size "
+              "are given", file=sys.stderr, flush=True)
+        sidecar = {}
+    return sidecar, dict(sidecar.get("metadata", {}))
+
+
 class TensorRTRunner:
     """Run a TensorRT engine: ``infer({"images": [B,3,H,W] f32, "image_sizes": [B,2] i64})``."""
 
     def __init__(self, engine_path, device: int = 0):
-        trt = import_tensorrt()
+        try:
+            trt = import_tensorrt()
+        except NorcalError as e:
+            raise NorcalError(f"cannot run TensorRT engine {engine_path}: {e}") from None
         torch = _torch_cuda()
         self._trt, self._torch = trt, torch
         self.engine_path = Path(engine_path)
         if not self.engine_path.is_file():
             raise NorcalError(f"{self.engine_path}: no such file")
-        self.sidecar = read_sidecar(self.engine_path) or {}
-        self.metadata: dict[str, str] = dict(self.sidecar.get("metadata", {}))
+        self.sidecar, self.metadata = engine_metadata(self.engine_path)
         self.device = torch.device("cuda", device)
         torch.cuda.set_device(self.device)
 

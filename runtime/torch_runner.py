@@ -82,16 +82,23 @@ def box_predictor(model):
 
 
 @contextlib.contextmanager
+def predictor_state(pred):
+    """Save a box predictor's NorCal state (log_prior, mechanism, renormalize, all of which
+    ``set_log_prior`` sets) and restore it on exit."""
+    saved = (pred.log_prior, pred.mechanism, pred.renormalize)
+    try:
+        yield pred
+    finally:
+        pred.log_prior, pred.mechanism, pred.renormalize = saved
+
+
+@contextlib.contextmanager
 def calibrated(model, calibration: OnnxCalibration | None):
     """Within the block the model's box predictor scores with ``calibration`` (None: plain
     scores); its previous state comes back after."""
-    pred = box_predictor(model)
-    saved = (pred.log_prior, pred.mechanism, pred.renormalize)
-    try:
+    with predictor_state(box_predictor(model)) as pred:
         _apply(pred, calibration)
         yield model
-    finally:
-        pred.log_prior, pred.mechanism, pred.renormalize = saved
 
 
 def _apply(pred, cal: OnnxCalibration | None) -> None:
@@ -124,7 +131,6 @@ class TorchRunner:
         self.calibration = calibration
         self.threads = threads
         self.metadata: dict[str, str] = dict(metadata or {})
-        self.spec = None  # the ModelSpec, when built by from_checkpoint
         self.input_names = list(INPUT_NAMES)
         has_masks = getattr(getattr(model, "roi_heads", None), "mask_head", None) is not None
         self.output_names = [n for n in OUTPUT_NAMES if n != "masks" or has_masks]
@@ -138,9 +144,7 @@ class TorchRunner:
         from norcal.export.detector import build_detector, runtime_metadata
 
         spec, model = build_detector(weights, config)
-        runner = cls(model, name=name, calibration=calibration, metadata=runtime_metadata(spec), **kw)
-        runner.spec = spec
-        return runner
+        return cls(model, name=name, calibration=calibration, metadata=runtime_metadata(spec), **kw)
 
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """images float32 [B,3,H,W], image_sizes int64 [B,2] -> outputs by name (numpy)."""

@@ -277,6 +277,52 @@ def test_bad_results_are_clear_errors(mutate, message):
         evaluate(gt, res)
 
 
+@pytest.mark.parametrize("mutate, message", [
+    (lambda g: g["annotations"][1].pop("image_id"), "annotation 2 needs 'image_id'"),
+    (lambda g: g["annotations"][0].pop("category_id"), "annotation 1 needs 'image_id' and 'category_id'"),
+    (lambda g: g["categories"][1].pop("id"), "category 1 has no 'id'"),
+    (lambda g: g["images"][0].pop("id"), "image 0 has no 'id'"),
+])
+def test_malformed_gt_entries_are_clear_errors(mutate, message):
+    gt, res = _hand_case()
+    mutate(gt)
+    with pytest.raises(NorcalError, match=message):
+        prepare_gt(gt)
+
+
+def test_results_that_are_not_objects_are_clear_errors():
+    gt, _ = _hand_case()
+    with pytest.raises(NorcalError, match="detection 0 is a int"):
+        evaluate(gt, [1, 2])
+
+
+def test_polygon_segmentation_in_results_is_a_clear_error():
+    gt, res = _hand_case()
+    for d in res:
+        x, y, w, h = d["bbox"]
+        d["segmentation"] = [[x, y, x + w, y, x + w, y + h, x, y + h]]
+    with pytest.raises(NorcalError, match="results must be RLE"):
+        evaluate(gt, res, iou_type="segm")
+    # Detections built in code are checked too
+    dets = Detections(np.array([1]), np.array([1]), np.array([0.9]), None,
+                      [[[0, 0, 10, 0, 10, 10, 0, 10]]])
+    with pytest.raises(NorcalError, match="results must be RLE"):
+        evaluate(gt, dets, iou_type="segm")
+
+
+def test_evaluate_leaves_mask_only_detections_unchanged():
+    # bbox AP of mask-only results derives boxes from the masks: on a copy, not the caller's object
+    gt = synthetic_gt(seed=11)
+    res = make_results(gt, seed=12, segm=True)
+    for d in res:
+        del d["bbox"]
+    dets = from_results(res)
+    first = evaluate(gt, dets, "bbox")
+    assert dets.boxes is None
+    assert evaluate_fixed(gt, dets, "bbox").num_detections == len(dets)
+    assert evaluate(gt, dets, "bbox").stats == first.stats
+
+
 def test_missing_files_and_segm_without_masks(tmp_path):
     gt, res = _hand_case()
     with pytest.raises(NorcalError, match="no such file"):

@@ -229,6 +229,31 @@ def test_cli_infer_default_ids_and_overrides(toy, tmp_path, capsys):
     assert res[0]["bbox"] == pytest.approx([12.5, 25, 25, 50], abs=1e-4)
 
 
+def test_zero_sizes_are_rejected_not_ignored(toy, tmp_path, capsys):
+    with pytest.raises(NorcalError, match="must be positive"):
+        input_spec({}, min_size=0)
+    with pytest.raises(NorcalError, match="must be positive"):
+        input_spec({}, max_size=0)
+    write_images(tmp_path / "imgs")
+    assert main(["infer", str(toy), str(tmp_path / "imgs"), "--min-size", "0", "-o", str(tmp_path / "r.json")]) == 2
+    assert "must be positive" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"images": [{"file_name": "a.png"}], "categories": [{"id": 1}]}, "image 0 has no 'id'"),
+    ({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"name": "x"}]}, "category 0 has no 'id'"),
+    ({"images": [{"id": "one", "file_name": "a.png"}], "categories": [{"id": 1}]}, "non-integer id"),
+])
+def test_annotation_entries_without_ids_are_clear_errors(tmp_path, data, message):
+    from norcal.runtime.results import category_ids_from_annotations
+
+    path = tmp_path / "ann.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(NorcalError, match=message):
+        category_ids_from_annotations(path)
+
+
 def test_cli_infer_errors_exit_2(toy, tmp_path, capsys):
     write_images(tmp_path / "imgs")
     assert main(["infer", str(tmp_path / "none.onnx"), str(tmp_path / "imgs"), "-o", str(tmp_path / "r.json")]) == 2

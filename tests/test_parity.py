@@ -370,6 +370,13 @@ def test_cli_errors(tiny, capsys):
     assert "no such engine" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("limit", ["0", "-1"])
+def test_cli_rejects_limit_below_one(tiny, limit, capsys):
+    onnx_path = str(tiny.dir / "plain.onnx")
+    assert main(["parity", onnx_path, str(tiny.dir), "--engine", "x.engine", f"--limit={limit}"]) == 2
+    assert f"--limit must be >= 1, got {limit}" in capsys.readouterr().err
+
+
 def test_render_tables_text():
     from rich.console import Console
 

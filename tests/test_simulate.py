@@ -113,6 +113,19 @@ def test_bad_arguments(table):
         run_benchmark(table, [], SimConfig(images=2, train_images=2))
 
 
+def test_tiny_table_with_few_classes():
+    # fewer classes than the 12 negatives (and the up to 8 positives) drawn per image
+    from norcal.tables import CalibrationTable
+
+    tiny = CalibrationTable("tiny", "test", "image", [
+        {"id": i + 1, "name": f"c{i}", "image_count": n, "instance_count": n, "frequency": f}
+        for i, (n, f) in enumerate([(500, "f"), (40, "c"), (3, "r")])])
+    gt = simulate_gt(tiny, 20, seed=0)
+    assert len(gt["images"]) == 20 and gt["annotations"]
+    report = run_benchmark(tiny, [0.0, 1.0], SimConfig(images=10, train_images=5, proposals=16))
+    assert len(report.val) == 2
+
+
 def test_cli(tmp_path):
     out = tmp_path / "sim.json"
     png = tmp_path / "sim.png"

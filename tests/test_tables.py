@@ -43,6 +43,8 @@ def test_build_counts_images_and_instances(tmp_path, capsys):
     assert t.frequencies == ["r", "r", "r"]
     assert build_table(p, "instance").count_type == "instance"
     assert "3 classes" in capsys.readouterr().out
+    # --table accepts the annotation file itself everywhere
+    assert load_table(p).counts().tolist() == [2, 1, 3]
 
 
 def test_build_refuses_a_class_without_training_data(tmp_path, capsys):

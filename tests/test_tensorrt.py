@@ -99,6 +99,29 @@ def test_build_without_tensorrt_is_one_line_exit_2_and_writes_nothing(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.onnx"]
 
 
+def test_import_tensorrt_message_is_neutral_and_the_runner_adds_context(tmp_path, monkeypatch):
+    from norcal.runtime.tensorrt_build import import_tensorrt
+    from norcal.runtime.tensorrt_runner import TensorRTRunner
+
+    _hide_tensorrt(monkeypatch)
+    with pytest.raises(NorcalError) as e:
+        import_tensorrt()
+    assert "not installed" in str(e.value) and "trtexec" not in str(e.value)
+    with pytest.raises(NorcalError, match="cannot run TensorRT engine .*x.engine: TensorRT's Python"):
+        TensorRTRunner(tmp_path / "x.engine")
+
+
+def test_engine_without_sidecar_warns_about_the_default_resize(tmp_path, capsys):
+    from norcal.runtime.tensorrt_runner import engine_metadata
+
+    engine = tmp_path / "m.engine"
+    engine.write_bytes(b"x")
+    assert engine_metadata(engine) == ({}, {})
+    err = capsys.readouterr().err
+    assert "warning:" in err and "m.engine.json not found" in err and "800/1333" in err
+    assert "--min-size/--max-size" in err
+
+
 def test_trtexec_only_writes_the_sidecar(tmp_path, monkeypatch, capsys):
     _hide_tensorrt(monkeypatch)
     meta = {"norcal.gamma": "0.3", "norcal.min_size_test": "600", "norcal.max_size_test": "1000"}

@@ -32,7 +32,8 @@ def test_parse_gammas(text, expected):
     assert parse_gammas(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "a:b:c", "0:1", "1:0:0.1", "0:1:0", "0:1:-1"])
+@pytest.mark.parametrize("text", ["", "a:b:c", "0:1", "1:0:0.1", "0:1:0", "0:1:-1",
+                                  "0:inf:0.1", "0:1:nan", "nan", "0,inf", "0:10000:1"])
 def test_parse_gammas_rejects(text):
     from norcal.errors import NorcalError
     from norcal.tuning import parse_gammas
@@ -189,6 +190,36 @@ def test_tune_cli_baseline_equals_norcal_eval(subset_gt, plain_onnx, tmp_path, c
     base = doc["sweep"][0]["stats"]
     for k in ("AP", "AP50", "APr", "APc", "APf"):
         assert base[k] == pytest.approx(stats[k], abs=1e-4), k
+
+
+def test_parse_gammas_caps_the_count():
+    from norcal.tuning import MAX_GAMMAS, parse_gammas
+
+    assert len(parse_gammas(f"0:{MAX_GAMMAS - 1}:1")) == MAX_GAMMAS
+
+
+def test_rescore_restores_the_whole_predictor_state(detector, cache, table):
+    from norcal.calibration import log_prior
+
+    pred = detector[1].roi_heads.box_predictor
+    prior = log_prior(table.counts(), 0.5, "cdt")
+    pred.set_log_prior(prior, "logit", False)
+    saved = pred.log_prior
+    try:
+        rescored(detector, cache, table, 1.0)
+        assert pred.log_prior is saved and pred.mechanism == "logit" and pred.renormalize is False
+    finally:
+        pred.set_log_prior(None)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_tune_rejects_bad_cache_budget(value, capsys):
+    from norcal.cli import main
+
+    rc = main(["tune", str(SYNTH / "model_final.pth"), "--gt", str(SYNTH / "val.json"),
+               "--images", str(SYNTH / "val"), f"--max-cache-gb={value}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--max-cache-gb must be a finite number > 0" in err and err.count("\n") == 1
 
 
 def test_tune_rejects_onnx(tmp_path, capsys):

@@ -36,8 +36,9 @@ def add_arguments(p):
     p.add_argument("model", help="detectron2 checkpoint (.pth/.pkl) or ONNX detector (.onnx)")
     p.add_argument("-o", "--output", help="output ONNX path (default: MODEL with .norcal.onnx)")
     p.add_argument("--gamma", type=float, help="NorCal gamma (>= 0; ENS: in [0, 1)); 0 = plain softmax")
-    p.add_argument("--table", help="calibration table: built-in name (lvis_v1, lvis_v0_5) or JSON path "
-                                   "(default: the built-in table matching the class count)")
+    p.add_argument("--table", help="calibration table: built-in name (lvis_v1, lvis_v0_5), a table JSON, "
+                                   "or the training annotation file itself (default: the built-in "
+                                   "table matching the class count)")
     add_calibration_options(p)
     p.add_argument("--no-renormalize", dest="renormalize", action="store_false",
                    help="do not renormalise over the classes after scaling")

@@ -75,7 +75,7 @@ def run(args) -> int:
     from norcal.fileio import same_file, write_json
     from norcal.runtime.contract import input_spec
     from norcal.runtime.images import expand_inputs
-    from norcal.runtime.inference import run_images
+    from norcal.runtime.inference import run_images, runner_metadata
     from norcal.runtime.results import category_ids_from_annotations, detections_to_results
     from norcal.runtime.runners import open_runner
 
@@ -97,7 +97,7 @@ def run(args) -> int:
                               f"(matched by file name, e.g. {unknown[0].name})")
 
     runner = open_runner(args.model, args.provider)
-    meta = dict(getattr(runner, "metadata", None) or {})
+    meta = runner_metadata(runner)
     spec = input_spec(meta, args.min_size, args.max_size)
     cat_ids, cat_source = _category_ids(args, meta, ann_cats)
     with_masks = not args.no_masks and "masks" in runner.output_names

@@ -100,7 +100,7 @@ def _load_images(args, console):
                       f"background, seed 0)")
         return synthetic_images(args.synthetic), None
     paths = expand_inputs(args.images)
-    if args.limit:
+    if args.limit is not None:
         paths = paths[: args.limit]
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(args.images))
@@ -112,7 +112,7 @@ def run(args) -> int:
     from rich.markup import escape
 
     from norcal.fileio import write_json
-    from norcal.runtime.contract import input_spec
+    from norcal.runtime.contract import DETECTOR, input_spec
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.runtime.parity import (PRESETS, fixed_input_shape, render_tables, report_json, run_parity,
                                        runner_precision, verdict_lines)
@@ -121,6 +121,8 @@ def run(args) -> int:
     console = Console(soft_wrap=True)
     if args.batch < 1:
         raise NorcalError(f"--batch must be >= 1, got {args.batch}")
+    if args.limit is not None and args.limit < 1:
+        raise NorcalError(f"--limit must be >= 1, got {args.limit}")
     if args.config and not args.checkpoint:
         raise NorcalError("--config goes with --checkpoint")
     if not args.checkpoint and not args.engine:
@@ -153,7 +155,7 @@ def run(args) -> int:
     try:
         import json
 
-        score_thresh = float(json.loads(meta.get("norcal.detector", "{}")).get("score_thresh_test", 0.0))
+        score_thresh = float(json.loads(meta.get(DETECTOR, "{}")).get("score_thresh_test", 0.0))
     except (ValueError, TypeError, AttributeError):
         pass  # unknown: only a zero score may then be missing on one side
     gt = image_ids = cat_ids = None

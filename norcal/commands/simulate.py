@@ -26,7 +26,8 @@ def add_arguments(p):
     p.add_argument("--train-images", type=int, default=1000,
                    help="images of the split gamma is picked on (default 1000)")
     p.add_argument("--gammas", default="0,0.25,0.5,0.75,1.0,1.25",
-                   help="comma-separated CDT gammas; 0 is the baseline (default 0,0.25,...,1.25)")
+                   help="CDT gammas, a comma list or start:stop:step; 0 is the baseline "
+                        "(default 0,0.25,...,1.25)")
     p.add_argument("--seed", type=int, default=0, help="random seed (the train split uses seed+1000)")
     p.add_argument("--table", default="lvis_v1", help="calibration table giving classes and N_c (default lvis_v1)")
     p.add_argument("--proposals", type=int, default=64, help="proposals per image (default 64)")
@@ -35,30 +36,19 @@ def add_arguments(p):
     p.add_argument("--plot", metavar="PNG", help="plot AP, APr, APc, APf on val against gamma")
 
 
-def _parse_gammas(text: str) -> list[float]:
-    from norcal.calibration import check_gamma
-    from norcal.errors import NorcalError
-
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise NorcalError(f"--gammas must be comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise NorcalError("--gammas is empty")
-    return [check_gamma(v) for v in values]
-
-
 def run(args) -> int:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
+    from norcal.calibration import check_gamma
     from norcal.errors import NorcalError
     from norcal.evaluation.simulate import SimConfig, plot_sweep, run_benchmark
     from norcal.fileio import write_json
     from norcal.tables import load_table
+    from norcal.tuning import parse_gammas
 
-    gammas = _parse_gammas(args.gammas)
+    gammas = [check_gamma(g) for g in parse_gammas(args.gammas)]
     if args.images < 1 or args.train_images < 1:
         raise NorcalError("--images and --train-images must be >= 1")
     if args.proposals < 8:

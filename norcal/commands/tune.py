@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from norcal.commands._options import add_calibration_options
@@ -80,14 +81,10 @@ def run(args) -> int:
         raise NorcalError(f"{src}: no such file")
     if args.batch < 1:
         raise NorcalError(f"--batch must be >= 1, got {args.batch}")
+    if not (math.isfinite(args.max_cache_gb) and args.max_cache_gb > 0):
+        raise NorcalError(f"--max-cache-gb must be a finite number > 0, got {args.max_cache_gb}")
     gammas = parse_gammas(args.gammas)
-    table = args.table
-    if table is None:
-        from norcal.export.calibrate_onnx import default_table
-        from norcal.export.loader import load_detector_spec
-
-        spec, _ = load_detector_spec(src, args.config)
-        table = default_table(spec.num_classes)
+    table = args.table  # None: tune picks the built-in table matching the model's class count
 
     console = Console(soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from norcal.errors import NorcalError
-from norcal.evaluation.ground_truth import load_json
+from norcal.fileio import read_json
 
 
 @dataclass
@@ -64,7 +64,7 @@ def from_results(results: Any) -> Detections:
     where = "results"
     if isinstance(results, (str, Path)):
         where = str(results)
-        results = load_json(results, "results")
+        results = read_json(results, "results")
     if not isinstance(results, list):
         raise NorcalError(f"{where}: results must be a JSON list of detections")
     if not results:
@@ -73,6 +73,10 @@ def from_results(results: Any) -> Detections:
     image_ids = np.empty(n, dtype=np.int64)
     category_ids = np.empty(n, dtype=np.int64)
     scores = np.empty(n, dtype=np.float64)
+    bad = next((i for i, d in enumerate(results) if not isinstance(d, dict)), None)
+    if bad is not None:
+        raise NorcalError(f"{where}: detection {bad} is a {type(results[bad]).__name__}, not an "
+                          "object with image_id, category_id, score and bbox/segmentation")
     has_box = "bbox" in results[0]
     has_seg = "segmentation" in results[0]
     if not (has_box or has_seg):
@@ -87,7 +91,7 @@ def from_results(results: Any) -> Detections:
             if has_box:
                 boxes[i] = d["bbox"]
             if has_seg:
-                rles.append(d["segmentation"])
+                rles.append(check_rle(d["segmentation"], where, i))
     except (KeyError, TypeError, ValueError) as e:
         raise NorcalError(f"{where}: detection {i} is malformed ({type(e).__name__}: {e}); "
                           "each needs image_id, category_id, score and the same bbox/segmentation "
@@ -96,6 +100,17 @@ def from_results(results: Any) -> Detections:
         i = int(np.flatnonzero(~np.isfinite(scores))[0])
         raise NorcalError(f"{where}: detection {i} has a non-finite score {scores[i]}")
     return Detections(image_ids, category_ids, scores, boxes, rles)
+
+
+def check_rle(seg: Any, where: str, i: int) -> dict:
+    """A result's segmentation, which must be RLE (a dict with counts and size), as pycocotools
+    and lvis-api take results; polygons are GT-only."""
+    if not (isinstance(seg, dict) and "counts" in seg and isinstance(seg.get("size"), (list, tuple))
+            and len(seg["size"]) == 2):
+        kind = "a polygon list" if isinstance(seg, list) else type(seg).__name__
+        raise NorcalError(f"{where}: detection {i}'s segmentation is {kind}; results must be RLE "
+                          "({'size': [h, w], 'counts': ...})")
+    return seg
 
 
 def _top_per_group(group: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:

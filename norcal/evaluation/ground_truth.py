@@ -17,9 +17,6 @@ from norcal.fileio import read_json
 FREQUENCIES = ("r", "c", "f")
 
 
-load_json = read_json
-
-
 @dataclass
 class LvisGT:
     """An LVIS-format ground truth as arrays.
@@ -112,7 +109,7 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
     if isinstance(gt, LvisGT):
         return gt
     if isinstance(gt, (str, Path)):
-        data = load_json(gt, "GT")
+        data = read_json(gt, "GT")
         where = str(gt)
     elif isinstance(gt, dict):
         data, where = gt, "GT"
@@ -126,6 +123,12 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
     if not data["categories"]:
         raise NorcalError(f"{where}: has no categories")
 
+    for i, c in enumerate(data["categories"]):
+        if not isinstance(c, dict) or "id" not in c:
+            raise NorcalError(f"{where}: category {i} has no 'id' ({str(c)[:80]})")
+    for i, im in enumerate(data["images"]):
+        if not isinstance(im, dict) or "id" not in im:
+            raise NorcalError(f"{where}: image {i} has no 'id' ({str(im)[:80]})")
     cats = sorted(data["categories"], key=lambda c: c["id"])
     cat_ids = np.array([c["id"] for c in cats], dtype=np.int64)
     by_table = {}
@@ -157,6 +160,9 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
     ann_bbox = np.zeros((n, 4), dtype=np.float64)
     ann_id = np.empty(n, dtype=np.int64)
     for i, a in enumerate(anns):
+        if not isinstance(a, dict) or "image_id" not in a or "category_id" not in a:
+            name = f"annotation {a.get('id', i)}" if isinstance(a, dict) else f"annotation {i}"
+            raise NorcalError(f"{where}: {name} needs 'image_id' and 'category_id' ({str(a)[:80]})")
         ann_img[i] = a["image_id"]
         ann_cat[i] = a["category_id"]
         ann_area[i] = a.get("area", 0.0)

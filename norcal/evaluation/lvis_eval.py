@@ -20,16 +20,16 @@ category defines them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from norcal.errors import NorcalError
-from norcal.evaluation.detections import Detections, cap_per_class, cap_per_image, from_results
+from norcal.evaluation.detections import (Detections, cap_per_class, cap_per_image, check_rle,
+                                          from_results)
 from norcal.evaluation.ground_truth import FREQUENCIES, LvisGT, prepare_gt
-from norcal.evaluation.matching import (AREA_LABELS, AREA_RNGS, IOU_THRS, REC_THRS, greedy_match,
-                                        pair_ious)
+from norcal.evaluation.matching import AREA_RNGS, IOU_THRS, REC_THRS, greedy_match, pair_ious
 
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "APr", "APc", "APf",
              "AR", "ARs", "ARm", "ARl", "ARr", "ARc", "ARf")
@@ -57,13 +57,10 @@ class EvalResult:
     max_dets: int = 300
     per_class: int = -1
     num_detections: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    def class_ap(self, iou: float | None = None) -> np.ndarray:
-        """Per-category AP [K] (all areas; at one IoU threshold if given), -1 where undefined."""
+    def class_ap(self) -> np.ndarray:
+        """Per-category AP [K] (all areas, IoU 0.50:0.95), -1 where undefined."""
         p = self.precision[..., 0]
-        if iou is not None:
-            p = p[np.flatnonzero(np.isclose(IOU_THRS, iou))]
         p = p.reshape(-1, p.shape[2])
         defined = (p > -1).all(axis=0)
         return np.where(defined, np.where(p > -1, p, 0).mean(axis=0), -1.0)
@@ -77,7 +74,6 @@ class EvalResult:
             "per_class_cap": self.per_class,
             "num_detections": self.num_detections,
             "stats": {k: float(v) for k, v in self.stats.items()},
-            **self.extra,
             "per_class": [
                 {"category_id": int(c), "name": n, "frequency": f,
                  "image_count": None if not np.isfinite(nc) else float(nc),
@@ -143,11 +139,16 @@ def _evaluate(gt: LvisGT, dets: Detections, iou_type: str, max_dets: int, per_cl
     segm = iou_type == "segm"
     if segm and dets.rles is None:
         raise NorcalError("segm evaluation needs 'segmentation' (RLE) in the results")
+    if segm:
+        for i, r in enumerate(dets.rles):
+            check_rle(r, "results", i)
     area = dets.area()  # before boxes are derived: mask-only results keep the mask area
     if not segm and dets.boxes is None:
         import pycocotools.mask as mask_utils
 
-        dets.boxes = np.asarray(mask_utils.toBbox(dets.rles), dtype=np.float64).reshape(-1, 4)
+        # a copy: the caller's Detections (often evaluated again, e.g. for AP^Fixed) stay as given
+        dets = replace(dets, boxes=np.asarray(mask_utils.toBbox(dets.rles), dtype=np.float64).reshape(-1, 4),
+                       areas=area)
     img_idx = gt.img_index(dets.image_ids)
     cat_idx = gt.cat_index(dets.category_ids)
     key = img_idx * k + cat_idx
@@ -277,4 +278,4 @@ def _summarize(precision, recall, frequency) -> dict[str, float]:
     return out
 
 
-__all__ = ["EvalResult", "STAT_KEYS", "evaluate", "evaluate_fixed", "AREA_LABELS"]
+__all__ = ["EvalResult", "STAT_KEYS", "evaluate", "evaluate_fixed"]

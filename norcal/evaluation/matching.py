@@ -13,8 +13,8 @@ import numpy as np
 
 IOU_THRS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True)
 REC_THRS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True)
+# area ranges, in order: all, small, medium, large
 AREA_RNGS = np.array([[0.0, 1e5 ** 2], [0.0, 32.0 ** 2], [32.0 ** 2, 96.0 ** 2], [96.0 ** 2, 1e5 ** 2]])
-AREA_LABELS = ("all", "small", "medium", "large")
 
 
 def box_iou_pairs(d: np.ndarray, g: np.ndarray) -> np.ndarray:

@@ -14,8 +14,22 @@ from norcal.fileio import atomic_path, write_json, write_text
 GROUP_LABELS = {"r": "rare", "c": "common", "f": "frequent"}
 
 
-def _fmt(v: float) -> str:
+def percent(v: float) -> str:
+    """A metric fraction as a percentage with two decimals; "-" where undefined (< 0)."""
     return "-" if v < 0 else f"{100 * v:.2f}"
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Write a matplotlib figure as PNG atomically (temp file + rename), then close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return path
 
 
 def stats_table(results: dict[str, EvalResult], title: str = "LVIS evaluation"):
@@ -32,7 +46,7 @@ def stats_table(results: dict[str, EvalResult], title: str = "LVIS evaluation"):
         if key.startswith("AR"):
             cap = first.max_dets if first.max_dets >= 0 else "all"
             label = f"{key}@{cap}"
-        table.add_row(label, *(_fmt(r.stats[key]) for r in results.values()))
+        table.add_row(label, *(percent(r.stats[key]) for r in results.values()))
     return table
 
 
@@ -69,11 +83,6 @@ def write_per_class_csv(path: str | Path, result: EvalResult, fixed: EvalResult 
     write_text(path, buf.getvalue())
 
 
-def _save(fig, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-
-
 def write_plots(folder: str | Path, result: EvalResult, fixed: EvalResult | None = None) -> list[Path]:
     """ap_by_frequency.png (AP per group, bars) and ap_vs_count.png (per-class AP vs N_c)."""
     import matplotlib
@@ -95,8 +104,7 @@ def write_plots(folder: str | Path, result: EvalResult, fixed: EvalResult | None
     ax.set_ylabel("AP (%)")
     ax.set_title(f"{result.iou_type} AP by frequency group")
     ax.legend()
-    _save(fig, folder / "ap_by_frequency.png")
-    plt.close(fig)
+    save_figure(fig, folder / "ap_by_frequency.png")
     written.append(folder / "ap_by_frequency.png")
 
     ap = result.class_ap()
@@ -119,7 +127,6 @@ def write_plots(folder: str | Path, result: EvalResult, fixed: EvalResult | None
     ax.set_title("per-class AP")
     if ok.any():
         ax.legend()
-    _save(fig, folder / "ap_vs_count.png")
-    plt.close(fig)
+    save_figure(fig, folder / "ap_vs_count.png")
     written.append(folder / "ap_vs_count.png")
     return written

@@ -14,7 +14,7 @@ duplicates are rare by construction.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -63,17 +63,16 @@ class SimReport:
     gamma_train: float  # picked on train (best AP)
     gamma_val: float  # best on val (the oracle)
     config: SimConfig
-    extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"gammas": self.gammas, "val": self.val, "train": self.train,
                 "gamma_picked_on_train": self.gamma_train, "gamma_best_on_val": self.gamma_val,
                 "picked_is_best_on_val": self.gamma_train == self.gamma_val,
-                "config": self.config.__dict__, **self.extra}
+                "config": self.config.__dict__}
 
 
 def simulate_gt(table, images: int, seed: int, positive_power: float = 0.5,
-                max_instances: int = 24, first_id: int = 1) -> dict:
+                max_instances: int = 24) -> dict:
     """An LVIS-format GT over ``table``'s categories: rectangles, federated fields."""
     if images < 1:
         raise NorcalError(f"--images must be >= 1, got {images}")
@@ -85,14 +84,14 @@ def simulate_gt(table, images: int, seed: int, positive_power: float = 0.5,
     ids = np.asarray(table.category_ids)
     imgs, anns = [], []
     for i in range(images):
-        iid = first_id + i
-        k = min(1 + rng.poisson(2.0), 8)
+        iid = 1 + i  # make_split maps image id i + 1 to row i
+        k = min(1 + rng.poisson(2.0), 8, c_n)  # a small --table has fewer classes
         pos = rng.choice(c_n, size=k, replace=False, p=p)
         n_inst = np.minimum(rng.geometric(0.55, size=k), 6)
         while n_inst.sum() > max_instances:
             n_inst[np.argmax(n_inst)] -= 1
         # negatives: verified-absent classes, drawn like positives (frequent ones more)
-        neg = rng.choice(c_n, size=12, replace=False, p=p)
+        neg = rng.choice(c_n, size=min(12, c_n), replace=False, p=p)
         neg = [int(ids[c]) for c in neg if c not in pos][:8]
         nel = [int(ids[c]) for c in pos if rng.random() < 0.1]
         imgs.append({"id": iid, "height": HEIGHT, "width": WIDTH, "neg_category_ids": neg,
@@ -182,8 +181,8 @@ def detect(split: SimSplit, priors: list[np.ndarray], config: SimConfig,
             k = min(config.max_dets, s.shape[1])
             top = np.argpartition(-s, k - 1, axis=1)[:, :k]
             sc = np.take_along_axis(s, top, axis=1)
-            bi, _ = np.nonzero(sc > SCORE_THRESH)
             keep = sc > SCORE_THRESH
+            bi, _ = np.nonzero(keep)
             flat = top[keep]
             out[g].append((bi + lo, flat // c_n, flat % c_n, sc[keep]))
         if progress:
@@ -229,7 +228,7 @@ def plot_sweep(path, report: SimReport) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from norcal.fileio import atomic_path
+    from norcal.evaluation.report import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in ("AP", "APr", "APc", "APf"):
@@ -239,9 +238,7 @@ def plot_sweep(path, report: SimReport) -> None:
     ax.set_ylabel("AP on simulated val (%)")
     ax.set_title("NorCal on the simulated LVIS benchmark")
     ax.legend()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 __all__ = ["SimConfig", "SimReport", "make_split", "plot_sweep", "run_benchmark", "simulate_gt"]
