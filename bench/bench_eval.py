@@ -35,10 +35,10 @@ def main() -> int:
     logging.getLogger("lvis").setLevel(logging.ERROR)
     from lvis import LVIS, LVISEval, LVISResults
 
-    from norcal.calibration import log_prior
+    from norcal.core.calibration import log_prior
     from norcal.evaluation import evaluate, prepare_gt
     from norcal.evaluation.simulate import SimConfig, detect, make_split
-    from norcal.tables import load_table
+    from norcal.core.tables import load_table
 
     table = load_table("lvis_v1")
     counts = table.counts()

@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from norcal.export.modeling.build import build_model, random_state_dict
+from norcal.export.modeling.build import model_from_state, random_state_dict
 from norcal.export.onnx_export import export_onnx
 from norcal.export.spec import ModelSpec
 
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     spec = ModelSpec()
     with console.status("building the full-size model"):
-        model = build_model(spec, random_state_dict(spec, seed=0))
+        model = model_from_state(spec, random_state_dict(spec, seed=0))
     with console.status("exporting to ONNX"):
         t = time.perf_counter()
         proto = export_onnx(model, spec)

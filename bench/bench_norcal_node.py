@@ -41,17 +41,17 @@ def export_models(out: Path, full: bool, gammas: list[float]) -> tuple[dict[str,
     import onnx
 
     from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import build_detector, export_detector
+    from norcal.export.detector import load_detector, export_detector
     from norcal.export.surgery import strip_norcal
 
     if full:
-        from norcal.export.modeling.build import build_model, random_state_dict
+        from norcal.export.modeling.build import model_from_state, random_state_dict
         from norcal.export.spec import ModelSpec
 
         spec = ModelSpec()  # detectron2's LVIS Mask R-CNN R50-FPN: 1203 classes, 800/1333
-        model = build_model(spec, random_state_dict(spec, seed=0)).eval()
+        model = model_from_state(spec, random_state_dict(spec, seed=0)).eval()
     else:
-        spec, model = build_detector(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
+        spec, model = load_detector(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
     t0 = time.perf_counter()
     graph = export_detector(model, spec)
     print(f"exported in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -69,7 +69,7 @@ def export_models(out: Path, full: bool, gammas: list[float]) -> tuple[dict[str,
 def inputs(spec, full: bool):
     """One image batch at the model's own test size (fixture image, or a synthetic 800x1333)."""
     from norcal.runtime.images import read_rgb
-    from norcal.runtime.parity import synthetic_images
+    from norcal.workflows.parity import synthetic_images
     from norcal.runtime.preprocess import prepare_batch
 
     if full:

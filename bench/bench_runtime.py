@@ -28,15 +28,15 @@ def export_fixture(out: Path) -> Path:
     """The fixture checkpoint exported to ONNX."""
     import onnx
 
-    from norcal.export.detector import build_detector, export_detector
+    from norcal.export.detector import load_detector, export_detector
 
-    spec, model = build_detector(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
+    spec, model = load_detector(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
     onnx.save(export_detector(model, spec), out)
     return out
 
 
 def bench(model: Path, image_paths: list[Path], batches: list[int], rounds: int, threads: int | None):
-    from norcal.runtime.contract import input_spec
+    from norcal.core.contract import input_spec
     from norcal.runtime.images import read_rgb
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.runtime.postprocess import split_outputs
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     console.print("throughput vs batch " + str(rows[0]["batch"]) + ": " +
                   ", ".join(f"batch {r['batch']} x{r['images_per_s'] / base:.2f}" for r in rows))
     if args.json:
-        from norcal.fileio import write_json
+        from norcal.core.fileio import write_json
 
         write_json(args.json, {"model": str(model), "runner": runner.name, "rows": rows})
     return 0

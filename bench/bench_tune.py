@@ -34,15 +34,15 @@ def main() -> int:
 
     import torch
 
-    from norcal.calibration import log_prior
+    from norcal.core.calibration import log_prior
     from norcal.evaluation import evaluate, prepare_gt
     from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import build_detector, export_detector
-    from norcal.export.onnx_io import save_onnx
+    from norcal.export.detector import load_detector, export_detector
+    from norcal.core.onnx_io import save_onnx
     from norcal.runtime.inference import run_images
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
-    from norcal.tables import build_table
-    from norcal.tuning import cache_head_outputs, images_from_gt, parse_gammas, rescore, \
+    from norcal.core.tables import build_table
+    from norcal.workflows.tune import cache_head_outputs, images_from_gt, parse_gammas, rescore, \
         to_eval_detections
 
     gammas = parse_gammas(args.gammas)
@@ -50,7 +50,7 @@ def main() -> int:
     gt = prepare_gt(SYNTH / "val.json", table)
     pairs = images_from_gt(SYNTH / "val.json", SYNTH / "val")[: args.images]
     ids = [i for i, _ in pairs]
-    spec, model = build_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
+    spec, model = load_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
     plain = export_detector(model, spec)
     predictor = model.roi_heads.box_predictor
     print(f"d2_synth_trained: {len(pairs)} images, batch {args.batch}, gammas {gammas}, "

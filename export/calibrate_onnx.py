@@ -6,11 +6,11 @@ import json
 
 import onnx
 
-from norcal.calibration import check_gamma, log_prior
-from norcal.errors import NorcalError
+from norcal.core.calibration import check_gamma, log_prior
+from norcal.core.errors import NorcalError
 from norcal.export.norcal_node import NorCalSettings
 from norcal.export.surgery import find_classifiers, insert_norcal
-from norcal.tables import CalibrationTable, builtin_names, load_table
+from norcal.core.tables import CalibrationTable, builtin_names, load_table
 
 
 def default_table(num_classes: int) -> CalibrationTable:
@@ -54,7 +54,7 @@ def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | Calibratio
                               table=table.name, table_sha256=table.sha256,
                               num_classes=table.num_classes)
     out = insert_norcal(model, prior, settings, logits=logits, inline=inline)
-    # runners map class index -> dataset category id with this (norcal.runtime.contract)
+    # runners map class index -> dataset category id with this (norcal.core.contract)
     props = {p.key: p.value for p in out.metadata_props}
     props["norcal.category_ids"] = json.dumps(table.category_ids)
     onnx.helper.set_model_props(out, props)

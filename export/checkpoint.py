@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 
 TORCH_SUFFIXES = (".pth", ".pt")
 PICKLE_SUFFIXES = (".pkl",)

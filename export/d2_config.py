@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 
 from .d2_defaults import d2_defaults
 from .spec import ModelSpec

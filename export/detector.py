@@ -8,21 +8,21 @@ from pathlib import Path
 import onnx
 
 from norcal.export.spec import ModelSpec
-from norcal.runtime import contract
+from norcal.core import contract
 
 
-def build_detector(weights: str | Path, config: str | Path | None = None):
+def load_detector(weights: str | Path, config: str | Path | None = None):
     """(spec, model in eval mode) from a detectron2 checkpoint and optional config."""
     from norcal.export.loader import load_detector_spec
-    from norcal.export.modeling.build import build_model
+    from norcal.export.modeling.build import model_from_state
 
     spec, state = load_detector_spec(weights, config)
-    model = build_model(spec, state).eval()
+    model = model_from_state(spec, state).eval()
     return spec, model
 
 
 def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
-    """What runners need to prepare inputs (the keys of norcal.runtime.contract)."""
+    """What runners need to prepare inputs (the keys of norcal.core.contract)."""
     return {
         contract.MIN_SIZE_TEST: str(spec.min_size_test),
         contract.MAX_SIZE_TEST: str(spec.max_size_test),

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 
 from .checkpoint import clean_state_dict, read_checkpoint
 from .d2_config import load_config
-from .infer_arch import architecture, spec_from_weights
+from .arch_from_weights import architecture, spec_from_weights
 from .spec import ModelSpec
 
 # what each architecture field is called in a detectron2 config, for error messages
@@ -45,7 +45,7 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
     ``weights``: ``.pth``/``.pt`` or model-zoo ``.pkl``. ``config``: the model's detectron2
     YAML; when given it defines the spec and must agree with the weights' shapes
     (a mismatch is a :class:`NorcalError` naming both values); otherwise the spec is
-    inferred from the weights (see :func:`~norcal.export.infer_arch.spec_from_weights`).
+    inferred from the weights (see :func:`~norcal.export.arch_from_weights.spec_from_weights`).
     ``state_dict``: ``{name: torch.Tensor}`` without entries inference ignores.
     """
     raw = read_checkpoint(weights)

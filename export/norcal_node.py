@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from norcal.calibration import check_variant
-from norcal.errors import NorcalError
+from norcal.core.calibration import check_variant
+from norcal.core.errors import NorcalError
 
 DOMAIN = "ai.norcal"
 OP_TYPE = "NorCal"

@@ -15,8 +15,8 @@ import warnings
 import onnx
 import torch
 
-from norcal.errors import NorcalError
-from norcal.runtime.base import INPUT_NAMES, OUTPUT_NAMES
+from norcal.core.errors import NorcalError
+from norcal.core.contract import INPUT_NAMES, OUTPUT_NAMES
 
 from .spec import ModelSpec
 
@@ -43,7 +43,7 @@ def _fix_detection_dim(proto: onnx.ModelProto, k: int) -> None:
 def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = None,
                 height: int | None = None, width: int | None = None,
                 opset: int = 17) -> onnx.ModelProto:
-    """Trace ``model`` (from ``modeling.build_model``) to an ONNX model in memory.
+    """Trace ``model`` (from ``modeling.model_from_state``) to an ONNX model in memory.
 
     ``batch``/``height``/``width``: fix that dimension (height/width a multiple of the spec's
     size divisibility); left None it stays dynamic. The graph is checked with

@@ -1,7 +1,7 @@
 """ModelSpec: everything about a detectron2 R-CNN that changes inference, in one place.
 
 Built from a detectron2 config (``norcal.export.d2_config``) or inferred from a checkpoint's
-weights (``norcal.export.infer_arch``); consumed by ``norcal.export.modeling``.
+weights (``norcal.export.arch_from_weights``); consumed by ``norcal.export.modeling``.
 Field defaults are detectron2's (``detectron2/config/defaults.py``) except the test-time
 settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).
 """

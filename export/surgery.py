@@ -19,8 +19,8 @@ from onnx import helper
 from norcal.export.norcal_node import (DOMAIN, INLINE_PREFIX, META_PREFIX, OP_TYPE, PRIOR_NAME,
                                 NorCalSettings, calibration_keys, make_function, make_nodes,
                                 make_prior)
-from norcal import __version__
-from norcal.errors import NorcalError
+from norcal.core.version import __version__
+from norcal.core.errors import NorcalError
 
 # ops a classifier's logits may pass through between the Gemm/MatMul and the activation
 _PASS_THROUGH = {"Identity", "Cast", "Reshape", "Flatten", "Add", "Squeeze", "Unsqueeze"}
@@ -217,7 +217,7 @@ def insert_norcal(model: onnx.ModelProto, log_prior: np.ndarray, settings: NorCa
                   logits: str | None = None, inline: bool = False) -> onnx.ModelProto:
     """Put a NorCal node on the box classifier (replacing one already there).
 
-    log_prior: [K] from :func:`norcal.calibration.log_prior`, K = the classifier's width.
+    log_prior: [K] from :func:`norcal.core.calibration.log_prior`, K = the classifier's width.
     logits: the classifier's logits tensor; found automatically when None.
     """
     base = model

@@ -8,11 +8,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from norcal.errors import NorcalError
-from norcal.runtime.base import Runner
-from norcal.runtime.contract import InputSpec, input_spec
+from norcal.core.errors import NorcalError
+from norcal.core.runner import Runner
+from norcal.core.contract import InputSpec, input_spec
 from norcal.runtime.images import read_rgb
-from norcal.runtime.postprocess import Detections, split_outputs
+from norcal.runtime.postprocess import ImageDetections, split_outputs
 from norcal.runtime.preprocess import prepare_batch
 
 
@@ -20,7 +20,7 @@ def runner_metadata(runner: Runner) -> dict[str, str]:
     return dict(getattr(runner, "metadata", None) or {})
 
 
-def _run_batch(runner: Runner, images: list[np.ndarray], spec: InputSpec) -> list[Detections]:
+def _run_batch(runner: Runner, images: list[np.ndarray], spec: InputSpec) -> list[ImageDetections]:
     """One batch: prepare (resize, pad), run, split per image in original coordinates."""
     batch = prepare_batch(images, spec.min_size, spec.max_size, spec.input_format, spec.divisibility)
     outputs = runner.infer(batch.feeds())
@@ -28,12 +28,12 @@ def _run_batch(runner: Runner, images: list[np.ndarray], spec: InputSpec) -> lis
 
 
 def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1,
-               spec: InputSpec | None = None) -> list[Detections]:
-    """RGB uint8 [H,W,3] images -> one :class:`Detections` each (original coordinates)."""
+               spec: InputSpec | None = None) -> list[ImageDetections]:
+    """RGB uint8 [H,W,3] images -> one :class:`ImageDetections` each (original coordinates)."""
     spec = spec or input_spec(runner_metadata(runner))
     if batch_size < 1:
         raise NorcalError(f"batch size must be >= 1, got {batch_size}")
-    out: list[Detections] = []
+    out: list[ImageDetections] = []
     for s in range(0, len(images_rgb), batch_size):
         out.extend(_run_batch(runner, images_rgb[s:s + batch_size], spec))
     return out
@@ -41,7 +41,7 @@ def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1
 
 def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int = 1,
                spec: InputSpec | None = None, failed: list[tuple[Path, str]] | None = None,
-               on_done: Callable[[int], None] | None = None) -> Iterator[tuple[Path, Detections]]:
+               on_done: Callable[[int], None] | None = None) -> Iterator[tuple[Path, ImageDetections]]:
     """Yield (path, detections) per readable image, in input order, ``batch_size`` at a time.
 
     Unreadable files are skipped and appended to ``failed`` as (path, reason); ``on_done(n)``

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],

@@ -13,7 +13,7 @@ import numpy as np
 
 
 @dataclass
-class Detections:
+class ImageDetections:
     """One image's detections in original image coordinates.
 
     boxes: float32 [N,4] (x0,y0,x1,y1); scores: float32 [N]; classes: int64 [N] (0-based);
@@ -117,8 +117,8 @@ def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float
 
 
 def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
-                  original_sizes: np.ndarray) -> list[Detections]:
-    """Batched model outputs -> per-image :class:`Detections` in original coordinates.
+                  original_sizes: np.ndarray) -> list[ImageDetections]:
+    """Batched model outputs -> per-image :class:`ImageDetections` in original coordinates.
 
     outputs: num_detections int64 [B], boxes float32 [B,K,4] (resized coords), scores [B,K],
     classes int64 [B,K], optional masks float32 [B,K,M,M]. Only the first num_detections[b]
@@ -130,7 +130,7 @@ def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
     for b in range(len(image_sizes)):
         n = int(num[b])
         boxes, keep = rescale_boxes(outputs["boxes"][b, :n], image_sizes[b], original_sizes[b])
-        result.append(Detections(
+        result.append(ImageDetections(
             boxes=boxes[keep],
             scores=np.asarray(outputs["scores"][b, :n], np.float32)[keep],
             classes=np.asarray(outputs["classes"][b, :n], np.int64)[keep],

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 
 
 def resized_size(h: int, w: int, min_size: int, max_size: int) -> tuple[int, int]:

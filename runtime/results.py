@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from norcal.errors import NorcalError
-from norcal.fileio import read_json
-from norcal.runtime.postprocess import Detections, paste_mask_regions
+from norcal.core.errors import NorcalError
+from norcal.core.fileio import read_json
+from norcal.runtime.postprocess import ImageDetections, paste_mask_regions
 
 
 def encode_rle(mask: np.ndarray) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def region_rle_counts(region: np.ndarray, y0: int, x0: int, image_hw) -> np.ndar
     return np.diff(np.concatenate(([0], where, [H * W])))
 
 
-def detections_to_results(image_id: int | str, det: Detections, category_ids: list[int] | None,
+def detections_to_results(image_id: int | str, det: ImageDetections, category_ids: list[int] | None,
                           with_masks: bool = True, mask_threshold: float = 0.5) -> list[dict]:
     """One image's detections -> result dicts (masks pasted one at a time, then RLE-encoded).
 

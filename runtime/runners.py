@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from norcal.errors import NorcalError
-from norcal.runtime.base import Runner
+from norcal.core.errors import NorcalError
+from norcal.core.runner import Runner
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import onnx
 
-from norcal.errors import NorcalError
-from norcal.export.trt_check import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
+from norcal.core.errors import NorcalError
+from norcal.core.profiles import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
                                      image_size_range, input_dims)
-from norcal.fileio import write_bytes, write_json
+from norcal.core.fileio import write_bytes, write_json
 
 SIDECAR_FORMAT = "norcal-engine-sidecar/1"
 
@@ -158,8 +158,8 @@ def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dic
                     trtexec: str, built_by: str, tensorrt_version: str | None = None,
                     device: str | None = None) -> dict:
     """What the sidecar records: the ONNX metadata and I/O, and how the engine was built."""
-    from norcal import __version__
-    from norcal.export.onnx_io import graph_io
+    from norcal.core.version import __version__
+    from norcal.core.onnx_io import graph_io
 
     inputs, outputs = graph_io(model)
     return {
@@ -184,7 +184,7 @@ def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dic
 
 def read_sidecar(engine_path) -> dict | None:
     """The sidecar next to an engine, or None when there is none; a malformed one is an error."""
-    from norcal.fileio import read_json
+    from norcal.core.fileio import read_json
 
     path = sidecar_path(engine_path)
     if not path.is_file():
@@ -197,21 +197,12 @@ def read_sidecar(engine_path) -> dict | None:
 
 # ----------------------------------------------------------------------------- build
 
-def prepare(options: BuildOptions, check: bool = True) -> tuple[onnx.ModelProto, dict[str, Profile], str]:
-    """Load and (optionally) check the model; return it, its profiles and the trtexec line."""
-    from norcal.export.onnx_io import load_onnx
+def prepare(options: BuildOptions) -> tuple[onnx.ModelProto, dict[str, Profile], str]:
+    """Load the model; return it, its profiles and the trtexec line (the TensorRT check is the caller's)."""
+    from norcal.core.onnx_io import load_onnx
 
     model = load_onnx(options.onnx_path)
     profiles = engine_profiles(model, options)
-    if check:
-        from norcal.export.trt_check import check_model
-
-        report = check_model(model, profiles)
-        if not report.compatible:
-            first = report.errors[0]
-            raise NorcalError(f"{options.onnx_path} fails the TensorRT {report.tensorrt_version} check "
-                              f"({len(report.errors)} errors; first: {first.node} ({first.op_type}): "
-                              f"{first.reason}); run norcal check for all, or pass --skip-check")
     cmd = trtexec_command(options.onnx_path, options.engine_path, profiles, options.fp16,
                           options.workspace_gb, options.timing_cache)
     return model, profiles, cmd

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
 
 
@@ -32,7 +32,7 @@ def engine_metadata(engine_path) -> tuple[dict, dict[str, str]]:
     (``norcal infer --min-size/--max-size``)."""
     sidecar = read_sidecar(engine_path)
     if sidecar is None:
-        from norcal.runtime.contract import DEFAULTS, MAX_SIZE_TEST, MIN_SIZE_TEST
+        from norcal.core.contract import DEFAULTS, MAX_SIZE_TEST, MIN_SIZE_TEST
         from norcal.runtime.tensorrt_build import sidecar_path
 
         print(f"warning: {sidecar_path(engine_path)} not found (norcal build writes it next to the "

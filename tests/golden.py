@@ -68,7 +68,7 @@ def batch(indices, divisibility: int = 32):
 
 
 def lvis_counts() -> np.ndarray:
-    from norcal.tables import load_table
+    from norcal.core.tables import load_table
     return load_table("lvis_v1").counts()
 
 

@@ -7,7 +7,7 @@ ONNX forms, ``layers`` the shared blocks, ``build`` maps a ModelSpec + detectron
 onto the model. One batched, fixed-size forward serves eager PyTorch and the ONNX export.
 """
 
-from .build import build_model, create_model, random_state_dict
+from .build import model_from_state, create_model, random_state_dict
 from .rcnn import GeneralizedRCNN
 
-__all__ = ["GeneralizedRCNN", "build_model", "create_model", "random_state_dict"]
+__all__ = ["GeneralizedRCNN", "model_from_state", "create_model", "random_state_dict"]

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 
 
 def cell_anchors(sizes, aspect_ratios) -> torch.Tensor:

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from norcal.calibration import calibrate
-from norcal.errors import NorcalError
+from norcal.core.calibration import calibrate
+from norcal.core.errors import NorcalError
 
 from .box_coder import BoxCoder, clip_boxes
 from .ops import non_max_suppression
@@ -39,8 +39,8 @@ class FastRCNNOutputLayers(nn.Module):
         self.mechanism, self.renormalize = "exp", True
 
     def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool = True) -> None:
-        """Calibrate scores with NorCal: ``log_prior`` [C+1] from ``norcal.calibration.log_prior``
-        (background last) and the variant (see ``norcal.calibration.calibrate``); None restores
+        """Calibrate scores with NorCal: ``log_prior`` [C+1] from ``norcal.core.calibration.log_prior``
+        (background last) and the variant (see ``norcal.core.calibration.calibrate``); None restores
         the plain scores."""
         self.mechanism, self.renormalize = mechanism, bool(renormalize)
         if log_prior is None:

@@ -8,7 +8,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 
 from ..spec import ModelSpec
 from .anchors import AnchorGenerator
@@ -97,7 +97,7 @@ def _listing(keys, limit: int = 12) -> str:
     return ", ".join(keys[:limit]) + more
 
 
-def build_model(spec: ModelSpec, state_dict: Mapping[str, object]) -> GeneralizedRCNN:
+def model_from_state(spec: ModelSpec, state_dict: Mapping[str, object]) -> GeneralizedRCNN:
     """Our model for ``spec`` loaded from a detectron2 state dict (detectron2's key names).
 
     Strict: missing or unexpected keys, and shape mismatches, are a NorcalError listing them.

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 
 
 class FrozenBatchNorm2d(nn.Module):

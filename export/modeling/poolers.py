@@ -8,7 +8,7 @@ import sys
 import torch
 from torch import nn
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 
 from .layers import PaddingMasks
 from .ops import roi_align

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from norcal.runtime.base import OUTPUT_NAMES
+from norcal.core.contract import OUTPUT_NAMES
 
 from .layers import PaddingMasks
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from norcal.errors import NorcalError
-from norcal.fileio import read_json
+from norcal.core.errors import NorcalError
+from norcal.core.fileio import read_json
 
 
 @dataclass

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from norcal.errors import NorcalError
-from norcal.fileio import read_json
+from norcal.core.errors import NorcalError
+from norcal.core.fileio import read_json
 
 FREQUENCIES = ("r", "c", "f")
 
@@ -102,7 +102,7 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
     """Load and index an LVIS-format GT (a path, a loaded dict, or an LvisGT as it is).
 
     Frequency groups come from the categories' ``frequency`` field; where it is missing they
-    come from ``table`` (a :class:`norcal.tables.CalibrationTable`, matched by category id).
+    come from ``table`` (a :class:`norcal.core.tables.CalibrationTable`, matched by category id).
     Images need ``neg_category_ids`` and ``not_exhaustive_category_ids`` (LVIS federated
     fields); a missing field is taken as empty.
     """

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from norcal.errors import NorcalError
+from norcal.core.errors import NorcalError
 from norcal.evaluation.detections import (Detections, cap_per_class, cap_per_image, check_rle,
                                           from_results)
 from norcal.evaluation.ground_truth import FREQUENCIES, LvisGT, prepare_gt

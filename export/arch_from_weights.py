@@ -1,0 +1,286 @@
+"""Infer a detectron2 R-CNN's architecture from its state dict alone (no config file).
+
+What the weights fix (depth, widths, groups, norms, FPN channels, heads, classes, anchors
+per location) is read from parameter names and shapes. What they cannot tell is set to
+detectron2's LVIS model-zoo values and noted in ``spec.provenance``: stride_in_1x1, anchor
+sizes, softmax vs sigmoid classifier, input format and size, test thresholds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from norcal.core.errors import NorcalError
+
+from .spec import ModelSpec
+
+STEM = "backbone.bottom_up.stem.conv1"
+BOTTOM_UP = "backbone.bottom_up"
+RPN_HEAD = "proposal_generator.rpn_head"
+BOX_HEAD = "roi_heads.box_head"
+BOX_PREDICTOR = "roi_heads.box_predictor"
+MASK_HEAD = "roi_heads.mask_head"
+
+# blocks in res2..res5 -> depth (detectron2's build_resnet_backbone table)
+BOTTLENECK_DEPTHS = {(3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
+BASIC_DEPTHS = {(2, 2, 2, 2): 18, (3, 4, 6, 3): 34}
+
+# test-time settings of detectron2's LVIS configs (configs/LVISv1-InstanceSegmentation/*)
+LVIS_TEST_SETTINGS = dict(
+    min_size_test=800, max_size_test=1333, score_thresh_test=1e-4, nms_thresh_test=0.5,
+    detections_per_image=300, rpn_pre_nms_topk_test=1000, rpn_post_nms_topk_test=1000,
+)
+# Base-RCNN-FPN.yaml: one size per level, three aspect ratios everywhere
+FPN_ANCHOR_SIZES = ((32.0,), (64.0,), (128.0,), (256.0,), (512.0,))
+FPN_ASPECT_RATIOS = ((0.5, 1.0, 2.0),)
+
+EXPECTED_KEYS = (f"{STEM}.weight", f"{RPN_HEAD}.objectness_logits.weight", f"{BOX_PREDICTOR}.cls_score.weight")
+
+
+def _shape(sd: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in sd[key].shape)
+
+
+def _count(sd: Mapping[str, Any], fmt: str, start: int) -> int:
+    """How many consecutive indices k >= start have ``fmt.format(k)`` in ``sd``."""
+    k = start
+    while fmt.format(k) in sd:
+        k += 1
+    return k - start
+
+
+def norm_of(sd: Mapping[str, Any], prefix: str) -> str:
+    """The norm layer at ``prefix`` (e.g. ``...conv1.norm``): FrozenBN, BN, GN or "" (none).
+
+    FrozenBN and BN both carry running statistics; only BN has ``num_batches_tracked``
+    (absent once :func:`~norcal.export.checkpoint.clean_state_dict` ran: then FrozenBN is
+    reported, which computes the same thing at inference).
+    """
+    if f"{prefix}.running_mean" in sd:
+        return "BN" if f"{prefix}.num_batches_tracked" in sd else "FrozenBN"
+    if f"{prefix}.weight" in sd:
+        return "GN"  # affine parameters without statistics
+    return ""
+
+
+def _explain_foreign(sd: Mapping[str, Any]) -> NorcalError:
+    keys = list(sd)
+    sample = ", ".join(keys[:3])
+    expected = ", ".join(EXPECTED_KEYS)
+    if any(k.startswith("backbone.body.") for k in keys):
+        what = "this looks like a torchvision detection model (backbone.body.*)"
+    elif any(k.endswith(("_w", "_b")) and "." not in k for k in keys):
+        what = "this looks like a Caffe2/Detectron1 checkpoint (names like conv1_w)"
+    elif any(k.startswith("backbone.res") or k.startswith("backbone.stem") for k in keys) or \
+            any(k.startswith("roi_heads.res5.") for k in keys):
+        what = "this looks like a detectron2 C4/DC5 model; only ResNet+FPN models are supported"
+    elif any(k.startswith("head.cls_subnet") for k in keys):
+        what = "this looks like a detectron2 RetinaNet; only GeneralizedRCNN (Faster/Mask R-CNN) is supported"
+    else:
+        what = "not a detectron2 GeneralizedRCNN with a ResNet+FPN backbone"
+    return NorcalError(f"unexpected weight names: {what}; expected detectron2 names such as {expected} "
+                       f"(found e.g. {sample})")
+
+
+def _check_supported(sd: Mapping[str, Any]) -> None:
+    if not all(k in sd for k in EXPECTED_KEYS):
+        raise _explain_foreign(sd)
+    for k in sd:
+        if "conv2_offset" in k:
+            raise NorcalError(f"weight {k}: deformable convolutions (MODEL.RESNETS.DEFORM_ON_PER_STAGE) "
+                              "are not supported")
+        if k.startswith((f"{BOX_HEAD}.0.", f"{BOX_PREDICTOR}.0.")):
+            raise NorcalError(f"weight {k}: cascade box heads (CascadeROIHeads) are not supported")
+        if k.startswith("roi_heads.keypoint_head."):
+            raise NorcalError(f"weight {k}: keypoint heads (MODEL.KEYPOINT_ON) are not supported")
+        if k.startswith("sem_seg_head."):
+            raise NorcalError(f"weight {k}: PanopticFPN is not supported")
+
+
+def _backbone(sd: Mapping[str, Any]) -> dict:
+    blocks = tuple(_count(sd, f"{BOTTOM_UP}.res{s}.{{}}.conv1.weight", 0) for s in (2, 3, 4, 5))
+    bottleneck = f"{BOTTOM_UP}.res2.0.conv3.weight" in sd
+    table = BOTTLENECK_DEPTHS if bottleneck else BASIC_DEPTHS
+    if blocks not in table:
+        kind = "bottleneck" if bottleneck else "basic"
+        raise NorcalError(f"backbone has {blocks} {kind} blocks in res2..res5; expected one of "
+                          f"{sorted(table)} (ResNet-{'/'.join(str(d) for d in table.values())})")
+    out = {"depth": table[blocks], "stem_out_channels": _shape(sd, f"{STEM}.weight")[0],
+           "norm": norm_of(sd, f"{STEM}.norm")}
+    if bottleneck:
+        width, per_group = _shape(sd, f"{BOTTOM_UP}.res2.0.conv2.weight")[:2]
+        groups = width // per_group
+        out.update(res2_out_channels=_shape(sd, f"{BOTTOM_UP}.res2.0.conv3.weight")[0],
+                   num_groups=groups, width_per_group=width // groups)
+    else:
+        out.update(res2_out_channels=_shape(sd, f"{BOTTOM_UP}.res2.0.conv2.weight")[0], num_groups=1)
+    return out
+
+
+def _fpn(sd: Mapping[str, Any]) -> dict:
+    missing = [f"backbone.fpn_{kind}{i}.weight" for kind in ("lateral", "output") for i in (2, 3, 4, 5)
+               if f"backbone.fpn_{kind}{i}.weight" not in sd]
+    if missing:
+        raise NorcalError(f"expected an FPN over res2..res5; missing weights {', '.join(missing)}")
+    return {"fpn_out_channels": _shape(sd, "backbone.fpn_lateral2.weight")[0],
+            "fpn_norm": norm_of(sd, "backbone.fpn_lateral2.norm")}
+
+
+def _rpn(sd: Mapping[str, Any], fpn_channels: int, anchor_layout=None) -> dict:
+    anchors = _shape(sd, f"{RPN_HEAD}.objectness_logits.weight")[0]
+    deltas = _shape(sd, f"{RPN_HEAD}.anchor_deltas.weight")[0]
+    if deltas != 4 * anchors:
+        raise NorcalError(f"{RPN_HEAD}.anchor_deltas has {deltas} rows for {anchors} anchors; expected "
+                          f"{4 * anchors} (rotated anchors are not supported)")
+    sizes, ratios = anchor_layout or (FPN_ANCHOR_SIZES, FPN_ASPECT_RATIOS)
+    if anchor_layout is not None and len(sizes[0]) * len(ratios[0]) != anchors:
+        raise NorcalError(f"the config's anchors ({len(sizes[0])} sizes x {len(ratios[0])} aspect ratios per "
+                          f"location) do not fit the RPN's weights, which predict {anchors} anchors per location")
+    if anchor_layout is None and anchors != 3:
+        raise NorcalError(f"the RPN predicts {anchors} anchors per location; only 3 (aspect ratios 0.5, 1, 2, "
+                          "one size per FPN level) can be inferred from weights: pass the model's config.yaml")
+    if f"{RPN_HEAD}.conv.weight" in sd:
+        convs = [f"{RPN_HEAD}.conv.weight"]
+    else:
+        convs = [f"{RPN_HEAD}.conv.conv{k}.weight" for k in range(_count(sd, f"{RPN_HEAD}.conv.conv{{}}.weight", 0))]
+    dims, channels = [], fpn_channels
+    for key in convs:
+        out = _shape(sd, key)[0]
+        dims.append(-1 if out == channels else out)  # -1: "as many as the input", detectron2's default
+        channels = out
+    return {"rpn_conv_dims": tuple(dims) or (-1,), "anchor_sizes": sizes, "anchor_aspect_ratios": ratios}
+
+
+def _resolution(features: int, channels: int, what: str) -> int:
+    r = math.isqrt(features // channels) if features % channels == 0 else 0
+    if r * r * channels != features:
+        raise NorcalError(f"{what} takes {features} inputs, not {channels} channels x R x R for any pooler "
+                          "resolution R")
+    return r
+
+
+def _box_head(sd: Mapping[str, Any], fpn_channels: int) -> dict:
+    cls_rows, cls_in = _shape(sd, f"{BOX_PREDICTOR}.cls_score.weight")
+    num_classes = cls_rows - 1  # background is the last row
+    reg_rows = _shape(sd, f"{BOX_PREDICTOR}.bbox_pred.weight")[0]
+    if reg_rows == 4 * num_classes:
+        agnostic = False
+    elif reg_rows == 4:
+        agnostic = True
+    else:
+        raise NorcalError(f"{BOX_PREDICTOR}.bbox_pred has {reg_rows} rows; expected 4 x {num_classes} classes "
+                          f"= {4 * num_classes} (class-specific) or 4 (class-agnostic)")
+    n_conv = _count(sd, f"{BOX_HEAD}.conv{{}}.weight", 1)
+    n_fc = _count(sd, f"{BOX_HEAD}.fc{{}}.weight", 1)
+    out = {"num_classes": num_classes, "cls_agnostic_bbox_reg": agnostic,
+           "box_head_num_conv": n_conv, "box_head_num_fc": n_fc}
+    channels = fpn_channels
+    if n_conv:
+        channels = _shape(sd, f"{BOX_HEAD}.conv1.weight")[0]
+        out.update(box_head_conv_dim=channels, box_head_norm=norm_of(sd, f"{BOX_HEAD}.conv1.norm"))
+    if n_fc:
+        fc_dim, flat = _shape(sd, f"{BOX_HEAD}.fc1.weight")
+        out.update(box_head_fc_dim=fc_dim)
+        out["pooler_resolution"] = _resolution(flat, channels, f"{BOX_HEAD}.fc1")
+    else:
+        out["pooler_resolution"] = _resolution(cls_in, channels, f"{BOX_PREDICTOR}.cls_score")
+    return out
+
+
+def _mask_head(sd: Mapping[str, Any], num_classes: int) -> dict:
+    if f"{MASK_HEAD}.predictor.weight" not in sd:
+        return {"mask_on": False}
+    if f"{MASK_HEAD}.deconv.weight" not in sd:
+        raise NorcalError(f"{MASK_HEAD}: expected MaskRCNNConvUpsampleHead weights ({MASK_HEAD}.deconv.weight)")
+    rows = _shape(sd, f"{MASK_HEAD}.predictor.weight")[0]
+    if rows not in (1, num_classes):
+        raise NorcalError(f"{MASK_HEAD}.predictor has {rows} rows; expected {num_classes} (one per class, as "
+                          "cls_score says) or 1 (class-agnostic)")
+    return {"mask_on": True, "cls_agnostic_mask": rows == 1 and num_classes != 1,
+            "mask_head_num_conv": _count(sd, f"{MASK_HEAD}.mask_fcn{{}}.weight", 1),
+            # ConvTranspose2d weights are [in, out, kH, kW]; every mask conv has the deconv's width
+            "mask_head_conv_dim": _shape(sd, f"{MASK_HEAD}.deconv.weight")[1],
+            "mask_head_norm": norm_of(sd, f"{MASK_HEAD}.mask_fcn1.norm")}
+
+
+def _pixel_stats(sd: Mapping[str, Any]) -> dict:
+    out = {}
+    for key in ("pixel_mean", "pixel_std"):
+        if key in sd:
+            values = [float(v) for v in sd[key].reshape(-1).tolist()]
+            if len(values) != 3:
+                raise NorcalError(f"weight {key} has {len(values)} values; expected 3 (one per channel)")
+            out[key] = tuple(values)
+    return out
+
+
+def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> ModelSpec:
+    """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (ResNet+FPN) state dict.
+
+    ``state_dict``: ``{name: tensor or array}`` with detectron2 names. ``anchor_layout``:
+    (sizes, aspect ratios) when a config gives them (weights only tell the anchor count).
+    Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
+    """
+    sd = state_dict
+    _check_supported(sd)
+    fields: dict = {}
+    fields.update(_backbone(sd))
+    fields.update(_fpn(sd))
+    fields.update(_rpn(sd, fields["fpn_out_channels"], anchor_layout))
+    fields.update(_box_head(sd, fields["fpn_out_channels"]))
+    fields.update(_mask_head(sd, fields["num_classes"]))
+    stats = _pixel_stats(sd)
+    fields.update(stats)
+    fields.update(LVIS_TEST_SETTINGS)
+    assumed = "assumed, not readable from weights"
+    provenance = {
+        "source": "inferred from weights",
+        "stride_in_1x1": f"{assumed}: True (detectron2 model zoo, MSRA ResNets)",
+        "anchor_sizes": f"{assumed}: {FPN_ANCHOR_SIZES} (detectron2 Base-RCNN-FPN)",
+        "anchor_aspect_ratios": "(0.5, 1, 2): the RPN predicts 3 anchors per location",
+        "use_sigmoid_ce": f"{assumed}: softmax classifier",
+        "input": f"{assumed}: BGR, shortest edge 800, max 1333 (detectron2 LVIS configs)",
+        "test_thresholds": f"{assumed}: score 1e-4, NMS 0.5, 300 detections (detectron2 LVIS configs)",
+        "pixel_mean/std": ("read from the checkpoint's pixel_mean/pixel_std" if stats
+                           else f"{assumed}: detectron2 defaults (ImageNet BGR mean, std 1)"),
+        "mask_pooler_resolution": f"{assumed}: 14" if fields.get("mask_on") else "no mask head",
+    }
+    return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=False, input_format="BGR",
+                     provenance=provenance, **fields)
+
+
+def architecture(spec: ModelSpec) -> dict:
+    """The fields of ``spec`` that the weights determine, in a form comparable across sources.
+
+    BN flavours are one family (they compute the same thing at inference); widths of layers
+    that do not exist are left out; the RPN's -1 conv widths are resolved to channels.
+    """
+    def family(norm: str) -> str:
+        return "BN" if norm in ("BN", "FrozenBN", "SyncBN") else norm
+
+    arch = {"depth": spec.depth, "norm": family(spec.norm), "stem_out_channels": spec.stem_out_channels,
+            "res2_out_channels": spec.res2_out_channels, "fpn_out_channels": spec.fpn_out_channels,
+            "fpn_norm": family(spec.fpn_norm), "num_classes": spec.num_classes,
+            "cls_agnostic_bbox_reg": spec.cls_agnostic_bbox_reg and spec.num_classes != 1,
+            "box_head_num_conv": spec.box_head_num_conv, "box_head_num_fc": spec.box_head_num_fc,
+            "pooler_resolution": spec.pooler_resolution, "mask_on": spec.mask_on}
+    if spec.depth >= 50:
+        arch.update(num_groups=spec.num_groups, width_per_group=spec.width_per_group)
+    if spec.box_head_num_conv:
+        arch.update(box_head_conv_dim=spec.box_head_conv_dim, box_head_norm=family(spec.box_head_norm))
+    if spec.box_head_num_fc:
+        arch["box_head_fc_dim"] = spec.box_head_fc_dim
+    if spec.mask_on:
+        arch.update(mask_head_num_conv=spec.mask_head_num_conv, mask_head_conv_dim=spec.mask_head_conv_dim,
+                    cls_agnostic_mask=spec.cls_agnostic_mask and spec.num_classes != 1)
+        if spec.mask_head_num_conv:
+            arch["mask_head_norm"] = family(spec.mask_head_norm)
+    sizes, ratios = spec.anchor_sizes, spec.anchor_aspect_ratios
+    arch["anchors_per_location"] = len(sizes[0]) * len(ratios[0])
+    dims, channels = [], spec.fpn_out_channels
+    for d in spec.rpn_conv_dims:
+        channels = channels if d == -1 else d
+        dims.append(channels)
+    arch["rpn_conv_widths"] = tuple(dims)
+    return arch

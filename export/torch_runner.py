@@ -1,0 +1,166 @@
+"""TorchRunner: our PyTorch detector behind the Runner interface, the reference for parity.
+
+It takes the same feeds (``images`` float32 [B,3,H,W] BGR, ``image_sizes`` int64 [B,2]) and
+returns the same named outputs as the exported ONNX graph, so parity code never knows which
+backend it compares. A NorCal ONNX model is compared against the PyTorch model with the same
+calibration: :func:`onnx_calibration` reads what surgery baked in (the ``norcal.log_prior``
+initializer and the ``norcal.*`` metadata) and :func:`calibrated` gives it to the box predictor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from norcal.core.errors import NorcalError
+from norcal.core.contract import INPUT_NAMES, OUTPUT_NAMES
+
+PRIOR_NAME = "norcal.log_prior"  # the initializer export/norcal_node.py writes
+
+
+@dataclass
+class OnnxCalibration:
+    """The NorCal calibration an ONNX model carries.
+
+    log_prior: [K] exactly as stored (its dtype's values, log a_c and -log b);
+    mechanism 'exp'/'prob'/'logit'; renormalize; activation 'softmax'/'sigmoid';
+    metadata: every ``norcal.*`` metadata entry (gamma, factor, table, ...).
+    """
+
+    log_prior: np.ndarray
+    mechanism: str
+    renormalize: bool
+    activation: str
+    metadata: dict[str, str]
+
+    def describe(self) -> str:
+        m = self.metadata
+        return (f"NorCal gamma {m.get('norcal.gamma', '?')} ({m.get('norcal.factor', '?')}, "
+                f"{self.mechanism}, table {m.get('norcal.table', '?')})")
+
+
+def onnx_calibration(model) -> OnnxCalibration | None:
+    """The NorCal calibration of an ONNX model (a path or ModelProto); None for a plain model."""
+    import onnx
+    from onnx import numpy_helper
+
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.is_file():
+            raise NorcalError(f"{path}: no such ONNX file")
+        try:
+            model = onnx.load(str(path))
+        except Exception as e:  # protobuf's DecodeError and friends: not an ONNX file
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise NorcalError(f"{path}: not a readable ONNX model ({why})") from None
+    meta = {p.key: p.value for p in model.metadata_props if p.key.startswith("norcal.")}
+    prior = next((t for t in model.graph.initializer if t.name == PRIOR_NAME), None)
+    if prior is None:
+        if "norcal.gamma" in meta:
+            raise NorcalError(f"the model's metadata says NorCal gamma {meta['norcal.gamma']} but it has "
+                              f"no {PRIOR_NAME} initializer")
+        return None
+    return OnnxCalibration(
+        log_prior=numpy_helper.to_array(prior).copy(),
+        mechanism=meta.get("norcal.mechanism", "exp"),
+        renormalize=meta.get("norcal.renormalize", "true").lower() != "false",
+        activation=meta.get("norcal.activation", "softmax"),
+        metadata=meta,
+    )
+
+
+def box_predictor(model):
+    """The model's FastRCNNOutputLayers (``roi_heads.box_predictor``)."""
+    pred = getattr(getattr(model, "roi_heads", None), "box_predictor", None)
+    if pred is None or not hasattr(pred, "set_log_prior"):
+        raise NorcalError("the PyTorch model has no NorCal-capable box predictor (roi_heads.box_predictor)")
+    return pred
+
+
+@contextlib.contextmanager
+def predictor_state(pred):
+    """Save a box predictor's NorCal state (log_prior, mechanism, renormalize, all of which
+    ``set_log_prior`` sets) and restore it on exit."""
+    saved = (pred.log_prior, pred.mechanism, pred.renormalize)
+    try:
+        yield pred
+    finally:
+        pred.log_prior, pred.mechanism, pred.renormalize = saved
+
+
+@contextlib.contextmanager
+def calibrated(model, calibration: OnnxCalibration | None):
+    """Within the block the model's box predictor scores with ``calibration`` (None: plain
+    scores); its previous state comes back after."""
+    with predictor_state(box_predictor(model)) as pred:
+        _apply(pred, calibration)
+        yield model
+
+
+def _apply(pred, cal: OnnxCalibration | None) -> None:
+    if cal is None:
+        pred.set_log_prior(None)
+        return
+    model_act = "sigmoid" if pred.use_sigmoid else "softmax"
+    if cal.activation != model_act:
+        raise NorcalError(f"the ONNX model's NorCal node uses {cal.activation} but the PyTorch classifier "
+                          f"uses {model_act}: they are not the same model")
+    # checks the width (C+1)
+    pred.set_log_prior(cal.log_prior.astype(np.float64), cal.mechanism, cal.renormalize)
+
+
+class TorchRunner:
+    """Runner over our PyTorch GeneralizedRCNN (``norcal.export.modeling``), CPU by default.
+
+    model: the detector (``load_detector``); calibration: NorCal to apply while inferring
+    (see :func:`onnx_calibration`); metadata: what an ONNX runner's ``metadata`` would hold
+    (resize sizes), for tools that prepare inputs from it.
+    """
+
+    def __init__(self, model, name: str = "pytorch", calibration: OnnxCalibration | None = None,
+                 metadata: dict[str, str] | None = None, device: str = "cpu", threads: int | None = None):
+        import torch
+
+        self.model = model.eval().to(device)
+        self.device = torch.device(device)
+        self.name = name
+        self.calibration = calibration
+        self.threads = threads
+        self.metadata: dict[str, str] = dict(metadata or {})
+        self.input_names = list(INPUT_NAMES)
+        has_masks = getattr(getattr(model, "roi_heads", None), "mask_head", None) is not None
+        self.output_names = [n for n in OUTPUT_NAMES if n != "masks" or has_masks]
+        if calibration is not None:
+            box_predictor(model)  # fail now, not at the first batch
+
+    @classmethod
+    def from_checkpoint(cls, weights, config=None, name: str = "pytorch",
+                        calibration: OnnxCalibration | None = None, **kw) -> "TorchRunner":
+        """Load a detectron2 checkpoint (+ optional config) as ``load_detector`` does."""
+        from norcal.export.detector import load_detector, runtime_metadata
+
+        spec, model = load_detector(weights, config)
+        return cls(model, name=name, calibration=calibration, metadata=runtime_metadata(spec), **kw)
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """images float32 [B,3,H,W], image_sizes int64 [B,2] -> outputs by name (numpy)."""
+        import torch
+
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise NorcalError(f"{self.name}: missing inputs {', '.join(missing)}")
+        images = torch.as_tensor(np.ascontiguousarray(feeds["images"], np.float32), device=self.device)
+        sizes = torch.as_tensor(np.asarray(feeds["image_sizes"], np.int64), device=self.device)
+        old_threads = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(int(self.threads))
+        try:
+            with torch.no_grad(), calibrated(self.model, self.calibration):
+                out = self.model.inference(images, sizes)
+        finally:
+            torch.set_num_threads(old_threads)
+        return {k: out[k].detach().cpu().numpy() for k in self.output_names}

@@ -1,0 +1,84 @@
+"""The ``norcal`` command line: thin subcommands over the library.
+
+Each module in ``norcal.cli.commands`` is one subcommand; it defines ``HELP`` (one line),
+``DESCRIPTION`` (the --help text), ``add_arguments(parser)`` and ``run(args) -> int``.
+Errors a user can fix (:class:`NorcalError`) print one line on stderr and exit with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import norcal.cli.commands
+from norcal.core.version import __version__
+from norcal.core.errors import NorcalError
+
+
+def _command_modules():
+    for info in sorted(pkgutil.iter_modules(norcal.cli.commands.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            yield info.name, importlib.import_module(f"norcal.cli.commands.{info.name}")
+
+
+def _add_command(sub, name, module):
+    p = sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(p)
+    p.set_defaults(_run=module.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="norcal",
+        description="Bake NorCal long-tail calibration into deployed detectors, run and evaluate them.",
+    )
+    parser.add_argument("--version", action="version", version=f"norcal-deploy {__version__}")
+    sub = parser.add_subparsers(metavar="COMMAND", dest="command")
+    for name, module in _command_modules():
+        _add_command(sub, name, module)
+    return parser
+
+
+# optional dependencies -> the extra that installs them
+_EXTRAS = {"torch": "torch", "torchvision": "torch", "lvis": "eval", "tritonclient": "triton"}
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    try:
+        return int(args._run(args) or 0)
+    except NorcalError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        top = (e.name or "").split(".")[0]
+        if top not in _EXTRAS:
+            raise
+        print(f"error: this needs the optional package {top!r}: pip install "
+              f"'norcal-deploy[{_EXTRAS[top]}]'", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    return _dispatch(args)
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    """``norcal-export``: the same as ``norcal export``."""
+    from norcal.cli.commands import export as module
+
+    parser = argparse.ArgumentParser(prog="norcal-export", description=module.DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(parser)
+    parser.set_defaults(_run=module.run)
+    return _dispatch(parser.parse_args(argv))

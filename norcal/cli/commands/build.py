@@ -1,0 +1,81 @@
+"""norcal build: a TensorRT engine from an exported detector (or the trtexec line for one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from norcal.core.errors import NorcalError
+from norcal.core.profiles import DEFAULT_BATCH
+from norcal.core.fileio import same_file
+
+HELP = "build a TensorRT engine (fp32/fp16) from an exported ONNX detector"
+DESCRIPTION = f"""Build a TensorRT 10 engine from an exported detector with one optimization profile
+over its inputs images [B,3,H,W] and image_sizes [B,2]. The model's NorCal metadata goes into
+a sidecar ENGINE.json that the TensorRT runner reads.
+
+It always prints the equivalent trtexec command first, so a machine with TensorRT but no
+Python package (a Jetson) can build the same engine with trtexec alone; --trtexec-only
+prints it and writes just the sidecar, for use next to the engine trtexec makes.
+
+  norcal build model.onnx -o model.engine
+  norcal build model.onnx --fp16 --batch 1:4:8 --shapes 320x320:800x1088:1344x1344 -o model.engine
+  norcal build model.onnx --shape 800x1088 --workspace 4 --timing-cache trt.cache -o model.engine
+
+Defaults: batch {DEFAULT_BATCH[0]}:{DEFAULT_BATCH[1]}:{DEFAULT_BATCH[2]}; H and W from the model's resize metadata
+(short edge 800, long edge 1333, padded to 32 when absent: 32x32 to 1344x1344, opt 800x1088).
+The model is checked first (norcal check) unless --skip-check.
+"""
+
+
+def add_arguments(p):
+    p.add_argument("model", help="exported ONNX detector")
+    p.add_argument("-o", "--output", required=True, help="engine file to write (e.g. model.engine)")
+    p.add_argument("--fp16", action="store_true", help="let TensorRT use FP16 kernels (I/O stays as in the ONNX)")
+    p.add_argument("--batch", default=None, metavar="MIN:OPT:MAX",
+                   help=f"batch sizes of the profile (default {':'.join(map(str, DEFAULT_BATCH))}; N means N:N:N)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--shape", metavar="HxW", help="one fixed padded image size, e.g. 800x1088")
+    shape.add_argument("--shapes", metavar="MINHxMINW:OPTHxOPTW:MAXHxMAXW",
+                       help="padded image size range, e.g. 320x320:800x1088:1344x1344")
+    p.add_argument("--workspace", type=float, metavar="GB",
+                   help="builder workspace limit in GiB (default: TensorRT's, the device's memory)")
+    p.add_argument("--timing-cache", metavar="FILE",
+                   help="reuse and update this timing cache (faster rebuilds on the same GPU)")
+    p.add_argument("--trtexec-only", action="store_true",
+                   help="print the trtexec command and write only the sidecar; no TensorRT needed")
+    p.add_argument("--skip-check", action="store_true", help="do not run the static TensorRT check first")
+    p.add_argument("--verbose", action="store_true", help="print TensorRT's info messages too")
+
+
+def run(args) -> int:
+    from norcal.runtime.tensorrt_build import (BuildOptions, build_engine, parse_hw,
+                                               parse_hw_range, parse_range, sidecar_path,
+                                               write_trtexec_sidecar)
+    from norcal.workflows.build import prepare
+
+    if same_file(args.model, args.output):
+        raise NorcalError("output path equals the input path; choose another -o")
+    hw = None
+    if args.shape:
+        fixed = parse_hw(args.shape)
+        hw = (fixed, fixed, fixed)
+    elif args.shapes:
+        hw = parse_hw_range(args.shapes)
+    options = BuildOptions(
+        onnx_path=Path(args.model), engine_path=Path(args.output), fp16=args.fp16,
+        batch=parse_range(args.batch) if args.batch else None, hw=hw,
+        workspace_gb=args.workspace, timing_cache=Path(args.timing_cache) if args.timing_cache else None,
+    )
+    if options.workspace_gb is not None and not options.workspace_gb > 0:
+        raise NorcalError(f"--workspace {args.workspace}: must be a positive number of GiB")
+    model, profiles, cmd = prepare(options, check=not args.skip_check)
+    print("equivalent trtexec command:")
+    print(f"  {cmd}", flush=True)
+    if args.trtexec_only:
+        write_trtexec_sidecar(options, model, profiles, cmd)
+        print(f"wrote {sidecar_path(options.engine_path)} (metadata for the engine trtexec will write)")
+        return 0
+    content = build_engine(options, model, profiles, cmd, verbose=args.verbose)
+    print(f"wrote {options.engine_path} ({content['precision']}, TensorRT {content['tensorrt_version']}) "
+          f"and {sidecar_path(options.engine_path)}")
+    return 0

@@ -1,0 +1,70 @@
+"""norcal check: will TensorRT's ONNX parser build this model? (No TensorRT needed.)"""
+
+from __future__ import annotations
+
+from norcal.export.trt_support import OPSET_MAX, OPSET_MIN, TENSORRT_VERSION
+
+HELP = f"check an ONNX model against the TensorRT {TENSORRT_VERSION} ONNX parser (no TensorRT needed)"
+DESCRIPTION = f"""Check every operator, data type and attribute of an ONNX model against the
+TensorRT {TENSORRT_VERSION} ONNX parser's support matrix, without TensorRT installed.
+
+Model-local functions (like the NorCal node) are expanded and their bodies checked. Also
+checked: opset {OPSET_MIN}..{OPSET_MAX}; TopK K < 3840 and sorted=1; RoiAlign's sampling_ratio written
+(TensorRT reads a missing one as 1, ONNX as 0); Resize modes; Reduce* axes initializers;
+Squeeze/Unsqueeze axes constant; ScatterND reduction none; Cast targets; UINT8 only at the
+network's inputs and outputs; DOUBLE (warned: cast to FLOAT); NonMaxSuppression's limit of
+5000 candidates per batch item (warned). Every dynamic input dimension must be covered by an
+optimization profile: the detector inputs images [B,3,H,W] and image_sizes [B,2] get a default
+one (stated in the output); other inputs need --profile.
+
+  norcal check model.onnx
+  norcal check model.onnx --profile images:1x3x320x320:2x3x800x1088:4x3x1344x1344 \\
+                          --profile image_sizes:1x2:2x2:4x2
+
+Exit status: 0 compatible (warnings allowed), 1 not compatible, 2 bad input.
+"""
+
+
+def add_arguments(p):
+    p.add_argument("model", help="ONNX model to check")
+    p.add_argument("--profile", action="append", default=[], metavar="INPUT:MIN:OPT:MAX",
+                   help="optimization profile for one input, shapes as dims joined by 'x' "
+                        "(repeat per input; overrides the default profile for that input)")
+    p.add_argument("--quiet", action="store_true", help="print only the verdict and the errors")
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from norcal.core.profiles import parse_profile
+    from norcal.export.trt_check import check_model
+
+    profiles = [parse_profile(t) for t in args.profile]
+    report = check_model(args.model, profiles)
+    console = Console(soft_wrap=True)
+    shown = report.errors if args.quiet else report.findings
+    if shown:
+        table = Table("severity", "node", "op_type", "reason", title="TensorRT findings")
+        for f in shown:
+            style = "red" if f.severity == "error" else "yellow"
+            table.add_row(f"[{style}]{f.severity}[/{style}]", f.node, f.op_type, f.reason)
+        console.print(table)
+    if not args.quiet:
+        if report.profiles:
+            pt = Table("input", "min", "opt", "max", "source", title="optimization profile")
+            for p in report.profiles.values():
+                pt.add_row(p.input, "x".join(map(str, p.min)), "x".join(map(str, p.opt)),
+                           "x".join(map(str, p.max)), p.source)
+            console.print(pt)
+        for note in report.notes:
+            console.print(f"note: {note}")
+    summary = (f"{args.model}: opset {report.opset}, {report.num_nodes} nodes "
+               f"({len(report.op_types)} op types), {len(report.errors)} errors, "
+               f"{len(report.warnings)} warnings")
+    console.print(summary)
+    if report.compatible:
+        console.print(f"[green]compatible[/green] with the TensorRT {report.tensorrt_version} ONNX parser")
+        return 0
+    console.print(f"[red]NOT compatible[/red] with the TensorRT {report.tensorrt_version} ONNX parser")
+    return 1

@@ -1,0 +1,126 @@
+"""norcal infer: run a detector on images and write COCO/LVIS results JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from norcal.core.errors import NorcalError
+
+HELP = "run a model (.onnx or TensorRT engine) on images; write LVIS/COCO results JSON"
+DESCRIPTION = """Run an exported detector on images, batched, and write results JSON that lvis-api
+and pycocotools load (bbox as [x, y, w, h] in original image pixels, score, category_id,
+and an RLE segmentation for mask models).
+
+  norcal infer model.onnx val/ -o results.json
+  norcal infer model.onnx a.jpg b.jpg --batch 4 --provider cuda -o results.json
+  norcal infer model.engine val2017/ --image-ids lvis_v1_val.json -o results.json
+
+Images are resized as the model's metadata says (norcal.min_size_test / max_size_test,
+detectron2's ResizeShortestEdge); --min-size/--max-size override it. Folders are searched
+recursively for image files. Files that cannot be read are listed at the end, not fatal.
+
+Image ids: with --image-ids, from the annotation file (matched by file name; files it does
+not list are skipped and reported); otherwise the file name's stem as an integer
+(000000397133.jpg -> 397133), or the stem itself.
+Category ids (class index i -> the i-th category id in id order): from --image-ids's
+categories, else --table, else the model's metadata (norcal.category_ids, norcal.table),
+else i + 1 (detectron2's LVIS convention).
+"""
+
+
+def add_arguments(p):
+    p.add_argument("model", help="model file: .onnx (ONNX Runtime) or .engine/.plan (TensorRT)")
+    p.add_argument("inputs", nargs="+", metavar="IMAGES_OR_DIRS", help="image files and/or folders")
+    p.add_argument("-o", "--output", required=True, help="results JSON to write")
+    p.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
+    p.add_argument("--provider", choices=("cpu", "cuda", "tensorrt"),
+                   help="ONNX Runtime execution provider for .onnx models (default cpu)")
+    p.add_argument("--min-size", type=int, help="override the resize short edge (norcal.min_size_test)")
+    p.add_argument("--max-size", type=int, help="override the resize long-edge cap (norcal.max_size_test)")
+    p.add_argument("--image-ids", metavar="ANNOTATIONS.json",
+                   help="COCO/LVIS annotations giving image ids (by file name) and category ids")
+    p.add_argument("--table", help="calibration table (built-in name or JSON) giving category ids")
+    p.add_argument("--no-masks", action="store_true", help="write boxes only, even for mask models")
+
+
+def _image_id(path: Path, by_name: dict[str, int] | None):
+    if by_name is not None:
+        return by_name[path.name]
+    return int(path.stem) if path.stem.isdigit() else path.stem
+
+
+def _category_ids(args, meta, from_annotations):
+    from norcal.core.contract import NUM_CLASSES, TABLE, metadata_category_ids
+    from norcal.core.tables import builtin_names, load_table
+
+    ids, source = from_annotations, "--image-ids"
+    if ids is None and args.table:
+        ids, source = load_table(args.table).category_ids, f"table {args.table}"
+    if ids is None:
+        ids, source = metadata_category_ids(meta), "model metadata"
+    if ids is None and meta.get(TABLE) in builtin_names():
+        ids, source = load_table(meta[TABLE]).category_ids, f"table {meta[TABLE]} (model metadata)"
+    n = meta.get(NUM_CLASSES)
+    if ids is not None and n and n.isdigit() and int(n) != len(ids):
+        raise NorcalError(f"the model has {n} classes but {source} lists {len(ids)} categories")
+    return ids, source if ids is not None else "class index + 1"
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, \
+        TimeElapsedColumn
+    from rich.text import Text
+
+    from norcal.core.fileio import same_file, write_json
+    from norcal.core.contract import input_spec
+    from norcal.runtime.images import expand_inputs
+    from norcal.runtime.inference import run_images, runner_metadata
+    from norcal.runtime.results import category_ids_from_annotations, detections_to_results
+    from norcal.runtime.runners import open_runner
+
+    console = Console(stderr=True, soft_wrap=True)
+    if args.batch < 1:
+        raise NorcalError(f"--batch must be >= 1, got {args.batch}")
+    paths = expand_inputs(args.inputs)
+    if not paths:
+        raise NorcalError("no image files found in " + ", ".join(args.inputs))
+    if any(same_file(p, args.output) for p in paths) or same_file(args.model, args.output):
+        raise NorcalError("output path equals an input path; choose another -o")
+    by_name, ann_cats = None, None
+    if args.image_ids:
+        ann_cats, by_name = category_ids_from_annotations(args.image_ids)
+        unknown = [p for p in paths if p.name not in by_name]
+        paths = [p for p in paths if p.name in by_name]
+        if not paths:
+            raise NorcalError(f"none of the {len(unknown)} image files is in {args.image_ids} "
+                              f"(matched by file name, e.g. {unknown[0].name})")
+
+    runner = open_runner(args.model, args.provider)
+    meta = runner_metadata(runner)
+    spec = input_spec(meta, args.min_size, args.max_size)
+    cat_ids, cat_source = _category_ids(args, meta, ann_cats)
+    with_masks = not args.no_masks and "masks" in runner.output_names
+    console.print(f"{runner.name}: {len(paths)} images, batch {args.batch}, resize "
+                  f"{spec.min_size}/{spec.max_size} {spec.input_format}, categories from {cat_source}")
+
+    class Rate(ProgressColumn):
+        def render(self, task):
+            return Text(f"{task.speed:.1f} images/s" if task.speed else "- images/s")
+
+    results, done_images = [], 0
+    failed = [(p, f"not in {args.image_ids}") for p in unknown] if args.image_ids else []
+    with Progress(TextColumn("infer"), BarColumn(), MofNCompleteColumn(), Rate(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("infer", total=len(paths))
+        for path, det in run_images(runner, paths, args.batch, spec, failed,
+                                    on_done=lambda n: progress.advance(task, n)):
+            results.extend(detections_to_results(_image_id(path, by_name), det, cat_ids, with_masks))
+            done_images += 1
+    write_json(args.output, results, indent=None)
+    console.print(f"wrote {args.output}: {len(results)} detections on {done_images} images")
+    if failed:
+        console.print(f"[yellow]{len(failed)} file(s) skipped:[/yellow]")
+        for p, why in failed:
+            console.print(f"  {p}: {why}")
+    return 0

@@ -1,0 +1,197 @@
+"""norcal parity: PyTorch vs ONNX Runtime vs TensorRT on the same batches, judged per output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from norcal.core.errors import NorcalError
+
+HELP = "check that ONNX Runtime / TensorRT give the same detections as the PyTorch model"
+DESCRIPTION = """Run the same prepared batches through every backend and compare their outputs.
+
+Backends: PyTorch (our detectron2-compatible model, rebuilt from --checkpoint), ONNX Runtime
+(MODEL.onnx) and TensorRT (--engine, when TensorRT and a GPU are present; otherwise a note).
+The reference is PyTorch when --checkpoint is given, else ONNX Runtime. For a NorCal model the
+PyTorch side gets the same calibration: the ONNX's norcal.log_prior initializer and norcal.*
+metadata (gamma, factor, mechanism, table) are applied to its box predictor.
+
+How outputs are judged (norcal.workflows.parity):
+  * detections are matched as sets per image (same class, box IoU >= a threshold), because
+    scores that tie to 1e-6 reorder outputs between two correct backends; boxes, scores and
+    masks are compared on the matched pairs (column "in order" shows the naive view);
+  * a detection on one side only is excused when its score sits on the other side's boundary
+    (its lowest kept score when all K slots are full, else the score threshold);
+  * tolerances per precision:
+    fp32 (ONNX Runtime): element level, boxes 1e-2 px, scores 1e-4, masks 1e-3, and >= 99% of
+      detections paired at IoU >= 0.99 (a near-tie inside the graph, e.g. at the RPN's
+      per-level top-1000, can swap one proposal and so one detection); AP within 0.001;
+    tf32 (TensorRT fp32 engines: TF32 is TensorRT's default) and fp16: detection level only,
+      >= 95% / 90% paired at IoU >= 0.9 / 0.8, scores within 1e-2 / 2e-2, AP within 0.005 / 0.01.
+IMAGES come right after MODEL (argparse takes positionals in one run).
+Exit status: 0 when every comparison passes, 1 when one fails, 2 on bad input.
+
+examples:
+  norcal parity model.norcal.onnx val/*.jpg --checkpoint model_final.pth --config config.yaml
+  norcal parity model.norcal.onnx --checkpoint model_final.pth            (3 synthetic images)
+  norcal parity model.norcal.onnx val/ --engine model.fp16.engine --gt lvis_v1_val.json --batch 4
+"""
+
+
+def add_arguments(p):
+    p.add_argument("model", help="the ONNX model (run with ONNX Runtime)")
+    p.add_argument("images", nargs="*", metavar="IMAGES_OR_DIRS",
+                   help="images and/or folders (default: synthetic images, see --synthetic)")
+    p.add_argument("--checkpoint", metavar="MODEL.pth", help="detectron2 checkpoint the ONNX was exported from "
+                                                             "(adds PyTorch, the reference)")
+    p.add_argument("--config", help="its detectron2 config yaml (default: inferred, as norcal export does)")
+    p.add_argument("--engine", help="a TensorRT engine built from MODEL.onnx (norcal build)")
+    p.add_argument("--engine-precision", choices=("fp32", "tf32", "fp16"),
+                   help="tolerance preset for the engine (default: fp16 engines fp16, others tf32)")
+    p.add_argument("--provider", choices=("cpu", "cuda", "tensorrt"), default="cpu",
+                   help="ONNX Runtime execution provider (default cpu)")
+    p.add_argument("--gt", metavar="ANNOTATIONS.json",
+                   help="COCO/LVIS annotations of the images (matched by file name): adds box AP per backend")
+    p.add_argument("--batch", type=int, default=1, help="images per batch, the same for every backend (default 1)")
+    p.add_argument("--synthetic", type=int, default=3, metavar="N",
+                   help="how many synthetic images to use when no IMAGES are given (default 3)")
+    p.add_argument("--limit", type=int, metavar="N", help="use only the first N images")
+    p.add_argument("--json", metavar="OUT.json", help="also write the comparison as JSON")
+
+
+def _engine_runner(args, console):
+    """The TensorRT runner, or None with a printed note when TensorRT or a GPU is missing."""
+    import importlib.util
+
+    engine = Path(args.engine)
+    if not engine.is_file():
+        raise NorcalError(f"{engine}: no such engine file")
+    why = None
+    if importlib.util.find_spec("tensorrt") is None:
+        why = "TensorRT's Python package is not installed"
+    else:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                why = "no CUDA GPU is visible"
+        except ImportError:
+            why = "torch is not installed"
+    if why:
+        console.print(f"[yellow]note:[/yellow] TensorRT not compared ({why}); {engine.name} was not run")
+        return None
+    from norcal.runtime.tensorrt_runner import TensorRTRunner
+
+    runner = TensorRTRunner(engine)
+    if args.engine_precision:
+        runner.precision = args.engine_precision
+    return runner
+
+
+def _load_images(args, console):
+    from norcal.runtime.images import expand_inputs, read_images
+    from norcal.workflows.parity import synthetic_images
+
+    if not args.images:
+        if args.gt:
+            raise NorcalError("--gt needs the annotated images as IMAGES")
+        if args.synthetic < 1:
+            raise NorcalError(f"--synthetic must be >= 1, got {args.synthetic}")
+        console.print(f"no images given: using {args.synthetic} synthetic images (shapes on a smooth "
+                      f"background, seed 0)")
+        return synthetic_images(args.synthetic), None
+    paths = expand_inputs(args.images)
+    if args.limit is not None:
+        paths = paths[: args.limit]
+    if not paths:
+        raise NorcalError("no image files found in " + ", ".join(args.images))
+    return read_images(paths), paths
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from norcal.core.fileio import write_json
+    from norcal.core.contract import DETECTOR, input_spec
+    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.workflows.parity import (PRESETS, fixed_input_shape, render_tables, report_json, run_parity,
+                                       runner_precision, verdict_lines)
+    from norcal.export.torch_runner import TorchRunner, onnx_calibration
+
+    console = Console(soft_wrap=True)
+    if args.batch < 1:
+        raise NorcalError(f"--batch must be >= 1, got {args.batch}")
+    if args.limit is not None and args.limit < 1:
+        raise NorcalError(f"--limit must be >= 1, got {args.limit}")
+    if args.config and not args.checkpoint:
+        raise NorcalError("--config goes with --checkpoint")
+    if not args.checkpoint and not args.engine:
+        raise NorcalError("nothing to compare ONNX Runtime with: give --checkpoint (PyTorch) and/or --engine")
+    images, paths = _load_images(args, console)
+
+    ort = OnnxRuntimeRunner(args.model, args.provider)
+    calibration = onnx_calibration(args.model)
+    runners = []
+    if args.checkpoint:
+        with console.status("loading the PyTorch model"):
+            runners.append(TorchRunner.from_checkpoint(args.checkpoint, args.config, calibration=calibration))
+        console.print(f"PyTorch: {Path(args.checkpoint).name} with "
+                      f"{calibration.describe() if calibration else 'plain scores (the ONNX has no NorCal node)'}")
+    runners.append(ort)
+    if args.engine:
+        trt = _engine_runner(args, console)
+        if trt is not None:
+            mine, theirs = ort.metadata.get("norcal.gamma"), trt.metadata.get("norcal.gamma")
+            if trt.metadata and mine != theirs:
+                console.print(f"[yellow]note:[/yellow] the engine was built with NorCal gamma {theirs}, "
+                              f"the ONNX has {mine}")
+            runners.append(trt)
+    if len(runners) < 2:
+        raise NorcalError("nothing left to compare: TensorRT is unavailable and no --checkpoint was given")
+
+    meta = ort.metadata
+    spec = input_spec(meta)
+    score_thresh = 0.0
+    try:
+        import json
+
+        score_thresh = float(json.loads(meta.get(DETECTOR, "{}")).get("score_thresh_test", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        pass  # unknown: only a zero score may then be missing on one side
+    gt = image_ids = cat_ids = None
+    if args.gt:
+        from norcal.runtime.results import category_ids_from_annotations
+
+        cat_ids, by_name = category_ids_from_annotations(args.gt)
+        unknown = [p.name for p in paths if p.name not in by_name]
+        if unknown:
+            raise NorcalError(f"{len(unknown)} image(s) are not in {args.gt} (by file name), e.g. {unknown[0]}")
+        gt, image_ids = args.gt, [by_name[p.name] for p in paths]
+    tolerances = {r.name: PRESETS[runner_precision(r)] for r in runners}
+    fixed = fixed_input_shape(ort)
+    if fixed and fixed[0] and fixed[0] != args.batch:
+        console.print(f"the model's batch is fixed at {fixed[0]}: using batch {fixed[0]}")
+        args.batch = fixed[0]
+    console.print(f"{len(images)} images, batch {args.batch}, resize {spec.min_size}/{spec.max_size} "
+                  f"{spec.input_format}; reference {runners[0].name}; "
+                  + ", ".join(f"{r.name}: {tolerances[r.name].precision}" for r in runners[1:]))
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        tasks = {r.name: progress.add_task(r.name, total=len(images)) for r in runners}
+        result = run_parity(runners, images, min_size=spec.min_size, max_size=spec.max_size,
+                            input_format=spec.input_format, divisibility=spec.divisibility,
+                            batch_size=args.batch, tolerances=tolerances, score_thresh=score_thresh,
+                            gt=gt, image_ids=image_ids, category_ids=cat_ids, fixed_shape=fixed,
+                            on_batch=lambda name, done: progress.update(tasks[name], completed=done))
+    for t in render_tables(result):
+        console.print(t)
+    for line in verdict_lines(result):
+        style = "green" if line.startswith("PASS") else "red"
+        console.print(f"[{style}]{escape(line)}[/{style}]", highlight=False)
+    if args.json:
+        write_json(args.json, report_json(result))
+        console.print(f"wrote {args.json}")
+    return 0 if result.passed else 1

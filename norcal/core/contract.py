@@ -1,0 +1,80 @@
+"""The ONNX contract's metadata: key names written once, read by every tool.
+
+An exported detector records in its ``metadata_props`` how its input must be prepared
+and what its class indices mean. The exporter writes these keys; runners read them.
+Values are strings (ONNX metadata is string to string).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from norcal.core.errors import NorcalError
+
+# The graph I/O of an exported detector: images float32 [B,3,H,W] (BGR 0-255, resized and padded by
+# the host), image_sizes int64 [B,2] (each image's resized H, W); fixed-size padded outputs.
+INPUT_NAMES = ("images", "image_sizes")
+OUTPUT_NAMES = ("num_detections", "boxes", "scores", "classes", "masks")
+
+MIN_SIZE_TEST = "norcal.min_size_test"  # ResizeShortestEdge short edge, e.g. "800"
+MAX_SIZE_TEST = "norcal.max_size_test"  # ResizeShortestEdge long-edge cap, e.g. "1333"
+INPUT_FORMAT = "norcal.input_format"  # channel order the graph wants: "BGR" or "RGB"
+SIZE_DIVISIBILITY = "norcal.size_divisibility"  # pad H and W to a multiple of this, e.g. "32"
+NUM_CLASSES = "norcal.num_classes"  # foreground classes C
+TABLE = "norcal.table"  # calibration table name (maps class index -> category id)
+CATEGORY_IDS = "norcal.category_ids"  # optional JSON list: class index -> dataset category id
+DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, mask_on, score_thresh_test, ...)
+
+# detectron2's defaults (config/defaults.py) when a model carries no metadata.
+DEFAULTS = {MIN_SIZE_TEST: "800", MAX_SIZE_TEST: "1333", INPUT_FORMAT: "BGR", SIZE_DIVISIBILITY: "32"}
+
+
+@dataclass
+class InputSpec:
+    """How host code prepares images for one model."""
+
+    min_size: int
+    max_size: int
+    input_format: str = "BGR"
+    divisibility: int = 32
+
+
+def _int(meta: dict[str, str], key: str) -> int:
+    raw = meta.get(key, DEFAULTS.get(key))
+    try:
+        value = int(float(raw))
+    except (TypeError, ValueError):
+        raise NorcalError(f"model metadata {key}={raw!r} is not an integer") from None
+    if value <= 0:
+        raise NorcalError(f"model metadata {key}={raw!r} must be positive")
+    return value
+
+
+def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int | None = None,
+               input_format: str | None = None) -> InputSpec:
+    """The model's preprocessing settings from its metadata, with explicit overrides winning."""
+    fmt = (input_format or meta.get(INPUT_FORMAT) or DEFAULTS[INPUT_FORMAT]).upper()
+    if fmt not in ("BGR", "RGB"):
+        raise NorcalError(f"input format must be BGR or RGB, got {fmt!r}")
+    spec = InputSpec(
+        min_size=int(min_size) if min_size is not None else _int(meta, MIN_SIZE_TEST),
+        max_size=int(max_size) if max_size is not None else _int(meta, MAX_SIZE_TEST),
+        input_format=fmt,
+        divisibility=_int(meta, SIZE_DIVISIBILITY),
+    )
+    if spec.min_size <= 0 or spec.max_size <= 0:
+        raise NorcalError(f"--min-size and --max-size must be positive, got {spec.min_size}, {spec.max_size}")
+    return spec
+
+
+def metadata_category_ids(meta: dict[str, str]) -> list[int] | None:
+    """The class index -> category id list a model carries, or None."""
+    raw = meta.get(CATEGORY_IDS)
+    if not raw:
+        return None
+    try:
+        ids = [int(v) for v in json.loads(raw)]
+    except (ValueError, TypeError):
+        raise NorcalError(f"model metadata {CATEGORY_IDS} is not a JSON list of integers") from None
+    return ids

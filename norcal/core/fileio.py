@@ -1,0 +1,68 @@
+"""Atomic file writes: a temp file in the target's folder, then one rename."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
+    write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def read_json(path: str | os.PathLike, what: str = "") -> Any:
+    """Parse a JSON file; a missing, non-JSON or folder path is a NorcalError (``what`` names it)."""
+    from norcal.core.errors import NorcalError
+
+    p = Path(path)
+    label = f"{what} {p}" if what else str(p)
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise NorcalError(f"{label}: no such file") from None
+    except IsADirectoryError:
+        raise NorcalError(f"{label}: is a directory, not a JSON file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NorcalError(f"{label}: not valid JSON ({e})") from None
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """True when two paths name the same file (the second need not exist)."""
+    a, b = Path(a), Path(b)
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()

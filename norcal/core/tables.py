@@ -1,0 +1,181 @@
+"""Calibration tables: per-class training counts (N_c) in a model's class order.
+
+A table is JSON: ``name``, ``source``, ``count_type`` ('image' or 'instance') and
+``categories``: [{id, name, image_count, instance_count, frequency}] in the model's class
+order (category id order for COCO/LVIS). Built-ins ship in ``norcal.calibration_tables``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from norcal.core.calibration import check_counts
+from norcal.core.errors import NorcalError
+from norcal.core.fileio import read_json, write_json
+
+COUNT_TYPES = ("image", "instance")
+GROUPS = {"r": "rare", "c": "common", "f": "frequent"}
+
+
+def frequency_group(image_count: float) -> str:
+    """LVIS's split: rare <= 10 training images, common 11-100, frequent > 100."""
+    if image_count <= 10:
+        return "r"
+    return "c" if image_count <= 100 else "f"
+
+
+@dataclass
+class CalibrationTable:
+    name: str
+    source: str
+    count_type: str
+    categories: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.categories)
+
+    @property
+    def names(self) -> list[str]:
+        return [c["name"] for c in self.categories]
+
+    @property
+    def category_ids(self) -> list[int]:
+        return [int(c["id"]) for c in self.categories]
+
+    @property
+    def frequencies(self) -> list[str]:
+        return [c["frequency"] for c in self.categories]
+
+    def counts(self, count_type: str | None = None) -> np.ndarray:
+        """N_c as float64 [C], validated (an error names a class with a bad count)."""
+        kind = count_type or self.count_type
+        if kind not in COUNT_TYPES:
+            raise NorcalError(f"count type must be one of {', '.join(COUNT_TYPES)}, got {kind!r}")
+        key = f"{kind}_count"
+        raw = []
+        for c in self.categories:
+            v = c.get(key)
+            raw.append(float("nan") if v is None else v)
+        try:
+            return check_counts(raw, self.names)
+        except NorcalError as e:
+            raise NorcalError(f"table {self.name!r}: {e}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "count_type": self.count_type,
+                "categories": self.categories}
+
+    @property
+    def sha256(self) -> str:
+        """Digest of the table's canonical JSON (independent of file formatting)."""
+        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def save(self, path: str | Path) -> None:
+        write_json(path, self.to_json(), indent=1)
+
+    def group_counts(self) -> dict[str, int]:
+        out = {"r": 0, "c": 0, "f": 0}
+        for f in self.frequencies:
+            out[f] = out.get(f, 0) + 1
+        return out
+
+
+def builtin_names() -> list[str]:
+    files = resources.files("norcal.calibration_tables")
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
+
+
+def _from_json(data: Any, where: str) -> CalibrationTable:
+    if not isinstance(data, dict) or not isinstance(data.get("categories"), list):
+        raise NorcalError(f"{where}: not a calibration table (no 'categories' list)")
+    for i, c in enumerate(data["categories"]):
+        if not isinstance(c, dict) or "name" not in c or "id" not in c:
+            raise NorcalError(f"{where}: category {i} needs at least 'id' and 'name'")
+        c.setdefault("frequency", frequency_group(c.get("image_count") or 0))
+    return CalibrationTable(
+        name=str(data.get("name", Path(where).stem)),
+        source=str(data.get("source", where)),
+        count_type=str(data.get("count_type", "image")),
+        categories=data["categories"],
+    )
+
+
+def load_table(name_or_path: str | Path) -> CalibrationTable:
+    """A built-in table by name (``lvis_v1``, ``lvis_v0_5``), a table JSON file, or a COCO/LVIS
+    training annotation file (counted as :func:`build_table` does, N_c = images)."""
+    s = str(name_or_path)
+    if s in builtin_names():
+        text = resources.files("norcal.calibration_tables").joinpath(f"{s}.json").read_text()
+        return _from_json(json.loads(text), s)
+    p = Path(s)
+    if not p.is_file():
+        raise NorcalError(
+            f"no calibration table {s!r}: not a built-in ({', '.join(builtin_names())}) nor a file"
+        )
+    data = read_json(p)
+    if isinstance(data, dict) and "annotations" in data:
+        return table_from_annotations(data, p)
+    return _from_json(data, str(p))
+
+
+def build_table(annotations: str | Path, count_type: str = "image",
+                name: str | None = None) -> CalibrationTable:
+    """Count N_c from a COCO- or LVIS-format annotation file, classes in category id order.
+
+    image_count: images containing the class; instance_count: its annotations. A file with
+    no ``annotations`` but categories that carry image_count/instance_count (LVIS's category
+    lists) is taken as it stands.
+    """
+    p = Path(annotations)
+    return table_from_annotations(read_json(p), p, count_type, name)
+
+
+def table_from_annotations(data: Any, path: str | Path, count_type: str = "image",
+                           name: str | None = None) -> CalibrationTable:
+    """:func:`build_table` on an annotation file already loaded (``path`` names it in errors)."""
+    if count_type not in COUNT_TYPES:
+        raise NorcalError(f"--count must be one of {', '.join(COUNT_TYPES)}, got {count_type!r}")
+    p = Path(path)
+    if not isinstance(data, dict) or not isinstance(data.get("categories"), list):
+        raise NorcalError(f"{p}: not a COCO/LVIS annotation file (no 'categories' list)")
+    for i, c in enumerate(data["categories"]):
+        if not isinstance(c, dict) or not isinstance(c.get("id"), int):
+            raise NorcalError(f"{p}: category {i} has no integer 'id'")
+    cats = sorted(data["categories"], key=lambda c: c["id"])
+    anns = data.get("annotations")
+    if anns is None:
+        if not all("image_count" in c and "instance_count" in c for c in cats):
+            raise NorcalError(f"{p}: has no 'annotations' and its categories carry no counts")
+        images = {c["id"]: c["image_count"] for c in cats}
+        instances = {c["id"]: c["instance_count"] for c in cats}
+    else:
+        known = {c["id"] for c in cats}
+        per_cat_images: dict[int, set] = {c["id"]: set() for c in cats}
+        instances = {c["id"]: 0 for c in cats}
+        for i, a in enumerate(anns):
+            if not isinstance(a, dict) or "category_id" not in a or "image_id" not in a:
+                raise NorcalError(f"{p}: annotation {i} needs 'image_id' and 'category_id'")
+            cid = a["category_id"]
+            if cid not in known:
+                raise NorcalError(f"{p}: annotation {a.get('id')} has unknown category_id {cid}")
+            per_cat_images[cid].add(a["image_id"])
+            instances[cid] += 1
+        images = {k: len(v) for k, v in per_cat_images.items()}
+    categories = [
+        {"id": c["id"], "name": c.get("name", str(c["id"])),
+         "image_count": int(images[c["id"]]), "instance_count": int(instances[c["id"]]),
+         "frequency": frequency_group(images[c["id"]])}
+        for c in cats
+    ]
+    source = data.get("source") or f"{p.name}"
+    return CalibrationTable(name=name or p.stem, source=str(source), count_type=count_type,
+                            categories=categories)

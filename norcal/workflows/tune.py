@@ -1,0 +1,502 @@
+"""Tune NorCal's gamma: run the network once, then re-score cached head outputs per gamma.
+
+NorCal only changes the box classifier's scores, and it acts before class-wise NMS and the
+top-K cut. So the expensive part (backbone, RPN, box head) is computed once per image and
+cached as the box predictor's inputs (proposals, class logits, box deltas, image sizes); each
+gamma then re-runs only the model's own post-processing (``FastRCNNOutputLayers.inference``:
+scores, per-class decoding, clipping, score threshold, class-wise NMS, top-K) on the cache,
+batched, and the detections are evaluated with LVIS AP.
+
+    from norcal.workflows.tune import tune
+    result = tune("model_final.pth", "train_5k.json", "train_images/", gammas=[0, 0.5, 1.0],
+                  table="lvis_v1", config="config.yaml")
+    result.best.gamma, [p.stats["AP"] for p in result.points]
+
+The cache holds per image P x (C+1) logits and P x 4C deltas (float32): 48 images of the
+60-class fixture take 28 MiB, an LVIS model (1203 classes, 1000 proposals) ~24 MB per image.
+``tune`` therefore streams: images go through in chunks that fit a memory budget, each chunk
+is re-scored at every gamma and dropped, and only the detections (<= 300 per image and
+gamma) are kept for the evaluation at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from norcal.core.calibration import check_gamma, log_prior
+from norcal.core.errors import NorcalError
+from norcal.core.tables import CalibrationTable
+
+
+MAX_GAMMAS = 1000  # more is a typo (a tiny step), not a sweep
+
+
+def parse_gammas(text: str) -> list[float]:
+    """'0:1.5:0.1' (start:stop:step, stop included) or '0,0.5,1' -> sorted unique gammas
+    (finite, at most :data:`MAX_GAMMAS`)."""
+    text = str(text).strip()
+    try:
+        if ":" in text:
+            parts = [float(v) for v in text.split(":")]
+            if len(parts) != 3:
+                raise ValueError
+            if not all(math.isfinite(v) for v in parts):
+                raise NorcalError(f"gamma range {text!r}: start, stop and step must be finite")
+            start, stop, step = parts
+            if step <= 0 or stop < start:
+                raise NorcalError(f"gamma range {text!r}: need start <= stop and step > 0")
+            n = (stop - start) / step + 1e-9
+            if not math.isfinite(n) or n >= MAX_GAMMAS:
+                raise NorcalError(f"gamma range {text!r} gives more than {MAX_GAMMAS} gammas: "
+                                  "use a larger step")
+            values = [round(start + i * step, 10) for i in range(int(math.floor(n)) + 1)]
+        else:
+            values = [float(v) for v in text.split(",") if v.strip()]
+            if not all(math.isfinite(v) for v in values):
+                raise NorcalError(f"gammas {text!r}: every gamma must be finite")
+            if len(values) > MAX_GAMMAS:
+                raise NorcalError(f"gammas {text!r}: more than {MAX_GAMMAS} values")
+    except ValueError:
+        raise NorcalError(f"gammas {text!r}: expected start:stop:step (e.g. 0:1.5:0.1) "
+                          "or a comma list (e.g. 0,0.5,1)") from None
+    if not values:
+        raise NorcalError(f"gammas {text!r}: no values")
+    return sorted(set(values))
+
+
+def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable:
+    """A table as given, or what :func:`norcal.core.tables.load_table` makes of a name or path
+    (a built-in, a table JSON, or a COCO/LVIS training annotation file)."""
+    from norcal.core.tables import load_table
+
+    return arg if isinstance(arg, CalibrationTable) else load_table(arg)
+
+
+# ----------------------------------------------------------------------------- the cache
+
+@dataclass
+class HeadCache:
+    """The box predictor's inputs for N images (resized-image coordinates).
+
+    proposals float32 [N, P, 4] (x0, y0, x1, y1); valid bool [N, P]; cls_logits float32
+    [N, P, C+1] (background last); box_deltas float32 [N, P, K*4]; image_sizes int64 [N, 2]
+    resized (h, w); original_sizes int64 [N, 2]; image_ids [N].
+    """
+
+    image_ids: list
+    proposals: Any
+    valid: Any
+    cls_logits: Any
+    box_deltas: Any
+    image_sizes: np.ndarray
+    original_sizes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.numel() * t.element_size()) for t in
+                   (self.proposals, self.valid, self.cls_logits, self.box_deltas))
+
+
+def estimate_cache_bytes(spec, num_images: int) -> int:
+    """Upper bound of the cache for ``num_images``: P = the RPN's post-NMS top-k proposals,
+    each with C+1 logits, K*4 deltas, a box and a valid flag (float32 / bool)."""
+    k = 1 if spec.cls_agnostic_bbox_reg else spec.num_classes
+    per_proposal = 4 * (spec.num_classes + 1 + 4 * k + 4) + 1
+    return int(num_images) * int(spec.rpn_post_nms_topk_test) * per_proposal
+
+
+@contextmanager
+def _heads_only(model):
+    """Skip work the cache pass does not need: the mask head, and the baseline NMS (a score
+    threshold no probability reaches leaves NMS nothing to do). Restored on exit."""
+    heads = model.roi_heads
+    predictor = heads.box_predictor
+    mask_head, thresh = heads.mask_head, predictor.score_thresh
+    heads.mask_head, predictor.score_thresh = None, 2.0
+    try:
+        yield
+    finally:
+        heads.mask_head, predictor.score_thresh = mask_head, thresh
+
+
+def _pad_to(t, p: int, value=0):
+    """Pad dim 1 of t to p entries (batches may differ in proposal count)."""
+    import torch
+
+    if t.shape[1] == p:
+        return t
+    pad = torch.full((t.shape[0], p - t.shape[1]) + tuple(t.shape[2:]), value, dtype=t.dtype)
+    return torch.cat([t, pad], dim=1)
+
+
+def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], batch_size: int = 4,
+                       on_done: Callable[[int], None] | None = None) -> HeadCache:
+    """Run ``model`` (our PyTorch detector, eval mode) once over ``images`` ((image_id, path)
+    pairs) in padded batches prepared as the exported graph's host code does
+    (:func:`norcal.runtime.preprocess.prepare_batch`) and cache the box predictor's inputs."""
+    import torch
+
+    from norcal.runtime.images import read_images
+    from norcal.runtime.preprocess import prepare_batch
+
+    if batch_size < 1:
+        raise NorcalError(f"batch size must be >= 1, got {batch_size}")
+    parts: dict[str, list] = {k: [] for k in ("proposals", "proposal_valid", "cls_logits", "box_deltas")}
+    sizes, originals, ids = [], [], []
+    with torch.no_grad(), _heads_only(model):
+        for s in range(0, len(images), batch_size):
+            chunk = images[s:s + batch_size]
+            arrays = read_images([path for _, path in chunk])
+            b = prepare_batch(arrays, spec.min_size_test, spec.max_size_test, "BGR",
+                              spec.size_divisibility)
+            out = model.inference(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes),
+                                  intermediates=True)
+            for k in parts:
+                parts[k].append(out[k].detach().cpu())
+            sizes.append(b.image_sizes)
+            originals.append(b.original_sizes)
+            ids.extend(i for i, _ in chunk)
+            if on_done:
+                on_done(len(chunk))
+    if not ids:
+        raise NorcalError("no images to cache")
+    p = max(t.shape[1] for t in parts["proposals"])
+    cat = {k: torch.cat([_pad_to(t, p, False if k == "proposal_valid" else 0) for t in v])
+           for k, v in parts.items()}
+    return HeadCache(image_ids=ids, proposals=cat["proposals"], valid=cat["proposal_valid"],
+                     cls_logits=cat["cls_logits"], box_deltas=cat["box_deltas"],
+                     image_sizes=np.concatenate(sizes), original_sizes=np.concatenate(originals))
+
+
+# ----------------------------------------------------------------------------- re-scoring
+
+def calibrated_logits(logits, prior: np.ndarray, mechanism: str = "exp"):
+    """Logits whose plain softmax/sigmoid is NorCal's score, as the graph's NorCal node computes
+    it (norcal.export.norcal_node): exp/prob ``logits - log_prior``, logit
+    ``logits * exp(-log_prior)``; ``prior`` [C+1] is cast to the logits' dtype first, as the
+    node's initializer is."""
+    import torch
+
+    lp = torch.as_tensor(np.asarray(prior, dtype=np.float64), dtype=logits.dtype)
+    if mechanism in ("exp", "prob"):
+        return logits - lp
+    if mechanism == "logit":
+        return logits * torch.exp(-lp)
+    raise NorcalError(f"unknown mechanism {mechanism!r}; choose exp, prob or logit")
+
+
+def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: str = "exp",
+            batch_size: int = 16, threads: int | None = 1):
+    """Detections of every cached image with NorCal ``prior`` ([C+1] log a_c, background
+    last; None: the plain classifier), through the predictor's own inference.
+
+    threads: torch threads while re-scoring (None: leave as is). The work is many small ops
+    and a per-class NMS loop; measured on the fixture, 1 thread is ~3x faster than 2.
+    Returns a list of :class:`norcal.runtime.postprocess.ImageDetections` in original image
+    coordinates (boxes rescaled and clipped as detectron2's ``detector_postprocess``).
+    """
+    import torch
+
+    from norcal.runtime.postprocess import split_outputs
+    from norcal.export.torch_runner import predictor_state
+
+    saved_threads = torch.get_num_threads()
+    out = []
+    try:
+        with torch.no_grad(), predictor_state(predictor):
+            predictor.set_log_prior(None)  # NorCal enters through the logits, exactly as in the graph
+            if threads:
+                torch.set_num_threads(int(threads))
+            for s in range(0, len(cache), batch_size):
+                sl = slice(s, s + batch_size)
+                logits = cache.cls_logits[sl]
+                if prior is not None:
+                    logits = calibrated_logits(logits, prior, mechanism)
+                num, boxes, scores, classes = predictor.inference(
+                    logits, cache.box_deltas[sl], cache.proposals[sl], cache.valid[sl],
+                    torch.from_numpy(cache.image_sizes[sl]))
+                outputs = {"num_detections": num.numpy(), "boxes": boxes.numpy(),
+                           "scores": scores.numpy(), "classes": classes.numpy()}
+                out.extend(split_outputs(outputs, cache.image_sizes[sl], cache.original_sizes[sl]))
+    finally:
+        torch.set_num_threads(saved_threads)
+    return out
+
+
+def to_eval_detections(image_ids: Sequence, dets, category_ids: Sequence[int]):
+    """Per-image detections -> :class:`norcal.evaluation.Detections` (bbox as x, y, w, h with
+    w, h computed in float32, as the results JSON of ``norcal infer`` has them)."""
+    from norcal.evaluation import Detections
+
+    cats = np.asarray(category_ids, dtype=np.int64)
+    n = [len(d) for d in dets]
+    img = np.repeat(np.asarray([int(i) for i in image_ids], dtype=np.int64), n)
+    if sum(n) == 0:
+        return Detections(img, np.zeros(0, np.int64), np.zeros(0), np.zeros((0, 4)))
+    boxes = np.concatenate([d.boxes for d in dets]).astype(np.float32)
+    xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1).astype(np.float64)
+    classes = np.concatenate([d.classes for d in dets])
+    if classes.size and (classes.min() < 0 or classes.max() >= len(cats)):
+        raise NorcalError(f"class index {int(classes.max())} out of range: {len(cats)} categories")
+    scores = np.concatenate([d.scores for d in dets]).astype(np.float32).astype(np.float64)
+    return Detections(img, cats[classes], scores, xywh)
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+@dataclass
+class SweepPoint:
+    gamma: float
+    stats: dict[str, float]
+    num_detections: int
+    seconds: float
+
+
+@dataclass
+class TuneResult:
+    """The sweep as data: one :class:`SweepPoint` per gamma, in gamma order."""
+
+    points: list[SweepPoint]
+    factor: str
+    mechanism: str
+    table: str
+    num_images: int
+    network_seconds: float
+    cache_bytes: int  # the largest chunk's cache
+
+    @property
+    def best(self) -> SweepPoint:
+        """The gamma with the highest AP (the smallest such gamma on a tie)."""
+        return max(self.points, key=lambda p: (p.stats["AP"], -p.gamma))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "factor": self.factor, "mechanism": self.mechanism, "table": self.table,
+            "num_images": self.num_images, "network_seconds": self.network_seconds,
+            "cache_bytes": self.cache_bytes,
+            "best": {"gamma": self.best.gamma, "AP": self.best.stats["AP"]},
+            "sweep": [{"gamma": p.gamma, "num_detections": p.num_detections, "seconds": p.seconds,
+                       "stats": {k: float(v) for k, v in p.stats.items()}} for p in self.points],
+        }
+
+
+def _priors(table: CalibrationTable, gammas: Sequence[float], factor: str) -> list:
+    counts = table.counts()
+    return [None if g == 0 else log_prior(counts, check_gamma(g, factor), factor, "last",
+                                          names=table.names) for g in gammas]
+
+
+def _concat(parts: list):
+    """Concatenate :class:`norcal.evaluation.Detections` chunks (boxes only)."""
+    from norcal.evaluation import Detections
+
+    return Detections(*(np.concatenate([getattr(d, k) for d in parts])
+                        for k in ("image_ids", "category_ids", "scores", "boxes")))
+
+
+class _Accumulator:
+    """Per-gamma detections gathered chunk by chunk, then evaluated; seconds per gamma."""
+
+    def __init__(self, predictor, table: CalibrationTable, gammas: Sequence[float], factor: str,
+                 mechanism: str, batch_size: int):
+        if predictor.num_classes != table.num_classes:
+            raise NorcalError(f"the model has {predictor.num_classes} classes but table "
+                              f"{table.name!r} has {table.num_classes}")
+        self.predictor, self.table, self.mechanism = predictor, table, mechanism
+        self.gammas = [float(g) for g in gammas]
+        self.priors = _priors(table, gammas, factor)
+        self.batch_size = batch_size
+        self.parts: list[list] = [[] for _ in self.gammas]
+        self.seconds = [0.0] * len(self.gammas)
+
+    def add(self, cache: HeadCache, on_step: Callable[[int], None] | None = None) -> None:
+        for k, prior in enumerate(self.priors):
+            t0 = time.perf_counter()
+            dets = rescore(self.predictor, cache, prior, self.mechanism, self.batch_size)
+            self.parts[k].append(to_eval_detections(cache.image_ids, dets, self.table.category_ids))
+            self.seconds[k] += time.perf_counter() - t0
+            if on_step:
+                on_step(len(cache))
+
+    def evaluate(self, gt, on_gamma: Callable[[SweepPoint], None] | None = None) -> list[SweepPoint]:
+        from norcal.evaluation import evaluate
+
+        points = []
+        for k, g in enumerate(self.gammas):
+            t0 = time.perf_counter()
+            ev = _concat(self.parts[k])
+            if len(ev) == 0:
+                raise NorcalError(f"gamma {g:g}: no detections on any image")
+            res = evaluate(gt, ev, "bbox", self.predictor.topk)
+            self.parts[k] = []  # free as we go
+            point = SweepPoint(g, dict(res.stats), len(ev), self.seconds[k] + time.perf_counter() - t0)
+            points.append(point)
+            if on_gamma:
+                on_gamma(point)
+        return points
+
+
+def sweep(predictor, cache: HeadCache, gt, table: CalibrationTable, gammas: Sequence[float],
+          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 16,
+          on_gamma: Callable[[SweepPoint], None] | None = None) -> list[SweepPoint]:
+    """Evaluate (LVIS bbox AP, top 300 per image) NorCal at each gamma on cached images.
+
+    gt: a prepared GT (:func:`norcal.evaluation.prepare_gt`) or its path; table: N_c and the
+    class -> category id map (the model's class order)."""
+    from norcal.evaluation import prepare_gt
+
+    acc = _Accumulator(predictor, table, gammas, factor, mechanism, batch_size)
+    acc.add(cache)
+    return acc.evaluate(prepare_gt(gt, table), on_gamma)
+
+
+def images_from_gt(gt_path: os.PathLike | dict, image_dir: os.PathLike,
+                   where: str | None = None) -> list[tuple[int, Path]]:
+    """(image_id, path) for every GT image whose file (by base name) is in ``image_dir``.
+
+    gt_path: the annotation file or its already loaded dict (``where`` then names it)."""
+    from norcal.runtime.results import category_ids_from_annotations
+
+    _, by_name = category_ids_from_annotations(gt_path, where)
+    if where is None:
+        where = str(gt_path)
+    d = Path(image_dir)
+    if not d.is_dir():
+        raise NorcalError(f"{d}: no such folder")
+    found = [(i, d / name) for name, i in sorted(by_name.items(), key=lambda kv: kv[1])
+             if (d / name).is_file()]
+    if not found:
+        example = next(iter(by_name), "?")
+        raise NorcalError(f"none of the {len(by_name)} images of {where} is in {d} "
+                          f"(matched by file name, e.g. {example})")
+    return found
+
+
+def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
+         table: str | os.PathLike | CalibrationTable | None = None, *, config: os.PathLike | None = None,
+         factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
+         max_cache_bytes: int = 2 << 30, progress=None) -> TuneResult:
+    """The whole job: build the detector, run it once over the GT's images, sweep gammas.
+
+    table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
+    count. The checkpoint and the GT file are each read once.
+    The images go through in chunks whose cache fits ``max_cache_bytes``; each chunk is
+    re-scored at every gamma before the next is computed, so memory holds one chunk's cache
+    plus the (small) detections of every gamma, whatever the number of images.
+    progress: an optional ``rich.progress.Progress`` for the network pass and the sweep bars.
+    """
+    from norcal.evaluation import prepare_gt
+    from norcal.export.detector import load_detector
+    from norcal.core.fileio import read_json
+
+    gammas = [check_gamma(g, factor) for g in gammas]
+    if not gammas:
+        raise NorcalError("no gammas to sweep")
+    if not (isinstance(max_cache_bytes, (int, float)) and math.isfinite(max_cache_bytes)
+            and max_cache_bytes > 0):
+        raise NorcalError(f"the cache budget must be a finite number > 0, got {max_cache_bytes}")
+    if table is not None:
+        table = resolve_table(table)
+    gt_data = read_json(gt, "GT")
+    pairs = images_from_gt(gt_data, images, str(gt))
+    spec, model = load_detector(weights, config)
+    if table is None:
+        from norcal.export.calibrate_onnx import default_table
+
+        table = default_table(spec.num_classes)
+    if spec.num_classes != table.num_classes:
+        raise NorcalError(f"the model has {spec.num_classes} classes but table {table.name!r} "
+                          f"has {table.num_classes}")
+    prepared = prepare_gt(gt_data, table)
+    if sorted(table.category_ids) != [int(c) for c in prepared.cat_ids]:
+        raise NorcalError(f"the categories of {gt} and of table {table.name!r} differ")
+    per_image = estimate_cache_bytes(spec, 1)
+    chunk = max(1, int(max_cache_bytes // per_image))
+    if chunk < batch_size:
+        raise NorcalError(f"one batch of {batch_size} images needs up to "
+                          f"{batch_size * per_image / 2**20:.0f} MiB of cache, over the "
+                          f"{max_cache_bytes / 2**20:.0f} MiB limit: lower --batch or raise --max-cache-gb")
+    chunk -= chunk % batch_size  # whole batches only: chunking then changes nothing
+
+    def bar(label, total):
+        if progress is None:
+            return lambda n=1: None
+        task = progress.add_task(label, total=total)
+        return lambda n=1: progress.advance(task, n)
+
+    net_step = bar("network pass", len(pairs))
+    sweep_step = bar("re-scoring", len(pairs) * len(gammas))
+    acc = _Accumulator(model.roi_heads.box_predictor, table, gammas, factor, mechanism,
+                       max(batch_size, 8))
+    network, peak = 0.0, 0
+    for s in range(0, len(pairs), chunk):
+        t0 = time.perf_counter()
+        cache = cache_head_outputs(model, spec, pairs[s:s + chunk], batch_size, net_step)
+        network += time.perf_counter() - t0
+        peak = max(peak, cache.nbytes)
+        acc.add(cache, sweep_step)
+        del cache
+    eval_step = bar("evaluation", len(gammas))
+    points = acc.evaluate(prepared, lambda p: eval_step())
+    return TuneResult(points, factor, mechanism, table.name, len(pairs), network, peak)
+
+
+# ----------------------------------------------------------------------------- output
+
+def sweep_table(result: TuneResult, title: str | None = None):
+    """A rich Table: gamma, AP, AP50, APr, APc, APf (in %), the best row marked."""
+    from rich.table import Table
+
+    from norcal.evaluation.report import percent
+
+    best = result.best.gamma
+    t = Table(title=title or f"NorCal gamma sweep ({result.factor}, {result.mechanism}, "
+                             f"{result.num_images} images, bbox)")
+    t.add_column("gamma", justify="right")
+    for k in ("AP", "AP50", "APr", "APc", "APf"):
+        t.add_column(k, justify="right")
+    t.add_column("detections", justify="right")
+    for p in result.points:
+        row = [f"{p.gamma:g}"] + [percent(p.stats[k]) for k in ("AP", "AP50", "APr", "APc", "APf")]
+        row.append(str(p.num_detections))
+        t.add_row(*row, style="bold green" if p.gamma == best else None)
+    return t
+
+
+def write_sweep_plot(path: os.PathLike, panels: dict[str, Sequence[tuple[float, dict]]],
+                     best: float | None = None, title: str = "NorCal gamma sweep") -> Path:
+    """AP, AP_r, AP_c, AP_f (in %) against gamma as a PNG (matplotlib Agg): one panel per
+    entry of ``panels`` ({panel title: [(gamma, stats)]}, e.g. {"bbox": ..., "segm": ...})."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from norcal.evaluation.report import save_figure
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels) + 1, 4), squeeze=False)
+    for ax, (name, series) in zip(axes[0], panels.items()):
+        g = [x for x, _ in series]
+        for key, style in (("AP", "k-o"), ("APr", "r-s"), ("APc", "-^"), ("APf", "b-v")):
+            ax.plot(g, [100 * max(s[key], 0) for _, s in series], style, label=key, ms=4)
+        if best is not None:
+            ax.axvline(best, color="gray", ls="--", lw=1,
+                       label=f"best {next(iter(panels))} AP: gamma {best:g}")
+        ax.set_xlabel("gamma (0 = plain softmax)")
+        ax.set_ylabel(f"{name} AP (%)")
+        ax.set_title(f"{title}: {name}" if len(panels) > 1 else title)
+        ax.grid(alpha=0.3)
+    # one legend, right of the last panel: inside, it hides curves
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return save_figure(fig, path)

@@ -1,0 +1,149 @@
+"""The NorCal node: placement, ONNX Runtime parity with norcal.core.calibration, replace and strip."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from norcal.core.calibration import calibrate, log_prior
+from norcal.core.errors import NorcalError
+from norcal.export.calibrate_onnx import calibrate_onnx
+from norcal.export.norcal_node import DOMAIN, PRIOR_NAME, NorCalSettings
+from norcal.export.surgery import find_classifiers, has_norcal, insert_norcal, norcal_metadata, strip_norcal
+
+from onnx_graphs import classifier_graph, gemm_weights
+
+COUNTS = np.array([1.0, 3.0, 10.0, 250.0, 4000.0])
+
+
+def run(model, x):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})
+
+
+def settings(gamma, **kw):
+    return NorCalSettings(gamma=gamma, num_classes=len(COUNTS), **kw)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+@pytest.mark.parametrize("variant", [dict(), dict(mechanism="prob", renormalize=False),
+                                     dict(mechanism="logit"), dict(factor="ens")])
+def test_onnxruntime_matches_calibration(inline, variant):
+    model = classifier_graph()
+    factor = variant.get("factor", "cdt")
+    gamma = 0.9 if factor == "ens" else 0.8
+    lp = log_prior(COUNTS, gamma, factor)
+    out = insert_norcal(model, lp, settings(gamma, **variant), inline=inline)
+    onnx.checker.check_model(out, full_check=True)
+    x = np.random.default_rng(1).normal(size=(7, 8)).astype(np.float32) * 3
+    w, b = gemm_weights(model)
+    logits = x @ w.T + b
+    expected = calibrate(logits, lp, variant.get("mechanism", "exp"), variant.get("renormalize", True))
+    np.testing.assert_allclose(run(out, x)[0], expected, atol=1e-6)
+    kinds = [(n.op_type, n.domain) for n in out.graph.node]
+    if inline:
+        assert ("NorCal", DOMAIN) not in kinds and not out.functions
+    else:
+        assert kinds.count(("NorCal", DOMAIN)) == 1 and len(out.functions) == 1
+    assert "act0" not in [n.name for n in out.graph.node]  # the plain activation is replaced
+
+
+def test_node_spec_metadata_and_input_untouched():
+    model = classifier_graph()
+    before = model.SerializeToString()
+    out = calibrate_onnx(model, 0.5, _table_file_free())
+    assert model.SerializeToString() == before  # pure function
+    node = [n for n in out.graph.node if n.domain == DOMAIN][0]
+    assert node.op_type == "NorCal" and list(node.input) == ["logits0", PRIOR_NAME]
+    assert list(node.output) == ["scores0"]
+    prior = [i for i in out.graph.initializer if i.name == PRIOR_NAME][0]
+    assert list(prior.dims) == [len(COUNTS) + 1]
+    meta = norcal_metadata(out)
+    assert meta["norcal.gamma"] == "0.5" and meta["norcal.factor"] == "cdt"
+    assert meta["norcal.mechanism"] == "exp" and meta["norcal.background_index"] == str(len(COUNTS))
+    assert meta["norcal.num_classes"] == str(len(COUNTS)) and len(meta["norcal.table_sha256"]) == 64
+    assert meta["norcal.tool_version"]
+    # dynamic batch dimension kept
+    assert out.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+
+
+def _table_file_free():
+    from norcal.core.tables import CalibrationTable
+
+    cats = [{"id": i + 1, "name": f"c{i}", "image_count": c, "instance_count": c, "frequency": "r"}
+            for i, c in enumerate(COUNTS)]
+    return CalibrationTable("toy", "test", "image", cats)
+
+
+def test_rerun_replaces_never_stacks_and_strip_restores():
+    model = classifier_graph()
+    x = np.random.default_rng(2).normal(size=(5, 8)).astype(np.float32)
+    once = insert_norcal(model, log_prior(COUNTS, 0.2), settings(0.2))
+    twice = insert_norcal(once, log_prior(COUNTS, 1.1), settings(1.1))
+    assert sum(n.op_type == "NorCal" for n in twice.graph.node) == 1
+    assert len(twice.functions) == 1
+    assert sum(i.name == PRIOR_NAME for i in twice.graph.initializer) == 1
+    assert norcal_metadata(twice)["norcal.gamma"] == "1.1"
+    w, b = gemm_weights(model)
+    np.testing.assert_allclose(run(twice, x)[0], calibrate(x @ w.T + b, log_prior(COUNTS, 1.1)), atol=1e-6)
+    plain = strip_norcal(twice)
+    assert not has_norcal(plain) and not norcal_metadata(plain) and not plain.functions
+    np.testing.assert_allclose(run(plain, x)[0], run(model, x)[0], atol=1e-7)
+    onnx.checker.check_model(plain, full_check=True)
+    inl = insert_norcal(once, log_prior(COUNTS, 0.3), settings(0.3), inline=True)
+    assert not any(n.op_type == "NorCal" for n in inl.graph.node)
+    np.testing.assert_allclose(run(strip_norcal(inl), x)[0], run(model, x)[0], atol=1e-7)
+
+
+def test_rerun_and_strip_keep_runtime_metadata():
+    """Resize sizes and other runtime keys of an exported model survive a new gamma and --strip."""
+    model = classifier_graph()
+    onnx.helper.set_model_props(model, {"norcal.min_size_test": "320", "norcal.max_size_test": "512"})
+    once = insert_norcal(model, log_prior(COUNTS, 0.2), settings(0.2))
+    twice = insert_norcal(once, log_prior(COUNTS, 0.9), settings(0.9))
+    plain = strip_norcal(twice)
+    for m in (once, twice, plain):
+        meta = norcal_metadata(m)
+        assert meta["norcal.min_size_test"] == "320" and meta["norcal.max_size_test"] == "512"
+    assert "norcal.gamma" not in norcal_metadata(plain)
+
+
+def test_sigmoid_logit_without_renormalisation():
+    """A valid variant for sigmoid heads (no renormalisation exists there); settings not mutated."""
+    model = classifier_graph(activation="Sigmoid")
+    lp = log_prior(COUNTS, 0.7)
+    s = settings(0.7, mechanism="logit", renormalize=False)
+    out = insert_norcal(model, lp, s)
+    assert s.activation == "softmax"  # the caller's settings are left alone
+    x = np.random.default_rng(4).normal(size=(4, 8)).astype(np.float32)
+    w, b = gemm_weights(model)
+    np.testing.assert_allclose(run(out, x)[0], calibrate(x @ w.T + b, lp, "logit", activation="sigmoid"),
+                               atol=1e-6)
+
+
+def test_sigmoid_classifier():
+    model = classifier_graph(activation="Sigmoid")
+    lp = log_prior(COUNTS, 0.7)
+    out = insert_norcal(model, lp, settings(0.7))
+    x = np.random.default_rng(3).normal(size=(4, 8)).astype(np.float32)
+    w, b = gemm_weights(model)
+    np.testing.assert_allclose(run(out, x)[0], calibrate(x @ w.T + b, lp, activation="sigmoid"), atol=1e-6)
+    assert norcal_metadata(out)["norcal.activation"] == "sigmoid"
+
+
+def test_ambiguous_lists_candidates_and_logits_option_resolves():
+    model = classifier_graph(heads=2)
+    assert len(find_classifiers(model)) == 2
+    with pytest.raises(NorcalError, match="ambiguous.*act0.*act1"):
+        insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5))
+    out = insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5), logits="logits1")
+    assert [n.name for n in out.graph.node if n.op_type == "NorCal"] == ["NorCal"]
+    assert norcal_metadata(out)["norcal.logits"] == "logits1"
+    with pytest.raises(NorcalError, match="feeds no Softmax"):
+        insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5), logits="x")
+
+
+def test_class_count_mismatch_is_an_error():
+    model = classifier_graph(num_classes=7)
+    with pytest.raises(NorcalError, match="5 classes.*6 outputs.*8 classes"):
+        insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5))

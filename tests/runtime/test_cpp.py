@@ -1,0 +1,167 @@
+"""The C++ host library (runtime/cpp) built with CMake, checked by ctest and against the Python
+runtime on the fixture images: resize (PIL's filter), batching, box mapping, mask pasting, JSON."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import PIL
+import pytest
+
+from norcal.runtime.images import read_rgb
+from norcal.runtime.postprocess import ImageDetections, paste_masks, rescale_boxes
+from norcal.runtime.preprocess import prepare_batch, resize_uint8, resized_size
+from norcal.runtime.results import detections_to_results
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests" / "fixtures" / "d2_lvis_tiny"
+# Pillow 13 orders its two passes as the C++ code does (vertical first when the height shrinks
+# more than twice as much as the width); older Pillow always went horizontal first, which
+# moves some pixels by one level.
+PIL_EXACT = int(PIL.__version__.split(".")[0]) >= 13
+CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+pytestmark = pytest.mark.skipif(not shutil.which("cmake") or not CXX,
+                                reason="needs cmake and a C++17 compiler to build runtime/cpp")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cmake_build")
+    cfg = subprocess.run(["cmake", "-S", str(ROOT), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release"],
+                         check=True, capture_output=True, text=True)
+    (out / "configure.log").write_text(cfg.stdout)
+    subprocess.run(["cmake", "--build", str(out), "-j", "2"], check=True, capture_output=True, text=True)
+    return out
+
+
+def host(build, *args):
+    r = subprocess.run([str(build / "norcal-host"), *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_ctest_passes(build):
+    r = subprocess.run(["ctest", "--test-dir", str(build), "--output-on-failure"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "100% tests passed" in r.stdout
+
+
+def test_tensorrt_executable_only_where_tensorrt_is_found(build):
+    log = (build / "configure.log").read_text()
+    if "TensorRT found" in log:
+        assert (build / "norcal-trt-infer").exists()
+    else:
+        assert "SKIPPING norcal-trt-infer" in log and not (build / "norcal-trt-infer").exists()
+
+
+def test_resized_size_matches_python(build):
+    rng = np.random.default_rng(0)
+    cases = [(240, 320, 320, 512), (333, 500, 320, 512), (480, 640, 800, 1333), (1000, 3000, 800, 1333)]
+    cases += [tuple(int(v) for v in rng.integers(20, 2000, 2)) + (800, 1333) for _ in range(12)]
+    for h, w, mn, mx in cases:
+        assert tuple(map(int, host(build, "size", h, w, mn, mx).split())) == resized_size(h, w, mn, mx)
+
+
+def _resize_pair(build, tmp_path, img, h, w):
+    np.save(tmp_path / "in.npy", np.ascontiguousarray(img))
+    host(build, "resize", tmp_path / "in.npy", tmp_path / "out.npy", h, w)
+    return np.load(tmp_path / "out.npy"), resize_uint8(img, h, w)
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_resize_matches_pil_on_fixture_images(build, tmp_path, i):
+    img = read_rgb(TINY / "images" / f"img{i}.png")
+    h, w = resized_size(*img.shape[:2], 320, 512)
+    ours, ref = _resize_pair(build, tmp_path, img, h, w)
+    assert ours.shape == ref.shape
+    diff = np.abs(ours.astype(int) - ref.astype(int))
+    assert diff.max() <= (0 if PIL_EXACT else 1)
+
+
+def test_resize_matches_pil_random_sizes(build, tmp_path):
+    rng = np.random.default_rng(1)
+    # fixed cases: both passes each way round, one-axis only, 1-pixel outputs
+    cases = [(71, 82, 55, 136), (100, 50, 60, 40), (50, 100, 40, 60), (40, 40, 40, 13), (40, 40, 9, 40),
+             (5, 7, 1, 1), (3, 3, 17, 29)]
+    cases += [tuple(int(v) for v in rng.integers(3, 90, 2)) + tuple(int(v) for v in rng.integers(1, 140, 2))
+              for _ in range(12)]
+    for ih, iw, oh, ow in cases:
+        img = rng.integers(0, 256, (ih, iw, 3), dtype=np.uint8)
+        ours, ref = _resize_pair(build, tmp_path, img, oh, ow)
+        diff = np.abs(ours.astype(int) - ref.astype(int))
+        assert diff.max() <= (0 if PIL_EXACT else 1), (ih, iw, oh, ow)
+
+
+def test_batch_matches_python(build, tmp_path):
+    imgs = [read_rgb(TINY / "images" / f"img{i}.png") for i in range(4)]
+    paths = []
+    for i, im in enumerate(imgs):
+        paths.append(tmp_path / f"im{i}.npy")
+        np.save(paths[-1], im)
+    host(build, "batch", tmp_path / "b", 320, 512, "BGR", 32, *paths)
+    ref = prepare_batch(imgs, 320, 512, "BGR", 32)
+    ours = np.load(tmp_path / "b_images.npy")
+    assert ours.shape == ref.images.shape == (4, 3, 448, 480)
+    np.testing.assert_array_equal(np.load(tmp_path / "b_sizes.npy"), ref.image_sizes)
+    assert np.abs(ours - ref.images).max() <= 1
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_box_mapping_matches_detectron2(build, tmp_path, i):
+    g = np.load(TINY / "golden" / f"img{i}.npz")
+    np.save(tmp_path / "boxes.npy", g["cdt_g1.0/boxes"])
+    (rh, rw), (oh, ow) = g["resized_chw"][1:], g["input_rgb_shape"]
+    host(build, "rescale", tmp_path / "boxes.npy", rh, rw, oh, ow, tmp_path / "o.npy", tmp_path / "k.npy")
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), g["cdt_g1.0/boxes_orig"], rtol=0, atol=1e-4)
+    assert np.load(tmp_path / "k.npy").all()
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_mask_paste_matches_python(build, tmp_path, i):
+    g = np.load(TINY / "golden" / f"img{i}.npz")
+    h, w = (int(v) for v in g["input_rgb_shape"])
+    probs, boxes = g["baseline/mask_probs"][:80], g["baseline/boxes_orig"][:80]
+    np.save(tmp_path / "m.npy", probs)  # fp16, read and widened by the C++ side
+    np.save(tmp_path / "b.npy", boxes)
+    host(build, "paste", tmp_path / "m.npy", tmp_path / "b.npy", h, w, tmp_path / "out.npy")
+    ours = np.load(tmp_path / "out.npy").astype(bool)
+    ref = paste_masks(probs.astype(np.float32), boxes, (h, w))
+    inter, union = (ours & ref).sum((1, 2)), (ours | ref).sum((1, 2))
+    assert ref.any(axis=(1, 2)).sum() > 10
+    assert np.all(np.where(union > 0, inter / np.maximum(union, 1), 1.0) >= 0.99)
+
+
+def test_results_json_matches_python(build, tmp_path):
+    from pycocotools import mask as mask_util
+
+    g = np.load(TINY / "golden" / "img1.npz")
+    (rh, rw), (oh, ow) = g["resized_chw"][1:], g["input_rgb_shape"]
+    S = "ens_g0.999"
+    n = 120
+    boxes, scores, classes = g[f"{S}/boxes"][:n], g[f"{S}/scores"][:n], g[f"{S}/classes"][:n]
+    masks = g[f"{S}/mask_probs"][:n].astype(np.float32)
+    cat_ids = np.arange(1, 1204, dtype=np.int64) * 3  # any mapping: index i -> 3(i+1)
+    for name, arr in (("b", boxes), ("s", scores), ("c", classes), ("m", masks), ("ids", cat_ids)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    host(build, "results", tmp_path / "r.json", "000000000139", rh, rw, oh, ow, n, tmp_path / "b.npy",
+         tmp_path / "s.npy", tmp_path / "c.npy", tmp_path / "m.npy", tmp_path / "ids.npy")
+    ours = json.loads((tmp_path / "r.json").read_text())
+    mapped, keep = rescale_boxes(boxes, (rh, rw), (oh, ow))
+    det = ImageDetections(mapped[keep], scores[keep], classes[keep], masks[keep], (int(oh), int(ow)))
+    ref = detections_to_results(139, det, cat_ids.tolist())
+    assert len(ours) == len(ref) == n
+    ious = []
+    for a, b in zip(ours, ref):
+        assert a["image_id"] == b["image_id"] == 139 and a["category_id"] == b["category_id"]
+        np.testing.assert_allclose(a["bbox"], b["bbox"], atol=1e-3)
+        assert a["score"] == pytest.approx(b["score"], rel=1e-6)
+        assert a["segmentation"]["size"] == b["segmentation"]["size"] == [int(oh), int(ow)]
+        ma = mask_util.decode({**a["segmentation"], "counts": a["segmentation"]["counts"].encode()})
+        mb = mask_util.decode({**b["segmentation"], "counts": b["segmentation"]["counts"].encode()})
+        union = (ma | mb).sum()
+        ious.append((ma & mb).sum() / union if union else 1.0)
+    assert min(ious) >= 0.99
+    same_rle = np.mean([a["segmentation"]["counts"] == b["segmentation"]["counts"] for a, b in zip(ours, ref)])
+    assert same_rle >= 0.95  # identical bytes except where a pixel sits at exactly 0.5
