@@ -12,8 +12,17 @@ from typing import Any, Iterator
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it onto ``path`` only on success."""
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only on success.
+
+    Inside :func:`norcal.core.outputs.output_run` the rename waits for the whole run to succeed.
+    """
+    from norcal.core.outputs import active_run
+
     path = Path(path)
+    run = active_run()
+    if run is not None and not run.inside_staged_dir(path):
+        yield run.stage_file(path)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

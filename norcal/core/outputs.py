@@ -1,0 +1,237 @@
+"""All of a run's outputs replaced together, or none: staging next to each destination.
+
+Inside ``with output_run():`` every file written through :func:`norcal.core.fileio.atomic_path`
+and every folder written through :func:`staged_dir` goes to a temporary sibling of its
+destination. Only when the whole run succeeded are the staged outputs moved into place, one
+rename each (an existing destination is set aside first and restored if a later rename fails);
+a failed or interrupted run deletes what it staged and leaves every existing file as it was.
+
+:func:`check_output_file` / :func:`check_output_dir` check a destination before any work starts
+(parent is a folder, writable, the path is not a folder or a file of the wrong kind), so a
+mistyped ``-o`` fails in a second, not after a long export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from norcal.core.errors import NorcalError
+
+_ACTIVE: contextvars.ContextVar["OutputRun | None"] = contextvars.ContextVar("norcal_output_run", default=None)
+
+
+def _os_error(path: Path, e: OSError) -> NorcalError:
+    reason = e.strerror or str(e)
+    return NorcalError(f"cannot write {path}: {reason}")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    p = path.parent
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    return p
+
+
+def _check_parent(path: Path, what: str) -> None:
+    anc = _existing_ancestor(path)
+    if not anc.is_dir():
+        raise NorcalError(f"{what} {path}: {anc} is a file, not a folder")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise NorcalError(f"{what} {path}: cannot write in {anc} (permission denied)")
+
+
+def _probe(folder: Path, what: str, path: Path) -> None:
+    """Create and delete a temp file in ``folder``: the one check that cannot be fooled (/proc, read-only mounts)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".norcal-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise NorcalError(f"{what} {path}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def check_output_file(path: str | os.PathLike, what: str = "output") -> Path:
+    """Raise unless ``path`` can be written as a file: not a folder, parent a writable folder."""
+    p = Path(path)
+    if p.is_dir():
+        raise NorcalError(f"{what} {p}: is a folder; give a file name")
+    if p.exists() and not p.is_file():
+        raise NorcalError(f"{what} {p}: exists and is not a regular file")
+    _check_parent(p, what)
+    if p.parent.is_dir():
+        _probe(p.parent, what, p)
+    return p
+
+
+def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
+    """Raise unless ``path`` can be written as a folder: not a file, parent a writable folder."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise NorcalError(f"{what} {p}: is a file, not a folder")
+    _check_parent(p, what)
+    if p.parent.is_dir():
+        _probe(p.parent, what, p)
+    return p
+
+
+@dataclass
+class _Staged:
+    dest: Path
+    tmp: Path
+    is_dir: bool
+
+
+@dataclass
+class OutputRun:
+    """The outputs one run has staged, committed together by :func:`output_run`."""
+
+    staged: dict[Path, _Staged] = field(default_factory=dict)
+    created_dirs: list[Path] = field(default_factory=list)
+
+    def _key(self, dest: Path) -> Path:
+        return Path(os.path.abspath(dest))
+
+    def inside_staged_dir(self, path: Path) -> bool:
+        """True when ``path`` lies in a folder this run is staging (write it directly)."""
+        p = self._key(path)
+        return any(s.is_dir and (p == s.tmp or s.tmp in p.parents) for s in self.staged.values())
+
+    def _mkparents(self, dest: Path) -> None:
+        missing = []
+        p = dest.parent
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except OSError as e:
+                raise _os_error(d, e) from None
+            self.created_dirs.append(d)
+
+    def stage_file(self, dest: str | os.PathLike) -> Path:
+        """The temp path to write ``dest``'s content to (the same one if asked again)."""
+        dest = Path(dest)
+        key = self._key(dest)
+        if key in self.staged:
+            return self.staged[key].tmp
+        check_output_file(dest)
+        self._mkparents(dest)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        except OSError as e:
+            raise _os_error(dest, e) from None
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        self.staged[key] = _Staged(dest, Path(tmp), False)
+        return Path(tmp)
+
+    def stage_dir(self, dest: str | os.PathLike) -> Path:
+        """An empty temp folder to build ``dest`` in (the same one if asked again)."""
+        dest = Path(dest)
+        key = self._key(dest)
+        if key in self.staged:
+            return self.staged[key].tmp
+        check_output_dir(dest)
+        self._mkparents(dest)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+        except OSError as e:
+            raise _os_error(dest, e) from None
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a server may read it as another user
+        self.staged[key] = _Staged(dest, tmp, True)
+        return tmp
+
+    def discard(self) -> None:
+        """Delete everything staged and every folder this run created."""
+        for s in self.staged.values():
+            _remove(s.tmp)
+        self.staged.clear()
+        for d in reversed(self.created_dirs):
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only if still empty
+        self.created_dirs.clear()
+
+    def commit(self) -> None:
+        """Move every staged output into place; on a failure put back what was replaced."""
+        done: list[tuple[_Staged, Path | None]] = []
+        try:
+            for s in self.staged.values():
+                backup = None
+                if s.dest.exists() or s.dest.is_symlink():
+                    backup = s.dest.with_name(f".{s.dest.name}.{os.getpid()}.old")
+                    _remove(backup)
+                    os.replace(s.dest, backup)
+                try:
+                    os.replace(s.tmp, s.dest)
+                except OSError:
+                    if backup is not None:
+                        os.replace(backup, s.dest)
+                    raise
+                done.append((s, backup))
+        except OSError as e:
+            for s, backup in reversed(done):
+                _remove(s.dest)
+                if backup is not None:
+                    os.replace(backup, s.dest)
+            failed = next((s.dest for s in self.staged.values() if all(s is not d for d, _ in done)), None)
+            self.discard()
+            raise _os_error(failed or Path("?"), e) from None
+        for _, backup in done:
+            if backup is not None:
+                _remove(backup)
+        self.staged.clear()
+        self.created_dirs.clear()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def active_run() -> OutputRun | None:
+    """The run whose outputs are being staged, if any."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def output_run() -> Iterator[OutputRun]:
+    """Stage every output written inside; commit all on success, discard all on any exception."""
+    outer = _ACTIVE.get()
+    if outer is not None:  # nested: the outermost run commits
+        yield outer
+        return
+    run = OutputRun()
+    token = _ACTIVE.set(run)
+    try:
+        yield run
+    except BaseException:
+        run.discard()
+        raise
+    else:
+        run.commit()
+    finally:
+        _ACTIVE.reset(token)
+
+
+@contextlib.contextmanager
+def staged_dir(dest: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp folder to build ``dest`` in; it replaces ``dest`` when the run (or this block) succeeds."""
+    with output_run() as run:
+        yield run.stage_dir(dest)
