@@ -17,8 +17,8 @@ from onnx import helper as h
 from norcal.cli import main
 from norcal.core.errors import NorcalError
 from norcal.core.profiles import detector_profiles
-from norcal.runtime.tensorrt_build import (BuildOptions, parse_hw_range, parse_range, sidecar_path,
-                                           trtexec_command)
+from norcal.cli.options import parse_hw_range, parse_range
+from norcal.runtime.tensorrt_build import BuildOptions, sidecar_path, trtexec_command
 
 
 def tiny_detector(metadata=None) -> onnx.ModelProto:
@@ -146,15 +146,20 @@ def test_trtexec_only_writes_the_sidecar(tmp_path, monkeypatch, capsys):
     assert side["trtexec"] in capsys.readouterr().out
 
 
-def test_build_refuses_a_model_tensorrt_cannot_parse(tmp_path, monkeypatch):
+def test_build_refuses_a_model_tensorrt_cannot_parse(tmp_path, monkeypatch, capsys):
     _hide_tensorrt(monkeypatch)
     m = tiny_detector()
     m.graph.node.append(h.make_node("Unique", ["scores"], ["u"], name="dedupe"))
     path = tmp_path / "bad.onnx"
     onnx.save(m, path)
-    with pytest.raises(NorcalError, match=r"dedupe \(Unique\)"):
+    with pytest.raises(NorcalError, match=r"dedupe \(Unique\)") as e:
         from norcal.workflows.build import prepare
         prepare(BuildOptions(path, tmp_path / "bad.engine"))
+    assert str(e.value).endswith("or pass check=False") and e.value.param == "check=False"
+    # the CLI names its flag
+    assert main(["build", str(path), "-o", str(tmp_path / "bad.engine")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.rstrip().endswith("run norcal check for all, or pass --skip-check"), err
 
 
 def _have_tensorrt_gpu() -> str | None:
