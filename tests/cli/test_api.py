@@ -67,6 +67,25 @@ def test_checkpoint_export_refuses_logits_naming_the_parameter(tmp_path):
     assert e.value.param == "logits" and not (tmp_path / "o.onnx").exists()
 
 
+@pytest.mark.slow
+def test_export_checkpoint_returns_data_and_reports_its_steps(tmp_path, capsys):
+    pytest.importorskip("torch")
+    steps = []
+    result = norcal.export_checkpoint(TINY / "model_final.pth", tmp_path / "tiny.norcal.onnx", norcal.NorCal(gamma=0.5),
+                                      norcal.CheckpointExport(config=TINY / "config.yaml", batch=1),
+                                      triton_repo=tmp_path / "triton", progress=steps.append)
+    assert steps == ["loading checkpoint", "exporting to ONNX", "inserting the NorCal node", "checking and writing"]
+    # the fixture's config: LVIS classes, short edge 320, long edge 512, a mask head
+    spec = result.detector
+    assert (spec.num_classes, spec.min_size_test, spec.max_size_test, spec.mask_on) == (1203, 320, 512, True)
+    assert result.tensorrt.compatible and result.verify_report is None
+    assert result.triton_dir == tmp_path / "triton" / "tiny" and (result.triton_dir / "config.pbtxt").is_file()
+    written = onnx.load(str(result.output))
+    assert written.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1  # batch=1 fixed
+    assert norcal_metadata(written) == result.norcal and result.norcal["norcal.gamma"] == "0.5"
+    assert capsys.readouterr().out == ""  # the library prints nothing
+
+
 def _readme_example() -> str:
     text = README.read_text()
     section = text[text.index("## Python API"):]
