@@ -32,9 +32,7 @@ examples:
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 
 # parameters of norcal.workflows.export_job named in its errors -> the flags here
-FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table",
-         "config": "--config", "opset": "--opset", "batch": "--batch", "height": "--height",
-         "width": "--width"}
+FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table"}
 
 
 def add_arguments(p):

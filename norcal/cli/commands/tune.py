@@ -44,7 +44,7 @@ The rows print in %; --json writes {"factor", "mechanism", "table", "num_images"
 
 # parameters of norcal.workflows.tune named in its errors -> the flags here
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
-         "table": "--table", "config": "--config"}
+         "table": "--table"}
 
 
 def add_arguments(p):
