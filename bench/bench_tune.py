@@ -42,8 +42,8 @@ def main() -> int:
     from norcal.runtime.inference import run_images
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.core.tables import build_table
-    from norcal.workflows.tune import cache_head_outputs, images_from_gt, parse_gammas, rescore, \
-        to_eval_detections
+    from norcal.cli.options import parse_gammas
+    from norcal.workflows.tune import cache_head_outputs, images_from_gt, rescore, to_eval_detections
 
     gammas = parse_gammas(args.gammas)
     table = build_table(SYNTH / "train_annotations.json")

@@ -21,7 +21,8 @@ def open_runner(path: str | os.PathLike, provider: str | None = None) -> Runner:
         return OnnxRuntimeRunner(p, provider or "cpu")
     if suffix in ENGINE_SUFFIXES:
         if provider not in (None, "tensorrt"):
-            raise NorcalError(f"{p.name} is a TensorRT engine; --provider {provider} applies to .onnx models")
+            raise NorcalError(f"{p.name} is a TensorRT engine; provider {provider} applies to .onnx models",
+                              param="provider")
         try:
             from norcal.runtime.tensorrt_runner import TensorRTRunner
         except ImportError as e:

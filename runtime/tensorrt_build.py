@@ -9,8 +9,8 @@ imported only when an engine is built or run, so this module imports without it.
 from __future__ import annotations
 
 import hashlib
-import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,42 +39,10 @@ def import_tensorrt():
 
 # ----------------------------------------------------------------------------- options
 
-def parse_range(text: str, what: str = "--batch") -> tuple[int, int, int]:
-    """``"1:4:8"`` -> (1, 4, 8), positive and ordered; ``"4"`` means 4:4:4."""
-    parts = text.split(":")
-    if len(parts) == 1:
-        parts = parts * 3
-    if len(parts) != 3 or not all(re.fullmatch(r"\d+", p) for p in parts):
-        raise NorcalError(f"{what} {text!r}: expected MIN:OPT:MAX, e.g. 1:4:8")
-    lo, opt, hi = (int(p) for p in parts)
-    if not 0 < lo <= opt <= hi:
-        raise NorcalError(f"{what} {text!r}: needs 0 < MIN <= OPT <= MAX")
-    return lo, opt, hi
-
-
-def parse_hw(text: str, what: str = "--shape") -> tuple[int, int]:
-    """``"800x1088"`` -> (800, 1088)."""
-    m = re.fullmatch(r"(\d+)x(\d+)", text.strip().lower())
-    if not m or int(m[1]) <= 0 or int(m[2]) <= 0:
-        raise NorcalError(f"{what} {text!r}: expected HxW with positive sizes, e.g. 800x1088")
-    return int(m[1]), int(m[2])
-
-
-def parse_hw_range(text: str) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    """``"320x320:800x1088:1344x1344"`` -> three (H, W), each dim ordered min <= opt <= max."""
-    parts = text.split(":")
-    if len(parts) != 3:
-        raise NorcalError(f"--shapes {text!r}: expected MINHxMINW:OPTHxOPTW:MAXHxMAXW")
-    lo, opt, hi = (parse_hw(p, "--shapes") for p in parts)
-    for i, axis in enumerate("HW"):
-        if not lo[i] <= opt[i] <= hi[i]:
-            raise NorcalError(f"--shapes {text!r}: {axis} needs MIN <= OPT <= MAX")
-    return lo, opt, hi
-
-
 @dataclass
 class BuildOptions:
-    """What ``norcal build`` was asked for."""
+    """An engine build: the model, the engine file, precision, the profile's batch and padded
+    image ranges ((min, opt, max) each), workspace and timing cache."""
 
     onnx_path: Path
     engine_path: Path
@@ -132,7 +100,7 @@ def trtexec_command(onnx_path, engine_path, profiles: dict[str, Profile], fp16: 
 def workspace_mib(gb: float) -> int:
     """Workspace GiB -> whole MiB (trtexec's ``M`` suffix is base 2)."""
     if not gb > 0:
-        raise NorcalError(f"--workspace {gb}: must be a positive number of GiB")
+        raise NorcalError(f"workspace_gb {gb}: must be a positive number of GiB", param="workspace_gb")
     return max(1, int(round(gb * 1024)))
 
 
@@ -215,8 +183,9 @@ def write_trtexec_sidecar(options: BuildOptions, model, profiles, cmd) -> dict:
     return content
 
 
-def _make_logger(trt, verbose: bool):
-    """A TensorRT logger that prints warnings and errors and keeps the errors for the report."""
+def _make_logger(trt, verbose: bool, on_message: Callable[[str], None] | None):
+    """A TensorRT logger that passes warnings and errors (all messages with ``verbose``) to
+    ``on_message`` and keeps the errors for the report."""
 
     class Logger(trt.ILogger):
         def __init__(self):
@@ -227,23 +196,25 @@ def _make_logger(trt, verbose: bool):
             bad = severity in (trt.ILogger.INTERNAL_ERROR, trt.ILogger.ERROR)
             if bad:
                 self.errors.append(msg)
-            if verbose or bad or severity == trt.ILogger.WARNING:
-                print(f"[TensorRT] {msg}")
+            if on_message and (verbose or bad or severity == trt.ILogger.WARNING):
+                on_message(f"[TensorRT] {msg}")
 
     return Logger()
 
 
 def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[str, Profile],
-                 trtexec: str, verbose: bool = False) -> dict:
+                 trtexec: str, verbose: bool = False,
+                 on_message: Callable[[str], None] | None = None) -> dict:
     """Build and serialize the engine with TensorRT's Python API; write it and its sidecar.
 
-    Returns the sidecar content. Needs TensorRT 10 and a GPU.
+    Returns the sidecar content. Needs TensorRT 10 and a GPU. on_message: receives TensorRT's
+    warnings and errors (every message with ``verbose``), one line each.
     """
     try:
         trt = import_tensorrt()
     except NorcalError as e:
         raise NorcalError(f"{e}; or build with the trtexec command printed above") from None
-    log = _make_logger(trt, verbose)
+    log = _make_logger(trt, verbose, on_message)
     builder = trt.Builder(log)
     network = builder.create_network(0)  # TensorRT 10 networks are always explicit-batch
     parser = trt.OnnxParser(network, log)
@@ -267,7 +238,7 @@ def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[s
         # weak typing (the FP16 flag) is deprecated since 10.12 and gone in TensorRT 11
         if not hasattr(trt.BuilderFlag, "FP16"):
             raise NorcalError(f"TensorRT {trt.__version__} has no FP16 builder flag: convert the ONNX "
-                              f"model to mixed precision first and build without --fp16")
+                              f"model to mixed precision first and build without fp16", param="fp16")
         config.set_flag(trt.BuilderFlag.FP16)
     profile, dynamic = builder.create_optimization_profile(), 0
     for i in range(network.num_inputs):

@@ -95,7 +95,7 @@ def check_target(repo_dir, name: str, force: bool = False) -> None:
     """Refuse to replace an existing model folder ``repo_dir/name`` unless ``force``."""
     target = Path(repo_dir) / name
     if target.exists() and not force:
-        raise NorcalError(f"{target} exists; pass --force to replace it")
+        raise NorcalError(f"{target} exists; pass force=True to replace it", param="force=True")
 
 
 def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | None = None,
@@ -123,7 +123,8 @@ def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | Non
         side = read_sidecar(src)
         if side is None:
             raise NorcalError(f"{src}: no sidecar {sidecar_path(src).name} to read the engine's inputs and "
-                              f"outputs from; build it with norcal build (or norcal build --trtexec-only)")
+                              f"outputs from; norcal build writes it, also for an engine that trtexec "
+                              f"builds")
         inputs, outputs = side["inputs"], side["outputs"]
         platform, filename = "tensorrt_plan", "model.plan"
         prof_max = (side.get("profile", {}).get("images") or {}).get("max")
@@ -132,7 +133,7 @@ def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | Non
                               else int(prof_max[0]) if prof_max else DEFAULT_MAX_BATCH)
         elif prof_max and max_batch_size > prof_max[0]:
             raise NorcalError(f"max_batch_size {max_batch_size} exceeds the engine profile's max batch "
-                              f"{prof_max[0]}; rebuild with a larger --batch")
+                              f"{prof_max[0]}; rebuild the engine with a larger max batch")
     else:
         try:
             model = onnx.load(str(src), load_external_data=False)

@@ -2,6 +2,8 @@
 
 Each module in ``norcal.cli.commands`` is one subcommand; it defines ``HELP`` (one line),
 ``DESCRIPTION`` (the --help text), ``add_arguments(parser)`` and ``run(args) -> int``.
+A module may also define ``FLAGS``: library parameter name -> its flag, so that errors the
+library raises about a parameter (:attr:`NorcalError.params`) name the flag the user typed.
 Errors a user can fix (:class:`NorcalError`) print one line on stderr and exit with 2.
 """
 
@@ -15,6 +17,7 @@ import sys
 import norcal.cli.commands
 from norcal.core.version import __version__
 from norcal.core.errors import NorcalError
+from norcal.cli.options import error_line
 
 
 def _command_modules():
@@ -27,7 +30,7 @@ def _add_command(sub, name, module):
     p = sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(p)
-    p.set_defaults(_run=module.run)
+    p.set_defaults(_run=module.run, _flags=getattr(module, "FLAGS", {}))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +53,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args._run(args) or 0)
     except NorcalError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {error_line(e, getattr(args, '_flags', None))}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as e:
         top = (e.name or "").split(".")[0]
@@ -80,5 +83,5 @@ def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="norcal-export", description=module.DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(parser)
-    parser.set_defaults(_run=module.run)
+    parser.set_defaults(_run=module.run, _flags=module.FLAGS)
     return _dispatch(parser.parse_args(argv))

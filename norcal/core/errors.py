@@ -1,5 +1,26 @@
 """The one exception type the CLI turns into a single line on stderr and exit status 2."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 
 class NorcalError(Exception):
-    """A user-facing error: bad input, a mismatch, a missing optional dependency."""
+    """A user-facing error: bad input, a mismatch, a missing optional dependency.
+
+    ``param`` names the parameter(s) the message speaks of, as the message spells them
+    (``"min_size"``, ``"renormalize=False"``), so that a front end can show its own spelling:
+    the CLI shows the matching flag (``--min-size``, ``--no-renormalize``).
+    """
+
+    def __init__(self, message: str, param: str | Sequence[str] | None = None):
+        super().__init__(message)
+        self.params: tuple[str, ...] = (param,) if isinstance(param, str) else tuple(param or ())
+
+    @property
+    def param(self) -> str | None:
+        """The first parameter the message names, or None."""
+        return self.params[0] if self.params else None
+
+    def __reduce__(self):  # keep ``params`` across pickling (multiprocessing, caches)
+        return type(self), (str(self), self.params)

@@ -6,7 +6,6 @@ Shared by the compatibility check (every dynamic dim must be covered) and the en
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import onnx
@@ -27,35 +26,12 @@ class Profile:
     source: str = "given"  # "given" or "default"
 
     def text(self) -> str:
-        """``name:1x3x32x32:4x3x800x1088:8x3x1344x1344`` (the --profile syntax)."""
+        """``name:1x3x32x32:4x3x800x1088:8x3x1344x1344`` (NAME:MIN:OPT:MAX)."""
         return f"{self.input}:{_dims(self.min)}:{_dims(self.opt)}:{_dims(self.max)}"
 
 
 def _dims(shape) -> str:
     return "x".join(str(int(d)) for d in shape)
-
-
-def parse_shape(text: str, what: str = "shape") -> tuple[int, ...]:
-    """``"1x3x800x1088"`` -> (1, 3, 800, 1088); a scalar is ``""``. Dims must be positive."""
-    if text == "":
-        return ()
-    parts = text.lower().split("x")
-    if not all(re.fullmatch(r"\d+", p) for p in parts):
-        raise NorcalError(f"{what} {text!r}: expected dims joined by 'x', e.g. 1x3x800x1088")
-    dims = tuple(int(p) for p in parts)
-    if any(d <= 0 for d in dims):
-        raise NorcalError(f"{what} {text!r}: every dim must be positive")
-    return dims
-
-
-def parse_profile(text: str) -> Profile:
-    """Parse ``NAME:MIN:OPT:MAX`` (shapes like 1x3x32x32) into a :class:`Profile`."""
-    parts = text.split(":")  # input names may hold ':', shapes never do: take the last three
-    if len(parts) < 4 or not parts[0]:
-        raise NorcalError(f"--profile {text!r}: expected NAME:MIN:OPT:MAX, e.g. images:1x3x32x32:1x3x800x1088:8x3x1344x1344")
-    name = ":".join(parts[:-3])
-    lo, opt, hi = (parse_shape(p, f"--profile {name}") for p in parts[-3:])
-    return make_profile(name, lo, opt, hi)
 
 
 def make_profile(name: str, lo, opt, hi, source: str = "given") -> Profile:
@@ -97,7 +73,7 @@ def detector_profiles(batch=DEFAULT_BATCH, hw_min=None, hw_opt=None, hw_max=None
         hw_min, hw_opt, hw_max = hw_min or d_min, hw_opt or d_opt, hw_max or d_max
     b = tuple(batch)
     if len(b) != 3:
-        raise NorcalError(f"batch range needs MIN:OPT:MAX, got {b}")
+        raise NorcalError(f"batch needs (min, opt, max), got {b}", param="batch")
     return {
         "images": make_profile("images", (b[0], 3, *hw_min), (b[1], 3, *hw_opt), (b[2], 3, *hw_max), source),
         "image_sizes": make_profile("image_sizes", (b[0], 2), (b[1], 2), (b[2], 2), source),

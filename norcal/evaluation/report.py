@@ -1,4 +1,4 @@
-"""Evaluation output: a rich table, the metrics JSON, per-class CSV and PNG plots."""
+"""Evaluation output: the metrics JSON, per-class CSV and PNG plots (the printed table is the CLI's)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from norcal.evaluation.lvis_eval import STAT_KEYS, EvalResult
+from norcal.evaluation.lvis_eval import EvalResult
 from norcal.core.fileio import atomic_path, write_json, write_text
 
 GROUP_LABELS = {"r": "rare", "c": "common", "f": "frequent"}
@@ -30,24 +30,6 @@ def save_figure(fig, path: str | Path) -> Path:
     finally:
         plt.close(fig)
     return path
-
-
-def stats_table(results: dict[str, EvalResult], title: str = "LVIS evaluation"):
-    """A rich Table: one row per metric, one column per named result (values in %)."""
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column("metric")
-    for name in results:
-        table.add_column(name, justify="right")
-    first = next(iter(results.values()))
-    for key in STAT_KEYS:
-        label = key
-        if key.startswith("AR"):
-            cap = first.max_dets if first.max_dets >= 0 else "all"
-            label = f"{key}@{cap}"
-        table.add_row(label, *(percent(r.stats[key]) for r in results.values()))
-    return table
 
 
 def metrics_json(result: EvalResult, fixed: EvalResult | None = None) -> dict:

@@ -75,7 +75,7 @@ def simulate_gt(table, images: int, seed: int, positive_power: float = 0.5,
                 max_instances: int = 24) -> dict:
     """An LVIS-format GT over ``table``'s categories: rectangles, federated fields."""
     if images < 1:
-        raise NorcalError(f"--images must be >= 1, got {images}")
+        raise NorcalError(f"images must be >= 1, got {images}", param="images")
     rng = np.random.default_rng(seed)
     counts = table.counts("image")
     c_n = len(counts)
@@ -200,9 +200,9 @@ def run_benchmark(table, gammas: list[float], config: SimConfig,
                   progress: Callable[[str, int, int], None] | None = None) -> SimReport:
     """Sweep gamma on the train and val splits; pick gamma on train by AP, check it on val."""
     if not gammas:
-        raise NorcalError("give at least one gamma")
+        raise NorcalError("gammas: give at least one gamma", param="gammas")
     if config.train_images < 1:
-        raise NorcalError(f"--train-images must be >= 1, got {config.train_images}")
+        raise NorcalError(f"train_images must be >= 1, got {config.train_images}", param="train_images")
     counts = table.counts("image")
     if sorted(table.category_ids) != list(table.category_ids):
         raise NorcalError(f"table {table.name!r}: categories must be in id order")

@@ -1,26 +1,54 @@
-"""The export job end to end: load, export (checkpoints), calibrate, check, write, summarise."""
+"""The export job end to end: load, export (checkpoints), calibrate, check, write.
+
+    from norcal import CheckpointExport, NorCal, export_checkpoint
+    result = export_checkpoint("model_final.pth", "model.norcal.onnx", NorCal(gamma=0.6),
+                               CheckpointExport(config="config.yaml"))
+    result.output, result.tensorrt.compatible, result.norcal["norcal.gamma"]
+
+Results are data (:class:`ExportResult`); showing them is the caller's (``norcal export``
+prints a summary table).
+"""
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
 from norcal.core.errors import NorcalError
-from norcal.export.calibrate_onnx import calibrate_onnx
-from norcal.core.onnx_io import describe_io, load_onnx, save_onnx
+from norcal.core.onnx_io import load_onnx, save_onnx
+from norcal.core.tables import CalibrationTable
+from norcal.export.calibrate_onnx import calibrate_onnx as _insert_norcal
 from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
-from norcal.export.trt_support import TENSORRT_VERSION
+
+if TYPE_CHECKING:
+    from norcal.export.spec import ModelSpec
+    from norcal.export.trt_check import Report
+
+PathLike = str | os.PathLike
 
 
-@dataclass
-class NorCalOptions:
-    """The calibration the user asked for (None gamma with strip=True removes NorCal)."""
+@dataclass(frozen=True)
+class NorCal:
+    """The calibration to bake in: p(c) = softmax(logits - log a)_c, a_c from ``table``'s N_c.
 
-    gamma: float | None
-    table: str | None = None
+    gamma: >= 0 (ENS: in [0, 1)); 0 is the plain softmax. table: a built-in name (lvis_v1,
+    lvis_v0_5), a table JSON, a training annotation file or a :class:`CalibrationTable`; None:
+    the built-in table matching the class count. factor: "cdt" (a_c = N_c^gamma) or "ens";
+    mechanism: "exp", "prob" or "logit" (see :mod:`norcal.core.calibration`). count: which
+    counts are N_c, "image" or "instance" (None: the table's). background: where the background
+    logit is, "last" (detectron2), "first" (torchvision) or "none" (None: last). logits: ONNX
+    input only, the classifier logits tensor when it is not found automatically. inline: plain
+    ops instead of the ``ai.norcal::NorCal`` function node.
+    """
+
+    gamma: float
+    table: PathLike | CalibrationTable | None = None
     factor: str = "cdt"
     mechanism: str = "exp"
     renormalize: bool = True
@@ -29,66 +57,54 @@ class NorCalOptions:
     background: str | None = None
     logits: str | None = None
     inline: bool = False
-    strip: bool = False
 
-    @classmethod
-    def from_args(cls, args) -> "NorCalOptions":
-        return cls(**{k: getattr(args, k) for k in cls.__dataclass_fields__})
 
-    def apply(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        if self.strip:
-            return strip_norcal(model)
-        return calibrate_onnx(model, self.gamma, self.table, factor=self.factor,
-                              mechanism=self.mechanism, renormalize=self.renormalize,
-                              background=self.background or "last",
-                              background_scale=self.background_scale, count_type=self.count,
-                              logits=self.logits, inline=self.inline)
+@dataclass(frozen=True)
+class CheckpointExport:
+    """How a detectron2 checkpoint becomes a graph: its config (None: inferred from the weights
+    with detectron2's LVIS test settings), fixed batch / padded height / width (None: dynamic)
+    and the ONNX opset."""
+
+    config: PathLike | None = None
+    batch: int | None = None
+    height: int | None = None
+    width: int | None = None
+    opset: int = 17
 
 
 @dataclass
 class ExportResult:
+    """What an export wrote and found."""
+
     source: Path
     output: Path
     model: onnx.ModelProto
     seconds: float
-    extra_rows: list[tuple[str, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    tensorrt: Report  # the static TensorRT ONNX-parser check, default profile
+    detector: ModelSpec | None = None  # checkpoint exports: the rebuilt detector's settings
+    verify_report: str | None = None  # checkpoint exports with ``verify`` images
+    triton_dir: Path | None = None  # the Triton model folder, when one was written
 
-    def print_summary(self) -> None:
-        from rich.console import Console
-        from rich.markup import escape
-        from rich.table import Table
-
-        console = Console(soft_wrap=True)
-        meta = norcal_metadata(self.model) if has_norcal(self.model) else {}
-        t = Table(title=f"exported {self.output}", show_header=False)
-        t.add_row("source", str(self.source))
-        for k, v in self.extra_rows:
-            t.add_row(k, v)
-        if meta:
-            t.add_row("classes", meta.get("norcal.num_classes", "?"))
-            t.add_row("table", f"{meta.get('norcal.table')} (sha256 {meta.get('norcal.table_sha256', '')[:16]}…)")
-            t.add_row("NorCal", f"gamma {meta.get('norcal.gamma')}, factor {meta.get('norcal.factor')}, "
-                                f"mechanism {meta.get('norcal.mechanism')}, renormalize "
-                                f"{meta.get('norcal.renormalize')}, background {meta.get('norcal.background')}")
-            t.add_row("node", f"{'inlined ops' if meta.get('norcal.inline') == 'true' else 'ai.norcal::NorCal'}"
-                              f" on {meta.get('norcal.logits')}")
-        else:
-            t.add_row("NorCal", "none (plain classifier)")
-        for kind, name, dtype, shape in describe_io(self.model):
-            t.add_row(kind, escape(f"{name}: {dtype} {shape}"))
-        t.add_row("file size", f"{self.output.stat().st_size / 2**20:.1f} MiB")
-        t.add_row("time", f"{self.seconds:.1f} s")
-        console.print(t)
-        for n in self.notes:
-            console.print(escape(n))
+    @property
+    def norcal(self) -> dict[str, str]:
+        """The ``norcal.*`` metadata of the written model ({} when it has no NorCal node)."""
+        return norcal_metadata(self.model) if has_norcal(self.model) else {}
 
 
-TRT_ROW = f"TensorRT {TENSORRT_VERSION} parser"
+def calibrate_onnx(model: onnx.ModelProto | PathLike, norcal: NorCal) -> onnx.ModelProto:
+    """A copy of ``model`` (or of the ONNX file it names) with its box classifier replaced by
+    the NorCal node (a model that already has one gets the new calibration)."""
+    if not isinstance(model, onnx.ModelProto):
+        model = load_onnx(model)
+    return _insert_norcal(model, norcal.gamma, norcal.table, factor=norcal.factor,
+                          mechanism=norcal.mechanism, renormalize=norcal.renormalize,
+                          background=norcal.background or "last",
+                          background_scale=norcal.background_scale, count_type=norcal.count,
+                          logits=norcal.logits, inline=norcal.inline)
 
 
-def _finish(model: onnx.ModelProto, out: Path) -> str:
-    """Check, write, and return the TensorRT-parser verdict for the summary."""
+def _finish(model: onnx.ModelProto, out: Path) -> Report:
+    """Check, write, and return the TensorRT-parser report."""
     from norcal.export.trt_check import check_model
 
     try:
@@ -96,71 +112,86 @@ def _finish(model: onnx.ModelProto, out: Path) -> str:
     except onnx.checker.ValidationError as e:  # a bug of ours, not the user's: keep the trace
         raise RuntimeError(f"the calibrated model fails the ONNX checker: {e}") from e
     save_onnx(model, out)
-    report = check_model(model)
-    verdict = "compatible" if report.compatible else f"NOT compatible ({len(report.errors)} errors)"
-    return (f"{verdict}, {len(report.warnings)} warnings with the default profile "
-            f"(details: norcal check {out})")
-
-
-def export_onnx_file(src: Path, out: Path, args) -> ExportResult:
-    """ONNX in, ONNX out: surgery only."""
-    t0 = time.perf_counter()
-    opts = NorCalOptions.from_args(args)
-    model = opts.apply(load_onnx(src))
-    trt = _finish(model, out)
-    result = ExportResult(src, out, model, time.perf_counter() - t0, [(TRT_ROW, trt)])
-    _triton(result, args)
-    return result
-
-
-def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
-    """A detectron2 checkpoint -> batched ONNX with NorCal (see norcal.export.onnx_export)."""
-    from rich.console import Console
-
-    from norcal.export.detector import load_detector, export_detector
-
-    console = Console(stderr=True)
-    t0 = time.perf_counter()
-    opts = NorCalOptions.from_args(args)
-    if opts.strip:
-        raise NorcalError("--strip applies to ONNX models; a checkpoint export has no node to strip")
-    if opts.logits:
-        raise NorcalError("--logits applies to ONNX input; a checkpoint export knows its classifier")
-    with console.status("loading checkpoint"):
-        spec, model = load_detector(src, args.config)
-    with console.status("exporting to ONNX"):
-        graph = export_detector(model, spec, batch=args.batch, height=args.height,
-                                width=args.width, opset=args.opset or 17)
-    with console.status("inserting the NorCal node"):
-        graph = opts.apply(graph)
-    trt = _finish(graph, out)
-    rows = [("architecture", f"{spec.meta_architecture} R{spec.depth}-FPN, {spec.num_classes} classes, "
-                             f"{'mask' if spec.mask_on else 'box'} head"),
-            ("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}, score > "
-                              f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
-                              f"{spec.detections_per_image} detections"),
-            (TRT_ROW, trt)]
-    # where the spec's values came from, e.g. what a config-less export had to assume
-    rows += [(f"({key})", value) for key, value in spec.provenance.items() if key != "weights"]
-    result = ExportResult(src, out, graph, time.perf_counter() - t0, rows)
-    if args.verify:
-        from norcal.workflows.verify import verify_images
-
-        result.notes.append(verify_images(model, out, args.verify, spec))
-    _triton(result, args)
-    return result
+    return check_model(model)
 
 
 def triton_name(output: Path) -> str:
     """The Triton model name for an exported file: its name up to the first dot."""
-    return output.name.split(".")[0]
+    return Path(output).name.split(".")[0]
 
 
-def _triton(result: ExportResult, args) -> None:
-    """--triton-repo DIR: a Triton model repository serving the written model."""
-    if args.triton_repo:
+def _check_triton(out: Path, triton_repo: PathLike | None, force: bool) -> None:
+    """Refuse an existing Triton model folder before any work is done."""
+    if triton_repo is not None:
+        from norcal.runtime.triton import check_target
+
+        check_target(triton_repo, triton_name(out), force)
+
+
+def _write_triton(result: ExportResult, triton_repo: PathLike | None, force: bool) -> None:
+    if triton_repo is not None:
         from norcal.runtime.triton import write_triton_repo
 
-        d = write_triton_repo(result.output, args.triton_repo, triton_name(result.output),
-                              force=args.force)
-        result.notes.append(f"Triton model repository written: {d}")
+        result.triton_dir = write_triton_repo(result.output, triton_repo, triton_name(result.output),
+                                              force=force)
+
+
+def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None, *,
+                     strip: bool = False, triton_repo: PathLike | None = None,
+                     force: bool = False) -> ExportResult:
+    """ONNX in, ONNX out: surgery only. ``norcal``: the calibration to bake in; ``strip=True``
+    instead removes NorCal. ``triton_repo``: also write a Triton model repository there
+    (``force``: replace an existing model folder)."""
+    if strip and norcal is not None:
+        raise NorcalError("strip=True removes NorCal; it takes no norcal", param="strip=True")
+    if not strip and norcal is None:
+        raise NorcalError("norcal (the calibration to bake in) is required, or strip=True",
+                          param="strip=True")
+    src, out = Path(src), Path(out)
+    _check_triton(out, triton_repo, force)
+    t0 = time.perf_counter()
+    model = load_onnx(src)
+    model = strip_norcal(model) if strip else calibrate_onnx(model, norcal)
+    report = _finish(model, out)
+    result = ExportResult(src, out, model, time.perf_counter() - t0, report)
+    _write_triton(result, triton_repo, force)
+    return result
+
+
+def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
+                      options: CheckpointExport = CheckpointExport(), *,
+                      verify: Sequence[PathLike] = (), triton_repo: PathLike | None = None,
+                      force: bool = False, progress: Callable[[str], None] | None = None) -> ExportResult:
+    """A detectron2 checkpoint -> batched ONNX with NorCal (see norcal.export.onnx_export).
+
+    verify: images (files or folders) to run ONNX Runtime against the PyTorch model on; the
+    report is ``result.verify_report``. progress: called with the name of each step as it
+    starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
+    "checking and writing", "verifying").
+    """
+    from norcal.export.detector import export_detector, load_detector
+
+    step = progress or (lambda _name: None)
+    if norcal.logits:
+        raise NorcalError("logits applies to ONNX input; a checkpoint export knows its classifier",
+                          param="logits")
+    src, out = Path(src), Path(out)
+    _check_triton(out, triton_repo, force)
+    t0 = time.perf_counter()
+    step("loading checkpoint")
+    spec, model = load_detector(src, options.config)
+    step("exporting to ONNX")
+    graph = export_detector(model, spec, batch=options.batch, height=options.height,
+                            width=options.width, opset=options.opset)
+    step("inserting the NorCal node")
+    graph = calibrate_onnx(graph, norcal)
+    step("checking and writing")
+    report = _finish(graph, out)
+    result = ExportResult(src, out, graph, time.perf_counter() - t0, report, detector=spec)
+    if verify:
+        from norcal.workflows.verify import verify_images
+
+        step("verifying")
+        result.verify_report = verify_images(model, out, list(verify), spec)
+    _write_triton(result, triton_repo, force)
+    return result

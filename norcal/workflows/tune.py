@@ -36,42 +36,6 @@ from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
 
 
-MAX_GAMMAS = 1000  # more is a typo (a tiny step), not a sweep
-
-
-def parse_gammas(text: str) -> list[float]:
-    """'0:1.5:0.1' (start:stop:step, stop included) or '0,0.5,1' -> sorted unique gammas
-    (finite, at most :data:`MAX_GAMMAS`)."""
-    text = str(text).strip()
-    try:
-        if ":" in text:
-            parts = [float(v) for v in text.split(":")]
-            if len(parts) != 3:
-                raise ValueError
-            if not all(math.isfinite(v) for v in parts):
-                raise NorcalError(f"gamma range {text!r}: start, stop and step must be finite")
-            start, stop, step = parts
-            if step <= 0 or stop < start:
-                raise NorcalError(f"gamma range {text!r}: need start <= stop and step > 0")
-            n = (stop - start) / step + 1e-9
-            if not math.isfinite(n) or n >= MAX_GAMMAS:
-                raise NorcalError(f"gamma range {text!r} gives more than {MAX_GAMMAS} gammas: "
-                                  "use a larger step")
-            values = [round(start + i * step, 10) for i in range(int(math.floor(n)) + 1)]
-        else:
-            values = [float(v) for v in text.split(",") if v.strip()]
-            if not all(math.isfinite(v) for v in values):
-                raise NorcalError(f"gammas {text!r}: every gamma must be finite")
-            if len(values) > MAX_GAMMAS:
-                raise NorcalError(f"gammas {text!r}: more than {MAX_GAMMAS} values")
-    except ValueError:
-        raise NorcalError(f"gammas {text!r}: expected start:stop:step (e.g. 0:1.5:0.1) "
-                          "or a comma list (e.g. 0,0.5,1)") from None
-    if not values:
-        raise NorcalError(f"gammas {text!r}: no values")
-    return sorted(set(values))
-
-
 def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable:
     """A table as given, or what :func:`norcal.core.tables.load_table` makes of a name or path
     (a built-in, a table JSON, or a COCO/LVIS training annotation file)."""
@@ -151,7 +115,7 @@ def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], b
     from norcal.runtime.preprocess import prepare_batch
 
     if batch_size < 1:
-        raise NorcalError(f"batch size must be >= 1, got {batch_size}")
+        raise NorcalError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
     parts: dict[str, list] = {k: [] for k in ("proposals", "proposal_valid", "cls_logits", "box_deltas")}
     sizes, originals, ids = [], [], []
     with torch.no_grad(), _heads_only(model):
@@ -386,7 +350,8 @@ def images_from_gt(gt_path: os.PathLike | dict, image_dir: os.PathLike,
 def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
          table: str | os.PathLike | CalibrationTable | None = None, *, config: os.PathLike | None = None,
          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
-         max_cache_bytes: int = 2 << 30, progress=None) -> TuneResult:
+         max_cache_bytes: int = 2 << 30,
+         progress: Callable[[str, int, int], None] | None = None) -> TuneResult:
     """The whole job: build the detector, run it once over the GT's images, sweep gammas.
 
     table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
@@ -394,7 +359,9 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     The images go through in chunks whose cache fits ``max_cache_bytes``; each chunk is
     re-scored at every gamma before the next is computed, so memory holds one chunk's cache
     plus the (small) detections of every gamma, whatever the number of images.
-    progress: an optional ``rich.progress.Progress`` for the network pass and the sweep bars.
+    progress: called as ``progress(stage, n, total)`` when n more units of a stage are done
+    (stages "network pass" and "re-scoring" count images, "evaluation" gammas; ``total`` is
+    the stage's total).
     """
     from norcal.evaluation import prepare_gt
     from norcal.export.detector import load_detector
@@ -402,10 +369,11 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
 
     gammas = [check_gamma(g, factor) for g in gammas]
     if not gammas:
-        raise NorcalError("no gammas to sweep")
+        raise NorcalError("gammas: none to sweep", param="gammas")
     if not (isinstance(max_cache_bytes, (int, float)) and math.isfinite(max_cache_bytes)
             and max_cache_bytes > 0):
-        raise NorcalError(f"the cache budget must be a finite number > 0, got {max_cache_bytes}")
+        raise NorcalError(f"max_cache_bytes must be a finite number > 0, got {max_cache_bytes}",
+                          param="max_cache_bytes")
     if table is not None:
         table = resolve_table(table)
     gt_data = read_json(gt, "GT")
@@ -426,14 +394,14 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     if chunk < batch_size:
         raise NorcalError(f"one batch of {batch_size} images needs up to "
                           f"{batch_size * per_image / 2**20:.0f} MiB of cache, over the "
-                          f"{max_cache_bytes / 2**20:.0f} MiB limit: lower --batch or raise --max-cache-gb")
+                          f"{max_cache_bytes / 2**20:.0f} MiB limit: lower batch_size or raise "
+                          f"max_cache_bytes", param=("batch_size", "max_cache_bytes"))
     chunk -= chunk % batch_size  # whole batches only: chunking then changes nothing
 
-    def bar(label, total):
+    def bar(stage, total):
         if progress is None:
             return lambda n=1: None
-        task = progress.add_task(label, total=total)
-        return lambda n=1: progress.advance(task, n)
+        return lambda n=1: progress(stage, n, total)
 
     net_step = bar("network pass", len(pairs))
     sweep_step = bar("re-scoring", len(pairs) * len(gammas))
@@ -453,26 +421,6 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
 
 
 # ----------------------------------------------------------------------------- output
-
-def sweep_table(result: TuneResult, title: str | None = None):
-    """A rich Table: gamma, AP, AP50, APr, APc, APf (in %), the best row marked."""
-    from rich.table import Table
-
-    from norcal.evaluation.report import percent
-
-    best = result.best.gamma
-    t = Table(title=title or f"NorCal gamma sweep ({result.factor}, {result.mechanism}, "
-                             f"{result.num_images} images, bbox)")
-    t.add_column("gamma", justify="right")
-    for k in ("AP", "AP50", "APr", "APc", "APf"):
-        t.add_column(k, justify="right")
-    t.add_column("detections", justify="right")
-    for p in result.points:
-        row = [f"{p.gamma:g}"] + [percent(p.stats[k]) for k in ("AP", "AP50", "APr", "APc", "APf")]
-        row.append(str(p.num_detections))
-        t.add_row(*row, style="bold green" if p.gamma == best else None)
-    return t
-
 
 def write_sweep_plot(path: os.PathLike, panels: dict[str, Sequence[tuple[float, dict]]],
                      best: float | None = None, title: str = "NorCal gamma sweep") -> Path:

@@ -13,7 +13,7 @@ from onnx import helper as h
 from norcal.cli import main
 from norcal.core.errors import NorcalError
 from norcal.export.trt_check import check_model
-from norcal.core.profiles import parse_profile
+from norcal.cli.options import parse_profile
 from norcal.export.trt_support import OPERATORS, TENSORRT_VERSION
 
 

@@ -17,8 +17,8 @@ from onnx import helper as h
 from norcal.cli import main
 from norcal.core.errors import NorcalError
 from norcal.core.profiles import detector_profiles
-from norcal.runtime.tensorrt_build import (BuildOptions, parse_hw_range, parse_range, sidecar_path,
-                                           trtexec_command)
+from norcal.cli.options import parse_hw_range, parse_range
+from norcal.runtime.tensorrt_build import BuildOptions, sidecar_path, trtexec_command
 
 
 def tiny_detector(metadata=None) -> onnx.ModelProto:
@@ -146,15 +146,20 @@ def test_trtexec_only_writes_the_sidecar(tmp_path, monkeypatch, capsys):
     assert side["trtexec"] in capsys.readouterr().out
 
 
-def test_build_refuses_a_model_tensorrt_cannot_parse(tmp_path, monkeypatch):
+def test_build_refuses_a_model_tensorrt_cannot_parse(tmp_path, monkeypatch, capsys):
     _hide_tensorrt(monkeypatch)
     m = tiny_detector()
     m.graph.node.append(h.make_node("Unique", ["scores"], ["u"], name="dedupe"))
     path = tmp_path / "bad.onnx"
     onnx.save(m, path)
-    with pytest.raises(NorcalError, match=r"dedupe \(Unique\)"):
+    with pytest.raises(NorcalError, match=r"dedupe \(Unique\)") as e:
         from norcal.workflows.build import prepare
         prepare(BuildOptions(path, tmp_path / "bad.engine"))
+    assert str(e.value).endswith("or pass check=False") and e.value.param == "check=False"
+    # the CLI names its flag
+    assert main(["build", str(path), "-o", str(tmp_path / "bad.engine")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.rstrip().endswith("run norcal check for all, or pass --skip-check"), err
 
 
 def _have_tensorrt_gpu() -> str | None:
@@ -182,7 +187,10 @@ def test_real_engine_matches_onnxruntime(tmp_path, fp16):
     opts = BuildOptions(model_path, tmp_path / "tiny.engine", fp16=fp16, batch=(1, 2, 4),
                         hw=((32, 32), (64, 96), (128, 128)), timing_cache=tmp_path / "trt.cache")
     model, profiles, cmd = prepare(opts)
-    side = build_engine(opts, model, profiles, cmd)
+    messages = []
+    side = build_engine(opts, model, profiles, cmd, on_message=messages.append)
+    assert messages == ["[TensorRT] INT64 weights cast down to INT32"]  # warnings, not info
+    assert capsys.readouterr().out == ""  # the library prints nothing
     assert (tmp_path / "trt.cache").stat().st_size > 0
     runner = TensorRTRunner(opts.engine_path)
     assert runner.metadata == {"norcal.gamma": "0.3"} and side["precision"] == runner.name.split("-")[1]
@@ -266,9 +274,12 @@ class _RecordingTensorRT:
         class Parser:
             def __init__(self, network, logger):
                 self.num_errors = 0 if parse_ok else 1
+                self.logger = logger
 
             def parse_from_file(self, path):
                 rec.calls.append(("parse_from_file", path))
+                self.logger.log(rec.ILogger.INFO, "parsing")
+                self.logger.log(rec.ILogger.WARNING, "INT64 weights cast down to INT32")
                 return parse_ok
 
             def get_error(self, i):
@@ -322,7 +333,7 @@ class _RecordingTensorRT:
         self.Builder, self.OnnxParser = Builder, Parser
 
 
-def test_builder_api_calls(tmp_path, monkeypatch):
+def test_builder_api_calls(tmp_path, monkeypatch, capsys):
     from norcal.runtime.tensorrt_build import build_engine, prepare
 
     fake = _RecordingTensorRT()
@@ -334,7 +345,10 @@ def test_builder_api_calls(tmp_path, monkeypatch):
                         hw=((32, 32), (64, 96), (128, 128)), workspace_gb=2,
                         timing_cache=tmp_path / "old.cache")
     model, profiles, cmd = prepare(opts)
-    side = build_engine(opts, model, profiles, cmd)
+    messages = []
+    side = build_engine(opts, model, profiles, cmd, on_message=messages.append)
+    assert messages == ["[TensorRT] INT64 weights cast down to INT32"]  # warnings, not info
+    assert capsys.readouterr().out == ""  # the library prints nothing
     assert ("pool", "WORKSPACE", 2 << 30) in fake.calls and ("flag", "FP16") in fake.calls
     assert ("set_shape", "images", (1, 3, 32, 32), (2, 3, 64, 96), (4, 3, 128, 128)) in fake.calls
     assert ("set_shape", "image_sizes", (1, 2), (2, 2), (4, 2)) in fake.calls

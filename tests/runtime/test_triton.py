@@ -70,8 +70,9 @@ def test_refuses_overwrite_unless_forced(tmp_path):
     repo = tmp_path / "repo"
     write_triton_repo(src, repo, "det")
     (repo / "det" / "marker").write_text("old")
-    with pytest.raises(NorcalError, match="exists"):
+    with pytest.raises(NorcalError, match="exists") as e:
         write_triton_repo(src, repo, "det")
+    assert "pass force=True to replace it" in str(e.value) and e.value.param == "force=True"
     assert (repo / "det" / "marker").exists()
     write_triton_repo(src, repo, "det", max_batch_size=2, force=True)
     assert not (repo / "det" / "marker").exists()

@@ -17,31 +17,6 @@ GOLDEN_SETTINGS = {"baseline": 0.0, "cdt_g0.25": 0.25, "cdt_g0.5": 0.5, "cdt_g0.
                    "cdt_g1.0": 1.0}
 
 
-# --------------------------------------------------------------------------- pure helpers
-
-@pytest.mark.parametrize("text, expected", [
-    ("0:1.5:0.5", [0.0, 0.5, 1.0, 1.5]),
-    ("0:1:0.3", [0.0, 0.3, 0.6, 0.9]),
-    ("0:0.3:0.1", [0.0, 0.1, 0.2, 0.3]),
-    ("1, 0.5,0", [0.0, 0.5, 1.0]),
-    ("0.7", [0.7]),
-])
-def test_parse_gammas(text, expected):
-    from norcal.workflows.tune import parse_gammas
-
-    assert parse_gammas(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "a:b:c", "0:1", "1:0:0.1", "0:1:0", "0:1:-1",
-                                  "0:inf:0.1", "0:1:nan", "nan", "0,inf", "0:10000:1"])
-def test_parse_gammas_rejects(text):
-    from norcal.core.errors import NorcalError
-    from norcal.workflows.tune import parse_gammas
-
-    with pytest.raises(NorcalError):
-        parse_gammas(text)
-
-
 # --------------------------------------------------------------------------- the cache
 
 @pytest.fixture(scope="module")
@@ -192,12 +167,6 @@ def test_tune_cli_baseline_equals_norcal_eval(subset_gt, plain_onnx, tmp_path, c
         assert base[k] == pytest.approx(stats[k], abs=1e-4), k
 
 
-def test_parse_gammas_caps_the_count():
-    from norcal.workflows.tune import MAX_GAMMAS, parse_gammas
-
-    assert len(parse_gammas(f"0:{MAX_GAMMAS - 1}:1")) == MAX_GAMMAS
-
-
 def test_rescore_restores_the_whole_predictor_state(detector, cache, table):
     from norcal.core.calibration import log_prior
 
@@ -263,6 +232,19 @@ def test_tune_in_chunks_equals_one_cache(detector, cache, table, subset_gt):
         assert a.gamma == b.gamma and a.num_detections == b.num_detections
         for k in ("AP", "APr", "APc", "APf", "AR"):
             assert a.stats[k] == pytest.approx(b.stats[k], abs=1e-6), (a.gamma, k)
-    with pytest.raises(NorcalError, match="lower --batch or raise --max-cache-gb"):
+    with pytest.raises(NorcalError, match="lower batch_size or raise max_cache_bytes") as e:
         tune(SYNTH / "model_final.pth", subset_gt, SYNTH / "val", [0.5], table,
              config=SYNTH / "config.yaml", batch_size=8, max_cache_bytes=budget)
+    assert e.value.params == ("batch_size", "max_cache_bytes")
+
+
+def test_tune_cli_names_the_flags_of_the_cache_budget(capsys):
+    from norcal.cli import main
+
+    rc = main(["tune", str(SYNTH / "model_final.pth"), "--config", str(SYNTH / "config.yaml"),
+               "--gt", str(SYNTH / "val.json"), "--images", str(SYNTH / "val"), "--batch", "8",
+               "--table", str(SYNTH / "train_annotations.json"),
+               "--max-cache-gb", "0.001"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "MiB limit: lower --batch or raise --max-cache-gb" in err, err

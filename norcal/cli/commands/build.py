@@ -26,6 +26,10 @@ Defaults: batch {DEFAULT_BATCH[0]}:{DEFAULT_BATCH[1]}:{DEFAULT_BATCH[2]}; H and 
 The model is checked first (norcal check) unless --skip-check.
 """
 
+# parameters of the engine build named in its errors -> the flags here
+FLAGS = {"check=False": "--skip-check", "workspace_gb": "--workspace", "fp16": "--fp16",
+         "batch": "--batch"}
+
 
 def add_arguments(p):
     p.add_argument("model", help="exported ONNX detector")
@@ -48,8 +52,8 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from norcal.runtime.tensorrt_build import (BuildOptions, build_engine, parse_hw,
-                                               parse_hw_range, parse_range, sidecar_path,
+    from norcal.cli.options import parse_hw, parse_hw_range, parse_range
+    from norcal.runtime.tensorrt_build import (BuildOptions, build_engine, sidecar_path,
                                                write_trtexec_sidecar)
     from norcal.workflows.build import prepare
 
@@ -75,7 +79,7 @@ def run(args) -> int:
         write_trtexec_sidecar(options, model, profiles, cmd)
         print(f"wrote {sidecar_path(options.engine_path)} (metadata for the engine trtexec will write)")
         return 0
-    content = build_engine(options, model, profiles, cmd, verbose=args.verbose)
+    content = build_engine(options, model, profiles, cmd, verbose=args.verbose, on_message=print)
     print(f"wrote {options.engine_path} ({content['precision']}, TensorRT {content['tensorrt_version']}) "
           f"and {sidecar_path(options.engine_path)}")
     return 0

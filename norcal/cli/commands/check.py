@@ -37,7 +37,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from norcal.core.profiles import parse_profile
+    from norcal.cli.options import parse_profile
     from norcal.export.trt_check import check_model
 
     profiles = [parse_profile(t) for t in args.profile]

@@ -46,7 +46,7 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from norcal.workflows.demo import comparison_table, run_demo
-    from norcal.workflows.tune import parse_gammas
+    from norcal.cli.options import parse_gammas
 
     console = Console(soft_wrap=True)
     gammas = [g for g in parse_gammas(args.gammas) if g != 0]

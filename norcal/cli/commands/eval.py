@@ -73,7 +73,7 @@ def run(args) -> int:
     columns = {"LVIS": result}
     if fixed is not None:
         columns["AP^Fixed"] = fixed
-    console.print(report.stats_table(columns, f"{args.iou_type} evaluation of {args.results}"))
+    console.print(stats_table(columns, f"{args.iou_type} evaluation of {args.results}"))
     if args.json:
         report.write_metrics(args.json, result, fixed)
         console.print(f"wrote {args.json}")
@@ -84,3 +84,25 @@ def run(args) -> int:
         for path in report.write_plots(args.plots, result, fixed):
             console.print(f"wrote {path}")
     return 0
+
+
+def stats_table(results, title: str = "LVIS evaluation"):
+    """A rich Table: one row per metric, one column per named
+    :class:`norcal.evaluation.EvalResult` (values in %)."""
+    from rich.table import Table
+
+    from norcal.evaluation import STAT_KEYS
+    from norcal.evaluation.report import percent
+
+    table = Table(title=title)
+    table.add_column("metric")
+    for name in results:
+        table.add_column(name, justify="right")
+    first = next(iter(results.values()))
+    for key in STAT_KEYS:
+        label = key
+        if key.startswith("AR"):
+            cap = first.max_dets if first.max_dets >= 0 else "all"
+            label = f"{key}@{cap}"
+        table.add_row(label, *(percent(r.stats[key]) for r in results.values()))
+    return table

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from norcal.cli.commands._options import add_calibration_options
+from norcal.cli.options import add_calibration_options
 from norcal.core.errors import NorcalError
 
 HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
@@ -30,6 +30,9 @@ examples:
 """
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
+
+# parameters of norcal.workflows.export_job named in its errors -> the flags here
+FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table"}
 
 
 def add_arguments(p):
@@ -76,7 +79,6 @@ def default_output(model: Path) -> Path:
 
 
 def run(args) -> int:
-    from norcal.workflows.export_job import export_checkpoint, export_onnx_file, triton_name
     from norcal.core.fileio import same_file
 
     src = Path(args.model)
@@ -95,13 +97,97 @@ def run(args) -> int:
                  if getattr(args, k) is not None]
         if given:
             raise NorcalError(f"{', '.join(given)} apply to detectron2 checkpoints, not ONNX input")
-    if args.triton_repo:
-        from norcal.runtime.triton import check_target
-
-        check_target(args.triton_repo, triton_name(out), args.force)  # before any work is done
     if is_checkpoint:
-        result = export_checkpoint(src, out, args)
+        result = _export_checkpoint(src, out, args)
     else:
-        result = export_onnx_file(src, out, args)
-    result.print_summary()
+        from norcal.workflows.export_job import export_onnx_file
+
+        result = export_onnx_file(src, out, None if args.strip else _norcal(args), strip=args.strip,
+                                  triton_repo=args.triton_repo, force=args.force)
+    print_summary(result)
     return 0
+
+
+def _norcal(args):
+    from norcal.workflows.export_job import NorCal
+
+    return NorCal(gamma=args.gamma, table=args.table, factor=args.factor, mechanism=args.mechanism,
+                  renormalize=args.renormalize, background_scale=args.background_scale,
+                  count=args.count, background=args.background, logits=args.logits,
+                  inline=args.inline)
+
+
+def _export_checkpoint(src: Path, out: Path, args):
+    from rich.console import Console
+
+    from norcal.workflows.export_job import CheckpointExport, export_checkpoint
+
+    if args.strip:
+        raise NorcalError("--strip applies to ONNX models; a checkpoint export has no node to strip")
+    options = CheckpointExport(config=args.config, batch=args.batch, height=args.height,
+                               width=args.width, opset=args.opset or 17)
+    status = Console(stderr=True).status("")
+
+    def step(name: str) -> None:
+        if name == "verifying":
+            status.stop()  # the verify report prints its own table
+        else:
+            status.update(name)
+            status.start()
+
+    try:
+        return export_checkpoint(src, out, _norcal(args), options, verify=args.verify or (),
+                                 triton_repo=args.triton_repo, force=args.force, progress=step)
+    finally:
+        status.stop()
+
+
+def print_summary(result) -> None:
+    """The export summary: a table of what was written, then the notes (verify, Triton)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from norcal.core.onnx_io import describe_io
+    from norcal.export.trt_support import TENSORRT_VERSION
+
+    console = Console(soft_wrap=True)
+    meta = result.norcal
+    t = Table(title=f"exported {result.output}", show_header=False)
+    t.add_row("source", str(result.source))
+    spec = result.detector
+    if spec is not None:
+        t.add_row("architecture", f"{spec.meta_architecture} R{spec.depth}-FPN, {spec.num_classes} classes, "
+                                  f"{'mask' if spec.mask_on else 'box'} head")
+        t.add_row("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}, score > "
+                                   f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
+                                   f"{spec.detections_per_image} detections")
+    report = result.tensorrt
+    verdict = "compatible" if report.compatible else f"NOT compatible ({len(report.errors)} errors)"
+    t.add_row(f"TensorRT {TENSORRT_VERSION} parser",
+              f"{verdict}, {len(report.warnings)} warnings with the default profile "
+              f"(details: norcal check {result.output})")
+    if spec is not None:
+        # where the spec's values came from, e.g. what a config-less export had to assume
+        for key, value in spec.provenance.items():
+            if key != "weights":
+                t.add_row(f"({key})", value)
+    if meta:
+        t.add_row("classes", meta.get("norcal.num_classes", "?"))
+        t.add_row("table", f"{meta.get('norcal.table')} (sha256 {meta.get('norcal.table_sha256', '')[:16]}…)")
+        t.add_row("NorCal", f"gamma {meta.get('norcal.gamma')}, factor {meta.get('norcal.factor')}, "
+                            f"mechanism {meta.get('norcal.mechanism')}, renormalize "
+                            f"{meta.get('norcal.renormalize')}, background {meta.get('norcal.background')}")
+        t.add_row("node", f"{'inlined ops' if meta.get('norcal.inline') == 'true' else 'ai.norcal::NorCal'}"
+                          f" on {meta.get('norcal.logits')}")
+    else:
+        t.add_row("NorCal", "none (plain classifier)")
+    for kind, name, dtype, shape in describe_io(result.model):
+        t.add_row(kind, escape(f"{name}: {dtype} {shape}"))
+    t.add_row("file size", f"{result.output.stat().st_size / 2**20:.1f} MiB")
+    t.add_row("time", f"{result.seconds:.1f} s")
+    console.print(t)
+    if result.verify_report:
+        console.print(escape(result.verify_report))
+    if result.triton_dir is not None:
+        console.print(escape(f"Triton model repository written: {result.triton_dir}"))

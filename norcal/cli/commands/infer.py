@@ -27,6 +27,9 @@ categories, else --table, else the model's metadata (norcal.category_ids, norcal
 else i + 1 (detectron2's LVIS convention).
 """
 
+# parameters of the runtime named in its errors -> the flags here
+FLAGS = {"provider": "--provider", "batch_size": "--batch"}
+
 
 def add_arguments(p):
     p.add_argument("model", help="model file: .onnx (ONNX Runtime) or .engine/.plan (TensorRT)")

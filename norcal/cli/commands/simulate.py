@@ -20,6 +20,9 @@ split (other images and seed) and checked against the best gamma on val.
 with the keys of `norcal eval` (AP, AP50, ..., APr, APc, APf, AR, ...) as fractions.
 """
 
+# parameters of norcal.evaluation.simulate named in its errors -> the flags here
+FLAGS = {"images": "--images", "train_images": "--train-images", "gammas": "--gammas"}
+
 
 def add_arguments(p):
     p.add_argument("--images", type=int, default=2000, help="validation images (default 2000)")
@@ -45,8 +48,8 @@ def run(args) -> int:
     from norcal.core.errors import NorcalError
     from norcal.evaluation.simulate import SimConfig, plot_sweep, run_benchmark
     from norcal.core.fileio import write_json
+    from norcal.cli.options import parse_gammas
     from norcal.core.tables import load_table
-    from norcal.workflows.tune import parse_gammas
 
     gammas = [check_gamma(g) for g in parse_gammas(args.gammas)]
     if args.images < 1 or args.train_images < 1:

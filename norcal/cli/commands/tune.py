@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from norcal.cli.commands._options import add_calibration_options
+from norcal.cli.options import add_calibration_options
 from norcal.cli.commands.export import CHECKPOINT_SUFFIXES
 from norcal.core.errors import NorcalError
 
@@ -42,6 +42,9 @@ The rows print in %; --json writes {"factor", "mechanism", "table", "num_images"
 (fractions in [0, 1], -1 where undefined); --plot writes AP, APr, APc, APf against gamma.
 """
 
+# parameters of norcal.workflows.tune named in its errors -> the flags here
+FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
+         "table": "--table"}
 
 
 def add_arguments(p):
@@ -67,8 +70,9 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from norcal.cli.options import parse_gammas, progress_bars
     from norcal.core.fileio import write_json
-    from norcal.workflows.tune import parse_gammas, sweep_table, tune, write_sweep_plot
+    from norcal.workflows.tune import tune, write_sweep_plot
 
     src = Path(args.model)
     if src.suffix.lower() == ".onnx":
@@ -91,7 +95,8 @@ def run(args) -> int:
                   TimeElapsedColumn(), console=console) as progress:
         result = tune(src, args.gt, args.images, gammas, table, config=args.config,
                       factor=args.factor, mechanism=args.mechanism, batch_size=args.batch,
-                      max_cache_bytes=int(args.max_cache_gb * 2**30), progress=progress)
+                      max_cache_bytes=int(args.max_cache_gb * 2**30),
+                      progress=progress_bars(progress))
     console.print(sweep_table(result))
     per_gamma = sum(p.seconds for p in result.points) / len(result.points)
     console.print(f"network pass {result.network_seconds:.1f} s ({result.num_images} images, cache "
@@ -110,3 +115,24 @@ def run(args) -> int:
                          title=f"NorCal gamma sweep ({result.factor}, {result.num_images} images)")
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def sweep_table(result, title: str | None = None):
+    """A rich Table of a :class:`norcal.workflows.tune.TuneResult`: gamma, AP, AP50, APr, APc,
+    APf (in %), detections; the best row marked."""
+    from rich.table import Table
+
+    from norcal.evaluation.report import percent
+
+    best = result.best.gamma
+    t = Table(title=title or f"NorCal gamma sweep ({result.factor}, {result.mechanism}, "
+                             f"{result.num_images} images, bbox)")
+    t.add_column("gamma", justify="right")
+    for k in ("AP", "AP50", "APr", "APc", "APf"):
+        t.add_column(k, justify="right")
+    t.add_column("detections", justify="right")
+    for p in result.points:
+        row = [f"{p.gamma:g}"] + [percent(p.stats[k]) for k in ("AP", "AP50", "APr", "APc", "APf")]
+        row.append(str(p.num_detections))
+        t.add_row(*row, style="bold green" if p.gamma == best else None)
+    return t

@@ -1,0 +1,153 @@
+"""What the subcommands share: options spelled and explained once, the parsers of their
+values, the mapping of library parameter names to flags in errors, and progress display."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+from norcal.core.errors import NorcalError
+
+
+def add_calibration_options(p) -> None:
+    """--factor and --mechanism: which NorCal variant (see norcal.core.calibration)."""
+    p.add_argument("--factor", choices=("cdt", "ens"), default="cdt",
+                   help="a_c = N_c^gamma (cdt, default) or the effective number (ens, gamma < 1)")
+    p.add_argument("--mechanism", choices=("exp", "prob", "logit"), default="exp",
+                   help="scale the exponentials (default), the probabilities, or the logits")
+
+
+# ----------------------------------------------------------------------------- errors
+
+# library parameter -> flag, for every command; a command's own FLAGS add to or override it
+COMMON_FLAGS = {
+    "renormalize=False": "--no-renormalize",
+    "min_size": "--min-size",
+    "max_size": "--max-size",
+    "count": "--count",
+}
+
+
+def error_line(error: NorcalError, flags: Mapping[str, str] | None = None) -> str:
+    """The error as the CLI shows it: each parameter the error names spelled as its flag."""
+    text = str(error)
+    names = {**COMMON_FLAGS, **(flags or {})}
+    for param in error.params:
+        flag = names.get(param)
+        if flag:
+            # whole names only: "batch" must not touch "batch_size", "--batch" or "batch.json"
+            text = re.sub(rf"(?<![\w.-]){re.escape(param)}(?![\w=]|\.\w)", flag, text)
+    return text
+
+
+# ----------------------------------------------------------------------------- values
+
+MAX_GAMMAS = 1000  # more is a typo (a tiny step), not a sweep
+
+
+def parse_gammas(text: str) -> list[float]:
+    """'0:1.5:0.1' (start:stop:step, stop included) or '0,0.5,1' -> sorted unique gammas
+    (finite, at most :data:`MAX_GAMMAS`)."""
+    text = str(text).strip()
+    try:
+        if ":" in text:
+            parts = [float(v) for v in text.split(":")]
+            if len(parts) != 3:
+                raise ValueError
+            if not all(math.isfinite(v) for v in parts):
+                raise NorcalError(f"gamma range {text!r}: start, stop and step must be finite")
+            start, stop, step = parts
+            if step <= 0 or stop < start:
+                raise NorcalError(f"gamma range {text!r}: need start <= stop and step > 0")
+            n = (stop - start) / step + 1e-9
+            if not math.isfinite(n) or n >= MAX_GAMMAS:
+                raise NorcalError(f"gamma range {text!r} gives more than {MAX_GAMMAS} gammas: "
+                                  "use a larger step")
+            values = [round(start + i * step, 10) for i in range(int(math.floor(n)) + 1)]
+        else:
+            values = [float(v) for v in text.split(",") if v.strip()]
+            if not all(math.isfinite(v) for v in values):
+                raise NorcalError(f"gammas {text!r}: every gamma must be finite")
+            if len(values) > MAX_GAMMAS:
+                raise NorcalError(f"gammas {text!r}: more than {MAX_GAMMAS} values")
+    except ValueError:
+        raise NorcalError(f"gammas {text!r}: expected start:stop:step (e.g. 0:1.5:0.1) "
+                          "or a comma list (e.g. 0,0.5,1)") from None
+    if not values:
+        raise NorcalError(f"gammas {text!r}: no values")
+    return sorted(set(values))
+
+
+def parse_range(text: str, what: str = "--batch") -> tuple[int, int, int]:
+    """``"1:4:8"`` -> (1, 4, 8), positive and ordered; ``"4"`` means 4:4:4."""
+    parts = text.split(":")
+    if len(parts) == 1:
+        parts = parts * 3
+    if len(parts) != 3 or not all(re.fullmatch(r"\d+", p) for p in parts):
+        raise NorcalError(f"{what} {text!r}: expected MIN:OPT:MAX, e.g. 1:4:8")
+    lo, opt, hi = (int(p) for p in parts)
+    if not 0 < lo <= opt <= hi:
+        raise NorcalError(f"{what} {text!r}: needs 0 < MIN <= OPT <= MAX")
+    return lo, opt, hi
+
+
+def parse_hw(text: str, what: str = "--shape") -> tuple[int, int]:
+    """``"800x1088"`` -> (800, 1088)."""
+    m = re.fullmatch(r"(\d+)x(\d+)", text.strip().lower())
+    if not m or int(m[1]) <= 0 or int(m[2]) <= 0:
+        raise NorcalError(f"{what} {text!r}: expected HxW with positive sizes, e.g. 800x1088")
+    return int(m[1]), int(m[2])
+
+
+def parse_hw_range(text: str) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """``"320x320:800x1088:1344x1344"`` -> three (H, W), each dim ordered min <= opt <= max."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise NorcalError(f"--shapes {text!r}: expected MINHxMINW:OPTHxOPTW:MAXHxMAXW")
+    lo, opt, hi = (parse_hw(p, "--shapes") for p in parts)
+    for i, axis in enumerate("HW"):
+        if not lo[i] <= opt[i] <= hi[i]:
+            raise NorcalError(f"--shapes {text!r}: {axis} needs MIN <= OPT <= MAX")
+    return lo, opt, hi
+
+
+def parse_shape(text: str, what: str = "shape") -> tuple[int, ...]:
+    """``"1x3x800x1088"`` -> (1, 3, 800, 1088); a scalar is ``""``. Dims must be positive."""
+    if text == "":
+        return ()
+    parts = text.lower().split("x")
+    if not all(re.fullmatch(r"\d+", p) for p in parts):
+        raise NorcalError(f"{what} {text!r}: expected dims joined by 'x', e.g. 1x3x800x1088")
+    dims = tuple(int(p) for p in parts)
+    if any(d <= 0 for d in dims):
+        raise NorcalError(f"{what} {text!r}: every dim must be positive")
+    return dims
+
+
+def parse_profile(text: str):
+    """Parse ``NAME:MIN:OPT:MAX`` (shapes like 1x3x32x32) into a
+    :class:`norcal.core.profiles.Profile`."""
+    from norcal.core.profiles import make_profile
+
+    parts = text.split(":")  # input names may hold ':', shapes never do: take the last three
+    if len(parts) < 4 or not parts[0]:
+        raise NorcalError(f"--profile {text!r}: expected NAME:MIN:OPT:MAX, e.g. images:1x3x32x32:1x3x800x1088:8x3x1344x1344")
+    name = ":".join(parts[:-3])
+    lo, opt, hi = (parse_shape(p, f"--profile {name}") for p in parts[-3:])
+    return make_profile(name, lo, opt, hi)
+
+
+# ----------------------------------------------------------------------------- progress
+
+def progress_bars(progress):
+    """A library progress callback ``(stage, n_done, stage_total)`` drawing one bar per stage
+    on a ``rich.progress.Progress``; a stage's bar appears when the stage first reports."""
+    tasks: dict[str, object] = {}
+
+    def advance(stage: str, n: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(stage, total=total)
+        progress.advance(tasks[stage], n)
+
+    return advance
