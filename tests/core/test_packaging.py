@@ -1,0 +1,25 @@
+"""Every Python package in the source tree is listed for the wheel (a missing one breaks installs)."""
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _source_packages() -> set[str]:
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for name, folder in conf["package-dir"].items():
+        base = ROOT / folder
+        for init in base.rglob("__init__.py"):
+            rel = init.parent.relative_to(base)
+            if "fixtures" in rel.parts:
+                continue
+            found.add(".".join([name, *rel.parts]) if rel.parts else name)
+    return found
+
+
+def test_every_package_is_listed():
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    missing = _source_packages() - set(conf["packages"])
+    assert not missing, f"add to [tool.setuptools] packages: {sorted(missing)}"
