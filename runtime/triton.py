@@ -9,17 +9,16 @@ per-image scalar such as num_detections [B] has no dims left, so it is declared 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import onnx
 
 from norcal.core.errors import NorcalError
 from norcal.core.onnx_io import graph_io
-from norcal.core.fileio import atomic_path, write_text
+from norcal.core.fileio import write_text
+from norcal.core.outputs import current_path, staged_dir
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 DEFAULT_MAX_BATCH = 8
@@ -87,8 +86,8 @@ def _external_files(model: onnx.ModelProto) -> list[str]:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    with atomic_path(dst) as tmp:
-        shutil.copyfile(src, tmp)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
 
 
 def check_target(repo_dir, name: str, force: bool = False) -> None:
@@ -108,7 +107,7 @@ def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | Non
     into place; an existing model folder is replaced only with ``force``.
     """
     src = Path(model_path)
-    if not src.is_file():
+    if not current_path(src).is_file():
         raise NorcalError(f"{src}: no such file")
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
         raise NorcalError(f"Triton model name {name!r}: use letters, digits, '_', '.', '-' only")
@@ -136,7 +135,7 @@ def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | Non
                               f"{prof_max[0]}; rebuild the engine with a larger max batch")
     else:
         try:
-            model = onnx.load(str(src), load_external_data=False)
+            model = onnx.load(str(current_path(src)), load_external_data=False)
         except Exception as e:
             raise NorcalError(f"{src}: not an ONNX model ({type(e).__name__})") from None
         inputs, outputs = graph_io(model)
@@ -148,29 +147,15 @@ def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | Non
         raise NorcalError(f"max_batch_size {max_batch_size}: must be 0 (no batching) or positive")
     config = triton_config(name, platform, inputs, outputs, max_batch_size)
 
-    repo.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=repo))
-    trash = None
-    try:
+    with staged_dir(target) as tmp:  # replaces target only when the whole run succeeds
         write_text(tmp / "config.pbtxt", config)
-        _copy(src, tmp / "1" / filename)
+        (tmp / "1").mkdir()
+        _copy(current_path(src), tmp / "1" / filename)
         for rel in extra:  # external weights sit next to the .onnx under the same relative path
             if Path(rel).is_absolute() or ".." in Path(rel).parts:
                 raise NorcalError(f"{src}: external data location {rel!r} must be a relative path inside its folder")
-            if not (src.parent / rel).is_file():
+            data = current_path(src.parent / rel)
+            if not data.is_file():
                 raise NorcalError(f"{src}: external data file {rel} is missing")
-            _copy(src.parent / rel, tmp / "1" / rel)
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the server may run as another user
-        if target.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=repo))
-            os.replace(target, trash / name)
-        os.replace(tmp, target)
-    except BaseException:
-        if trash is not None and (trash / name).exists() and not target.exists():
-            os.replace(trash / name, target)  # put the old model back
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        if trash is not None:
-            shutil.rmtree(trash, ignore_errors=True)
+            _copy(data, tmp / "1" / rel)
     return target

@@ -12,12 +12,50 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import re
 import sys
 
 import norcal.cli.commands
 from norcal.core.version import __version__
 from norcal.core.errors import NorcalError
 from norcal.cli.options import error_line
+from norcal.core.outputs import output_run
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors, and values such as ``-1,0.5`` taken as values, not flags."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # argparse only treats "-1" or "-.5" as a value; lists and ranges ("-1,0.5", "-1:2") are
+        # values too (no norcal flag starts with a digit), so they reach our validation
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+        # no norcal count or size is negative, and no number may be NaN or infinite
+        self.register("type", int, _count)
+        self.register("type", float, _finite)
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _command_modules():
@@ -34,7 +72,7 @@ def _add_command(sub, name, module):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="norcal",
         description="Bake NorCal long-tail calibration into deployed detectors, run and evaluate them.",
     )
@@ -50,8 +88,10 @@ _EXTRAS = {"torch": "torch", "torchvision": "torch", "lvis": "eval", "tritonclie
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    """Run a command: all its outputs land together or not at all; errors are one line, exit 2."""
     try:
-        return int(args._run(args) or 0)
+        with output_run():
+            return int(args._run(args) or 0)
     except NorcalError as e:
         print(f"error: {error_line(e, getattr(args, '_flags', None))}", file=sys.stderr)
         return 2
@@ -62,8 +102,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"error: this needs the optional package {top!r}: pip install "
               f"'norcal-deploy[{_EXTRAS[top]}]'", file=sys.stderr)
         return 2
+    except OSError as e:  # a disk, permission or path problem met while writing or reading
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted (nothing was written)", file=sys.stderr)
         return 130
 
 
@@ -80,7 +124,7 @@ def export_main(argv: list[str] | None = None) -> int:
     """``norcal-export``: the same as ``norcal export``."""
     from norcal.cli.commands import export as module
 
-    parser = argparse.ArgumentParser(prog="norcal-export", description=module.DESCRIPTION,
+    parser = ArgumentParser(prog="norcal-export", description=module.DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(parser)
     parser.set_defaults(_run=module.run, _flags=module.FLAGS)

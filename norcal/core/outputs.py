@@ -205,6 +205,21 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
+def current_path(path: str | os.PathLike) -> Path:
+    """Where ``path``'s content is now: its staged copy while this run stages it, else ``path``.
+
+    For steps that read back an output the same run wrote (verify the exported model, copy it
+    into a Triton repository, report its size).
+    """
+    path = Path(path)
+    run = _ACTIVE.get()
+    if run is not None:
+        staged = run.staged.get(run._key(path))
+        if staged is not None:
+            return staged.tmp
+    return path
+
+
 def active_run() -> OutputRun | None:
     """The run whose outputs are being staged, if any."""
     return _ACTIVE.get()

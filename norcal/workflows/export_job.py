@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import onnx
 
 from norcal.core.errors import NorcalError
-from norcal.core.onnx_io import load_onnx, save_onnx
+from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
+from norcal.core.outputs import check_output_dir, check_output_file, current_path, output_run
 from norcal.core.tables import CalibrationTable
 from norcal.export.calibrate_onnx import calibrate_onnx as _insert_norcal
 from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
@@ -107,10 +108,11 @@ def _finish(model: onnx.ModelProto, out: Path) -> Report:
     """Check, write, and return the TensorRT-parser report."""
     from norcal.export.trt_check import check_model
 
-    try:
-        onnx.checker.check_model(model, full_check=True)
-    except onnx.checker.ValidationError as e:  # a bug of ours, not the user's: keep the trace
-        raise RuntimeError(f"the calibrated model fails the ONNX checker: {e}") from e
+    if model.ByteSize() < PROTOBUF_LIMIT:  # larger models are checked by path when loaded again
+        try:
+            onnx.checker.check_model(model, full_check=True)
+        except onnx.checker.ValidationError as e:  # a bug of ours, not the user's: keep the trace
+            raise RuntimeError(f"the calibrated model fails the ONNX checker: {e}") from e
     save_onnx(model, out)
     return check_model(model)
 
@@ -120,11 +122,13 @@ def triton_name(output: Path) -> str:
     return Path(output).name.split(".")[0]
 
 
-def _check_triton(out: Path, triton_repo: PathLike | None, force: bool) -> None:
-    """Refuse an existing Triton model folder before any work is done."""
+def _check_outputs(out: Path, triton_repo: PathLike | None, force: bool) -> None:
+    """Refuse an unwritable output or an existing Triton model folder before any work is done."""
+    check_output_file(out, "output")
     if triton_repo is not None:
         from norcal.runtime.triton import check_target
 
+        check_output_dir(triton_repo, "Triton repository")
         check_target(triton_repo, triton_name(out), force)
 
 
@@ -148,13 +152,14 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
         raise NorcalError("norcal (the calibration to bake in) is required, or strip=True",
                           param="strip=True")
     src, out = Path(src), Path(out)
-    _check_triton(out, triton_repo, force)
+    _check_outputs(out, triton_repo, force)
     t0 = time.perf_counter()
     model = load_onnx(src)
     model = strip_norcal(model) if strip else calibrate_onnx(model, norcal)
-    report = _finish(model, out)
-    result = ExportResult(src, out, model, time.perf_counter() - t0, report)
-    _write_triton(result, triton_repo, force)
+    with output_run():  # the model and the Triton folder land together, or neither
+        report = _finish(model, out)
+        result = ExportResult(src, out, model, time.perf_counter() - t0, report)
+        _write_triton(result, triton_repo, force)
     return result
 
 
@@ -176,7 +181,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         raise NorcalError("logits applies to ONNX input; a checkpoint export knows its classifier",
                           param="logits")
     src, out = Path(src), Path(out)
-    _check_triton(out, triton_repo, force)
+    _check_outputs(out, triton_repo, force)
     t0 = time.perf_counter()
     step("loading checkpoint")
     spec, model = load_detector(src, options.config)
@@ -185,13 +190,14 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                             width=options.width, opset=options.opset)
     step("inserting the NorCal node")
     graph = calibrate_onnx(graph, norcal)
-    step("checking and writing")
-    report = _finish(graph, out)
-    result = ExportResult(src, out, graph, time.perf_counter() - t0, report, detector=spec)
-    if verify:
-        from norcal.workflows.verify import verify_images
+    with output_run():  # the model, its verification and the Triton folder: all, or nothing written
+        step("checking and writing")
+        report = _finish(graph, out)
+        result = ExportResult(src, out, graph, time.perf_counter() - t0, report, detector=spec)
+        if verify:
+            from norcal.workflows.verify import verify_images
 
-        step("verifying")
-        result.verify_report = verify_images(model, out, list(verify), spec)
-    _write_triton(result, triton_repo, force)
+            step("verifying")
+            result.verify_report = verify_images(model, current_path(out), list(verify), spec)
+        _write_triton(result, triton_repo, force)
     return result

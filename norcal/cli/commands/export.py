@@ -149,6 +149,7 @@ def print_summary(result) -> None:
     from rich.table import Table
 
     from norcal.core.onnx_io import describe_io
+    from norcal.core.outputs import current_path
     from norcal.export.trt_support import TENSORRT_VERSION
 
     console = Console(soft_wrap=True)
@@ -184,7 +185,7 @@ def print_summary(result) -> None:
         t.add_row("NorCal", "none (plain classifier)")
     for kind, name, dtype, shape in describe_io(result.model):
         t.add_row(kind, escape(f"{name}: {dtype} {shape}"))
-    t.add_row("file size", f"{result.output.stat().st_size / 2**20:.1f} MiB")
+    t.add_row("file size", f"{current_path(result.output).stat().st_size / 2**20:.1f} MiB")
     t.add_row("time", f"{result.seconds:.1f} s")
     console.print(t)
     if result.verify_report:
