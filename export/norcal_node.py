@@ -3,13 +3,17 @@
 Inputs: the classifier logits [..., K] and the initializer ``norcal.log_prior`` [K]
 (log a_c per class, -log b at the background slot). The body is plain ONNX, so ONNX Runtime
 and TensorRT's parser (>= 9.0) expand it with no plugin; ``inline=True`` writes the same ops
-straight into the graph instead. What the body holds depends on the variant:
+straight into the graph instead. What the body holds depends on the variant (the formulas
+are listed in norcal.core.calibration; s = the prior sliced to the foreground slots, with the
+background slot apart, for the logit mechanism only):
 
     softmax, exp/prob, renormalised:   Softmax(logits - log_prior)
-    softmax, exp/prob, not renorm.:    Exp(LogSoftmax(logits) - log_prior)
-    softmax, logit:                    Softmax(logits * Exp(-log_prior))
-    sigmoid, exp/prob:                 Sigmoid(logits - log_prior)
-    sigmoid, logit:                    Sigmoid(logits * Exp(-log_prior))
+    softmax, exp, not renormalised:    Exp(logits - log_prior)
+    softmax, prob, not renormalised:   Exp(LogSoftmax(logits) - log_prior)
+    softmax, logit:                    Softmax|Exp(Concat(logits_fg * Exp(-s_fg), logits_bg - s_bg))
+    sigmoid, exp:                      Sigmoid(logits - log_prior)
+    sigmoid, prob:                     Sigmoid(logits) * Exp(-log_prior)
+    sigmoid, logit:                    Sigmoid(Concat(logits_fg * Exp(s_fg), logits_bg - s_bg))
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class NorCalSettings:
     gamma: float
     factor: str = "cdt"
     mechanism: str = "exp"
-    renormalize: bool = True
+    renormalize: bool | None = None  # None: the head's own form (softmax yes, sigmoid no)
     activation: str = "softmax"
     background: str = "last"
     background_scale: float = 1.0
@@ -45,14 +49,21 @@ class NorCalSettings:
     table: str = ""
     table_sha256: str = ""
     num_classes: int = 0
+    min_count: float | None = None  # counts below it were raised to it (absent when unused)
+    min_count_clamped: int | None = None  # how many classes that raised
 
-    def validate(self) -> None:
-        check_variant(self.mechanism, self.renormalize, self.activation)
+    def validate(self) -> bool:
+        """Refuse a variant that does not exist; return whether it renormalises."""
+        return check_variant(self.mechanism, self.renormalize, self.activation)
 
     def metadata(self) -> dict[str, str]:
+        """What was computed: renormalize as resolved for the activation; unused fields left out."""
+        values = {**asdict(self), "renormalize": self.validate()}
         out = {}
-        for k, v in asdict(self).items():
-            out[META_PREFIX + k] = str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in values.items():
+            if v is None:
+                continue
+            out[META_PREFIX + k] = str(v).lower() if isinstance(v, bool) else f"{v:g}" if k == "min_count" else str(v)
         return out
 
 
@@ -68,25 +79,69 @@ def calibration_keys() -> set[str]:
 def _body(settings: NorCalSettings, x: str, prior: str, out: str, prefix: str) -> list[onnx.NodeProto]:
     """The ops computing ``out`` from logits ``x`` and ``prior``; names carry ``prefix``."""
     t = lambda s: f"{prefix}{s}"  # noqa: E731 - tensor/node names inside the body
-    act = "Softmax" if settings.activation == "softmax" else "Sigmoid"
-    act_attrs = {"axis": -1} if act == "Softmax" else {}
+    node = lambda op, ins, outs, **kw: helper.make_node(op, ins, [t(o) for o in outs], name=t(op + outs[0]), **kw)  # noqa: E731
+    renormalize = settings.validate()
+    sigmoid = settings.activation == "sigmoid"
+    nodes: list[onnx.NodeProto] = []
+    if settings.mechanism == "prob" and not renormalize:
+        if sigmoid:  # s_c / a_c
+            nodes += [node("Sigmoid", [x], ["probs"]), node("Neg", [prior], ["neg_prior"]),
+                      node("Exp", [t("neg_prior")], ["inv_factor"]),
+                      node("Mul", [t("probs"), t("inv_factor")], ["scores"])]
+        else:  # p(c|x) / a_c
+            nodes += [node("LogSoftmax", [x], ["log_probs"], axis=-1),
+                      node("Sub", [t("log_probs"), prior], ["shifted"]),
+                      node("Exp", [t("shifted")], ["scores"])]
+        return _rename_output(nodes, t("scores"), out)
     if settings.mechanism == "logit":
-        return [
-            helper.make_node("Neg", [prior], [t("neg_prior")], name=t("Neg")),
-            helper.make_node("Exp", [t("neg_prior")], [t("inv_factor")], name=t("Exp")),
-            helper.make_node("Mul", [x, t("inv_factor")], [t("scaled")], name=t("Mul")),
-            helper.make_node(act, [t("scaled")], [out], name=t(act), **act_attrs),
-        ]
-    if settings.activation == "softmax" and not settings.renormalize:
-        return [
-            helper.make_node("LogSoftmax", [x], [t("log_probs")], name=t("LogSoftmax"), axis=-1),
-            helper.make_node("Sub", [t("log_probs"), prior], [t("shifted")], name=t("Sub")),
-            helper.make_node("Exp", [t("shifted")], [out], name=t("Exp")),
-        ]
-    return [
-        helper.make_node("Sub", [x, prior], [t("shifted")], name=t("Sub")),
-        helper.make_node(act, [t("shifted")], [out], name=t(act), **act_attrs),
-    ]
+        nodes += _logit_nodes(settings, x, prior, node, t)
+    else:
+        nodes.append(node("Sub", [x, prior], ["shifted"]))
+    z = nodes[-1].output[0]
+    if sigmoid:
+        nodes.append(node("Sigmoid", [z], ["scores"]))
+    elif renormalize:
+        nodes.append(node("Softmax", [z], ["scores"], axis=-1))
+    else:  # no denominator
+        nodes.append(node("Exp", [z], ["scores"]))
+    return _rename_output(nodes, t("scores"), out)
+
+
+def _logit_nodes(settings: NorCalSettings, x: str, prior: str, node, t) -> list[onnx.NodeProto]:
+    """Logits scaled by the factors (softmax: phi_c / a_c, sigmoid: phi_c * a_c); the background
+    slot gets phi_bg + log b instead, since b multiplies exp(phi_bg) in every mechanism."""
+    sign = ["Neg"] if settings.activation == "softmax" else []
+    if settings.background == "none":
+        nodes = [node("Neg", [prior], ["neg_prior"])] if sign else []
+        factor_in = t("neg_prior") if sign else prior
+        return nodes + [node("Exp", [factor_in], ["factor"]), node("Mul", [x, t("factor")], ["scaled"])]
+    # [fg, bg] or [bg, fg] along the last axis: Slice with constant bounds (TensorRT-friendly)
+    last = settings.background == "last"
+    big = np.iinfo(np.int64).max
+    fg_bounds, bg_bounds = ((0, -1), (-1, big)) if last else ((1, big), (0, 1))
+    nodes = []
+    for name, (lo, hi) in (("fg", fg_bounds), ("bg", bg_bounds)):
+        nodes.append(node("Constant", [], [f"{name}_lo"], value=numpy_helper.from_array(np.array([lo], np.int64))))
+        nodes.append(node("Constant", [], [f"{name}_hi"], value=numpy_helper.from_array(np.array([hi], np.int64))))
+    nodes.append(node("Constant", [], ["axis"], value=numpy_helper.from_array(np.array([-1], np.int64))))
+    for name in ("fg", "bg"):
+        for src, tag in ((x, "x"), (prior, "prior")):
+            nodes.append(node("Slice", [src, t(f"{name}_lo"), t(f"{name}_hi"), t("axis")], [f"{name}_{tag}"]))
+    if sign:
+        nodes.append(node("Neg", [t("fg_prior")], ["fg_neg_prior"]))
+    nodes += [node("Exp", [t("fg_neg_prior") if sign else t("fg_prior")], ["factor"]),
+              node("Mul", [t("fg_x"), t("factor")], ["fg_scaled"]),
+              node("Sub", [t("bg_x"), t("bg_prior")], ["bg_shifted"])]
+    parts = [t("fg_scaled"), t("bg_shifted")] if last else [t("bg_shifted"), t("fg_scaled")]
+    nodes.append(node("Concat", parts, ["scaled"], axis=-1))
+    return nodes
+
+
+def _rename_output(nodes: list[onnx.NodeProto], internal: str, out: str) -> list[onnx.NodeProto]:
+    """The last node writes ``out`` (the caller's tensor name) instead of its internal name."""
+    assert nodes[-1].output[0] == internal
+    nodes[-1].output[0] = out
+    return nodes
 
 
 def make_function(settings: NorCalSettings, opset: int) -> onnx.FunctionProto:

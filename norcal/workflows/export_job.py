@@ -23,13 +23,14 @@ class NorCalOptions:
     table: str | None = None
     factor: str = "cdt"
     mechanism: str = "exp"
-    renormalize: bool = True
+    renormalize: bool | None = None  # None: the classifier's own form
     background_scale: float = 1.0
     count: str | None = None
     background: str | None = None
     logits: str | None = None
     inline: bool = False
     strip: bool = False
+    min_count: float | None = None
 
     @classmethod
     def from_args(cls, args) -> "NorCalOptions":
@@ -42,7 +43,7 @@ class NorCalOptions:
                               mechanism=self.mechanism, renormalize=self.renormalize,
                               background=self.background or "last",
                               background_scale=self.background_scale, count_type=self.count,
-                              logits=self.logits, inline=self.inline)
+                              logits=self.logits, inline=self.inline, min_count=self.min_count)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from norcal.cli.commands._options import add_calibration_options
+from norcal.cli.commands._options import add_calibration_options, min_count_line
 from norcal.cli.commands.export import CHECKPOINT_SUFFIXES
 from norcal.core.errors import NorcalError
 
@@ -91,7 +91,10 @@ def run(args) -> int:
                   TimeElapsedColumn(), console=console) as progress:
         result = tune(src, args.gt, args.images, gammas, table, config=args.config,
                       factor=args.factor, mechanism=args.mechanism, batch_size=args.batch,
-                      max_cache_bytes=int(args.max_cache_gb * 2**30), progress=progress)
+                      max_cache_bytes=int(args.max_cache_gb * 2**30), progress=progress,
+                      min_count=args.min_count)
+    if args.min_count is not None:
+        console.print(min_count_line(args.min_count, result.min_count_clamped))
     console.print(sweep_table(result))
     per_gamma = sum(p.seconds for p in result.points) / len(result.points)
     console.print(f"network pass {result.network_seconds:.1f} s ({result.num_images} images, cache "
