@@ -85,9 +85,9 @@ def _body(settings: NorCalSettings, x: str, prior: str, out: str, prefix: str) -
     nodes: list[onnx.NodeProto] = []
     if settings.mechanism == "prob" and not renormalize:
         if sigmoid:  # s_c / a_c
-            nodes += [node("Sigmoid", [x], ["probs"]), node("Neg", [prior], ["neg_prior"]),
+            nodes += [node("Sigmoid", [x], ["sigmoid"]), node("Neg", [prior], ["neg_prior"]),
                       node("Exp", [t("neg_prior")], ["inv_factor"]),
-                      node("Mul", [t("probs"), t("inv_factor")], ["scores"])]
+                      node("Mul", [t("sigmoid"), t("inv_factor")], ["scores"])]
         else:  # p(c|x) / a_c
             nodes += [node("LogSoftmax", [x], ["log_probs"], axis=-1),
                       node("Sub", [t("log_probs"), prior], ["shifted"]),
