@@ -63,7 +63,11 @@ class NorCalSettings:
         for k, v in values.items():
             if v is None:
                 continue
-            out[META_PREFIX + k] = str(v).lower() if isinstance(v, bool) else f"{v:g}" if k == "min_count" else str(v)
+            if isinstance(v, bool):
+                v = str(v).lower()
+            elif k == "min_count":
+                v = f"{v:g}"  # "2", not "2.0": counts are usually whole numbers
+            out[META_PREFIX + k] = str(v)
         return out
 
 
@@ -79,69 +83,58 @@ def calibration_keys() -> set[str]:
 def _body(settings: NorCalSettings, x: str, prior: str, out: str, prefix: str) -> list[onnx.NodeProto]:
     """The ops computing ``out`` from logits ``x`` and ``prior``; names carry ``prefix``."""
     t = lambda s: f"{prefix}{s}"  # noqa: E731 - tensor/node names inside the body
-    node = lambda op, ins, outs, **kw: helper.make_node(op, ins, [t(o) for o in outs], name=t(op + outs[0]), **kw)  # noqa: E731
+
+    def node(op: str, inputs: list[str], output: str | None, **attrs) -> onnx.NodeProto:
+        """One op writing the body tensor ``output``, or ``out`` when None."""
+        return helper.make_node(op, inputs, [out if output is None else t(output)],
+                                name=t(f"{op}_{output or 'out'}"), **attrs)
+
     renormalize = settings.validate()
     sigmoid = settings.activation == "sigmoid"
-    nodes: list[onnx.NodeProto] = []
     if settings.mechanism == "prob" and not renormalize:
         if sigmoid:  # s_c / a_c
-            nodes += [node("Sigmoid", [x], ["sigmoid"]), node("Neg", [prior], ["neg_prior"]),
-                      node("Exp", [t("neg_prior")], ["inv_factor"]),
-                      node("Mul", [t("sigmoid"), t("inv_factor")], ["scores"])]
-        else:  # p(c|x) / a_c
-            nodes += [node("LogSoftmax", [x], ["log_probs"], axis=-1),
-                      node("Sub", [t("log_probs"), prior], ["shifted"]),
-                      node("Exp", [t("shifted")], ["scores"])]
-        return _rename_output(nodes, t("scores"), out)
+            return [node("Sigmoid", [x], "sigmoid"), node("Neg", [prior], "neg_prior"),
+                    node("Exp", [t("neg_prior")], "inv_factor"),
+                    node("Mul", [t("sigmoid"), t("inv_factor")], None)]
+        return [node("LogSoftmax", [x], "log_probs", axis=-1),  # p(c|x) / a_c
+                node("Sub", [t("log_probs"), prior], "shifted"), node("Exp", [t("shifted")], None)]
     if settings.mechanism == "logit":
-        nodes += _logit_nodes(settings, x, prior, node, t)
+        nodes = _logit_nodes(settings, x, prior, t, node)
     else:
-        nodes.append(node("Sub", [x, prior], ["shifted"]))
+        nodes = [node("Sub", [x, prior], "shifted")]
     z = nodes[-1].output[0]
     if sigmoid:
-        nodes.append(node("Sigmoid", [z], ["scores"]))
-    elif renormalize:
-        nodes.append(node("Softmax", [z], ["scores"], axis=-1))
-    else:  # no denominator
-        nodes.append(node("Exp", [z], ["scores"]))
-    return _rename_output(nodes, t("scores"), out)
+        return nodes + [node("Sigmoid", [z], None)]
+    if renormalize:
+        return nodes + [node("Softmax", [z], None, axis=-1)]
+    return nodes + [node("Exp", [z], None)]  # no denominator
 
 
-def _logit_nodes(settings: NorCalSettings, x: str, prior: str, node, t) -> list[onnx.NodeProto]:
+def _logit_nodes(settings: NorCalSettings, x: str, prior: str, t, node) -> list[onnx.NodeProto]:
     """Logits scaled by the factors (softmax: phi_c / a_c, sigmoid: phi_c * a_c); the background
     slot gets phi_bg + log b instead, since b multiplies exp(phi_bg) in every mechanism."""
-    sign = ["Neg"] if settings.activation == "softmax" else []
+    divide = settings.activation == "softmax"
     if settings.background == "none":
-        nodes = [node("Neg", [prior], ["neg_prior"])] if sign else []
-        factor_in = t("neg_prior") if sign else prior
-        return nodes + [node("Exp", [factor_in], ["factor"]), node("Mul", [x, t("factor")], ["scaled"])]
+        neg = [node("Neg", [prior], "neg_prior")] if divide else []
+        return neg + [node("Exp", [t("neg_prior") if divide else prior], "factor"),
+                      node("Mul", [x, t("factor")], "scaled")]
     # [fg, bg] or [bg, fg] along the last axis: Slice with constant bounds (TensorRT-friendly)
     last = settings.background == "last"
-    big = np.iinfo(np.int64).max
-    fg_bounds, bg_bounds = ((0, -1), (-1, big)) if last else ((1, big), (0, 1))
-    nodes = []
-    for name, (lo, hi) in (("fg", fg_bounds), ("bg", bg_bounds)):
-        nodes.append(node("Constant", [], [f"{name}_lo"], value=numpy_helper.from_array(np.array([lo], np.int64))))
-        nodes.append(node("Constant", [], [f"{name}_hi"], value=numpy_helper.from_array(np.array([hi], np.int64))))
-    nodes.append(node("Constant", [], ["axis"], value=numpy_helper.from_array(np.array([-1], np.int64))))
-    for name in ("fg", "bg"):
+    end = np.iinfo(np.int64).max
+    bounds = {"fg": (0, -1), "bg": (-1, end)} if last else {"fg": (1, end), "bg": (0, 1)}
+    const = lambda name, v: node("Constant", [], name, value=numpy_helper.from_array(np.array([v], np.int64)))  # noqa: E731
+    nodes = [const("axis", -1)]
+    for part, (lo, hi) in bounds.items():
+        nodes += [const(f"{part}_lo", lo), const(f"{part}_hi", hi)]
         for src, tag in ((x, "x"), (prior, "prior")):
-            nodes.append(node("Slice", [src, t(f"{name}_lo"), t(f"{name}_hi"), t("axis")], [f"{name}_{tag}"]))
-    if sign:
-        nodes.append(node("Neg", [t("fg_prior")], ["fg_neg_prior"]))
-    nodes += [node("Exp", [t("fg_neg_prior") if sign else t("fg_prior")], ["factor"]),
-              node("Mul", [t("fg_x"), t("factor")], ["fg_scaled"]),
-              node("Sub", [t("bg_x"), t("bg_prior")], ["bg_shifted"])]
+            nodes.append(node("Slice", [src, t(f"{part}_lo"), t(f"{part}_hi"), t("axis")], f"{part}_{tag}"))
+    if divide:
+        nodes.append(node("Neg", [t("fg_prior")], "fg_neg_prior"))
+    nodes += [node("Exp", [t("fg_neg_prior" if divide else "fg_prior")], "factor"),
+              node("Mul", [t("fg_x"), t("factor")], "fg_scaled"),
+              node("Sub", [t("bg_x"), t("bg_prior")], "bg_shifted")]
     parts = [t("fg_scaled"), t("bg_shifted")] if last else [t("bg_shifted"), t("fg_scaled")]
-    nodes.append(node("Concat", parts, ["scaled"], axis=-1))
-    return nodes
-
-
-def _rename_output(nodes: list[onnx.NodeProto], internal: str, out: str) -> list[onnx.NodeProto]:
-    """The last node writes ``out`` (the caller's tensor name) instead of its internal name."""
-    assert nodes[-1].output[0] == internal
-    nodes[-1].output[0] = out
-    return nodes
+    return nodes + [node("Concat", parts, "scaled", axis=-1)]
 
 
 def make_function(settings: NorCalSettings, opset: int) -> onnx.FunctionProto:

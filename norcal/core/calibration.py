@@ -7,8 +7,8 @@ NorCal divides each foreground class's exponential by ``a_c`` and renormalises::
 
 which is ``softmax(phi - log_prior)`` with ``log_prior = [log a_1 .. log a_C, -log b]``.
 The paper's Table 3 ablates the mechanism (what a_c scales) and the normalisation; its
-supplementary material ablates the same for sigmoid heads (BALMS). Each variant, with ``a`` the factors
-and ``b`` the background scale (which always multiplies exp(phi_bg))::
+supplementary material ablates the same for sigmoid heads (BALMS). Each variant, with ``a``
+the factors and ``b`` the background scale (which always multiplies exp(phi_bg))::
 
     softmax  exp    renormalised  softmax(phi - log_prior)                 (the paper's method)
     softmax  prob   renormalised  the same (mathematically equal, the paper's footnote)
@@ -16,7 +16,7 @@ and ``b`` the background scale (which always multiplies exp(phi_bg))::
     softmax  exp    raw           exp(phi_c) / a_c,  exp(phi_bg) * b        (no denominator)
     softmax  prob   raw           p(c|x) / a_c,      p(bg|x) * b
     softmax  logit  raw           exp(phi_c / a_c),  exp(phi_bg) * b
-    sigmoid  exp    raw           sigmoid(phi_c - log a_c)                  (the paper's Eq. 8)
+    sigmoid  exp    raw           sigmoid(phi_c - log a_c)                  (Sec. 3.4, Eq. 7)
     sigmoid  prob   raw           sigmoid(phi_c) / a_c
     sigmoid  logit  raw           sigmoid(phi_c * a_c)   (supplement: exp(-phi_c * a_c))
 
@@ -266,8 +266,8 @@ def calibrated_logits(logits, log_prior_: Sequence[float] | np.ndarray, mechanis
     """Logits whose plain softmax (renormalised) or sigmoid is NorCal's score.
 
     Softmax: exp/prob ``phi - log_prior``; logit ``phi_c / a_c`` and ``phi_bg + log b``.
-    Sigmoid: exp ``phi_c - log a_c``, logit ``phi_c * a_c``; sigmoid prob (s_c / a_c) is no
-    sigmoid of anything finite-friendly and is refused.
+    Sigmoid: exp ``phi_c - log a_c``, logit ``phi_c * a_c``; sigmoid prob scales s_c itself
+    and has no such form (refused).
     """
     check_variant(mechanism, None, activation)
     if activation == "sigmoid" and mechanism == "prob":
