@@ -100,3 +100,14 @@ def test_cli_prints_how_many_classes_were_clamped(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "'class0'" in err
     assert export_main([str(out), "--strip", "--min-count", "2", "-o", str(tmp_path / "p.onnx")]) == 2
     assert "--min-count" in capsys.readouterr().err
+
+
+def test_tune_sweeps_with_the_clamped_counts(tmp_path):
+    from norcal.workflows.tune import _priors
+
+    t = load_table(write_table(tmp_path, COUNTS))
+    priors, n = _priors(t, [0.0, 0.5], "cdt", 2)
+    assert priors[0] is None and n == 2
+    np.testing.assert_allclose(priors[1], log_prior([2.0, 2.0, 3.0, 10.0], 0.5))
+    with pytest.raises(NorcalError, match="'class0'"):
+        _priors(t, [0.5], "cdt")
