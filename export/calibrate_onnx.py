@@ -32,11 +32,15 @@ def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:
 
 
 def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | CalibrationTable | None = None,
-                   *, factor: str = "cdt", mechanism: str = "exp", renormalize: bool = True,
+                   *, factor: str = "cdt", mechanism: str = "exp", renormalize: bool | None = None,
                    background: str = "last", background_scale: float = 1.0,
                    count_type: str | None = None, logits: str | None = None,
-                   inline: bool = False) -> onnx.ModelProto:
-    """Return a copy of ``model`` whose box classifier is NorCal-calibrated with ``table``'s counts."""
+                   inline: bool = False, min_count: float | None = None) -> onnx.ModelProto:
+    """Return a copy of ``model`` whose box classifier is NorCal-calibrated with ``table``'s counts.
+
+    renormalize None: the classifier's own form (softmax renormalised, sigmoid not). min_count:
+    counts below it are raised to it; the metadata records it and how many classes it raised.
+    """
     gamma = check_gamma(gamma, factor)
     if table is None:
         n = classifier_classes(model, background)
@@ -46,13 +50,14 @@ def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | Calibratio
     elif not isinstance(table, CalibrationTable):
         table = load_table(table)
     kind = count_type or table.count_type
-    counts = table.counts(kind)
+    counts, clamped = table.clamped_counts(kind, min_count)
     prior = log_prior(counts, gamma, factor, background, background_scale, table.names)
     settings = NorCalSettings(gamma=gamma, factor=factor, mechanism=mechanism,
                               renormalize=renormalize, background=background,
                               background_scale=background_scale, count_type=kind,
                               table=table.name, table_sha256=table.sha256,
-                              num_classes=table.num_classes)
+                              num_classes=table.num_classes, min_count=min_count,
+                              min_count_clamped=None if min_count is None else clamped)
     out = insert_norcal(model, prior, settings, logits=logits, inline=inline)
     # runners map class index -> dataset category id with this (norcal.core.contract)
     props = {p.key: p.value for p in out.metadata_props}

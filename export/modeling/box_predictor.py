@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from norcal.core.calibration import calibrate
+from norcal.core.calibration import calibrate, check_variant
 from norcal.core.errors import NorcalError
 
 from .box_coder import BoxCoder, clip_boxes
@@ -36,13 +36,14 @@ class FastRCNNOutputLayers(nn.Module):
         self.nms_thresh = float(nms_thresh)
         self.topk = int(topk)
         self.log_prior: torch.Tensor | None = None
-        self.mechanism, self.renormalize = "exp", True
+        self.mechanism, self.renormalize = "exp", not use_sigmoid
 
-    def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool = True) -> None:
+    def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool | None = None) -> None:
         """Calibrate scores with NorCal: ``log_prior`` [C+1] from ``norcal.core.calibration.log_prior``
-        (background last) and the variant (see ``norcal.core.calibration.calibrate``); None restores
-        the plain scores."""
-        self.mechanism, self.renormalize = mechanism, bool(renormalize)
+        (background last) and the variant (see ``norcal.core.calibration.calibrate``; renormalize
+        None: the head's own form); None restores the plain scores."""
+        act = "sigmoid" if self.use_sigmoid else "softmax"
+        self.mechanism, self.renormalize = mechanism, check_variant(mechanism, renormalize, act)
         if log_prior is None:
             self.log_prior = None
             return
@@ -66,7 +67,7 @@ class FastRCNNOutputLayers(nn.Module):
             raise NorcalError("export the plain model (no log prior set); the NorCal node is "
                               "inserted into the ONNX graph afterwards (norcal.export.surgery)")
         return calibrate(logits, lp.to(logits.device), mechanism=self.mechanism,
-                         renormalize=self.renormalize, activation=act)
+                         renormalize=self.renormalize, activation=act, background="last")
 
     def inference(self, logits, deltas, proposals, valid, image_sizes):
         """logits [B, R, C+1], deltas [B, R, K*4], proposals [B, R, 4], valid bool [B, R]

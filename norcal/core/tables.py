@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from norcal.core.calibration import check_counts
+from norcal.core.calibration import check_counts, clamp_counts
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json, write_json
 
@@ -54,8 +54,17 @@ class CalibrationTable:
     def frequencies(self) -> list[str]:
         return [c["frequency"] for c in self.categories]
 
-    def counts(self, count_type: str | None = None) -> np.ndarray:
-        """N_c as float64 [C], validated (an error names a class with a bad count)."""
+    def counts(self, count_type: str | None = None, min_count: float | None = None) -> np.ndarray:
+        """N_c as float64 [C], validated (an error names a class with a bad count); with
+        ``min_count`` K, counts below K are raised to K (see :meth:`clamped_counts`)."""
+        return self.clamped_counts(count_type, min_count)[0]
+
+    def clamped_counts(self, count_type: str | None = None,
+                       min_count: float | None = None) -> tuple[np.ndarray, int]:
+        """(N_c float64 [C], how many classes were raised to ``min_count``).
+
+        Without ``min_count`` a zero count is an error naming the class (0 were raised).
+        """
         kind = count_type or self.count_type
         if kind not in COUNT_TYPES:
             raise NorcalError(f"count type must be one of {', '.join(COUNT_TYPES)}, got {kind!r}")
@@ -65,7 +74,9 @@ class CalibrationTable:
             v = c.get(key)
             raw.append(float("nan") if v is None else v)
         try:
-            return check_counts(raw, self.names)
+            if min_count is None:
+                return check_counts(raw, self.names), 0
+            return clamp_counts(raw, min_count, self.names)
         except NorcalError as e:
             raise NorcalError(f"table {self.name!r}: {e}") from None
 

@@ -52,12 +52,13 @@ class NorCal:
     table: PathLike | CalibrationTable | None = None
     factor: str = "cdt"
     mechanism: str = "exp"
-    renormalize: bool = True
+    renormalize: bool | None = None  # None: the classifier's own form
     background_scale: float = 1.0
     count: str | None = None
     background: str | None = None
     logits: str | None = None
     inline: bool = False
+    min_count: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def calibrate_onnx(model: onnx.ModelProto | PathLike, norcal: NorCal) -> onnx.Mo
                           mechanism=norcal.mechanism, renormalize=norcal.renormalize,
                           background=norcal.background or "last",
                           background_scale=norcal.background_scale, count_type=norcal.count,
-                          logits=norcal.logits, inline=norcal.inline)
+                          logits=norcal.logits, inline=norcal.inline, min_count=norcal.min_count)
 
 
 def _finish(model: onnx.ModelProto, out: Path) -> Report:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from norcal.core import calibration
 from norcal.core.calibration import check_gamma, log_prior
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
@@ -145,19 +146,11 @@ def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], b
 
 # ----------------------------------------------------------------------------- re-scoring
 
-def calibrated_logits(logits, prior: np.ndarray, mechanism: str = "exp"):
+def calibrated_logits(logits, prior: np.ndarray, mechanism: str = "exp", activation: str = "softmax"):
     """Logits whose plain softmax/sigmoid is NorCal's score, as the graph's NorCal node computes
-    it (norcal.export.norcal_node): exp/prob ``logits - log_prior``, logit
-    ``logits * exp(-log_prior)``; ``prior`` [C+1] is cast to the logits' dtype first, as the
-    node's initializer is."""
-    import torch
-
-    lp = torch.as_tensor(np.asarray(prior, dtype=np.float64), dtype=logits.dtype)
-    if mechanism in ("exp", "prob"):
-        return logits - lp
-    if mechanism == "logit":
-        return logits * torch.exp(-lp)
-    raise NorcalError(f"unknown mechanism {mechanism!r}; choose exp, prob or logit")
+    it (norcal.core.calibration.calibrated_logits, background last); ``prior`` [C+1] is cast to
+    the logits' dtype first, as the node's initializer is."""
+    return calibration.calibrated_logits(logits, prior, mechanism, activation, "last")
 
 
 def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: str = "exp",
@@ -186,7 +179,8 @@ def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: st
                 sl = slice(s, s + batch_size)
                 logits = cache.cls_logits[sl]
                 if prior is not None:
-                    logits = calibrated_logits(logits, prior, mechanism)
+                    logits = calibrated_logits(logits, prior, mechanism,
+                                               "sigmoid" if predictor.use_sigmoid else "softmax")
                 num, boxes, scores, classes = predictor.inference(
                     logits, cache.box_deltas[sl], cache.proposals[sl], cache.valid[sl],
                     torch.from_numpy(cache.image_sizes[sl]))
@@ -238,6 +232,8 @@ class TuneResult:
     num_images: int
     network_seconds: float
     cache_bytes: int  # the largest chunk's cache
+    min_count: float | None = None  # counts below it were raised to it
+    min_count_clamped: int = 0  # how many classes that raised
 
     @property
     def best(self) -> SweepPoint:
@@ -255,10 +251,11 @@ class TuneResult:
         }
 
 
-def _priors(table: CalibrationTable, gammas: Sequence[float], factor: str) -> list:
-    counts = table.counts()
+def _priors(table: CalibrationTable, gammas: Sequence[float], factor: str,
+            min_count: float | None = None) -> tuple[list, int]:
+    counts, clamped = table.clamped_counts(None, min_count)
     return [None if g == 0 else log_prior(counts, check_gamma(g, factor), factor, "last",
-                                          names=table.names) for g in gammas]
+                                          names=table.names) for g in gammas], clamped
 
 
 def _concat(parts: list):
@@ -273,13 +270,13 @@ class _Accumulator:
     """Per-gamma detections gathered chunk by chunk, then evaluated; seconds per gamma."""
 
     def __init__(self, predictor, table: CalibrationTable, gammas: Sequence[float], factor: str,
-                 mechanism: str, batch_size: int):
+                 mechanism: str, batch_size: int, min_count: float | None = None):
         if predictor.num_classes != table.num_classes:
             raise NorcalError(f"the model has {predictor.num_classes} classes but table "
                               f"{table.name!r} has {table.num_classes}")
         self.predictor, self.table, self.mechanism = predictor, table, mechanism
         self.gammas = [float(g) for g in gammas]
-        self.priors = _priors(table, gammas, factor)
+        self.priors, self.clamped = _priors(table, gammas, factor, min_count)
         self.batch_size = batch_size
         self.parts: list[list] = [[] for _ in self.gammas]
         self.seconds = [0.0] * len(self.gammas)
@@ -313,14 +310,15 @@ class _Accumulator:
 
 def sweep(predictor, cache: HeadCache, gt, table: CalibrationTable, gammas: Sequence[float],
           factor: str = "cdt", mechanism: str = "exp", batch_size: int = 16,
-          on_gamma: Callable[[SweepPoint], None] | None = None) -> list[SweepPoint]:
+          on_gamma: Callable[[SweepPoint], None] | None = None,
+          min_count: float | None = None) -> list[SweepPoint]:
     """Evaluate (LVIS bbox AP, top 300 per image) NorCal at each gamma on cached images.
 
     gt: a prepared GT (:func:`norcal.evaluation.prepare_gt`) or its path; table: N_c and the
     class -> category id map (the model's class order)."""
     from norcal.evaluation import prepare_gt
 
-    acc = _Accumulator(predictor, table, gammas, factor, mechanism, batch_size)
+    acc = _Accumulator(predictor, table, gammas, factor, mechanism, batch_size, min_count)
     acc.add(cache)
     return acc.evaluate(prepare_gt(gt, table), on_gamma)
 
@@ -351,7 +349,8 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
          table: str | os.PathLike | CalibrationTable | None = None, *, config: os.PathLike | None = None,
          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
          max_cache_bytes: int = 2 << 30,
-         progress: Callable[[str, int, int], None] | None = None) -> TuneResult:
+         progress: Callable[[str, int, int], None] | None = None,
+         min_count: float | None = None) -> TuneResult:
     """The whole job: build the detector, run it once over the GT's images, sweep gammas.
 
     table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
@@ -362,6 +361,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     progress: called as ``progress(stage, n, total)`` when n more units of a stage are done
     (stages "network pass" and "re-scoring" count images, "evaluation" gammas; ``total`` is
     the stage's total).
+    min_count: counts below it are raised to it (the result says how many classes).
     """
     from norcal.evaluation import prepare_gt
     from norcal.export.detector import load_detector
@@ -406,7 +406,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     net_step = bar("network pass", len(pairs))
     sweep_step = bar("re-scoring", len(pairs) * len(gammas))
     acc = _Accumulator(model.roi_heads.box_predictor, table, gammas, factor, mechanism,
-                       max(batch_size, 8))
+                       max(batch_size, 8), min_count)
     network, peak = 0.0, 0
     for s in range(0, len(pairs), chunk):
         t0 = time.perf_counter()
@@ -417,7 +417,8 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
         del cache
     eval_step = bar("evaluation", len(gammas))
     points = acc.evaluate(prepared, lambda p: eval_step())
-    return TuneResult(points, factor, mechanism, table.name, len(pairs), network, peak)
+    return TuneResult(points, factor, mechanism, table.name, len(pairs), network, peak,
+                      min_count, acc.clamped)
 
 
 # ----------------------------------------------------------------------------- output

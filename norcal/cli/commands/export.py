@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from norcal.cli.options import add_calibration_options
+from norcal.cli.options import add_calibration_options, min_count_line
 from norcal.core.errors import NorcalError
 
 HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
@@ -45,6 +45,7 @@ def add_arguments(p):
     add_calibration_options(p)
     p.add_argument("--no-renormalize", dest="renormalize", action="store_false",
                    help="do not renormalise over the classes after scaling")
+    p.set_defaults(renormalize=None)  # unset: softmax heads renormalise, sigmoid heads cannot
     p.add_argument("--background-scale", type=float, default=1.0,
                    help="multiply the background's exponential by b (default 1)")
     p.add_argument("--count", choices=("image", "instance"), default=None,
@@ -89,6 +90,8 @@ def run(args) -> int:
         raise NorcalError(f"output {out} is the input file; choose another -o (inputs are never modified)")
     if args.strip and args.gamma is not None:
         raise NorcalError("--strip removes NorCal; it takes no --gamma")
+    if args.strip and args.min_count is not None:
+        raise NorcalError("--strip removes NorCal; it takes no --min-count")
     if not args.strip and args.gamma is None:
         raise NorcalError("--gamma is required (0 gives the plain softmax)")
     is_checkpoint = src.suffix.lower() in CHECKPOINT_SUFFIXES
@@ -105,6 +108,10 @@ def run(args) -> int:
         result = export_onnx_file(src, out, None if args.strip else _norcal(args), strip=args.strip,
                                   triton_repo=args.triton_repo, force=args.force)
     print_summary(result)
+    if args.min_count is not None:
+        meta = {p.key: p.value for p in result.model.metadata_props}
+        print(min_count_line(args.min_count, int(meta["norcal.min_count_clamped"]),
+                             int(meta["norcal.num_classes"])))
     return 0
 
 
@@ -114,7 +121,7 @@ def _norcal(args):
     return NorCal(gamma=args.gamma, table=args.table, factor=args.factor, mechanism=args.mechanism,
                   renormalize=args.renormalize, background_scale=args.background_scale,
                   count=args.count, background=args.background, logits=args.logits,
-                  inline=args.inline)
+                  inline=args.inline, min_count=args.min_count)
 
 
 def _export_checkpoint(src: Path, out: Path, args):

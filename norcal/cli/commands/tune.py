@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from norcal.cli.options import add_calibration_options
+from norcal.cli.options import add_calibration_options, min_count_line
 from norcal.cli.commands.export import CHECKPOINT_SUFFIXES
 from norcal.core.errors import NorcalError
 
@@ -96,7 +96,9 @@ def run(args) -> int:
         result = tune(src, args.gt, args.images, gammas, table, config=args.config,
                       factor=args.factor, mechanism=args.mechanism, batch_size=args.batch,
                       max_cache_bytes=int(args.max_cache_gb * 2**30),
-                      progress=progress_bars(progress))
+                      progress=progress_bars(progress), min_count=args.min_count)
+    if args.min_count is not None:
+        console.print(min_count_line(args.min_count, result.min_count_clamped))
     console.print(sweep_table(result))
     per_gamma = sum(p.seconds for p in result.points) / len(result.points)
     console.print(f"network pass {result.network_seconds:.1f} s ({result.num_images} images, cache "
