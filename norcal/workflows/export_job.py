@@ -53,6 +53,7 @@ class ExportResult:
     seconds: float
     extra_rows: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    verification: object | None = None  # norcal.workflows.verify.VerifyResult (--verify)
 
     def print_summary(self) -> None:
         from rich.console import Console
@@ -146,7 +147,7 @@ def export_checkpoint(src: Path, out: Path, args) -> ExportResult:
     if args.verify:
         from norcal.workflows.verify import verify_images
 
-        result.notes.append(verify_images(model, out, args.verify, spec))
+        result.verification = verify_images(model, out, args.verify, spec)
     _triton(result, args)
     return result
 

@@ -18,8 +18,9 @@ import torch
 from norcal.core.calibration import log_prior
 from norcal.cli import main
 from norcal.core.errors import NorcalError
-from norcal.workflows.parity import (PRESETS, ParityRun, box_iou, compare, match_detections, render_tables,
-                                   run_parity, runner_precision, synthetic_images, tolerances_for)
+from norcal.cli.parity_tables import render_tables, verify_text
+from norcal.workflows.parity import (PRESETS, ParityRun, box_iou, compare, match_detections, run_parity,
+                                     runner_precision, synthetic_images, tolerances_for)
 from norcal.export.torch_runner import OnnxCalibration, TorchRunner, calibrated, onnx_calibration
 
 from conftest import TINY
@@ -352,7 +353,7 @@ def test_verify_images(tiny):
     # img3 holds a real near-tie: RPN p2's 1000th/1001st logits differ by 1.2e-7, so ONNX Runtime
     # keeps the other anchor and 1 of 300 detections differs; fp32 parity allows that (99%)
     img = [TINY / "images" / "img3.png"]
-    text = verify_images(tiny.model, tiny.dir / "g05.onnx", img, tiny.spec)
+    text = verify_text(verify_images(tiny.model, tiny.dir / "g05.onnx", img, tiny.spec))
     assert "PASS" in text and "NorCal gamma 0.5" in text and "boxes" in text
     broken = copy.deepcopy(tiny.model)
     with torch.no_grad():  # another classifier: scores and classes change everywhere

@@ -103,5 +103,9 @@ def run(args) -> int:
         result = export_checkpoint(src, out, args)
     else:
         result = export_onnx_file(src, out, args)
+    if result.verification is not None:  # the --verify report comes first among the notes
+        from norcal.cli.parity_tables import verify_text
+
+        result.notes.insert(0, verify_text(result.verification))
     result.print_summary()
     return 0

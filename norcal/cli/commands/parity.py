@@ -114,8 +114,9 @@ def run(args) -> int:
     from norcal.core.fileio import write_json
     from norcal.core.contract import DETECTOR, input_spec
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
-    from norcal.workflows.parity import (PRESETS, fixed_input_shape, render_tables, report_json, run_parity,
-                                       runner_precision, verdict_lines)
+    from norcal.cli.parity_tables import render_tables
+    from norcal.workflows.parity import (PRESETS, fixed_input_shape, report_json, run_parity,
+                                         runner_precision, verdict_lines)
     from norcal.export.torch_runner import TorchRunner, onnx_calibration
 
     console = Console(soft_wrap=True)
