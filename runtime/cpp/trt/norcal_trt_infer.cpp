@@ -123,33 +123,23 @@ struct HostTensor {
   nvinfer1::DataType type;
   nvinfer1::Dims dims;
   std::vector<uint8_t> raw;
-  std::vector<float> f32() const {
+  template <class T>
+  std::vector<T> to() const {
     const int64_t n = volume(dims);
-    std::vector<float> o(n);
+    std::vector<T> o(n);
     for (int64_t i = 0; i < n; ++i) {
       switch (type) {
-        case nvinfer1::DataType::kFLOAT: o[i] = reinterpret_cast<const float*>(raw.data())[i]; break;
-        case nvinfer1::DataType::kHALF: o[i] = half_to_float(reinterpret_cast<const uint16_t*>(raw.data())[i]); break;
-        case nvinfer1::DataType::kINT32: o[i] = float(reinterpret_cast<const int32_t*>(raw.data())[i]); break;
-        case nvinfer1::DataType::kINT64: o[i] = float(reinterpret_cast<const int64_t*>(raw.data())[i]); break;
-        default: throw std::runtime_error("output type not convertible to float");
+        case nvinfer1::DataType::kFLOAT: o[i] = T(reinterpret_cast<const float*>(raw.data())[i]); break;
+        case nvinfer1::DataType::kHALF: o[i] = T(half_to_float(reinterpret_cast<const uint16_t*>(raw.data())[i])); break;
+        case nvinfer1::DataType::kINT32: o[i] = T(reinterpret_cast<const int32_t*>(raw.data())[i]); break;
+        case nvinfer1::DataType::kINT64: o[i] = T(reinterpret_cast<const int64_t*>(raw.data())[i]); break;
+        default: throw std::runtime_error("output type not convertible to a number");
       }
     }
     return o;
   }
-  std::vector<int64_t> i64() const {
-    const int64_t n = volume(dims);
-    std::vector<int64_t> o(n);
-    for (int64_t i = 0; i < n; ++i) {
-      switch (type) {
-        case nvinfer1::DataType::kINT64: o[i] = reinterpret_cast<const int64_t*>(raw.data())[i]; break;
-        case nvinfer1::DataType::kINT32: o[i] = reinterpret_cast<const int32_t*>(raw.data())[i]; break;
-        case nvinfer1::DataType::kFLOAT: o[i] = int64_t(reinterpret_cast<const float*>(raw.data())[i]); break;
-        default: throw std::runtime_error("output type not convertible to int64");
-      }
-    }
-    return o;
-  }
+  std::vector<float> f32() const { return to<float>(); }
+  std::vector<int64_t> i64() const { return to<int64_t>(); }
 };
 
 int run(int argc, char** argv) {
