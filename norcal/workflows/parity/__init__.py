@@ -15,9 +15,15 @@ Outputs outside the contract are compared element-wise, as Polygraphy does.
 
 Tolerances come per precision: ``fp32`` is tight and element-level (every matched pair's
 box, score and mask within atol; at most 1% of detections unpaired, since a near-tie inside
-the graph, e.g. at the RPN's per-level top-k, swaps a proposal and so a detection); ``tf32`` (TensorRT's default for fp32 engines on Ampere and
-later) and ``fp16`` are judged at the detection level only: matched fraction, box IoU, score
-difference, and AP on given annotations.
+the graph, e.g. at the RPN's per-level top-k, swaps a proposal and so a detection); ``tf32``
+(TensorRT's default for fp32 engines on Ampere and later) and ``fp16`` are judged at the
+detection level only: matched fraction, box IoU, score difference, and AP on given annotations.
+
+Modules: ``tolerances`` (presets per precision), ``matching`` (pairing detections; the tests
+match detectron2's goldens with it too), ``compare`` (one candidate against the reference),
+``run`` (runners side by side on the same batches, AP), ``report`` (verdict lines, JSON),
+``inputs`` (synthetic images). Everything returns data; the CLI draws the tables
+(``norcal.cli.parity_tables``).
 """
 
 from norcal.workflows.parity.compare import (DETECTION_KEYS, DetectionDiff, ParityReport, TensorDiff,
@@ -25,9 +31,10 @@ from norcal.workflows.parity.compare import (DETECTION_KEYS, DetectionDiff, Pari
 from norcal.workflows.parity.inputs import synthetic_images
 from norcal.workflows.parity.matching import box_iou, match_detections
 from norcal.workflows.parity.report import report_json, verdict_lines
-from norcal.workflows.parity.run import ParityRun, fixed_input_shape, run_parity
+from norcal.workflows.parity.run import ParityRun, fixed_input_shape, model_score_thresh, run_parity
 from norcal.workflows.parity.tolerances import PRESETS, Tolerances, runner_precision, tolerances_for
 
 __all__ = ["DETECTION_KEYS", "DetectionDiff", "PRESETS", "ParityReport", "ParityRun", "TensorDiff",
-           "Tolerances", "box_iou", "compare", "fixed_input_shape", "match_detections", "report_json",
-           "run_parity", "runner_precision", "synthetic_images", "tolerances_for", "verdict_lines"]
+           "Tolerances", "box_iou", "compare", "fixed_input_shape", "match_detections",
+           "model_score_thresh", "report_json", "run_parity", "runner_precision", "synthetic_images",
+           "tolerances_for", "verdict_lines"]

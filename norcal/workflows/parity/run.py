@@ -185,3 +185,16 @@ def fixed_input_shape(runner: Runner) -> tuple[int | None, int | None, int | Non
         return None
     fixed = tuple(d if isinstance(d, int) and d > 0 else None for d in (dims[0], dims[2], dims[3]))
     return fixed if any(fixed) else None
+
+
+def model_score_thresh(metadata: dict[str, str]) -> float:
+    """The test score threshold a model records (``norcal.detector``'s score_thresh_test);
+    0 when it says none (then only a zero score may be missing on one side)."""
+    import json
+
+    from norcal.core.contract import DETECTOR
+
+    try:
+        return float(json.loads(metadata.get(DETECTOR, "{}")).get("score_thresh_test", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        return 0.0
