@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -29,15 +30,19 @@ def read_rgb(path: str | os.PathLike) -> np.ndarray:
         raise OSError(str(e)) from None
 
 
-def read_images(paths: list[str | os.PathLike], context: str = "") -> list[np.ndarray]:
-    """read_rgb for each path; an unreadable file is a NorcalError naming it (``context`` prefixes it)."""
-    images = []
+def iter_images(paths: Iterable[str | os.PathLike], context: str = "") -> Iterator[np.ndarray]:
+    """read_rgb for each path, one at a time (a long list is never all in memory); an
+    unreadable file is a NorcalError naming it (``context`` prefixes it)."""
     for p in paths:
         try:
-            images.append(read_rgb(p))
+            yield read_rgb(p)
         except (OSError, ValueError, SyntaxError) as e:
             raise NorcalError(f"{context}{p}: cannot read the image ({e})") from None
-    return images
+
+
+def read_images(paths: list[str | os.PathLike], context: str = "") -> list[np.ndarray]:
+    """read_rgb for each path; an unreadable file is a NorcalError naming it (``context`` prefixes it)."""
+    return list(iter_images(paths, context))
 
 
 def expand_inputs(inputs: list[str | os.PathLike]) -> list[Path]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from itertools import islice
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -13,30 +14,46 @@ from norcal.core.runner import Runner
 from norcal.core.contract import InputSpec, input_spec
 from norcal.runtime.images import read_rgb
 from norcal.runtime.postprocess import ImageDetections, split_outputs
-from norcal.runtime.preprocess import prepare_batch
+from norcal.runtime.preprocess import Batch, prepare_batch
 
 
 def runner_metadata(runner: Runner) -> dict[str, str]:
     return dict(getattr(runner, "metadata", None) or {})
 
 
-def _run_batch(runner: Runner, images: list[np.ndarray], spec: InputSpec) -> list[ImageDetections]:
-    """One batch: prepare (resize, pad), run, split per image in original coordinates."""
-    batch = prepare_batch(images, spec.min_size, spec.max_size, spec.input_format, spec.divisibility)
-    outputs = runner.infer(batch.feeds())
-    return split_outputs(outputs, batch.image_sizes, batch.original_sizes)
+def prepare(images_rgb: list[np.ndarray], spec: InputSpec) -> Batch:
+    """One model input batch of these images, prepared per ``spec``."""
+    return prepare_batch(images_rgb, spec.min_size, spec.max_size, spec.input_format, spec.divisibility)
+
+
+def prepared_batches(images_rgb: Iterable[np.ndarray], spec: InputSpec,
+                     batch_size: int = 1) -> Iterator[Batch]:
+    """RGB uint8 [H,W,3] images -> model input batches of ``batch_size`` (the last may be
+    shorter), each resized, channel-ordered and padded per ``spec``. Images are taken from the
+    iterable as they are needed, so a lazy reader (:func:`norcal.runtime.images.iter_images`)
+    keeps one batch in memory. A bad ``batch_size`` is refused before any image is read.
+    """
+    if batch_size < 1:
+        raise NorcalError(f"batch size must be >= 1, got {batch_size}")
+
+    def batches():
+        it = iter(images_rgb)
+        while chunk := list(islice(it, batch_size)):
+            yield prepare(chunk, spec)
+
+    return batches()
+
+
+def detect(runner: Runner, batch: Batch) -> list[ImageDetections]:
+    """Run one prepared batch and split its outputs per image, in original coordinates."""
+    return split_outputs(runner.infer(batch.feeds()), batch.image_sizes, batch.original_sizes)
 
 
 def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1,
                spec: InputSpec | None = None) -> list[ImageDetections]:
     """RGB uint8 [H,W,3] images -> one :class:`ImageDetections` each (original coordinates)."""
     spec = spec or input_spec(runner_metadata(runner))
-    if batch_size < 1:
-        raise NorcalError(f"batch size must be >= 1, got {batch_size}")
-    out: list[ImageDetections] = []
-    for s in range(0, len(images_rgb), batch_size):
-        out.extend(_run_batch(runner, images_rgb[s:s + batch_size], spec))
-    return out
+    return [d for batch in prepared_batches(images_rgb, spec, batch_size) for d in detect(runner, batch)]
 
 
 def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int = 1,
@@ -53,7 +70,7 @@ def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int =
     pending: list[tuple[Path, np.ndarray]] = []
 
     def flush():
-        dets = _run_batch(runner, [a for _, a in pending], spec)
+        dets = detect(runner, prepare([a for _, a in pending], spec))
         done = [(p, d) for (p, _), d in zip(pending, dets)]
         pending.clear()
         if on_done:

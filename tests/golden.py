@@ -73,48 +73,36 @@ def lvis_counts() -> np.ndarray:
 
 
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU matrix [len(a), len(b)] of XYXY boxes (float64)."""
-    a = a.astype(np.float64)[:, None]
-    b = b.astype(np.float64)[None]
-    iw = np.clip(np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0]), 0, None)
-    ih = np.clip(np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1]), 0, None)
-    inter = iw * ih
-    area = lambda x: (x[..., 2] - x[..., 0]) * (x[..., 3] - x[..., 1])
-    union = area(a) + area(b) - inter
-    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+    """IoU matrix [len(a), len(b)] of XYXY boxes (float64): the parity package's."""
+    from norcal.workflows.parity import box_iou as iou
+
+    return iou(a, b)
 
 
 def match_boxes(gold: np.ndarray, ours: np.ndarray, min_iou: float) -> float:
-    """Fraction of golden boxes with a distinct counterpart of IoU >= min_iou (greedy)."""
+    """Fraction of golden boxes with a distinct counterpart of IoU >= min_iou (greedy, in
+    golden order): :func:`match_detections` with one class and equal scores."""
     if len(gold) == 0:
         return 1.0
-    iou = box_iou(gold, ours)
-    used = np.zeros(len(ours), bool)
-    hit = 0
-    for i in range(len(gold)):
-        cand = np.where((iou[i] >= min_iou) & ~used)[0]
-        if cand.size:
-            used[cand[np.argmax(iou[i, cand])]] = True
-            hit += 1
-    return hit / len(gold)
+    same_g, same_o = np.zeros(len(gold)), np.zeros(len(ours))
+    return len(_pairs(gold, same_g, same_g, ours, same_o, same_o, min_iou, None)) / len(gold)
 
 
 def match_detections(g_boxes, g_scores, g_classes, boxes, scores, classes, *, min_iou=0.99,
                      max_score_diff=1e-4):
     """Match golden detections to ours as sets: same class, IoU >= min_iou, |score diff| <=
-    max_score_diff, each of ours used once. Returns (fraction matched, pairs [(gi, oi)])."""
-    pairs = []
-    used = np.zeros(len(boxes), bool)
-    iou = box_iou(g_boxes, boxes) if len(boxes) else np.zeros((len(g_boxes), 0))
-    for i in np.argsort(-g_scores, kind="stable"):
-        ok = ((classes == g_classes[i]) & (iou[i] >= min_iou)
-              & (np.abs(scores - g_scores[i]) <= max_score_diff) & ~used)
-        cand = np.where(ok)[0]
-        if cand.size:
-            j = cand[np.argmax(iou[i, cand])]
-            used[j] = True
-            pairs.append((int(i), int(j)))
+    max_score_diff, each of ours used once (the parity package's matcher). Returns (fraction
+    matched, pairs [(gi, oi)])."""
+    pairs = _pairs(g_boxes, g_scores, g_classes, boxes, scores, classes, min_iou, max_score_diff)
     return (len(pairs) / len(g_boxes) if len(g_boxes) else 1.0), pairs
+
+
+def _pairs(g_boxes, g_scores, g_classes, boxes, scores, classes, min_iou, max_score_diff):
+    from norcal.workflows.parity import match_detections as match
+
+    gi, oi, _ = match(g_boxes, np.asarray(g_scores), np.asarray(g_classes), boxes, np.asarray(scores),
+                      np.asarray(classes), min_iou, max_score_diff)
+    return list(zip(gi.tolist(), oi.tolist()))
 
 
 def reference_fast_rcnn_inference(cls_logits, box_deltas, proposals, image_size, *,

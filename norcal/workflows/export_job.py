@@ -30,6 +30,7 @@ from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
 if TYPE_CHECKING:
     from norcal.export.spec import ModelSpec
     from norcal.export.trt_check import Report
+    from norcal.workflows.verify import VerifyResult
 
 PathLike = str | os.PathLike
 
@@ -84,7 +85,7 @@ class ExportResult:
     seconds: float
     tensorrt: Report  # the static TensorRT ONNX-parser check, default profile
     detector: ModelSpec | None = None  # checkpoint exports: the rebuilt detector's settings
-    verify_report: str | None = None  # checkpoint exports with ``verify`` images
+    verification: VerifyResult | None = None  # checkpoint exports with ``verify`` images
     triton_dir: Path | None = None  # the Triton model folder, when one was written
 
     @property
@@ -171,7 +172,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     """A detectron2 checkpoint -> batched ONNX with NorCal (see norcal.export.onnx_export).
 
     verify: images (files or folders) to run ONNX Runtime against the PyTorch model on; the
-    report is ``result.verify_report``. progress: called with the name of each step as it
+    result is ``result.verification``. progress: called with the name of each step as it
     starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
@@ -199,6 +200,6 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
             from norcal.workflows.verify import verify_images
 
             step("verifying")
-            result.verify_report = verify_images(model, current_path(out), list(verify), spec)
+            result.verification = verify_images(model, current_path(out), list(verify), spec)
         _write_triton(result, triton_repo, force)
     return result

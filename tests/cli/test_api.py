@@ -78,7 +78,7 @@ def test_export_checkpoint_returns_data_and_reports_its_steps(tmp_path, capsys):
     # the fixture's config: LVIS classes, short edge 320, long edge 512, a mask head
     spec = result.detector
     assert (spec.num_classes, spec.min_size_test, spec.max_size_test, spec.mask_on) == (1203, 320, 512, True)
-    assert result.tensorrt.compatible and result.verify_report is None
+    assert result.tensorrt.compatible and result.verification is None
     assert result.triton_dir == tmp_path / "triton" / "tiny" and (result.triton_dir / "config.pbtxt").is_file()
     written = onnx.load(str(result.output))
     assert written.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1  # batch=1 fixed

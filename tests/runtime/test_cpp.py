@@ -1,5 +1,6 @@
 """The C++ host library (runtime/cpp) built with CMake, checked by ctest and against the Python
-runtime on the fixture images: resize (PIL's filter), batching, box mapping, mask pasting, JSON."""
+runtime on the fixture images: resize (PIL's filter), batching, box mapping, mask pasting, JSON,
+and the engine sidecar as the Python builder writes it."""
 
 import json
 import shutil
@@ -10,6 +11,8 @@ import numpy as np
 import PIL
 import pytest
 
+from norcal.core.contract import (DETECTOR, INPUT_FORMAT, MAX_SIZE_TEST, MIN_SIZE_TEST, SIZE_DIVISIBILITY,
+                                  input_spec)
 from norcal.runtime.images import read_rgb
 from norcal.runtime.postprocess import ImageDetections, paste_masks, rescale_boxes
 from norcal.runtime.preprocess import prepare_batch, resize_uint8, resized_size
@@ -26,10 +29,45 @@ pytestmark = pytest.mark.skipif(not shutil.which("cmake") or not CXX,
                                 reason="needs cmake and a C++17 compiler to build runtime/cpp")
 
 
+# what `norcal build` records for a model exported with these settings (RGB, a 64 divisor, and a
+# detector JSON whose quotes the C++ reader must unescape)
+SIDECAR_META = {MIN_SIZE_TEST: "640", MAX_SIZE_TEST: "1024", INPUT_FORMAT: "RGB", SIZE_DIVISIBILITY: "64",
+                DETECTOR: json.dumps({"depth": 50, "name": "caf\u00e9"}), "norcal.gamma": "0.5"}
+
+
+def contract_onnx(path: Path, metadata: dict[str, str]) -> Path:
+    """A model with the detector contract's inputs (what the builder's profiles need) and metadata."""
+    import onnx
+    from onnx import TensorProto as T, helper as h
+
+    vi = h.make_tensor_value_info
+    graph = h.make_graph([h.make_node("Identity", ["image_sizes"], ["num_detections"])], "contract",
+                         [vi("images", T.FLOAT, ["B", 3, "H", "W"]), vi("image_sizes", T.INT64, ["B", 2])],
+                         [vi("num_detections", T.INT64, ["B", 2])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    h.set_model_props(model, metadata)
+    onnx.save(model, path)
+    return path
+
+
+def python_sidecar(folder: Path, metadata: dict[str, str]) -> Path:
+    """An engine path whose sidecar the Python builder wrote (as for a trtexec build); returns the engine."""
+    from norcal.runtime.tensorrt_build import BuildOptions, prepare, write_trtexec_sidecar
+
+    opts = BuildOptions(contract_onnx(folder / "model.onnx", metadata), folder / "model.engine")
+    write_trtexec_sidecar(opts, *prepare(opts))
+    return opts.engine_path
+
+
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     out = tmp_path_factory.mktemp("cmake_build")
-    cfg = subprocess.run(["cmake", "-S", str(ROOT), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release"],
+    engine = python_sidecar(tmp_path_factory.mktemp("sidecar"), SIDECAR_META)
+    spec = input_spec(SIDECAR_META)
+    expect = f"{spec.min_size};{spec.max_size};{spec.input_format};{spec.divisibility}"
+    cfg = subprocess.run(["cmake", "-S", str(ROOT), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release",
+                          f"-DNORCAL_TEST_SIDECAR={engine}", f"-DNORCAL_TEST_SIDECAR_EXPECT={expect}"],
                          check=True, capture_output=True, text=True)
     (out / "configure.log").write_text(cfg.stdout)
     subprocess.run(["cmake", "--build", str(out), "-j", "2"], check=True, capture_output=True, text=True)
@@ -46,6 +84,35 @@ def test_ctest_passes(build):
     r = subprocess.run(["ctest", "--test-dir", str(build), "--output-on-failure"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "100% tests passed" in r.stdout
+    assert "engine_sidecar_from_python" in r.stdout  # the C++ read of the Python-written sidecar ran
+
+
+@pytest.mark.parametrize("metadata", [SIDECAR_META, {"norcal.gamma": "0.5"}, {INPUT_FORMAT: "bgr"}],
+                         ids=["written", "defaults", "lower-case"])
+def test_sidecar_reads_as_python_does(build, tmp_path, metadata):
+    engine = python_sidecar(tmp_path, metadata)
+    spec = input_spec(metadata)
+    assert host(build, "sidecar", engine).split() == [str(spec.min_size), str(spec.max_size),
+                                                      spec.input_format, str(spec.divisibility)]
+
+
+def test_malformed_sidecar_is_a_clear_error(build, tmp_path):
+    from norcal.runtime.tensorrt_build import sidecar_path
+
+    engine = python_sidecar(tmp_path, SIDECAR_META)
+    side = sidecar_path(engine)
+    good = json.loads(side.read_text())
+    cases = [(side.read_text()[:-20], "not valid JSON"),
+             (json.dumps({**good, "format": "something-else/1"}), "not a norcal engine sidecar"),
+             (json.dumps({**good, "metadata": {**good["metadata"], MIN_SIZE_TEST: "wide"}}),
+              f"metadata {MIN_SIZE_TEST}='wide' is not an integer")]
+    for text, message in cases:
+        side.write_text(text)
+        r = subprocess.run([str(build / "norcal-host"), "sidecar", str(engine)], capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr.startswith(f"error: {side}: ") and message in r.stderr, r.stderr
+    side.unlink()
+    r = subprocess.run([str(build / "norcal-host"), "sidecar", str(engine)], capture_output=True, text=True)
+    assert r.returncode == 2 and "no such file" in r.stderr
 
 
 def test_tensorrt_executable_only_where_tensorrt_is_found(build):

@@ -18,8 +18,9 @@ import torch
 from norcal.core.calibration import log_prior
 from norcal.cli import main
 from norcal.core.errors import NorcalError
-from norcal.workflows.parity import (PRESETS, ParityRun, box_iou, compare, match_detections, render_tables,
-                                   run_parity, runner_precision, synthetic_images, tolerances_for)
+from norcal.cli.parity_tables import render_tables, verify_text
+from norcal.workflows.parity import (PRESETS, ParityRun, box_iou, compare, match_detections, run_parity,
+                                     runner_precision, synthetic_images, tolerances_for)
 from norcal.export.torch_runner import OnnxCalibration, TorchRunner, calibrated, onnx_calibration
 
 from conftest import TINY
@@ -95,6 +96,26 @@ def test_same_box_other_class_is_not_a_match():
     pairs = match_detections(*[np.array(v) for v in zip(A, B)], *[np.array(v) for v in zip(other, B)], 0.5)
     assert pairs[0].tolist() == [1] and pairs[1].tolist() == [1]
     assert not compare(contract([[A, B]]), contract([[other, B]]), "fp16").passed
+
+
+def test_score_limit_is_part_of_pairing():
+    """With max_score_diff (how the tests match detectron2's goldens) a same-class box at IoU 1
+    whose score is off is no partner, and the next-best candidate within the limit is taken."""
+    boxes = np.array([A[0], A[0], (11, 10, 111, 60)], np.float64)
+    ri, ci, iou = match_detections(boxes[:1], np.array([0.5]), np.array([3]), boxes[1:],
+                                   np.array([0.6, 0.50005]), np.array([3, 3]), 0.9, max_score_diff=1e-4)
+    assert ri.tolist() == [0] and ci.tolist() == [1] and iou[0] == pytest.approx(99 / 101)  # shifted 1 px: 99x50 shared of 101x50
+    ri, ci, _ = match_detections(boxes[:1], np.array([0.5]), np.array([3]), boxes[1:],
+                                 np.array([0.6, 0.50005]), np.array([3, 3]), 0.9)
+    assert ci.tolist() == [0]  # without the limit the identical box wins
+
+
+def test_model_score_thresh_from_metadata():
+    from norcal.core.contract import DETECTOR
+    from norcal.workflows.parity import model_score_thresh
+
+    assert model_score_thresh({DETECTOR: json.dumps({"score_thresh_test": 0.05})}) == 0.05
+    assert model_score_thresh({}) == 0.0 and model_score_thresh({DETECTOR: "not json"}) == 0.0
 
 
 def test_fp16_noise_passes_fp16_but_not_fp32():
@@ -352,7 +373,7 @@ def test_verify_images(tiny):
     # img3 holds a real near-tie: RPN p2's 1000th/1001st logits differ by 1.2e-7, so ONNX Runtime
     # keeps the other anchor and 1 of 300 detections differs; fp32 parity allows that (99%)
     img = [TINY / "images" / "img3.png"]
-    text = verify_images(tiny.model, tiny.dir / "g05.onnx", img, tiny.spec)
+    text = verify_text(verify_images(tiny.model, tiny.dir / "g05.onnx", img, tiny.spec))
     assert "PASS" in text and "NorCal gamma 0.5" in text and "boxes" in text
     broken = copy.deepcopy(tiny.model)
     with torch.no_grad():  # another classifier: scores and classes change everywhere

@@ -32,7 +32,8 @@ examples:
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 
 # parameters of norcal.workflows.export_job named in its errors -> the flags here
-FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table"}
+FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table",
+         "verify": "--verify"}
 
 
 def add_arguments(p):
@@ -195,7 +196,9 @@ def print_summary(result) -> None:
     t.add_row("file size", f"{current_path(result.output).stat().st_size / 2**20:.1f} MiB")
     t.add_row("time", f"{result.seconds:.1f} s")
     console.print(t)
-    if result.verify_report:
-        console.print(escape(result.verify_report))
+    if result.verification is not None:
+        from norcal.cli.parity_tables import verify_text
+
+        console.print(escape(verify_text(result.verification)))
     if result.triton_dir is not None:
         console.print(escape(f"Triton model repository written: {result.triton_dir}"))

@@ -112,10 +112,11 @@ def run(args) -> int:
     from rich.markup import escape
 
     from norcal.core.fileio import write_json
-    from norcal.core.contract import DETECTOR, input_spec
+    from norcal.core.contract import input_spec
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
-    from norcal.workflows.parity import (PRESETS, fixed_input_shape, render_tables, report_json, run_parity,
-                                       runner_precision, verdict_lines)
+    from norcal.cli.parity_tables import render_tables
+    from norcal.workflows.parity import (PRESETS, fixed_input_shape, model_score_thresh, report_json,
+                                         run_parity, runner_precision, verdict_lines)
     from norcal.export.torch_runner import TorchRunner, onnx_calibration
 
     console = Console(soft_wrap=True)
@@ -151,13 +152,7 @@ def run(args) -> int:
 
     meta = ort.metadata
     spec = input_spec(meta)
-    score_thresh = 0.0
-    try:
-        import json
-
-        score_thresh = float(json.loads(meta.get(DETECTOR, "{}")).get("score_thresh_test", 0.0))
-    except (ValueError, TypeError, AttributeError):
-        pass  # unknown: only a zero score may then be missing on one side
+    score_thresh = model_score_thresh(meta)
     gt = image_ids = cat_ids = None
     if args.gt:
         from norcal.runtime.results import category_ids_from_annotations

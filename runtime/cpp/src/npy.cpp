@@ -37,27 +37,24 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
-std::vector<float> NpyArray::to_float() const {
-  const int64_t n = count();
-  std::vector<float> out(n);
-  if (descr == "<f4") std::memcpy(out.data(), bytes.data(), n * 4);
-  else if (descr == "<f2") for (int64_t i = 0; i < n; ++i) out[i] = half_to_float(as<uint16_t>()[i]);
-  else if (descr == "|u1") for (int64_t i = 0; i < n; ++i) out[i] = bytes[i];
-  else if (descr == "<i8") for (int64_t i = 0; i < n; ++i) out[i] = float(as<int64_t>()[i]);
-  else if (descr == "<i4") for (int64_t i = 0; i < n; ++i) out[i] = float(as<int32_t>()[i]);
-  else throw std::runtime_error("npy: cannot convert dtype " + descr + " to float");
+// Widen or narrow every element to T (one loop for every dtype the tools exchange).
+template <class T>
+static std::vector<T> converted(const NpyArray& a, const char* what) {
+  const int64_t n = a.count();
+  std::vector<T> out(n);
+  const std::string& d = a.descr;
+  if (d == "<f4") for (int64_t i = 0; i < n; ++i) out[i] = T(a.as<float>()[i]);
+  else if (d == "<f2") for (int64_t i = 0; i < n; ++i) out[i] = T(half_to_float(a.as<uint16_t>()[i]));
+  else if (d == "|u1") for (int64_t i = 0; i < n; ++i) out[i] = T(a.bytes[i]);
+  else if (d == "<i8") for (int64_t i = 0; i < n; ++i) out[i] = T(a.as<int64_t>()[i]);
+  else if (d == "<i4") for (int64_t i = 0; i < n; ++i) out[i] = T(a.as<int32_t>()[i]);
+  else throw std::runtime_error("npy: cannot convert dtype " + d + " to " + what);
   return out;
 }
 
-std::vector<int64_t> NpyArray::to_int64() const {
-  const int64_t n = count();
-  std::vector<int64_t> out(n);
-  if (descr == "<i8") std::memcpy(out.data(), bytes.data(), n * 8);
-  else if (descr == "<i4") for (int64_t i = 0; i < n; ++i) out[i] = as<int32_t>()[i];
-  else if (descr == "|u1") for (int64_t i = 0; i < n; ++i) out[i] = bytes[i];
-  else throw std::runtime_error("npy: cannot convert dtype " + descr + " to int64");
-  return out;
-}
+std::vector<float> NpyArray::to_float() const { return converted<float>(*this, "float"); }
+
+std::vector<int64_t> NpyArray::to_int64() const { return converted<int64_t>(*this, "int64"); }
 
 static size_t itemsize(const std::string& d) {
   if (d == "|u1" || d == "|b1") return 1;

@@ -4,12 +4,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "norcal/host.hpp"
 #include "norcal/npy.hpp"
+#include "norcal/sidecar.hpp"
 
 using namespace norcal;
 
@@ -143,7 +145,94 @@ static void test_half() {
   CHECK(half_to_float(0x0001) == std::ldexp(1.0f, -24) && half_to_float(0x3800) == 0.5f);
 }
 
-int main() {
+// The message of the std::runtime_error that f throws, or "" when it throws none.
+template <class F>
+static std::string error_of(F f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+static bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+static void test_sidecar_hand_written() {
+  // as json.dump writes it: escapes, nested objects, numbers, null; unknown keys ignored
+  const std::string text =
+      "{\"format\": \"norcal-engine-sidecar/1\", \"engine\": \"m.engine\", \"metadata\": {"
+      "\"norcal.min_size_test\": \"640\", \"norcal.max_size_test\": \"1024.0\", "
+      "\"norcal.input_format\": \"rgb\", \"norcal.size_divisibility\": \"64\", "
+      "\"norcal.detector\": \"{\\\"depth\\\": 50, \\\"name\\\": \\\"caf\\u00e9 \\ud83d\\ude00\\\"}\"}, "
+      "\"profile\": {\"images\": {\"min\": [1, 3, 320, 320]}}, \"precision\": \"fp16\", "
+      "\"workspace_gb\": null, \"flag\": true, \"ratio\": -1.5e-3}";
+  const EngineSidecar s = parse_engine_sidecar(text, "m.engine.json");
+  CHECK(s.found && s.min_size == 640 && s.max_size == 1024 && s.divisibility == 64);
+  CHECK(s.input_format == "RGB" && !s.bgr() && s.precision == "fp16");
+  CHECK(s.metadata.at("norcal.detector") == "{\"depth\": 50, \"name\": \"caf\xc3\xa9 \xf0\x9f\x98\x80\"}");
+  // no size metadata: detectron2's defaults, as norcal.core.contract.DEFAULTS
+  const EngineSidecar d = parse_engine_sidecar("{\"format\": \"norcal-engine-sidecar/1\", \"metadata\": {}}", "d");
+  CHECK(d.min_size == 800 && d.max_size == 1333 && d.divisibility == 32 && d.bgr());
+}
+
+static void test_sidecar_errors() {
+  auto parse = [](const std::string& t) { return error_of([&] { parse_engine_sidecar(t, "x.engine.json"); }); };
+  const std::string head = "{\"format\": \"norcal-engine-sidecar/1\", \"metadata\": {";
+  CHECK(contains(parse("{\"format\": \"norcal-engine-sidecar/1\", "), "x.engine.json: not valid JSON"));
+  CHECK(contains(parse("{\"format\": 'single'}"), "not valid JSON"));
+  CHECK(contains(parse("{} trailing"), "not valid JSON (unexpected text after the JSON value"));
+  CHECK(contains(parse("[1, 2]"), "not a norcal engine sidecar (format norcal-engine-sidecar/1 expected)"));
+  CHECK(contains(parse("{\"format\": \"norcal-engine-sidecar/2\"}"), "not a norcal engine sidecar"));
+  CHECK(contains(parse("{\"format\": \"norcal-engine-sidecar/1\", \"metadata\": []}"), "'metadata' must be an object"));
+  CHECK(contains(parse(head + "\"norcal.min_size_test\": 800}}"), "norcal.min_size_test is not a string"));
+  CHECK(contains(parse(head + "\"norcal.min_size_test\": \"big\"}}"), "norcal.min_size_test='big' is not an integer"));
+  CHECK(contains(parse(head + "\"norcal.size_divisibility\": \"0\"}}"), "must be positive"));
+  CHECK(contains(parse(head + "\"norcal.input_format\": \"YUV\"}}"), "must be BGR or RGB"));
+  CHECK(parse(head + "\"norcal.max_size_test\": \" 1333 \"}}").empty());  // int(float(' 1333 '))
+}
+
+static void test_sidecar_files() {
+  // next to the engine: "<engine>.json"; none there means the defaults and found = false
+  const std::string engine = "norcal_host_tests_tmp.engine";
+  CHECK(sidecar_path(engine) == engine + ".json");
+  std::remove(sidecar_path(engine).c_str());
+  const EngineSidecar none = read_engine_sidecar(engine);
+  CHECK(!none.found && none.min_size == 800 && none.max_size == 1333 && none.bgr());
+  {
+    std::ofstream f(sidecar_path(engine));
+    f << "{\"format\": \"norcal-engine-sidecar/1\", \"metadata\": {\"norcal.min_size_test\": \"512\"}}\n";
+  }
+  const EngineSidecar s = read_engine_sidecar(engine);
+  CHECK(s.found && s.min_size == 512 && s.max_size == 1333 && s.path == sidecar_path(engine));
+  {
+    std::ofstream f(sidecar_path(engine));  // empty: truncated by a crash, say
+  }
+  CHECK(contains(error_of([&] { read_engine_sidecar(engine); }), engine + ".json: not valid JSON"));
+  std::remove(sidecar_path(engine).c_str());
+}
+
+// `norcal_host_tests --sidecar ENGINE MIN MAX FORMAT DIV`: the sidecar the Python builder wrote
+// (tests/runtime/test_cpp.py) reads back as the values Python's input_spec gives.
+static int check_python_sidecar(char** argv) {
+  EngineSidecar s;
+  try {
+    s = read_engine_sidecar(argv[2]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  CHECK(s.found);
+  CHECK(s.min_size == std::stoi(argv[3]) && s.max_size == std::stoi(argv[4]));
+  CHECK(s.input_format == argv[5] && s.divisibility == std::stoi(argv[6]));
+  if (failures) std::fprintf(stderr, "%s: read %d %d %s %d\n", s.path.c_str(), s.min_size, s.max_size,
+                             s.input_format.c_str(), s.divisibility);
+  else std::printf("sidecar %s read as written\n", s.path.c_str());
+  return failures ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 7 && std::strcmp(argv[1], "--sidecar") == 0) return check_python_sidecar(argv);
   test_resized_size();
   test_resize_hand_computed();
   test_batch_layout();
@@ -152,6 +241,9 @@ int main() {
   test_rle();
   test_results_json();
   test_half();
+  test_sidecar_hand_written();
+  test_sidecar_errors();
+  test_sidecar_files();
   if (failures) std::fprintf(stderr, "%d check(s) failed\n", failures);
   else std::printf("all host checks passed\n");
   return failures ? 1 : 0;

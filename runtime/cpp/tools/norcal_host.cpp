@@ -8,6 +8,7 @@
 //   norcal-host paste MASKS.npy BOXES.npy H W OUT.npy  masks [N,M,M], boxes [N,4] -> uint8 [N,H,W]
 //   norcal-host results OUT.json IMAGE_ID RH RW OH OW NUM BOXES.npy SCORES.npy CLASSES.npy
 //                       [MASKS.npy|-] [CATEGORY_IDS.npy]
+//   norcal-host sidecar ENGINE                         -> prints "MIN MAX FORMAT DIV" from ENGINE.json
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -18,6 +19,8 @@
 
 #include "norcal/host.hpp"
 #include "norcal/npy.hpp"
+#include "norcal/sidecar.hpp"
+#include "norcal/tool.hpp"
 
 using namespace norcal;
 
@@ -30,7 +33,7 @@ static Image load_image(const std::string& path) {
 }
 
 static int usage() {
-  std::cerr << "usage: norcal-host size|resize|batch|rescale|paste|results ... (see the source header)\n";
+  std::cerr << "usage: norcal-host size|resize|batch|rescale|paste|results|sidecar ... (see the source header)\n";
   return 2;
 }
 
@@ -87,17 +90,14 @@ static int run(int argc, char** argv) {
     std::ofstream f(argv[2]);
     f << "[" << body << "]\n";
     if (!f) throw std::runtime_error(std::string(argv[2]) + ": write failed");
+  } else if (cmd == "sidecar" && argc == 3) {
+    const EngineSidecar s = read_engine_sidecar(argv[2]);
+    if (!s.found) throw std::runtime_error(s.path + ": no such file");
+    std::printf("%d %d %s %d\n", s.min_size, s.max_size, s.input_format.c_str(), s.divisibility);
   } else {
     return usage();
   }
   return 0;
 }
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  }
-}
+int main(int argc, char** argv) { return run_tool(run, argc, argv); }

@@ -1,9 +1,12 @@
 // norcal-trt-infer: run a norcal TensorRT engine (the ONNX contract) on images and write
 // LVIS/COCO results JSON, with the host side from norcal_host.
 //
-//   norcal-trt-infer ENGINE -o results.json [--min-size 800] [--max-size 1333] [--format BGR]
-//                    [--divisibility 32] [--batch 1] [--category-ids ids.txt] IMAGE...
+//   norcal-trt-infer ENGINE -o results.json [--min-size N] [--max-size N] [--format BGR|RGB]
+//                    [--divisibility N] [--batch 1] [--category-ids ids.txt] IMAGE...
 //
+// Resize sizes, channel order and padding come from the engine's sidecar ENGINE.json (written
+// by `norcal build`, the ONNX model's metadata); the flags override it. Without a sidecar a
+// warning says detectron2's defaults (800/1333, BGR, 32) apply, as the Python runner does.
 // Images: .npy (RGB uint8 [H,W,3]) or binary .ppm (P6, 8-bit). Image ids are file stems.
 // ids.txt: the dataset category id of class index i on line i (whitespace separated is fine).
 #include <NvInfer.h>
@@ -23,6 +26,8 @@
 
 #include "norcal/host.hpp"
 #include "norcal/npy.hpp"
+#include "norcal/sidecar.hpp"
+#include "norcal/tool.hpp"
 
 using namespace norcal;
 
@@ -118,39 +123,29 @@ struct HostTensor {
   nvinfer1::DataType type;
   nvinfer1::Dims dims;
   std::vector<uint8_t> raw;
-  std::vector<float> f32() const {
+  template <class T>
+  std::vector<T> to() const {
     const int64_t n = volume(dims);
-    std::vector<float> o(n);
+    std::vector<T> o(n);
     for (int64_t i = 0; i < n; ++i) {
       switch (type) {
-        case nvinfer1::DataType::kFLOAT: o[i] = reinterpret_cast<const float*>(raw.data())[i]; break;
-        case nvinfer1::DataType::kHALF: o[i] = half_to_float(reinterpret_cast<const uint16_t*>(raw.data())[i]); break;
-        case nvinfer1::DataType::kINT32: o[i] = float(reinterpret_cast<const int32_t*>(raw.data())[i]); break;
-        case nvinfer1::DataType::kINT64: o[i] = float(reinterpret_cast<const int64_t*>(raw.data())[i]); break;
-        default: throw std::runtime_error("output type not convertible to float");
+        case nvinfer1::DataType::kFLOAT: o[i] = T(reinterpret_cast<const float*>(raw.data())[i]); break;
+        case nvinfer1::DataType::kHALF: o[i] = T(half_to_float(reinterpret_cast<const uint16_t*>(raw.data())[i])); break;
+        case nvinfer1::DataType::kINT32: o[i] = T(reinterpret_cast<const int32_t*>(raw.data())[i]); break;
+        case nvinfer1::DataType::kINT64: o[i] = T(reinterpret_cast<const int64_t*>(raw.data())[i]); break;
+        default: throw std::runtime_error("output type not convertible to a number");
       }
     }
     return o;
   }
-  std::vector<int64_t> i64() const {
-    const int64_t n = volume(dims);
-    std::vector<int64_t> o(n);
-    for (int64_t i = 0; i < n; ++i) {
-      switch (type) {
-        case nvinfer1::DataType::kINT64: o[i] = reinterpret_cast<const int64_t*>(raw.data())[i]; break;
-        case nvinfer1::DataType::kINT32: o[i] = reinterpret_cast<const int32_t*>(raw.data())[i]; break;
-        case nvinfer1::DataType::kFLOAT: o[i] = int64_t(reinterpret_cast<const float*>(raw.data())[i]); break;
-        default: throw std::runtime_error("output type not convertible to int64");
-      }
-    }
-    return o;
-  }
+  std::vector<float> f32() const { return to<float>(); }
+  std::vector<int64_t> i64() const { return to<int64_t>(); }
 };
 
 int run(int argc, char** argv) {
   std::string engine_path, output;
-  int min_size = 800, max_size = 1333, divisibility = 32, batch_size = 1;
-  std::string format = "BGR", cat_path;
+  int min_size = -1, max_size = -1, divisibility = -1, batch_size = 1;  // -1: from the sidecar
+  std::string format, cat_path;
   std::vector<std::string> inputs;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -167,15 +162,29 @@ int run(int argc, char** argv) {
     else if (a == "--category-ids") cat_path = value();
     else if (a == "-h" || a == "--help") {
       std::cout << "usage: norcal-trt-infer ENGINE -o results.json [--min-size N] [--max-size N] "
-                   "[--format BGR|RGB] [--divisibility 32] [--batch N] [--category-ids ids.txt] IMAGE...\n"
-                   "Images: RGB uint8 .npy [H,W,3] or binary .ppm. Image ids are the file stems.\n";
+                   "[--format BGR|RGB] [--divisibility N] [--batch N] [--category-ids ids.txt] IMAGE...\n"
+                   "Images: RGB uint8 .npy [H,W,3] or binary .ppm. Image ids are the file stems.\n"
+                   "Sizes, format and divisibility default to the engine's sidecar ENGINE.json.\n";
       return 0;
     } else if (engine_path.empty()) engine_path = a;
     else inputs.push_back(a);
   }
   if (engine_path.empty() || output.empty() || inputs.empty()) throw std::runtime_error("need ENGINE, -o and images (--help)");
+  const EngineSidecar sidecar = read_engine_sidecar(engine_path);
+  if (!sidecar.found && (min_size < 0 || max_size < 0))
+    std::cerr << "warning: " << sidecar.path << " not found (norcal build writes it next to the engine): "
+              << "no model metadata, so images are resized to the default " << sidecar.min_size << "/"
+              << sidecar.max_size << " unless --min-size/--max-size are given\n";
+  if (min_size < 0) min_size = sidecar.min_size;
+  if (max_size < 0) max_size = sidecar.max_size;
+  if (divisibility < 0) divisibility = sidecar.divisibility;
+  if (format.empty()) format = sidecar.input_format;
   if (format != "BGR" && format != "RGB") throw std::runtime_error("--format must be BGR or RGB");
+  if (min_size < 1 || max_size < 1 || divisibility < 1)
+    throw std::runtime_error("--min-size, --max-size and --divisibility must be >= 1");
   if (batch_size < 1) throw std::runtime_error("--batch must be >= 1");
+  std::cerr << "resize " << min_size << "/" << max_size << " " << format << ", pad to a multiple of "
+            << divisibility << (sidecar.found ? " (" + sidecar.path + ")" : std::string()) << "\n";
   std::vector<int64_t> cats;
   if (!cat_path.empty()) {
     std::ifstream f(cat_path);
@@ -283,11 +292,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  }
-}
+int main(int argc, char** argv) { return run_tool(run, argc, argv); }

@@ -15,7 +15,7 @@ struct NpyArray {
   int64_t count() const;
   template <class T> const T* as() const { return reinterpret_cast<const T*>(bytes.data()); }
   std::vector<float> to_float() const;    // from f4, f2, u1, i4, i8
-  std::vector<int64_t> to_int64() const;  // from i8, i4, u1
+  std::vector<int64_t> to_int64() const;  // from the same (floats truncated)
 };
 
 NpyArray read_npy(const std::string& path);

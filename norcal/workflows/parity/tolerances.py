@@ -1,0 +1,73 @@
+"""Tolerance presets per precision, and which preset judges a runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from norcal.core.errors import NorcalError
+from norcal.core.runner import Runner
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """What counts as the same output for one precision.
+
+    atol: per-output absolute tolerance on matched detections (boxes in input pixels);
+    rtol: relative tolerance added to atol (|d| <= atol + rtol * |ref|), as numpy.isclose;
+    elementwise: whether those per-output checks decide the verdict (else they are shown only);
+    match_iou: the least box IoU for two same-class detections to be one detection;
+    score_atol: the most a matched pair's scores may differ, and the boundary slack;
+    min_matched: the least fraction of detections (either side) matched or excused;
+    ap_atol: the most AP (0-1 scale, each LVIS stat) may differ when annotations are given.
+    """
+
+    precision: str
+    atol: dict[str, float]
+    rtol: float
+    elementwise: bool
+    match_iou: float
+    score_atol: float
+    min_matched: float
+    ap_atol: float
+    default_atol: float = 1e-4
+
+
+# fp32 numbers: two fp32 implementations of the same graph agree to ~1e-6 relative per op;
+# boxes are decoded with exp() and scaled by up to ~1000 px, masks go through 5 convs.
+# min_matched < 1 even for fp32: discrete choices inside the graph flip on near-ties. Measured
+# on d2_lvis_tiny img3: RPN level p2's 1000th and 1001st objectness logits differ by 1.2e-7,
+# so ONNX Runtime keeps the other anchor, and one of 300 detections (score 0.91) differs from
+# PyTorch (which equals detectron2 there). Paired detections must still agree tightly.
+PRESETS: dict[str, Tolerances] = {
+    "fp32": Tolerances("fp32", atol={"boxes": 1e-2, "scores": 1e-4, "masks": 1e-3}, rtol=1e-4,
+                       elementwise=True, match_iou=0.99, score_atol=1e-4, min_matched=0.99,
+                       ap_atol=1e-3),
+    "tf32": Tolerances("tf32", atol={"boxes": 1.0, "scores": 1e-2, "masks": 5e-2}, rtol=1e-2,
+                       elementwise=False, match_iou=0.9, score_atol=1e-2, min_matched=0.95,
+                       ap_atol=5e-3),
+    "fp16": Tolerances("fp16", atol={"boxes": 2.0, "scores": 2e-2, "masks": 1e-1}, rtol=2e-2,
+                       elementwise=False, match_iou=0.8, score_atol=2e-2, min_matched=0.9,
+                       ap_atol=1e-2),
+}
+
+
+def tolerances_for(precision: str, **overrides) -> Tolerances:
+    """The preset for ``precision`` ('fp32', 'tf32', 'fp16'), with fields overridden."""
+    if precision not in PRESETS:
+        raise NorcalError(f"unknown precision {precision!r}; choose one of {', '.join(PRESETS)}")
+    return replace(PRESETS[precision], **{k: v for k, v in overrides.items() if v is not None})
+
+
+def runner_precision(runner: Runner) -> str:
+    """The preset a runner's outputs are judged with: its ``precision`` attribute, else from its
+    name ('...fp16' -> fp16; TensorRT fp32 engines -> tf32, TensorRT's default on Ampere+)."""
+    explicit = getattr(runner, "precision", None)
+    if explicit in PRESETS:
+        return explicit
+    name = getattr(runner, "name", "")
+    if "fp16" in name or "int8" in name:
+        return "fp16"
+    if name.startswith("tensorrt") or "tensorrt" in name:
+        return "tf32"
+    return "fp32"
+
