@@ -113,7 +113,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version or a usage error (already printed in one line)
+        return int(e.code or 0)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -128,4 +131,8 @@ def export_main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(parser)
     parser.set_defaults(_run=module.run, _flags=module.FLAGS)
-    return _dispatch(parser.parse_args(argv))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return _dispatch(args)
