@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnx
 
+from norcal.core import contract as C
 from norcal.core.errors import NorcalError
 from norcal.export.calibrate_onnx import calibrate_onnx
 from norcal.core.onnx_io import describe_io, load_onnx, save_onnx
@@ -66,13 +67,13 @@ class ExportResult:
         for k, v in self.extra_rows:
             t.add_row(k, v)
         if meta:
-            t.add_row("classes", meta.get("norcal.num_classes", "?"))
-            t.add_row("table", f"{meta.get('norcal.table')} (sha256 {meta.get('norcal.table_sha256', '')[:16]}…)")
-            t.add_row("NorCal", f"gamma {meta.get('norcal.gamma')}, factor {meta.get('norcal.factor')}, "
-                                f"mechanism {meta.get('norcal.mechanism')}, renormalize "
-                                f"{meta.get('norcal.renormalize')}, background {meta.get('norcal.background')}")
-            t.add_row("node", f"{'inlined ops' if meta.get('norcal.inline') == 'true' else 'ai.norcal::NorCal'}"
-                              f" on {meta.get('norcal.logits')}")
+            t.add_row("classes", meta.get(C.NUM_CLASSES, "?"))
+            t.add_row("table", f"{meta.get(C.TABLE)} (sha256 {meta.get(C.TABLE_SHA256, '')[:16]}…)")
+            t.add_row("NorCal", f"gamma {meta.get(C.GAMMA)}, factor {meta.get(C.FACTOR)}, "
+                                f"mechanism {meta.get(C.MECHANISM)}, renormalize "
+                                f"{meta.get(C.RENORMALIZE)}, background {meta.get(C.BACKGROUND)}")
+            t.add_row("node", f"{'inlined ops' if meta.get(C.INLINE) == 'true' else 'ai.norcal::NorCal'}"
+                              f" on {meta.get(C.LOGITS)}")
         else:
             t.add_row("NorCal", "none (plain classifier)")
         for kind, name, dtype, shape in describe_io(self.model):
