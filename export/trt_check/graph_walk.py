@@ -34,8 +34,9 @@ class Flattener:
     Not onnx.inliner (onnx 1.23): inline_local_functions renames body nodes ``uniq__1``, losing the
     call path findings name ("dedup > uniq"), and silently leaves a call unexpanded when the
     function imports another default opset version than the model, even one the ONNX checker
-    accepts (TensorRT expands it, reading the body at the function's opset, as this does). Its exclusion list could keep functions named like
-    built-in ops, which TensorRT never expands; that alone would not have decided it.
+    accepts (TensorRT expands it, reading the body at the function's opset, as this does). Its
+    exclusion list could keep functions named like built-in ops, which TensorRT never expands;
+    that alone would not have decided it.
     """
 
     def __init__(self, model: onnx.ModelProto, default_opset: int):

@@ -72,8 +72,8 @@ class ExportResult:
             t.add_row("NorCal", f"gamma {meta.get(C.GAMMA)}, factor {meta.get(C.FACTOR)}, "
                                 f"mechanism {meta.get(C.MECHANISM)}, renormalize "
                                 f"{meta.get(C.RENORMALIZE)}, background {meta.get(C.BACKGROUND)}")
-            t.add_row("node", f"{'inlined ops' if meta.get(C.INLINE) == 'true' else 'ai.norcal::NorCal'}"
-                              f" on {meta.get(C.LOGITS)}")
+            node = "inlined ops" if meta.get(C.INLINE) == "true" else f"{C.NODE_DOMAIN}::{C.NODE_OP_TYPE}"
+            t.add_row("node", f"{node} on {meta.get(C.LOGITS)}")
         else:
             t.add_row("NorCal", "none (plain classifier)")
         for kind, name, dtype, shape in describe_io(self.model):
