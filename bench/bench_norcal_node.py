@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from norcal.core import contract
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "d2_lvis_tiny"
 
@@ -133,7 +135,7 @@ def node_cost(with_path: Path, without_path: Path, feeds, threads: int):
     import onnx
 
     meta = {p.key: p.value for p in onnx.load(str(with_path), load_external_data=False).metadata_props}
-    softmax_name = meta.get("norcal.node", "")
+    softmax_name = meta.get(contract.NODE, "")
     w = profile(with_path, feeds, threads)
     wo = profile(without_path, feeds, threads)
     names = sorted(n for n in w if "norcal" in n.lower())

@@ -6,11 +6,12 @@ import json
 
 import onnx
 
+from norcal.core import contract
 from norcal.core.calibration import check_gamma, log_prior
 from norcal.core.errors import NorcalError
-from norcal.export.norcal_node import NorCalSettings
-from norcal.export.surgery import find_classifiers, insert_norcal
 from norcal.core.tables import CalibrationTable, builtin_names, load_table
+from norcal.export.norcal_node import NorCalSettings
+from norcal.export.surgery import classifier_candidates, insert_norcal
 
 
 def default_table(num_classes: int) -> CalibrationTable:
@@ -24,8 +25,9 @@ def default_table(num_classes: int) -> CalibrationTable:
 
 
 def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:
-    """Foreground class count of the single classifier candidate, when there is exactly one."""
-    found = find_classifiers(model)
+    """Foreground class count of the model's classifier (the recorded one, or the single
+    heuristic candidate), when known."""
+    found = classifier_candidates(model)
     if len(found) == 1 and found[0].width:
         return found[0].width - (0 if background == "none" else 1)
     return None
@@ -59,8 +61,11 @@ def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | Calibratio
                               num_classes=table.num_classes, min_count=min_count,
                               min_count_clamped=None if min_count is None else clamped)
     out = insert_norcal(model, prior, settings, logits=logits, inline=inline)
-    # runners map class index -> dataset category id with this (norcal.core.contract)
+    # runtime keys: the table fixes the class order, so runners map class index -> category id
+    # with it; stripping NorCal keeps them
     props = {p.key: p.value for p in out.metadata_props}
-    props["norcal.category_ids"] = json.dumps(table.category_ids)
+    props[contract.TABLE] = table.name
+    props[contract.NUM_CLASSES] = str(table.num_classes)
+    props[contract.CATEGORY_IDS] = json.dumps(table.category_ids)
     onnx.helper.set_model_props(out, props)
     return out

@@ -14,29 +14,30 @@ background slot apart, for the logit mechanism only):
     sigmoid, exp:                      Sigmoid(logits - log_prior)
     sigmoid, prob:                     Sigmoid(logits) * Exp(-log_prior)
     sigmoid, logit:                    Sigmoid(Concat(logits_fg * Exp(s_fg), logits_bg - s_bg))
+
+The builders return onnx-graphsurgeon objects for :mod:`norcal.export.surgery`; names and
+metadata keys come from :mod:`norcal.core.contract`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+import onnx_graphsurgeon as gs
+from onnx import helper
 
+from norcal.core import contract
 from norcal.core.calibration import check_variant
 from norcal.core.errors import NorcalError
-
-DOMAIN = "ai.norcal"
-OP_TYPE = "NorCal"
-PRIOR_NAME = "norcal.log_prior"
-INLINE_PREFIX = "norcal/"
-META_PREFIX = "norcal."
 
 
 @dataclass
 class NorCalSettings:
-    """What is baked into a model; every field lands in metadata_props as ``norcal.<field>``."""
+    """What is baked into a model. :meth:`metadata` gives the node keys; ``table`` and
+    ``num_classes`` describe the model's classes, so they are runtime keys, written by
+    :func:`norcal.export.calibrate_onnx.calibrate_onnx` rather than by the node."""
 
     gamma: float
     factor: str = "cdt"
@@ -57,27 +58,30 @@ class NorCalSettings:
         return check_variant(self.mechanism, self.renormalize, self.activation)
 
     def metadata(self) -> dict[str, str]:
-        """What was computed: renormalize as resolved for the activation; unused fields left out."""
+        """The settings' node keys (:data:`norcal.core.contract.NODE_KEYS`): what was computed
+        (renormalize as resolved for the activation); unused fields left out."""
         values = {**asdict(self), "renormalize": self.validate()}
         out = {}
-        for k, v in values.items():
+        for field, key in SETTING_KEYS.items():
+            v = values[field]
             if v is None:
                 continue
             if isinstance(v, bool):
                 v = str(v).lower()
-            elif k == "min_count":
+            elif field == "min_count":
                 v = f"{v:g}"  # "2", not "2.0": counts are usually whole numbers
-            out[META_PREFIX + k] = str(v)
+            out[key] = str(v)
         return out
 
 
-# what the surgery records besides the settings; with them, exactly what strip removes
-SURGERY_KEYS = ("logits", "output", "node", "inline", "background_index", "tool_version")
-
-
-def calibration_keys() -> set[str]:
-    """The metadata_props keys the NorCal node owns (runtime contract keys are not among them)."""
-    return {META_PREFIX + k for k in (*NorCalSettings.__dataclass_fields__, *SURGERY_KEYS)}
+# settings field -> node key; table and num_classes are runtime keys (see NorCalSettings)
+SETTING_KEYS = {
+    "gamma": contract.GAMMA, "factor": contract.FACTOR, "mechanism": contract.MECHANISM,
+    "renormalize": contract.RENORMALIZE, "activation": contract.ACTIVATION,
+    "background": contract.BACKGROUND, "background_scale": contract.BACKGROUND_SCALE,
+    "count_type": contract.COUNT_TYPE, "table_sha256": contract.TABLE_SHA256,
+    "min_count": contract.MIN_COUNT, "min_count_clamped": contract.MIN_COUNT_CLAMPED,
+}
 
 
 def _body(settings: NorCalSettings, x: str, prior: str, out: str, prefix: str) -> list[onnx.NodeProto]:
@@ -137,28 +141,47 @@ def _logit_nodes(settings: NorCalSettings, x: str, prior: str, t, node) -> list[
     return nodes + [node("Concat", parts, "scaled", axis=-1)]
 
 
-def make_function(settings: NorCalSettings, opset: int) -> onnx.FunctionProto:
+def _gs_nodes(protos: list[onnx.NodeProto], tensors: dict[str, gs.Tensor]) -> list[gs.Node]:
+    """graphsurgeon nodes for ``protos``, wired to ``tensors`` by name (new names become Variables)."""
+    def tensor(name: str) -> gs.Tensor:
+        if name not in tensors:
+            tensors[name] = gs.Variable(name)
+        return tensors[name]
+
+    return [gs.Node(p.op_type, name=p.name, domain=p.domain or None,
+                    attrs={a.name: helper.get_attribute_value(a) for a in p.attribute},
+                    inputs=[tensor(n) for n in p.input], outputs=[tensor(n) for n in p.output])
+            for p in protos]
+
+
+def make_function(settings: NorCalSettings, opset: int) -> gs.Function:
     """The model-local function ``ai.norcal::NorCal(logits, log_prior) -> probs``."""
-    return helper.make_function(
-        DOMAIN, OP_TYPE, inputs=["logits", "log_prior"], outputs=["probs"],
-        nodes=_body(settings, "logits", "log_prior", "probs", ""),
-        opset_imports=[helper.make_opsetid("", opset)],
+    io = {n: gs.Variable(n) for n in ("logits", "log_prior", "probs")}
+    nodes = _gs_nodes(_body(settings, "logits", "log_prior", "probs", ""), io)
+    return gs.Function(
+        contract.NODE_OP_TYPE, domain=contract.NODE_DOMAIN, nodes=nodes,
+        inputs=[io["logits"], io["log_prior"]], outputs=[io["probs"]], opset=opset,
+        import_domains=[helper.make_opsetid("", opset)],
         doc_string="NorCal calibration (NeurIPS 2021): scores from logits with per-class log prior "
                    "subtracted; see metadata_props norcal.* for the variant.",
     )
 
 
-def make_nodes(settings: NorCalSettings, logits: str, output: str, inline: bool) -> list[onnx.NodeProto]:
+def make_nodes(settings: NorCalSettings, logits: gs.Tensor, prior: gs.Constant, output: gs.Tensor,
+               inline: bool) -> list[gs.Node]:
     """Nodes that compute ``output`` from ``logits``: one NorCal node, or its body inlined."""
     if inline:
-        return _body(settings, logits, PRIOR_NAME, output, INLINE_PREFIX)
-    return [helper.make_node(OP_TYPE, [logits, PRIOR_NAME], [output], name="NorCal", domain=DOMAIN)]
+        tensors = {t.name: t for t in (logits, prior, output)}
+        return _gs_nodes(_body(settings, logits.name, prior.name, output.name, contract.INLINE_PREFIX),
+                         tensors)
+    return [gs.Node(contract.NODE_OP_TYPE, name=contract.NODE_NAME, domain=contract.NODE_DOMAIN,
+                    inputs=[logits, prior], outputs=[output])]
 
 
-def make_prior(log_prior: np.ndarray, dtype: int = onnx.TensorProto.FLOAT) -> onnx.TensorProto:
+def make_prior(log_prior: np.ndarray, dtype: int = onnx.TensorProto.FLOAT) -> gs.Constant:
     """The ``norcal.log_prior`` initializer [K], in the logits' element type."""
     np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
     arr = np.asarray(log_prior, dtype=np.float64)
     if not np.all(np.isfinite(arr)):
         raise NorcalError("log prior holds a non-finite value")
-    return numpy_helper.from_array(arr.astype(np_dtype), PRIOR_NAME)
+    return gs.Constant(contract.PRIOR_NAME, arr.astype(np_dtype))

@@ -5,6 +5,8 @@ Inputs ``images`` float32 [B,3,H,W] (BGR 0-255, zero-padded to a multiple of 32)
 ``scores`` [B,K], ``classes`` int64 [B,K], ``masks`` [B,K,28,28]. B, H and W are dynamic
 unless fixed. Uses the TorchScript exporter (``dynamo=False``): the model's NMS and ROIAlign
 carry their own ONNX symbolics, so the graph holds plain NonMaxSuppression / RoiAlign-16.
+The box classifier's logits [B, R, C+1] are named ``cls_logits`` and the name is recorded in
+the metadata (``norcal.classifier_logits``), so surgery needs no search for them.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import warnings
 import onnx
 import torch
 
+from norcal.core.contract import CLASSIFIER_LOGITS, CLS_LOGITS_TENSOR, INPUT_NAMES, OUTPUT_NAMES
 from norcal.core.errors import NorcalError
-from norcal.core.contract import INPUT_NAMES, OUTPUT_NAMES
 
 from .spec import ModelSpec
 
@@ -38,6 +40,13 @@ def _fix_detection_dim(proto: onnx.ModelProto, k: int) -> None:
         if out.name != "num_detections" and len(dims) >= 2:
             dims[1].Clear()
             dims[1].dim_value = k
+
+
+def _drop_output(proto: onnx.ModelProto, name: str) -> None:
+    """Make graph output ``name`` an ordinary tensor (its producer and readers stay)."""
+    kept = [o for o in proto.graph.output if o.name != name]
+    del proto.graph.output[:]
+    proto.graph.output.extend(kept)
 
 
 def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = None,
@@ -75,13 +84,17 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
         torch.onnx.export(
-            model, (images, sizes), buf, input_names=list(INPUT_NAMES), output_names=names,
+            # the logits as one more output get their name; _drop_output makes them internal again
+            model, (images, sizes, {"with_cls_logits": True}), buf, input_names=list(INPUT_NAMES),
+            output_names=[*names, CLS_LOGITS_TENSOR],
             dynamic_axes={k: v for k, v in dynamic.items()
                           if v and (k in INPUT_NAMES or k in names)},
             opset_version=opset, dynamo=False, do_constant_folding=True, autograd_inlining=False,
         )
     proto = onnx.load_from_string(buf.getvalue())
     proto.producer_name = "norcal-deploy"
+    _drop_output(proto, CLS_LOGITS_TENSOR)
+    onnx.helper.set_model_props(proto, {CLASSIFIER_LOGITS: CLS_LOGITS_TENSOR})
     _fix_detection_dim(proto, int(spec.detections_per_image))
     onnx.checker.check_model(proto, full_check=True)
     return proto

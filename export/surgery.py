@@ -1,30 +1,35 @@
 """Graph surgery: find a detector's box classifier, put the NorCal node there, or take it out.
 
-Pure functions ``ModelProto -> ModelProto`` (the input is never modified). The NorCal node
-replaces the classifier's activation (Softmax over the last axis, or Sigmoid) and writes the
+Pure functions ``ModelProto -> ModelProto`` (the input is never modified), written on
+onnx-graphsurgeon: import, rewire, ``cleanup().toposort()``, export. The NorCal node replaces
+the classifier's activation (Softmax over the last axis, or Sigmoid) and writes the
 activation's output tensor, so everything downstream (score threshold, NMS, top-k) reads
 calibrated scores. Running insertion on a model that already has NorCal replaces it.
+
+The classifier: the tensor ``--logits`` names; else the one a checkpoint export recorded
+(``norcal.classifier_logits``); else, for foreign ONNX, the one Softmax/Sigmoid fed by a
+Gemm/MatMul that :func:`find_classifiers` finds.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper
+import onnx_graphsurgeon as gs
 
-from norcal.export.norcal_node import (DOMAIN, INLINE_PREFIX, META_PREFIX, OP_TYPE, PRIOR_NAME,
-                                NorCalSettings, calibration_keys, make_function, make_nodes,
-                                make_prior)
-from norcal.core.version import __version__
+from norcal.core import contract
 from norcal.core.errors import NorcalError
+from norcal.core.version import __version__
+from norcal.export.norcal_node import NorCalSettings, make_function, make_nodes, make_prior
 
 # ops a classifier's logits may pass through between the Gemm/MatMul and the activation
 _PASS_THROUGH = {"Identity", "Cast", "Reshape", "Flatten", "Add", "Squeeze", "Unsqueeze"}
 _CLASSIFIER_OPS = {"Gemm", "MatMul"}
+_ACTIVATIONS = ("Softmax", "Sigmoid")
 
 
 @dataclass
@@ -36,7 +41,7 @@ class Candidate:
     logits: str        # tensor the activation reads
     output: str        # tensor the activation writes
     width: int | None  # size of the class axis (C+1 with background), when known
-    producer: str      # op type of the classifier layer feeding it
+    producer: str      # op type of the classifier layer feeding it ("?" when none was found)
 
     def describe(self) -> str:
         w = "?" if self.width is None else str(self.width)
@@ -50,13 +55,37 @@ def _opset(model: onnx.ModelProto) -> int:
     raise NorcalError("the model imports no default ONNX opset")
 
 
+# Shape inference is the slow part of a surgery on a large detector; tuning and demos calibrate
+# the same graph for many gammas, so its result is kept per graph structure (weights aside).
+_SHAPES_CACHE: dict[bytes, dict[str, onnx.TypeProto]] = {}
+_SHAPES_CACHE_SIZE = 4
+_SMALL_INIT = 4096  # bytes: initializers shape inference may read as values (shapes, axes)
+
+
+def _structure_key(model: onnx.ModelProto) -> bytes:
+    h = hashlib.blake2b(digest_size=20)
+    g = model.graph
+    for part in (*model.opset_import, *model.functions, *g.node, *g.input, *g.output, *g.value_info):
+        h.update(part.SerializeToString())
+    for init in g.initializer:
+        h.update(f"{init.name}|{init.data_type}|{list(init.dims)}".encode())
+        if init.ByteSize() <= _SMALL_INIT:
+            h.update(init.SerializeToString())
+    return h.digest()
+
+
 def _shapes(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # shape inference is a help here, never a requirement
-        inferred = model
-    g = inferred.graph
-    return {v.name: v.type for v in [*g.value_info, *g.input, *g.output]}
+    key = _structure_key(model)
+    if key not in _SHAPES_CACHE:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # shape inference is a help here, never a requirement
+            inferred = model
+        g = inferred.graph
+        while len(_SHAPES_CACHE) >= _SHAPES_CACHE_SIZE:
+            _SHAPES_CACHE.pop(next(iter(_SHAPES_CACHE)))
+        _SHAPES_CACHE[key] = {v.name: v.type for v in [*g.value_info, *g.input, *g.output]}
+    return _SHAPES_CACHE[key]
 
 
 def _last_dim(tp: onnx.TypeProto | None) -> tuple[int | None, int | None]:
@@ -70,147 +99,190 @@ def _last_dim(tp: onnx.TypeProto | None) -> tuple[int | None, int | None]:
     return len(dims), (last.dim_value if last.HasField("dim_value") else None)
 
 
-def _weight_width(model: onnx.ModelProto, node: onnx.NodeProto) -> int | None:
+def _is_default(domain: str | None) -> bool:
+    return domain in (None, "", "ai.onnx")
+
+
+def _weight_width(node: gs.Node) -> int | None:
     """Output width of a Gemm/MatMul from its weight initializer."""
-    inits = {i.name: i for i in model.graph.initializer}
-    if len(node.input) < 2 or node.input[1] not in inits:
+    if len(node.inputs) < 2 or not isinstance(node.inputs[1], gs.Constant):
         return None
-    dims = list(inits[node.input[1]].dims)
+    dims = list(node.inputs[1].shape)
     if len(dims) != 2:
         return None
-    trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-    return dims[0] if (node.op_type == "Gemm" and trans_b) else dims[1]
+    return dims[0] if (node.op == "Gemm" and node.attrs.get("transB", 0)) else dims[1]
 
 
-def _classifier_producer(model, producers, tensor, depth=4):
-    inits = {i.name for i in model.graph.initializer}
+def _classifier_producer(tensor: gs.Tensor, depth: int = 4) -> gs.Node | None:
     for _ in range(depth):
-        node = producers.get(tensor)
-        if node is None:
+        if not tensor.inputs:
             return None
-        if node.op_type in _CLASSIFIER_OPS:
+        node = tensor.inputs[0]
+        if node.op in _CLASSIFIER_OPS:
             return node
-        if node.op_type not in _PASS_THROUGH:
+        if node.op not in _PASS_THROUGH:
             return None
-        data_inputs = [i for i in node.input if i and i not in inits]
+        data_inputs = [i for i in node.inputs if i.name and not isinstance(i, gs.Constant)]
         if not data_inputs:
             return None
         tensor = data_inputs[0]
     return None
 
 
-def find_classifiers(model: onnx.ModelProto) -> list[Candidate]:
-    """Softmax-over-last-axis and Sigmoid nodes fed by a Gemm/MatMul: the box classifiers."""
-    producers = {o: n for n in model.graph.node for o in n.output}
-    shapes = _shapes(model)
-    opset = _opset(model)
-    found = []
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Softmax", "Sigmoid"):
-            continue
-        rank, width = _last_dim(shapes.get(node.input[0]))
-        if node.op_type == "Softmax":
-            axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+class _View:
+    """One model under surgery: its graphsurgeon graph, metadata and (once) inferred types."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.opset = _opset(model)
+        self.graph = gs.import_onnx(model)
+        # graphsurgeon keeps the model's own opset_import field here: copy it, the model stays as it is
+        self.graph.import_domains = [onnx.helper.make_opsetid(o.domain, o.version) for o in model.opset_import]
+        self.meta = {p.key: p.value for p in model.metadata_props}
+        self.types = _shapes(model)
+
+    def candidate(self, node: gs.Node, search: bool) -> Candidate | None:
+        """The activation ``node`` as a candidate; with ``search``, only if it looks like a box
+        classifier (Softmax over the last axis or Sigmoid, fed by a Gemm/MatMul)."""
+        logits = node.inputs[0]
+        rank, width = _last_dim(self.types.get(logits.name))
+        if search and node.op == "Softmax":
+            axis = node.attrs.get("axis", -1 if self.opset >= 13 else 1)
             if not (axis == -1 or (rank is not None and axis == rank - 1)):
-                continue
-        producer = _classifier_producer(model, producers, node.input[0])
-        if producer is None:
-            continue
-        width = width or _weight_width(model, producer)
-        found.append(Candidate(node.name, node.op_type, node.input[0], node.output[0], width,
-                               producer.op_type))
-    return found
+                return None
+        producer = _classifier_producer(logits)
+        if producer is None and search:
+            return None
+        if producer is not None:
+            width = width or _weight_width(producer)
+        return Candidate(node.name, node.op, logits.name, node.outputs[0].name, width,
+                         producer.op if producer is not None else "?")
+
+    def search(self) -> list[Candidate]:
+        found = []
+        for node in self.graph.nodes:
+            if _is_default(node.domain) and node.op in _ACTIVATIONS and node.inputs:
+                c = self.candidate(node, search=True)
+                if c is not None:
+                    found.append(c)
+        return found
+
+    def named(self, logits: str, origin: str) -> Candidate:
+        """The activation reading tensor ``logits`` (named by ``origin``)."""
+        acts = [n for n in self.graph.nodes if n.op in _ACTIVATIONS and _is_default(n.domain)
+                and n.inputs and n.inputs[0].name == logits]
+        if not acts:
+            raise NorcalError(f"tensor {logits!r}{origin} feeds no Softmax or Sigmoid node")
+        if len(acts) > 1:
+            raise NorcalError(f"tensor {logits!r}{origin} feeds {len(acts)} activations; cannot choose")
+        return self.candidate(acts[0], search=False)
+
+    def classifier(self, settings: NorCalSettings | None, logits: str | None) -> Candidate:
+        if logits is not None:
+            return self.named(logits, "")
+        recorded = self.meta.get(contract.CLASSIFIER_LOGITS)
+        if recorded:
+            return self.named(recorded, f" (the model's {contract.CLASSIFIER_LOGITS})")
+        found = self.search()
+        if not found:
+            raise NorcalError("found no box classifier (a Softmax over the last axis or a Sigmoid fed by "
+                              "a Gemm/MatMul); name the logits tensor with --logits")
+        num_classes = settings.num_classes if settings is not None else 0
+        want = _expected_width(num_classes, settings.background) if num_classes else None
+        fitting = [c for c in found if want is None or c.width in (want, None)]
+        if len(fitting) == 1:
+            return fitting[0]
+        listing = "; ".join(c.describe() for c in (fitting or found))
+        if not fitting:
+            raise NorcalError(f"the table has {num_classes} classes, so the classifier should have "
+                              f"{want} outputs, but the candidates are: {listing}")
+        raise NorcalError(f"ambiguous: {len(fitting)} classifier candidates: {listing}; "
+                          "choose one with --logits TENSOR")
+
+    def elem_type(self, tensor: str) -> int:
+        tp = self.types.get(tensor)
+        if tp is not None and tp.tensor_type.elem_type:
+            return tp.tensor_type.elem_type
+        return onnx.TensorProto.FLOAT
+
+    def strip(self) -> None:
+        """Take the NorCal node (or its inlined ops), prior and function out of the graph and
+        put the plain activation back; the node keys leave the metadata."""
+        logits, output = self.meta.get(contract.LOGITS), self.meta.get(contract.OUTPUT)
+        if not logits or not output:
+            raise NorcalError(f"the model's NorCal node has no {contract.LOGITS}/{contract.OUTPUT} metadata")
+        g = self.graph
+        for n in g.nodes:
+            if _is_norcal_node(n.op, n.domain, n.name):
+                n.inputs.clear()
+                n.outputs.clear()
+        tensors = g.tensors()
+        if self.meta.get(contract.ACTIVATION) == "sigmoid":
+            act = gs.Node("Sigmoid", name=self.meta.get(contract.NODE, "Sigmoid"))
+        else:
+            act = gs.Node("Softmax", name=self.meta.get(contract.NODE, "Softmax"), attrs={"axis": -1})
+        act.inputs.append(tensors[logits])
+        act.outputs.append(tensors[output])
+        g.nodes.append(act)
+        g.functions = [f for f in g.functions
+                       if not (f.domain == contract.NODE_DOMAIN and f.name == contract.NODE_OP_TYPE)]
+        g.import_domains = [o for o in g.import_domains if o.domain != contract.NODE_DOMAIN]
+        g.cleanup()  # drops the disconnected NorCal ops and the prior
+        self.meta = {k: v for k, v in self.meta.items() if k not in contract.NODE_KEYS}
+
+    def export(self) -> onnx.ModelProto:
+        """The graph as a model; what graphsurgeon does not carry (metadata_props, the model's
+        doc string, domain and version) is copied from the source model."""
+        # mode="nodes": graphsurgeon 0.6.1's function sort recurses without end on any graph that
+        # has both a subgraph (If/Loop) and a local function; our one function calls no other
+        out = gs.export_onnx(self.graph.cleanup().toposort(mode="nodes"), do_type_check=False)
+        out.doc_string, out.domain = self.model.doc_string, self.model.domain
+        out.model_version = self.model.model_version
+        onnx.helper.set_model_props(out, self.meta)
+        return out
+
+
+def find_classifiers(model: onnx.ModelProto) -> list[Candidate]:
+    """Softmax-over-last-axis and Sigmoid nodes fed by a Gemm/MatMul: the box classifiers of a
+    foreign model (the heuristic; a checkpoint export names its classifier instead)."""
+    return _View(model).search()
+
+
+def classifier_candidates(model: onnx.ModelProto) -> list[Candidate]:
+    """The classifier a checkpoint export recorded, or else the heuristic's candidates."""
+    view = _View(model)
+    if view.meta.get(contract.CLASSIFIER_LOGITS):
+        return [view.classifier(None, None)]
+    return view.search()
 
 
 def _expected_width(num_classes: int, background: str) -> int:
     return num_classes + (0 if background == "none" else 1)
 
 
-def _choose(model: onnx.ModelProto, settings: NorCalSettings, logits: str | None) -> Candidate:
-    found = find_classifiers(model)
-    if logits is not None:
-        acts = [n for n in model.graph.node
-                if logits in n.input[:1] and n.op_type in ("Softmax", "Sigmoid")]
-        if not acts:
-            raise NorcalError(f"tensor {logits!r} feeds no Softmax or Sigmoid node")
-        if len(acts) > 1:
-            raise NorcalError(f"tensor {logits!r} feeds {len(acts)} activations; cannot choose")
-        match = [c for c in found if c.node == acts[0].name and c.logits == logits]
-        if match:
-            return match[0]
-        _, width = _last_dim(_shapes(model).get(logits))
-        n = acts[0]
-        return Candidate(n.name, n.op_type, logits, n.output[0], width, "?")
-    if not found:
-        raise NorcalError("found no box classifier (a Softmax over the last axis or a Sigmoid fed by "
-                          "a Gemm/MatMul); name the logits tensor with --logits")
-    want = _expected_width(settings.num_classes, settings.background) if settings.num_classes else None
-    fitting = [c for c in found if want is None or c.width in (want, None)]
-    if len(fitting) == 1:
-        return fitting[0]
-    listing = "; ".join(c.describe() for c in (fitting or found))
-    if not fitting:
-        raise NorcalError(f"the table has {settings.num_classes} classes, so the classifier should have "
-                          f"{want} outputs, but the candidates are: {listing}")
-    raise NorcalError(f"ambiguous: {len(fitting)} classifier candidates: {listing}; "
-                      "choose one with --logits TENSOR")
-
-
-def _elem_type(model: onnx.ModelProto, tensor: str) -> int:
-    tp = _shapes(model).get(tensor)
-    if tp is not None and tp.tensor_type.elem_type:
-        return tp.tensor_type.elem_type
-    return onnx.TensorProto.FLOAT
-
-
 def norcal_metadata(model: onnx.ModelProto) -> dict[str, str]:
     """The ``norcal.*`` metadata_props of a model: what the NorCal node baked in, and the
     runtime contract (resize sizes, category ids) of models exported from checkpoints."""
-    return {p.key: p.value for p in model.metadata_props if p.key.startswith(META_PREFIX)}
+    return {p.key: p.value for p in model.metadata_props if p.key.startswith(contract.PREFIX)}
 
 
 def has_norcal(model: onnx.ModelProto) -> bool:
-    return any(_is_norcal_node(n) for n in model.graph.node)
+    return any(_is_norcal_node(n.op_type, n.domain, n.name) for n in model.graph.node)
 
 
-def _is_norcal_node(n: onnx.NodeProto) -> bool:
-    return (n.domain == DOMAIN and n.op_type == OP_TYPE) or n.name.startswith(INLINE_PREFIX)
+def _is_norcal_node(op_type: str, domain: str | None, name: str) -> bool:
+    return ((domain == contract.NODE_DOMAIN and op_type == contract.NODE_OP_TYPE)
+            or (name or "").startswith(contract.INLINE_PREFIX))
 
 
 def strip_norcal(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Remove the NorCal node (or its inlined ops), restoring the plain activation."""
-    meta = norcal_metadata(model)
+    """Remove the NorCal node (or its inlined ops), restoring the plain activation. Only the
+    node keys leave the metadata; runtime keys (sizes, classes, category ids) stay."""
     if not has_norcal(model):
         raise NorcalError("the model has no NorCal node to strip")
-    logits, output = meta.get("norcal.logits"), meta.get("norcal.output")
-    if not logits or not output:
-        raise NorcalError("the model's NorCal node has no norcal.logits/norcal.output metadata")
-    out = copy.deepcopy(model)
-    nodes = list(out.graph.node)
-    first = next(i for i, n in enumerate(nodes) if _is_norcal_node(n))
-    kept = [n for n in nodes if not _is_norcal_node(n)]
-    if meta.get("norcal.activation") == "sigmoid":
-        act = helper.make_node("Sigmoid", [logits], [output], name=meta.get("norcal.node", "Sigmoid"))
-    else:
-        act = helper.make_node("Softmax", [logits], [output], name=meta.get("norcal.node", "Softmax"),
-                               axis=-1)
-    kept.insert(first, act)
-    del out.graph.node[:]
-    out.graph.node.extend(kept)
-    inits = [i for i in out.graph.initializer if i.name != PRIOR_NAME]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(inits)
-    funcs = [f for f in out.functions if not (f.domain == DOMAIN and f.name == OP_TYPE)]
-    del out.functions[:]
-    out.functions.extend(funcs)
-    ops = [o for o in out.opset_import if o.domain != DOMAIN]
-    del out.opset_import[:]
-    out.opset_import.extend(ops)
-    owned = calibration_keys()
-    props = [p for p in out.metadata_props if p.key not in owned]
-    del out.metadata_props[:]
-    out.metadata_props.extend(props)
-    return out
+    view = _View(model)
+    view.strip()
+    return view.export()
 
 
 def insert_norcal(model: onnx.ModelProto, log_prior: np.ndarray, settings: NorCalSettings,
@@ -218,14 +290,14 @@ def insert_norcal(model: onnx.ModelProto, log_prior: np.ndarray, settings: NorCa
     """Put a NorCal node on the box classifier (replacing one already there).
 
     log_prior: [K] from :func:`norcal.core.calibration.log_prior`, K = the classifier's width.
-    logits: the classifier's logits tensor; found automatically when None.
+    logits: the classifier's logits tensor; when None, the one NorCal already sits on, the one
+    a checkpoint export recorded, or the one the heuristic finds.
     """
-    base = model
+    view = _View(model)
     if has_norcal(model):
-        meta = norcal_metadata(model)
-        logits = logits or meta.get("norcal.logits")
-        base = strip_norcal(model)
-    cand = _choose(base, settings, logits)
+        logits = logits or view.meta.get(contract.LOGITS)
+        view.strip()
+    cand = view.classifier(settings, logits)
     lp = np.asarray(log_prior, dtype=np.float64).reshape(-1)
     if cand.width is not None and cand.width != lp.size:
         raise NorcalError(f"the classifier {cand.node!r} has {cand.width} outputs but the calibration "
@@ -233,22 +305,23 @@ def insert_norcal(model: onnx.ModelProto, log_prior: np.ndarray, settings: NorCa
                           f"{settings.background!r})")
     settings = dataclasses.replace(settings, activation=cand.op_type.lower())
     settings.validate()
-    out = copy.deepcopy(base)
-    nodes = list(out.graph.node)
-    idx = next(i for i, n in enumerate(nodes) if n.name == cand.node and n.output[0] == cand.output)
-    opset = _opset(out)
-    nodes[idx:idx + 1] = make_nodes(settings, cand.logits, cand.output, inline)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    out.graph.initializer.append(make_prior(lp, _elem_type(base, cand.logits)))
-    if not inline:
-        out.functions.append(make_function(settings, opset))
-        out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    meta = settings.metadata()
-    meta.update({"norcal.logits": cand.logits, "norcal.output": cand.output,
-                 "norcal.node": cand.node, "norcal.inline": str(inline).lower(),
-                 "norcal.background_index": str({"last": lp.size - 1, "first": 0}.get(settings.background, -1)),
-                 "norcal.tool_version": __version__})
-    onnx.helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, **meta})
-    return out
 
+    g = view.graph
+    act = next(n for n in g.nodes if n.name == cand.node and n.outputs and n.outputs[0].name == cand.output)
+    logits_t, output_t = act.inputs[0], act.outputs[0]
+    act.inputs.clear()
+    act.outputs.clear()  # cleanup() drops the replaced activation
+    prior = make_prior(lp, view.elem_type(cand.logits))
+    g.nodes.extend(make_nodes(settings, logits_t, prior, output_t, inline))
+    if not inline:
+        g.functions.append(make_function(settings, view.opset))
+        if not any(o.domain == contract.NODE_DOMAIN for o in g.import_domains):
+            g.import_domains.append(onnx.helper.make_opsetid(contract.NODE_DOMAIN, 1))
+    view.meta.update(settings.metadata())
+    view.meta.update({
+        contract.LOGITS: cand.logits, contract.OUTPUT: cand.output, contract.NODE: cand.node,
+        contract.INLINE: str(inline).lower(),
+        contract.BACKGROUND_INDEX: str({"last": lp.size - 1, "first": 0}.get(settings.background, -1)),
+        contract.TOOL_VERSION: __version__,
+    })
+    return view.export()

@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.contract import INPUT_NAMES, OUTPUT_NAMES
-
-PRIOR_NAME = "norcal.log_prior"  # the initializer export/norcal_node.py writes
+from norcal.core import contract
+from norcal.core.contract import INPUT_NAMES, OUTPUT_NAMES, PRIOR_NAME
 
 
 @dataclass
@@ -39,8 +38,8 @@ class OnnxCalibration:
 
     def describe(self) -> str:
         m = self.metadata
-        return (f"NorCal gamma {m.get('norcal.gamma', '?')} ({m.get('norcal.factor', '?')}, "
-                f"{self.mechanism}, table {m.get('norcal.table', '?')})")
+        return (f"NorCal gamma {m.get(contract.GAMMA, '?')} ({m.get(contract.FACTOR, '?')}, "
+                f"{self.mechanism}, table {m.get(contract.TABLE, '?')})")
 
 
 def onnx_calibration(model) -> OnnxCalibration | None:
@@ -57,18 +56,18 @@ def onnx_calibration(model) -> OnnxCalibration | None:
         except Exception as e:  # protobuf's DecodeError and friends: not an ONNX file
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise NorcalError(f"{path}: not a readable ONNX model ({why})") from None
-    meta = {p.key: p.value for p in model.metadata_props if p.key.startswith("norcal.")}
+    meta = {p.key: p.value for p in model.metadata_props if p.key.startswith(contract.PREFIX)}
     prior = next((t for t in model.graph.initializer if t.name == PRIOR_NAME), None)
     if prior is None:
-        if "norcal.gamma" in meta:
-            raise NorcalError(f"the model's metadata says NorCal gamma {meta['norcal.gamma']} but it has "
+        if contract.GAMMA in meta:
+            raise NorcalError(f"the model's metadata says NorCal gamma {meta[contract.GAMMA]} but it has "
                               f"no {PRIOR_NAME} initializer")
         return None
     return OnnxCalibration(
         log_prior=numpy_helper.to_array(prior).copy(),
-        mechanism=meta.get("norcal.mechanism", "exp"),
-        renormalize=meta.get("norcal.renormalize", "true").lower() != "false",
-        activation=meta.get("norcal.activation", "softmax"),
+        mechanism=meta.get(contract.MECHANISM, "exp"),
+        renormalize=meta.get(contract.RENORMALIZE, "true").lower() != "false",
+        activation=meta.get(contract.ACTIVATION, "softmax"),
         metadata=meta,
     )
 

@@ -38,6 +38,9 @@ class GeneralizedRCNN(nn.Module):
             out.update(extra, proposals=props, proposal_logits=logits, proposal_valid=valid)
         return out
 
-    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor):
-        out = self.inference(images, image_sizes)
-        return tuple(out[k] for k in OUTPUT_NAMES if k in out)
+    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False):
+        """The outputs in OUTPUT_NAMES order; ``with_cls_logits`` appends the box classifier's
+        logits (the ONNX export names that tensor)."""
+        out = self.inference(images, image_sizes, intermediates=with_cls_logits)
+        outputs = tuple(out[k] for k in OUTPUT_NAMES if k in out)
+        return (*outputs, out["cls_logits"]) if with_cls_logits else outputs

@@ -1,8 +1,9 @@
-"""The ONNX contract's metadata: key names written once, read by every tool.
+"""The ONNX contract: graph I/O names, the NorCal node's names, and every metadata key, once.
 
-An exported detector records in its ``metadata_props`` how its input must be prepared
-and what its class indices mean. The exporter writes these keys; runners read them.
-Values are strings (ONNX metadata is string to string).
+An exported detector records in its ``metadata_props`` how its input must be prepared and
+what its class indices mean (runtime keys: exporters and calibration write them, runners read
+them) and, once calibrated, what the NorCal node baked in (node keys: the surgery writes them,
+stripping removes exactly them). Values are strings (ONNX metadata is string to string).
 """
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ from norcal.core.errors import NorcalError
 INPUT_NAMES = ("images", "image_sizes")
 OUTPUT_NAMES = ("num_detections", "boxes", "scores", "classes", "masks")
 
+# A checkpoint export names its box classifier's logits [B, R, C+1] (the tensor the classifier's
+# Softmax reads) so that surgery finds it by name; CLASSIFIER_LOGITS (below) records the name.
+CLS_LOGITS_TENSOR = "cls_logits"
+
+PREFIX = "norcal."  # every metadata key of ours starts with it
+
+# Runtime keys: how to prepare inputs and what the class indices mean. Exports and calibration
+# write them; runners read them; stripping NorCal keeps them.
 MIN_SIZE_TEST = "norcal.min_size_test"  # ResizeShortestEdge short edge, e.g. "800"
 MAX_SIZE_TEST = "norcal.max_size_test"  # ResizeShortestEdge long-edge cap, e.g. "1333"
 INPUT_FORMAT = "norcal.input_format"  # channel order the graph wants: "BGR" or "RGB"
@@ -25,6 +34,40 @@ NUM_CLASSES = "norcal.num_classes"  # foreground classes C
 TABLE = "norcal.table"  # calibration table name (maps class index -> category id)
 CATEGORY_IDS = "norcal.category_ids"  # optional JSON list: class index -> dataset category id
 DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, mask_on, score_thresh_test, ...)
+RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
+                          TABLE, CATEGORY_IDS, DETECTOR})
+
+# Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
+CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifier's logits tensor, e.g. "cls_logits"
+
+# The NorCal node: ai.norcal::NorCal(logits, norcal.log_prior) backed by a model-local function.
+NODE_DOMAIN = "ai.norcal"
+NODE_OP_TYPE = "NorCal"
+NODE_NAME = "NorCal"
+PRIOR_NAME = "norcal.log_prior"  # initializer [K]: log a_c per class, -log b at the background slot
+INLINE_PREFIX = "norcal/"  # node and tensor names of the inlined body (--inline)
+
+# Node keys: what the NorCal node baked in. The surgery writes them; stripping removes exactly these.
+GAMMA = "norcal.gamma"
+FACTOR = "norcal.factor"  # cdt or ens
+MECHANISM = "norcal.mechanism"  # exp, prob or logit
+RENORMALIZE = "norcal.renormalize"  # "true" or "false"
+ACTIVATION = "norcal.activation"  # softmax or sigmoid: the activation the node replaced
+BACKGROUND = "norcal.background"  # last, first or none
+BACKGROUND_SCALE = "norcal.background_scale"
+COUNT_TYPE = "norcal.count_type"  # image or instance counts
+TABLE_SHA256 = "norcal.table_sha256"  # the calibration table the prior came from
+LOGITS = "norcal.logits"  # tensor the node reads
+OUTPUT = "norcal.output"  # tensor the node writes (the replaced activation's output)
+NODE = "norcal.node"  # name of the replaced activation node (strip restores it)
+INLINE = "norcal.inline"  # "true": the body's ops are written into the graph
+BACKGROUND_INDEX = "norcal.background_index"  # index of the background slot, -1 for none
+TOOL_VERSION = "norcal.tool_version"
+MIN_COUNT = "norcal.min_count"  # K of --min-count (absent when unused)
+MIN_COUNT_CLAMPED = "norcal.min_count_clamped"  # how many classes had a count below K
+NODE_KEYS = frozenset({GAMMA, FACTOR, MECHANISM, RENORMALIZE, ACTIVATION, BACKGROUND, BACKGROUND_SCALE,
+                       COUNT_TYPE, TABLE_SHA256, LOGITS, OUTPUT, NODE, INLINE, BACKGROUND_INDEX,
+                       TOOL_VERSION, MIN_COUNT, MIN_COUNT_CLAMPED})
 
 # detectron2's defaults (config/defaults.py) when a model carries no metadata.
 DEFAULTS = {MIN_SIZE_TEST: "800", MAX_SIZE_TEST: "1333", INPUT_FORMAT: "BGR", SIZE_DIVISIBILITY: "32"}

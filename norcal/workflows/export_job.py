@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+
 from norcal.core.errors import NorcalError
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
 from norcal.core.outputs import check_output_dir, check_output_file, current_path, output_run

@@ -3,6 +3,8 @@ of ONNX Runtime (all four fixture images in one padded batch) with detectron2's 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -196,3 +198,52 @@ def test_class_agnostic_heads_export_and_match_eager():
         wi, gi = zip(*pairs)
         diff = np.abs(want["masks"][b].numpy()[list(wi)] - got["masks"][b][list(gi)]).mean()
         assert diff <= 1e-3
+
+
+def test_classifier_is_named_at_export(tiny_onnx, monkeypatch):
+    """A checkpoint export records its classifier's logits tensor; surgery takes it by name and
+    never runs the heuristic search meant for foreign ONNX."""
+    from norcal.core import contract
+    from norcal.export import surgery
+    from norcal.export.norcal_node import NorCalSettings
+
+    meta = {p.key: p.value for p in tiny_onnx.metadata_props}
+    assert meta[contract.CLASSIFIER_LOGITS] == contract.CLS_LOGITS_TENSOR
+    softmax = [n for n in tiny_onnx.graph.node if n.op_type == "Softmax"]
+    assert [list(n.input) for n in softmax] == [[contract.CLS_LOGITS_TENSOR]]
+    assert contract.CLS_LOGITS_TENSOR not in [o.name for o in tiny_onnx.graph.output]
+
+    def no_search(self):
+        raise AssertionError("the heuristic classifier search ran on a checkpoint export")
+
+    monkeypatch.setattr(surgery._View, "search", no_search)
+    lp = log_prior(G.lvis_counts(), 0.5, "cdt")
+    cal = surgery.insert_norcal(tiny_onnx, lp, NorCalSettings(gamma=0.5, num_classes=1203))
+    node = [n for n in cal.graph.node if n.op_type == contract.NODE_OP_TYPE]
+    assert len(node) == 1 and list(node[0].input) == [contract.CLS_LOGITS_TENSOR, contract.PRIOR_NAME]
+    assert surgery.norcal_metadata(cal)[contract.LOGITS] == contract.CLS_LOGITS_TENSOR
+
+
+def test_strip_keeps_every_runtime_key(tiny_model):
+    """Export with runtime metadata, calibrate, strip: every runtime key keeps its value, every
+    key the NorCal node owns is gone (norcal.table and norcal.num_classes are runtime keys)."""
+    from norcal.core import contract
+    from norcal.export.calibrate_onnx import calibrate_onnx
+    from norcal.export.detector import export_detector, runtime_metadata
+    from norcal.export.surgery import norcal_metadata, strip_norcal
+
+    exported = export_detector(tiny_model, G.tiny_spec())
+    before = norcal_metadata(exported)
+    assert runtime_metadata(G.tiny_spec()).items() <= before.items()
+    assert before[contract.NUM_CLASSES] == "1203"
+    calibrated = calibrate_onnx(exported, 0.5, "lvis_v1")
+    cal_meta = norcal_metadata(calibrated)
+    assert contract.NODE_KEYS <= set(cal_meta) and contract.RUNTIME_KEYS <= set(cal_meta)
+    runtime = {k: v for k, v in cal_meta.items() if k in contract.RUNTIME_KEYS}
+    assert runtime[contract.TABLE] == "lvis_v1" and len(json.loads(runtime[contract.CATEGORY_IDS])) == 1203
+    plain = strip_norcal(calibrated)
+    after = norcal_metadata(plain)
+    assert {k: after.get(k) for k in runtime} == runtime
+    assert not set(after) & contract.NODE_KEYS
+    assert after[contract.CLASSIFIER_LOGITS] == contract.CLS_LOGITS_TENSOR
+    assert not [n for n in plain.graph.node if n.domain == contract.NODE_DOMAIN] and not plain.functions

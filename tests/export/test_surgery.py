@@ -8,8 +8,11 @@ import pytest
 from norcal.core.calibration import calibrate, log_prior
 from norcal.core.errors import NorcalError
 from norcal.export.calibrate_onnx import calibrate_onnx
-from norcal.export.norcal_node import DOMAIN, PRIOR_NAME, NorCalSettings
-from norcal.export.surgery import find_classifiers, has_norcal, insert_norcal, norcal_metadata, strip_norcal
+from norcal.core import contract
+from norcal.core.contract import NODE_DOMAIN as DOMAIN, PRIOR_NAME
+from norcal.export.norcal_node import NorCalSettings
+from norcal.export.surgery import (classifier_candidates, find_classifiers, has_norcal, insert_norcal,
+                                   norcal_metadata, strip_norcal)
 
 from onnx_graphs import classifier_graph, gemm_weights
 
@@ -147,3 +150,113 @@ def test_class_count_mismatch_is_an_error():
     model = classifier_graph(num_classes=7)
     with pytest.raises(NorcalError, match="5 classes.*6 outputs.*8 classes"):
         insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5))
+
+
+def test_node_writes_exactly_its_keys_and_calibration_adds_runtime_keys():
+    """The node owns contract.NODE_KEYS; table, class count and category ids are runtime keys."""
+    model = classifier_graph()
+    out = insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5, table="toy"))
+    assert set(norcal_metadata(out)) == contract.NODE_KEYS
+    cal = calibrate_onnx(model, 0.5, _table_file_free())
+    assert set(norcal_metadata(cal)) == contract.NODE_KEYS | {contract.TABLE, contract.NUM_CLASSES,
+                                                              contract.CATEGORY_IDS}
+
+
+def test_strip_removes_only_node_keys():
+    """Every runtime key of a model survives calibration + strip with its value."""
+    model = classifier_graph()
+    runtime = {contract.MIN_SIZE_TEST: "320", contract.MAX_SIZE_TEST: "512", contract.INPUT_FORMAT: "BGR",
+               contract.SIZE_DIVISIBILITY: "32", contract.NUM_CLASSES: str(len(COUNTS)),
+               contract.TABLE: "toy", contract.CATEGORY_IDS: "[1, 2, 3, 4, 5]",
+               contract.DETECTOR: '{"depth": 50}', contract.CLASSIFIER_LOGITS: "logits0", "user.key": "kept"}
+    assert contract.RUNTIME_KEYS <= set(runtime)
+    onnx.helper.set_model_props(model, runtime)
+    for inline in (False, True):
+        cal = calibrate_onnx(model, 0.5, _table_file_free(), inline=inline)
+        plain = strip_norcal(cal)
+        assert {p.key: p.value for p in plain.metadata_props} == runtime
+        assert not has_norcal(plain) and not plain.functions
+        assert [o.domain for o in plain.opset_import] == [""]
+
+
+def test_recorded_classifier_is_taken_by_name_before_a_decoy():
+    """A model that records its classifier (as checkpoint exports do) needs no search: the decoy
+    Softmax head before it, which makes the heuristic ambiguous, is left alone."""
+    model = classifier_graph(heads=2)
+    onnx.helper.set_model_props(model, {contract.CLASSIFIER_LOGITS: "logits1"})
+    assert [c.logits for c in classifier_candidates(model)] == ["logits1"]
+    out = insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5))
+    assert norcal_metadata(out)[contract.LOGITS] == "logits1"
+    assert [n.name for n in out.graph.node if n.op_type == "Softmax"] == ["act0"]
+    x = np.random.default_rng(5).normal(size=(3, 8)).astype(np.float32)
+    w, b = gemm_weights(model, head=1)
+    np.testing.assert_allclose(run(out, x)[1], calibrate(x @ w.T + b, log_prior(COUNTS, 0.5)), atol=1e-6)
+    np.testing.assert_allclose(run(out, x)[0], run(model, x)[0], atol=1e-7)
+    onnx.helper.set_model_props(model, {contract.CLASSIFIER_LOGITS: "x"})
+    with pytest.raises(NorcalError, match="norcal.classifier_logits.*feeds no Softmax"):
+        insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5))
+
+
+def test_graphsurgeon_round_trip_keeps_model_fields(tmp_path):
+    """What graphsurgeon does not carry itself survives surgery: metadata, doc string, domain,
+    model version, opset imports, the model-local function, and external data left unloaded."""
+    model = classifier_graph(num_classes=len(COUNTS), features=64)
+    model.doc_string, model.domain, model.model_version = "a detector", "org.example", 7
+    onnx.helper.set_model_props(model, {"user.key": "v"})
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="w.bin", size_threshold=256)
+    lazy = onnx.load(str(path), load_external_data=False)
+    out = insert_norcal(lazy, log_prior(COUNTS, 0.5), settings(0.5))
+    assert (out.doc_string, out.domain, out.model_version) == ("a detector", "org.example", 7)
+    assert {p.key: p.value for p in out.metadata_props}["user.key"] == "v"
+    assert [(o.domain, o.version) for o in out.opset_import] == [("", 17), (DOMAIN, 1)]
+    w = next(i for i in out.graph.initializer if i.name == "W0")
+    assert w.data_location == onnx.TensorProto.EXTERNAL and not w.raw_data
+    assert out.functions[0] == make_function_proto(0.5)
+    onnx.save(out, str(tmp_path / "out.onnx"))  # external references stay valid next to w.bin
+    x = np.random.default_rng(6).normal(size=(2, 64)).astype(np.float32)
+    sess = ort.InferenceSession(str(tmp_path / "out.onnx"), providers=["CPUExecutionProvider"])
+    full = onnx.load(str(path))
+    wt, bt = gemm_weights(full)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], calibrate(x @ wt.T + bt, log_prior(COUNTS, 0.5)),
+                               atol=1e-5)
+
+
+def make_function_proto(gamma):
+    """The function as onnx.helper writes it: what graphsurgeon must reproduce exactly."""
+    from onnx import helper
+
+    from norcal.export.norcal_node import _body
+
+    return helper.make_function(
+        DOMAIN, "NorCal", inputs=["logits", "log_prior"], outputs=["probs"],
+        nodes=_body(settings(gamma), "logits", "log_prior", "probs", ""),
+        opset_imports=[helper.make_opsetid("", 17)],
+        doc_string="NorCal calibration (NeurIPS 2021): scores from logits with per-class log prior "
+                   "subtracted; see metadata_props norcal.* for the variant.")
+
+
+def test_model_with_control_flow_and_function():
+    """A subgraph (If) beside the NorCal function: insert, replace and strip all work (graphsurgeon
+    0.6.1's full toposort recursed without end on such models)."""
+    from onnx import TensorProto, helper
+
+    model = classifier_graph()
+    branch = [helper.make_graph([helper.make_node("Identity", ["x"], [f"{b}_out"], name=f"{b}_id")], b, [],
+                                [helper.make_tensor_value_info(f"{b}_out", TensorProto.FLOAT, None)])
+              for b in ("then", "else")]
+    model.graph.initializer.append(helper.make_tensor("cond", TensorProto.BOOL, [], [True]))
+    model.graph.node.append(helper.make_node("If", ["cond"], ["branch"], name="if0",
+                                             then_branch=branch[0], else_branch=branch[1]))
+    model.graph.output.append(helper.make_tensor_value_info("branch", TensorProto.FLOAT, ["N", 8]))
+    onnx.checker.check_model(model, full_check=True)
+    x = np.random.default_rng(7).normal(size=(3, 8)).astype(np.float32)
+    once = insert_norcal(model, log_prior(COUNTS, 0.2), settings(0.2))
+    twice = insert_norcal(once, log_prior(COUNTS, 0.6), settings(0.6))
+    w, b = gemm_weights(model)
+    scores, passed = run(twice, x)
+    np.testing.assert_allclose(scores, calibrate(x @ w.T + b, log_prior(COUNTS, 0.6)), atol=1e-6)
+    np.testing.assert_allclose(passed, x)
+    plain = strip_norcal(twice)
+    assert not plain.functions
+    np.testing.assert_allclose(run(plain, x)[0], run(model, x)[0], atol=1e-7)

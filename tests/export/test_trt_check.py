@@ -84,6 +84,27 @@ def test_model_local_function_is_expanded_and_passes():
     assert r.op_types == ["Softmax", "Sub"]  # the body's ops, not "NorCal"
 
 
+def test_function_with_its_own_opset_is_expanded():
+    """A function importing another (compatible) default opset than the model is expanded like
+    TensorRT does; onnx.inliner (onnx 1.23) leaves such a call as it is, which is why the
+    checker keeps its own flattener."""
+    from onnx.inliner import inline_local_functions
+
+    fn = h.make_function("ai.norcal", "NorCal", ["logits", "log_prior"], ["probs"],
+                         [h.make_node("Sub", ["logits", "log_prior"], ["z"], name="sub"),
+                          h.make_node("Softmax", ["z"], ["probs"], name="softmax", axis=-1)],
+                         opset_imports=[h.make_opsetid("", 14)])
+    prior = h.make_tensor("norcal.log_prior", T.FLOAT, [4], [0.5, 1.0, 2.0, 0.0])
+    node = h.make_node("NorCal", ["logits", "norcal.log_prior"], ["scores"], domain="ai.norcal", name="norcal")
+    m = _model([node], [_vi("logits", T.FLOAT, [10, 4])], [_vi("scores", T.FLOAT, [10, 4])], [prior],
+               functions=[fn], extra_opsets=[h.make_opsetid("ai.norcal", 1)])
+    _runs_in_ort(m, {"logits": np.zeros((10, 4), np.float32)})
+    r = check_model(m)
+    assert r.compatible, [str(f) for f in r.findings]
+    assert r.op_types == ["Softmax", "Sub"]
+    assert [n.op_type for n in inline_local_functions(m).graph.node] == ["NorCal"]
+
+
 def test_unsupported_op_inside_local_function_names_the_path():
     fn = h.make_function("ai.norcal", "Dedup", ["x"], ["y"],
                          [h.make_node("Unique", ["x"], ["y"], name="uniq", sorted=1)],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from norcal.cli.options import add_calibration_options, min_count_line
+from norcal.core import contract
 from norcal.core.errors import NorcalError
 
 HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
@@ -111,8 +112,8 @@ def run(args) -> int:
     print_summary(result)
     if args.min_count is not None:
         meta = {p.key: p.value for p in result.model.metadata_props}
-        print(min_count_line(args.min_count, int(meta["norcal.min_count_clamped"]),
-                             int(meta["norcal.num_classes"])))
+        print(min_count_line(args.min_count, int(meta[contract.MIN_COUNT_CLAMPED]),
+                             int(meta[contract.NUM_CLASSES])))
     return 0
 
 
@@ -182,13 +183,14 @@ def print_summary(result) -> None:
             if key != "weights":
                 t.add_row(f"({key})", value)
     if meta:
-        t.add_row("classes", meta.get("norcal.num_classes", "?"))
-        t.add_row("table", f"{meta.get('norcal.table')} (sha256 {meta.get('norcal.table_sha256', '')[:16]}…)")
-        t.add_row("NorCal", f"gamma {meta.get('norcal.gamma')}, factor {meta.get('norcal.factor')}, "
-                            f"mechanism {meta.get('norcal.mechanism')}, renormalize "
-                            f"{meta.get('norcal.renormalize')}, background {meta.get('norcal.background')}")
-        t.add_row("node", f"{'inlined ops' if meta.get('norcal.inline') == 'true' else 'ai.norcal::NorCal'}"
-                          f" on {meta.get('norcal.logits')}")
+        t.add_row("classes", meta.get(contract.NUM_CLASSES, "?"))
+        t.add_row("table", f"{meta.get(contract.TABLE)} (sha256 {meta.get(contract.TABLE_SHA256, '')[:16]}…)")
+        t.add_row("NorCal", f"gamma {meta.get(contract.GAMMA)}, factor {meta.get(contract.FACTOR)}, "
+                            f"mechanism {meta.get(contract.MECHANISM)}, renormalize "
+                            f"{meta.get(contract.RENORMALIZE)}, background {meta.get(contract.BACKGROUND)}")
+        node = ("inlined ops" if meta.get(contract.INLINE) == "true"
+                else f"{contract.NODE_DOMAIN}::{contract.NODE_OP_TYPE}")
+        t.add_row("node", f"{node} on {meta.get(contract.LOGITS)}")
     else:
         t.add_row("NorCal", "none (plain classifier)")
     for kind, name, dtype, shape in describe_io(result.model):

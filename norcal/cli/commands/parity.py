@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from norcal.core import contract
 from norcal.core.errors import NorcalError
 
 HELP = "check that ONNX Runtime / TensorRT give the same detections as the PyTorch model"
@@ -142,7 +143,7 @@ def run(args) -> int:
     if args.engine:
         trt = _engine_runner(args, console)
         if trt is not None:
-            mine, theirs = ort.metadata.get("norcal.gamma"), trt.metadata.get("norcal.gamma")
+            mine, theirs = ort.metadata.get(contract.GAMMA), trt.metadata.get(contract.GAMMA)
             if trt.metadata and mine != theirs:
                 console.print(f"[yellow]note:[/yellow] the engine was built with NorCal gamma {theirs}, "
                               f"the ONNX has {mine}")

@@ -1,0 +1,144 @@
+"""Whole-model checks (opsets, I/O types, optimization profiles) and :func:`check_model`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from norcal.core.errors import NorcalError
+from norcal.core.profiles import default_profiles
+from norcal.export import trt_support as ts
+
+from .folding import Facts, collect_types, fold, read_initializer, shape_text, type_name
+from .graph_walk import Flattener, is_default
+from .node_rules import check_node
+from .report import Finding, Report
+
+
+def check_opsets(model, findings) -> int | None:
+    default = None
+    for o in model.opset_import:
+        if is_default(o.domain):
+            default = o.version
+    for f in model.functions:
+        for o in f.opset_import:
+            if is_default(o.domain) and not ts.OPSET_MIN <= o.version <= ts.OPSET_MAX:
+                findings.append(Finding("error", f"function {f.domain}.{f.name}", "-",
+                                        f"opset {o.version} is outside TensorRT {ts.TENSORRT_VERSION}'s "
+                                        f"range {ts.OPSET_MIN}..{ts.OPSET_MAX}"))
+    if default is None:
+        findings.append(Finding("error", "model", "-", "no default-domain opset import"))
+    elif not ts.OPSET_MIN <= default <= ts.OPSET_MAX:
+        findings.append(Finding("error", "model", "-", f"opset {default} is outside TensorRT "
+                                f"{ts.TENSORRT_VERSION}'s range {ts.OPSET_MIN}..{ts.OPSET_MAX}"))
+    for (domain, name) in {(f.domain, f.name) for f in model.functions}:
+        if name in ts.OPERATORS:
+            findings.append(Finding(
+                "error", f"function {domain}.{name}", name,
+                f"a local function named like the built-in ONNX op {name}: TensorRT imports the "
+                f"built-in op for every {name} node and never uses the function's body"))
+    return default
+
+
+def check_io_types(model, facts, findings) -> None:
+    g = model.graph
+    for kind, values in (("input", g.input), ("output", g.output)):
+        for v in values:
+            t = v.type.tensor_type.elem_type
+            name = ts.MATRIX_TYPE.get(t)
+            if name == "DOUBLE":
+                findings.append(Finding("warning", f"graph {kind} '{v.name}'", "-",
+                                        "DOUBLE: TensorRT casts it down to FLOAT"))
+            elif t and (name is None or name in ts.QUANTIZED_TYPES):
+                findings.append(Finding("error", f"graph {kind} '{v.name}'", "-",
+                                        f"type {type_name(t)} is not a TensorRT I/O type"))
+    for init in g.initializer:
+        if init.data_type == TensorProto.DOUBLE:
+            findings.append(Finding("warning", f"initializer '{init.name}'", "-",
+                                    "DOUBLE: TensorRT casts it down to FLOAT"))
+
+
+def check_profiles(model, facts, profiles, findings) -> None:
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in inits]
+    names = {v.name for v in inputs}
+    for extra in sorted(set(profiles) - names):
+        raise NorcalError(f"profile for {extra!r}: the model has no such input "
+                          f"(inputs: {', '.join(sorted(names)) or 'none'})")
+    for v in inputs:
+        dims = facts.shapes.get(v.name)
+        where = f"graph input '{v.name}'"
+        if dims is None:
+            findings.append(Finding("error", where, "-", "has no shape: TensorRT needs the input's rank"))
+            continue
+        dynamic = [(i, d) for i, d in enumerate(dims) if not isinstance(d, int) or d <= 0]
+        prof = profiles.get(v.name)
+        if prof is None:
+            if dynamic:
+                what = ", ".join(f"dim {i} ({d or '?'})" for i, d in dynamic)
+                findings.append(Finding("error", where, "-",
+                                        f"dynamic {what} not covered by any profile; pass "
+                                        f"--profile {v.name}:MIN:OPT:MAX"))
+            continue
+        if len(prof.min) != len(dims):
+            findings.append(Finding("error", where, "-", f"profile {prof.text()} has rank "
+                                    f"{len(prof.min)}, the input has rank {len(dims)} {shape_text(dims)}"))
+            continue
+        for i, d in enumerate(dims):
+            if isinstance(d, int) and d > 0 and not (prof.min[i] == prof.opt[i] == prof.max[i] == d):
+                findings.append(Finding("error", where, "-", f"profile {prof.text()} sets dim {i}, "
+                                        f"which the model fixes at {d}"))
+
+
+def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
+    """Check an ONNX model against the TensorRT 10.15 ONNX parser without TensorRT.
+
+    ``profiles``: {input name: Profile} or a list of Profiles (``--profile`` entries); inputs not
+    named there get :func:`default_profiles` (the detector contract's inputs only).
+    """
+    if not isinstance(model, onnx.ModelProto):
+        from norcal.core.onnx_io import load_onnx
+
+        model = load_onnx(model)
+    if isinstance(profiles, (list, tuple)):
+        profiles = {p.input: p for p in profiles}
+    given = dict(profiles or {})
+    findings: list[Finding] = []
+    opset = check_opsets(model, findings)
+    flat = Flattener(model, opset or ts.OPSET_MAX)
+    flat.run(model.graph)
+
+    facts = Facts()
+    notes = []
+    g = model.graph
+    flat_graph = helper.make_graph([n.proto for n in flat.top], g.name or "main", g.input, g.output,
+                                   g.initializer, value_info=g.value_info)
+    flat_model = helper.make_model(flat_graph, opset_imports=[o for o in model.opset_import],
+                                   ir_version=model.ir_version)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(flat_model, check_type=False, strict_mode=False,
+                                                     data_prop=True)
+        collect_types(inferred.graph, facts)
+    except Exception as e:  # a model ONNX Runtime runs can still trip the inferencer
+        notes.append(f"shape inference failed ({type(e).__name__}); type checks use declared types only")
+        collect_types(flat_graph, facts)
+    for init in g.initializer:
+        facts.initializers.add(init.name)
+        facts.consts[init.name] = read_initializer(init)
+    fold(flat.top + flat.sub, facts)
+
+    check_io_types(model, facts, findings)
+    io_names = {v.name for v in (*g.input, *g.output)}
+    nodes = flat.top + flat.sub
+    for n in nodes:
+        check_node(n, facts, io_names, findings)
+
+    defaults, assumption = default_profiles(model)
+    merged = {**defaults, **given}
+    if any(p.source == "default" for p in merged.values()):
+        notes.append(assumption)
+    check_profiles(model, facts, merged, findings)
+    return Report(ts.TENSORRT_VERSION, opset, len(nodes), sorted({n.proto.op_type for n in nodes}),
+                  findings, merged, notes)

@@ -1,0 +1,37 @@
+"""The ONNX contract: one owner for every metadata key, node keys and runtime keys kept apart."""
+
+import pytest
+
+from norcal.core import contract
+from norcal.core.errors import NorcalError
+
+
+def _keys():
+    return {name: v for name, v in vars(contract).items()
+            if name.isupper() and isinstance(v, str) and v.startswith(contract.PREFIX) and v != contract.PREFIX}
+
+
+def test_every_key_is_defined_once_and_grouped():
+    keys = _keys()
+    values = [v for name, v in keys.items() if name != "PRIOR_NAME"]
+    assert len(values) == len(set(values))  # no two constants share a key
+    grouped = contract.NODE_KEYS | contract.RUNTIME_KEYS | {contract.CLASSIFIER_LOGITS}
+    assert set(values) == grouped  # every key belongs to exactly one group
+    assert not contract.NODE_KEYS & contract.RUNTIME_KEYS
+    assert contract.CLASSIFIER_LOGITS not in contract.NODE_KEYS | contract.RUNTIME_KEYS
+
+
+def test_runtime_keys_are_the_runners_contract():
+    assert contract.RUNTIME_KEYS == {
+        "norcal.min_size_test", "norcal.max_size_test", "norcal.input_format", "norcal.size_divisibility",
+        "norcal.num_classes", "norcal.table", "norcal.category_ids", "norcal.detector"}
+    assert {contract.TABLE, contract.NUM_CLASSES} <= contract.RUNTIME_KEYS  # stripping keeps them
+    assert contract.GAMMA in contract.NODE_KEYS and contract.TABLE_SHA256 in contract.NODE_KEYS
+
+
+def test_input_spec_reads_runtime_keys_with_defaults():
+    spec = contract.input_spec({contract.MIN_SIZE_TEST: "640", contract.INPUT_FORMAT: "rgb"})
+    assert (spec.min_size, spec.max_size, spec.input_format, spec.divisibility) == (640, 1333, "RGB", 32)
+    assert contract.metadata_category_ids({contract.CATEGORY_IDS: "[3, 1]"}) == [3, 1]
+    with pytest.raises(NorcalError, match="norcal.size_divisibility"):
+        contract.input_spec({contract.SIZE_DIVISIBILITY: "0"})
