@@ -21,12 +21,12 @@ metadata keys come from :mod:`norcal.core.contract`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from norcal.core import contract
 from norcal.core.calibration import check_variant

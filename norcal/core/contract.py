@@ -68,6 +68,7 @@ MIN_COUNT_CLAMPED = "norcal.min_count_clamped"  # how many classes had a count b
 NODE_KEYS = frozenset({GAMMA, FACTOR, MECHANISM, RENORMALIZE, ACTIVATION, BACKGROUND, BACKGROUND_SCALE,
                        COUNT_TYPE, TABLE_SHA256, LOGITS, OUTPUT, NODE, INLINE, BACKGROUND_INDEX,
                        TOOL_VERSION, MIN_COUNT, MIN_COUNT_CLAMPED})
+OPTIONAL_NODE_KEYS = frozenset({MIN_COUNT, MIN_COUNT_CLAMPED})  # written only when the option is used
 
 # detectron2's defaults (config/defaults.py) when a model carries no metadata.
 DEFAULTS = {MIN_SIZE_TEST: "800", MAX_SIZE_TEST: "1333", INPUT_FORMAT: "BGR", SIZE_DIVISIBILITY: "32"}

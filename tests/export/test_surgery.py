@@ -156,10 +156,13 @@ def test_node_writes_exactly_its_keys_and_calibration_adds_runtime_keys():
     """The node owns contract.NODE_KEYS; table, class count and category ids are runtime keys."""
     model = classifier_graph()
     out = insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5, table="toy"))
-    assert set(norcal_metadata(out)) == contract.NODE_KEYS
+    always = contract.NODE_KEYS - contract.OPTIONAL_NODE_KEYS
+    assert set(norcal_metadata(out)) == always
     cal = calibrate_onnx(model, 0.5, _table_file_free())
-    assert set(norcal_metadata(cal)) == contract.NODE_KEYS | {contract.TABLE, contract.NUM_CLASSES,
-                                                              contract.CATEGORY_IDS}
+    assert set(norcal_metadata(cal)) == always | {contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS}
+    clamped = calibrate_onnx(model, 0.5, _table_file_free(), min_count=2)
+    assert set(norcal_metadata(clamped)) == contract.NODE_KEYS | {contract.TABLE, contract.NUM_CLASSES,
+                                                                  contract.CATEGORY_IDS}
 
 
 def test_strip_removes_only_node_keys():
