@@ -32,6 +32,8 @@ from norcal.export.onnx_export import export_onnx
 from norcal.export.spec import ModelSpec
 
 NORMS = ("FrozenBN", "SyncBN", "GN")
+# GN on ResNet-18's basic blocks as well (another masking path), in PyTorch
+MODELS = NORMS + ("GN-R18",)
 # img0 alone is 150 x 200 (padded to 160 x 224); the batch pads it to 288 x 320
 SIZES = ((0, 150, 256), (2, 200, 300), (1, 200, 300))  # (fixture image, short side, max size)
 BATCH_HW = (288, 320)
@@ -46,12 +48,15 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def norm_spec(norm: str) -> ModelSpec:
-    """detectron2's config for ``norm`` at small width (GN needs channels in groups of 32)."""
+def norm_spec(name: str) -> ModelSpec:
+    """detectron2's config for norm ``name`` at small width (GN needs channels in groups of
+    32); a ``-R18`` suffix puts it on ResNet-18."""
+    norm, _, r18 = name.partition("-")
     everywhere = norm != "FrozenBN"
     head_norm = norm if everywhere else ""
-    return ModelSpec(depth=50, norm=norm, stride_in_1x1=norm != "GN", stem_out_channels=32,
-                     res2_out_channels=64, width_per_group=32, fpn_out_channels=64,
+    return ModelSpec(depth=18 if r18 else 50, norm=norm, stride_in_1x1=norm != "GN",
+                     stem_out_channels=64 if r18 else 32, res2_out_channels=64,
+                     width_per_group=32, fpn_out_channels=64,
                      fpn_norm=head_norm, box_head_num_conv=4 if everywhere else 0,
                      box_head_conv_dim=32, box_head_num_fc=1 if everywhere else 2,
                      box_head_fc_dim=64, box_head_norm=head_norm, mask_head_conv_dim=32,
@@ -206,7 +211,7 @@ def test_bn_and_syncbn_build_the_same_inference_module():
 
 # --- the model -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("norm", MODELS)
 def test_pytorch_batched_equals_alone(norm, images):
     spec, model, alone = setup(norm, images)
     with torch.no_grad():
@@ -218,15 +223,18 @@ def test_pytorch_batched_equals_alone(norm, images):
         assert_same_detections(alone[b], numpy(batched, b), f"{norm} batched img{b}")
 
 
-def test_statistics_over_the_padded_batch_fail(images):
-    """The old GN (stock statistics over the batch tensor) misses the test above."""
+def test_statistics_over_the_padded_tensor_fail(images):
+    """The old GN (stock statistics over the whole tensor) misses the tests here: in a batch,
+    and alone but padded to a larger fixed size."""
     spec, model, alone = setup("GN", images)
+    old = with_stock_group_norm(model)
     with torch.no_grad():
-        batched = with_stock_group_norm(model).inference(*map(torch.from_numpy, padded(images)))
-    got = numpy(batched, 0)
-    frac, _ = G.match_detections(alone[0]["boxes"], alone[0]["scores"], alone[0]["classes"],
-                                 got["boxes"], got["scores"], got["classes"])
-    assert frac < 0.5
+        batched = old.inference(*map(torch.from_numpy, padded(images)))
+        fixed = old.inference(*map(torch.from_numpy, padded(images[:1], BATCH_HW)))
+    for got in (numpy(batched, 0), numpy(fixed, 0)):
+        frac, _ = G.match_detections(alone[0]["boxes"], alone[0]["scores"], alone[0]["classes"],
+                                     got["boxes"], got["scores"], got["classes"])
+        assert frac < 0.5
 
 
 @pytest.mark.parametrize("norm", NORMS)
