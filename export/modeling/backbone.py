@@ -26,9 +26,9 @@ class BasicStem(nn.Module):
         self.conv1 = Conv2d(in_channels, out_channels, 7, stride=2, padding=3, bias=False,
                             norm=norm, relu=True)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masks: PaddingMasks) -> torch.Tensor:
         # inputs are >= 0 after ReLU, so the max-pool's -inf padding and our zero padding agree
-        return F.max_pool2d(self.conv1(x), kernel_size=3, stride=2, padding=1)
+        return F.max_pool2d(self.conv1(x, masks, 2), kernel_size=3, stride=2, padding=1)
 
 
 class BasicBlock(nn.Module):
@@ -45,8 +45,9 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, masks: PaddingMasks) -> torch.Tensor:
         x = masks.apply(x, self.in_stride)
-        out = self.conv2(masks.apply(self.conv1(x), self.out_stride))
-        short = self.shortcut(x) if self.shortcut is not None else x
+        s = self.out_stride
+        out = self.conv2(masks.apply(self.conv1(x, masks, s), s), masks, s)
+        short = self.shortcut(x, masks, s) if self.shortcut is not None else x
         return F.relu(out + short)
 
 
@@ -58,6 +59,7 @@ class BottleneckBlock(nn.Module):
         super().__init__()
         s1, s3 = (stride, 1) if stride_in_1x1 else (1, stride)
         self.mid_stride = in_stride * s1  # stride of conv2's input
+        self.out_stride = in_stride * stride
         self.shortcut = (Conv2d(in_channels, out_channels, 1, stride=stride, bias=False, norm=norm)
                          if in_channels != out_channels else None)
         self.conv1 = Conv2d(in_channels, bottleneck_channels, 1, stride=s1, bias=False,
@@ -68,9 +70,10 @@ class BottleneckBlock(nn.Module):
         self.conv3 = Conv2d(bottleneck_channels, out_channels, 1, bias=False, norm=norm)
 
     def forward(self, x: torch.Tensor, masks: PaddingMasks) -> torch.Tensor:
-        out = masks.apply(self.conv1(x), self.mid_stride)  # only the 3x3 reads past an edge
-        out = self.conv3(self.conv2(out))
-        short = self.shortcut(x) if self.shortcut is not None else x
+        mid, s = self.mid_stride, self.out_stride
+        out = masks.apply(self.conv1(x, masks, mid), mid)  # only the 3x3 reads past an edge
+        out = self.conv3(self.conv2(out, masks, s), masks, s)
+        short = self.shortcut(x, masks, s) if self.shortcut is not None else x
         return F.relu(out + short)
 
 
@@ -120,7 +123,7 @@ class ResNet(nn.Module):
             bottleneck *= 2
 
     def forward(self, x: torch.Tensor, masks: PaddingMasks) -> dict[str, torch.Tensor]:
-        x = self.stem(x)
+        x = self.stem(x, masks)
         out = {}
         for name in self.stage_names:
             for block in getattr(self, name):

@@ -10,7 +10,10 @@ from .layers import Conv2d
 
 
 class FastRCNNConvFCHead(nn.Module):
-    """Pooled features [M, C, S, S] -> box features [M, fc_dim] (or [M, C', S, S] without fcs)."""
+    """Pooled features [M, C, S, S] -> box features [M, fc_dim] (or [M, C', S, S] without fcs).
+
+    A GN here normalises each ROI over its own S x S grid, as in detectron2: pooled features
+    hold no batch padding, so it needs no mask."""
 
     def __init__(self, in_channels: int, pooler_resolution: int, *, num_conv: int, conv_dim: int,
                  num_fc: int, fc_dim: int, norm: str = ""):

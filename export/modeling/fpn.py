@@ -48,14 +48,14 @@ class FPN(nn.Module):
         prev = None
         results: list[torch.Tensor] = []
         for name, stride, level in reversed(list(zip(self.in_features, self.in_strides, levels))):
-            lateral = getattr(self, f"fpn_lateral{level}")(feats[name])
+            lateral = getattr(self, f"fpn_lateral{level}")(feats[name], masks, stride)
             if prev is None:
                 prev = lateral
             else:
                 prev = lateral + F.interpolate(prev, scale_factor=2.0, mode="nearest")
                 if self.fuse_type == "avg":
                     prev = prev / 2
-            out = getattr(self, f"fpn_output{level}")(masks.apply(prev, stride))
+            out = getattr(self, f"fpn_output{level}")(masks.apply(prev, stride), masks, stride)
             results.insert(0, out)
         results.append(F.max_pool2d(results[-1], kernel_size=1, stride=2, padding=0))
         return results

@@ -1,5 +1,6 @@
 """Building blocks shared by the backbone and the heads: detectron2's Conv2d-with-norm,
-FrozenBatchNorm2d, and the padding masks that make a batched graph behave per image."""
+FrozenBatchNorm2d, a GroupNorm whose statistics skip batch padding, and the padding masks
+that make a batched graph behave per image."""
 
 from __future__ import annotations
 
@@ -32,6 +33,52 @@ class FrozenBatchNorm2d(nn.Module):
                             training=False, eps=self.eps)
 
 
+def masked_group_norm(x: torch.Tensor, mask: torch.Tensor, num_groups: int,
+                      weight: torch.Tensor | None, bias: torch.Tensor | None,
+                      eps: float) -> torch.Tensor:
+    """``F.group_norm`` of x [B, C, H, W] with each image's statistics taken where mask
+    [B, 1, H, W] is 1: mean, then variance of the centred values (biased, like PyTorch's).
+
+    Outside the mask the output is normalised with the same statistics and means nothing;
+    the next spatial op must mask it. In ONNX: Reshape, Mul, ReduceMean, Sqrt, Div, which
+    TensorRT's parser takes for any batch and map size.
+    """
+    b, _, h, w = x.shape
+    g = x.reshape(b, num_groups, -1, h, w)
+    m = mask[:, :, None]  # [B, 1, 1, H, W]
+    axes = (2, 3, 4)
+    # means over the whole map divided by the valid fraction = sums over the valid region
+    # divided by its size, with no channel count to carry through the trace; an image has at
+    # least one valid pixel, the clamp only keeps a degenerate size finite
+    valid = torch.clamp(m.mean(dim=axes, keepdim=True), min=1e-12)
+    mean = (g * m).mean(dim=axes, keepdim=True) / valid
+    centred = g - mean
+    # two passes, not E[x^2] - mean^2: no cancellation where |mean| >> std
+    var = (centred * centred * m).mean(dim=axes, keepdim=True) / valid
+    scale = torch.rsqrt(var + eps)  # [B, G, 1, 1, 1]
+    if weight is not None:
+        scale = scale * weight.reshape(1, num_groups, -1, 1, 1)
+    y = centred * scale
+    if bias is not None:
+        y = y + bias.reshape(1, num_groups, -1, 1, 1)
+    return y.reshape(x.shape)
+
+
+class GroupNorm(nn.GroupNorm):
+    """detectron2's GN (``nn.GroupNorm``, same parameters and eps) that can skip padding.
+
+    detectron2 normalises each image over its own map, padded only to its own multiple of
+    32. In a batch padded to the largest image the map runs on, so given ``mask`` (1 on the
+    image's own padded extent, see ``PaddingMasks.mask``) the statistics come from there
+    alone. Without a mask it is stock GroupNorm: ROI features hold no padding.
+    """
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is None:
+            return super().forward(x)
+        return masked_group_norm(x, mask, self.num_groups, self.weight, self.bias, self.eps)
+
+
 def get_norm(norm: str, channels: int) -> nn.Module | None:
     """detectron2's ``get_norm``: '' -> None, FrozenBN, BN / SyncBN (eval: same), GN (32 groups)."""
     if not norm:
@@ -41,7 +88,7 @@ def get_norm(norm: str, channels: int) -> nn.Module | None:
     if norm in ("BN", "SyncBN", "nnSyncBN", "naiveSyncBN"):
         return nn.BatchNorm2d(channels)
     if norm == "GN":
-        return nn.GroupNorm(32, channels)
+        return GroupNorm(32, channels)
     raise NorcalError(f"unsupported norm {norm!r}; expected one of '', FrozenBN, BN, SyncBN, GN")
 
 
@@ -53,9 +100,16 @@ class Conv2d(nn.Conv2d):
         self.norm = get_norm(norm, self.out_channels)
         self.relu = relu
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masks: PaddingMasks | None = None,
+                stride: int = 0) -> torch.Tensor:
+        """``masks`` and the output's feature ``stride`` (image-aligned maps only) confine a
+        GroupNorm's statistics to each image; other norms are per channel and need neither."""
         x = super().forward(x)
-        if self.norm is not None:
+        if isinstance(self.norm, GroupNorm) and masks is not None:
+            if stride <= 0:
+                raise NorcalError("a GroupNorm on a padded map needs the map's stride")
+            x = self.norm(x, masks.mask(stride, x))
+        elif self.norm is not None:
             x = self.norm(x)
         return F.relu(x) if self.relu else x
 
