@@ -268,7 +268,7 @@ def test_frequency_from_table_when_gt_lacks_it():
     (lambda r: r.append(dict(r[0], image_id=999)), "image id"),
     (lambda r: r.append(dict(r[0], category_id=77)), "category id"),
     (lambda r: r.clear(), "empty"),
-    (lambda r: r[1].pop("score"), "malformed"),
+    (lambda r: r[1].pop("score"), r"results: \[1\]: score: missing"),
 ])
 def test_bad_results_are_clear_errors(mutate, message):
     gt, res = _hand_case()
@@ -278,10 +278,10 @@ def test_bad_results_are_clear_errors(mutate, message):
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda g: g["annotations"][1].pop("image_id"), "annotation 2 needs 'image_id'"),
-    (lambda g: g["annotations"][0].pop("category_id"), "annotation 1 needs 'image_id' and 'category_id'"),
-    (lambda g: g["categories"][1].pop("id"), "category 1 has no 'id'"),
-    (lambda g: g["images"][0].pop("id"), "image 0 has no 'id'"),
+    (lambda g: g["annotations"][1].pop("image_id"), r"GT: annotations\[1\] \(id 2\): image_id: missing"),
+    (lambda g: g["annotations"][0].pop("category_id"), r"GT: annotations\[0\] \(id 1\): category_id: missing"),
+    (lambda g: g["categories"][1].pop("id"), r"GT: categories\[1\]: id: missing"),
+    (lambda g: g["images"][0].pop("id"), r"GT: images\[0\]: id: missing"),
 ])
 def test_malformed_gt_entries_are_clear_errors(mutate, message):
     gt, res = _hand_case()
@@ -292,7 +292,7 @@ def test_malformed_gt_entries_are_clear_errors(mutate, message):
 
 def test_results_that_are_not_objects_are_clear_errors():
     gt, _ = _hand_case()
-    with pytest.raises(NorcalError, match="detection 0 is a int"):
+    with pytest.raises(NorcalError, match=r"results: \[0\]: expected an object, got 1"):
         evaluate(gt, [1, 2])
 
 
