@@ -97,6 +97,7 @@ def builtin_names() -> list[str]:
 
 def _from_json(data: Any, where: str) -> CalibrationTable:
     data = TABLE.validate(data, where)
+    ids_of(where, "categories", data["categories"])
     for c in data["categories"]:
         c.setdefault("frequency", frequency_group(c.get("image_count") or 0))
     return CalibrationTable(
