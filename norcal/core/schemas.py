@@ -15,8 +15,7 @@ check on the arrays they build and word the same way with :func:`record_error`.
 from __future__ import annotations
 
 import json
-import math
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import numpy as np
 from pydantic import ConfigDict, Discriminator, FailFast, Field, Tag, TypeAdapter, ValidationError
@@ -38,24 +37,19 @@ Frequency = Literal["r", "c", "f"]
 _TAGS: set[str] = set()  # union member names pydantic puts into error locations
 
 
-def _one_of(what: str, **members: tuple[type | tuple[type, ...], Any]) -> Any:
-    """A union picked by the value's Python type (bool is never an int here); anything else is
-    one error saying ``expected {what}``."""
+def _one_of(what: str, **members: tuple[type, Any]) -> Any:
+    """A union picked by the value's Python type (a bool is never a number here); anything
+    else is one error saying ``expected {what}`` instead of one error per member."""
     _TAGS.update(members)
 
     def pick(v: Any) -> str | None:
-        for tag, (kind, _) in members.items():
-            if isinstance(v, kind) and not (isinstance(v, bool) and bool not in _as_tuple(kind)):
-                return tag
-        return None
+        if isinstance(v, bool):
+            return None
+        return next((tag for tag, (kind, _) in members.items() if isinstance(v, kind)), None)
 
     return Annotated[Union[tuple(Annotated[t, Tag(tag)] for tag, (_, t) in members.items())],
                      Discriminator(pick, custom_error_type="one_of",
                                    custom_error_message=f"expected {what}")]
-
-
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
 
 
 class Rle(TypedDict):
@@ -70,8 +64,9 @@ class Rle(TypedDict):
 Polygons = list[list[Number]]
 Segmentation = _one_of("polygons (a list of lists of numbers) or an RLE object",
                        polygons=(list, Polygons), rle=(dict, Rle))
-ExactCount = _one_of("a count (a number >= 0) or null", integer=(int, Count),
-                     fraction=(float, NonNegative), null=(type(None), None))
+# ints stay ints (a table's digest is taken over its JSON), floats are allowed
+CountOrNull = _one_of("a count (a number >= 0) or null", integer=(int, Count),
+                      fraction=(float, NonNegative), null=(type(None), None))
 
 
 # ---------------------------------------------------------------------------- table
@@ -79,8 +74,8 @@ class TableCategory(TypedDict):
     __pydantic_config__ = _CONFIG
     id: Id
     name: str
-    image_count: NotRequired[ExactCount]
-    instance_count: NotRequired[ExactCount]
+    image_count: NotRequired[CountOrNull]
+    instance_count: NotRequired[CountOrNull]
     frequency: NotRequired[Frequency]
 
 
@@ -98,8 +93,8 @@ class Category(TypedDict):
     id: Id
     name: NotRequired[str]
     frequency: NotRequired[Union[Frequency, None]]
-    image_count: NotRequired[ExactCount]
-    instance_count: NotRequired[ExactCount]
+    image_count: NotRequired[CountOrNull]
+    instance_count: NotRequired[CountOrNull]
 
 
 class Image(TypedDict):
@@ -197,7 +192,7 @@ class Schema:
                 raise NorcalError(f"{where}: not valid JSON ({first['ctx']['error']})") from None
             try:
                 data = json.loads(raw)  # only to name the failing record by its id
-            except ValueError:
+            except (ValueError, RecursionError):
                 data = None
             raise NorcalError(error_line(e, where, self.title, data)) from None
 
@@ -243,12 +238,15 @@ def record_error(where: str, section: str, index: int, record: Any, field: str,
     return NorcalError(f"{where}: {label}: {field}: {problem}")
 
 
-def ids_of(where: str, section: str, records: list, field: str = "id") -> np.ndarray:
-    """``field`` of each validated record as int64 [N]; a repeated id is an error (checked
-    only for ``field='id'``, and only among records that have one)."""
+def column(records: list, field: str, dtype=np.int64) -> np.ndarray:
+    """``field`` of each validated record as an array [N]."""
+    return np.fromiter((r[field] for r in records), dtype, len(records))
+
+
+def ids_of(where: str, section: str, records: list) -> np.ndarray:
+    """The validated records' ``id`` as int64 [N] (0 where a record has none); an id given
+    twice is an error naming the second record."""
     n = len(records)
-    if field != "id":
-        return np.fromiter((r[field] for r in records), np.int64, n)
     ids = np.fromiter((r.get("id", 0) for r in records), np.int64, n)
     has = np.fromiter(("id" in r for r in records), bool, n)
     given = np.flatnonzero(has)
@@ -261,10 +259,11 @@ def ids_of(where: str, section: str, records: list, field: str = "id") -> np.nda
     return ids
 
 
-def check_refs(where: str, section: str, records: list, field: str, refs: np.ndarray,
-               known: np.ndarray, target: str) -> np.ndarray:
-    """Indices of ``refs`` [N] (``field`` of each record) into the sorted ``known`` ids; an id
-    that is not there is an error naming the record."""
+def check_refs(where: str, section: str, records: list, field: str, known: np.ndarray,
+               target: str) -> np.ndarray:
+    """Indices of the records' ``field`` into the sorted ids ``known`` (those of ``target``),
+    int64 [N]; an id that is not there is an error naming the record."""
+    refs = column(records, field)
     pos = np.minimum(np.searchsorted(known, refs), max(len(known) - 1, 0))
     found = known[pos] == refs if len(known) else np.zeros(len(refs), bool)
     if not found.all():
@@ -287,7 +286,7 @@ def boxes_of(where: str, section: str, records: list, rows: list[int] | None = N
     return boxes
 
 
-_STRUCTURAL = {"missing", "dict_type", "list_type", "typed_dict_type"}
+_STRUCTURAL = {"missing", "dict_type", "list_type"}
 
 
 def _is_id(v: Any) -> bool:
@@ -314,36 +313,32 @@ def _path(loc: tuple) -> str:
 
 
 _FIXED_LENGTH = {"bbox": 4, "size": 2}
+_EXPECTED = {"int_type": "an integer", "float_type": "a number", "finite_number": "a finite number",
+             "string_type": "a string", "list_type": "a list", "dict_type": "an object"}
+_BOUNDS = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"), "less_than": ("<", "lt")}
 
 
 def _problem(e: dict, loc: tuple) -> str:
     kind, ctx, value = e["type"], e.get("ctx") or {}, e.get("input")
+    if kind == "missing":
+        return "missing"
     got = _show(value)
-    name = next((p for p in reversed(loc) if isinstance(p, str)), "")
-    simple: dict[str, Callable[[], str]] = {
-        "missing": lambda: "missing",
-        "int_type": lambda: f"expected an integer, got {got}",
-        "float_type": lambda: f"expected a number, got {got}",
-        "finite_number": lambda: f"expected a finite number, got {got}",
-        "string_type": lambda: f"expected a string, got {got}",
-        "list_type": lambda: f"expected a list, got {got}",
-        "dict_type": lambda: f"expected an object, got {got}",
-        "literal_error": lambda: f"expected {ctx.get('expected')}, got {got}",
-        "greater_than": lambda: f"must be > {ctx.get('gt')}, got {got}",
-        "greater_than_equal": lambda: f"must be >= {ctx.get('ge')}, got {got}",
-        "less_than": lambda: f"must be < {ctx.get('lt')}, got {got}",
-    }
-    if kind in simple:
-        return simple[kind]()
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {got}"
+    if kind == "literal_error":
+        return f"expected {ctx['expected']}, got {got}"
+    if kind in _BOUNDS:
+        op, key = _BOUNDS[kind]
+        return f"must be {op} {ctx[key]}, got {got}"
     if kind in ("too_short", "too_long") and isinstance(value, (list, tuple)):
-        if name in _FIXED_LENGTH and not isinstance(loc[-1], int):
+        name = loc[-1] if loc else ""
+        if name in _FIXED_LENGTH:
             return f"expected {_FIXED_LENGTH[name]} numbers, got {len(value)}"
-        if kind == "too_short" and ctx.get("min_length") == 1:
-            return "must not be empty"
         if kind == "too_short":
-            return f"expected at least {ctx.get('min_length')} item(s), got {len(value)}"
-        return f"expected at most {ctx.get('max_length')} item(s), got {len(value)}"
-    msg = e["msg"][:1].lower() + e["msg"][1:]  # the union errors above, and pydantic's own
+            return "must not be empty" if ctx.get("min_length") == 1 else \
+                f"expected at least {ctx.get('min_length')} items, got {len(value)}"
+        return f"expected at most {ctx.get('max_length')} items, got {len(value)}"
+    msg = e["msg"][:1].lower() + e["msg"][1:]  # the one_of unions above, and any other
     return f"{msg}, got {got}"
 
 
@@ -353,8 +348,8 @@ def _show(v: Any) -> str:
         return "null"
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, (int, float)) and type(v) in (int, float):
-        s = repr(v) if not (isinstance(v, float) and not math.isfinite(v)) else str(v)
+    if type(v) in (int, float):
+        s = repr(v)
         return s if len(s) <= 24 else s[:21] + "..."
     if isinstance(v, str):
         return f"string {v!r}" if len(v) <= 30 else f"string {v[:27]!r}..."
@@ -362,5 +357,5 @@ def _show(v: Any) -> str:
         return f"a list of {len(v)}"
     if isinstance(v, dict):
         return "an object"
-    return f"{type(v).__module__}.{type(v).__name__}" if type(v).__module__ != "builtins" \
-        else type(v).__name__
+    kind = type(v)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"

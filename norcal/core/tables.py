@@ -177,12 +177,10 @@ def _check_annotations(data: Any, where: str) -> dict:
     cat_ids = np.sort(ids_of(where, "categories", data["categories"]))
     anns = data.get("annotations") or []
     ids_of(where, "annotations", anns)
-    check_refs(where, "annotations", anns, "category_id",
-               ids_of(where, "annotations", anns, "category_id"), cat_ids, "categories")
+    check_refs(where, "annotations", anns, "category_id", cat_ids, "categories")
     if "images" in data:
         img_ids = np.sort(ids_of(where, "images", data["images"]))
-        check_refs(where, "annotations", anns, "image_id",
-                   ids_of(where, "annotations", anns, "image_id"), img_ids, "images")
+        check_refs(where, "annotations", anns, "image_id", img_ids, "images")
     if "annotations" not in data:  # an LVIS category list: the counts are given
         for i, c in enumerate(data["categories"]):
             for key in ("image_count", "instance_count"):

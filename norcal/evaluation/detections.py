@@ -15,7 +15,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json
-from norcal.core.schemas import RESULTS, boxes_of, ids_of, record_error
+from norcal.core.schemas import RESULTS, boxes_of, column, record_error
 
 
 @dataclass
@@ -75,7 +75,6 @@ def from_results(results: Any) -> Detections:
         results = RESULTS.validate(results, where)
     if not results:
         raise NorcalError(f"{where}: no detections (empty results)")
-    n = len(results)
     keys = [k for k in ("bbox", "segmentation") if k in results[0]]
     if not keys:
         raise record_error(where, "", 0, None, "bbox", "missing, and no 'segmentation' either")
@@ -84,9 +83,9 @@ def from_results(results: Any) -> Detections:
         if bad is not None:
             raise record_error(where, "", bad, None, key,
                                "missing (the first detection has one: all need the same keys)")
-    image_ids = ids_of(where, "", results, "image_id")
-    category_ids = ids_of(where, "", results, "category_id")
-    scores = np.fromiter((d["score"] for d in results), np.float64, n)
+    image_ids = column(results, "image_id")
+    category_ids = column(results, "category_id")
+    scores = column(results, "score", np.float64)
     boxes = boxes_of(where, "", results) if "bbox" in keys else None
     rles = [d["segmentation"] for d in results] if "segmentation" in keys else None
     return Detections(image_ids, category_ids, scores, boxes, rles)

@@ -13,7 +13,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json
-from norcal.core.schemas import GROUND_TRUTH, boxes_of, check_refs, ids_of, record_error
+from norcal.core.schemas import GROUND_TRUTH, boxes_of, check_refs, column, ids_of, record_error
 
 FREQUENCIES = ("r", "c", "f")
 
@@ -150,11 +150,9 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
     n = len(anns)
     ann_id = ids_of(where, "annotations", anns)
     ann_id = np.where(np.fromiter(("id" in a for a in anns), bool, n), ann_id, np.arange(1, n + 1))
-    ann_img = check_refs(where, "annotations", anns, "image_id",
-                         ids_of(where, "annotations", anns, "image_id"), img_ids, "images")
-    ann_cat = check_refs(where, "annotations", anns, "category_id",
-                         ids_of(where, "annotations", anns, "category_id"), cat_ids, "categories")
-    ann_area = np.fromiter((a["area"] for a in anns), np.float64, n)
+    ann_img = check_refs(where, "annotations", anns, "image_id", img_ids, "images")
+    ann_cat = check_refs(where, "annotations", anns, "category_id", cat_ids, "categories")
+    ann_area = column(anns, "area", np.float64)
     ann_ignore = np.fromiter((bool(a.get("ignore", 0)) for a in anns), bool, n)
     ann_bbox = boxes_of(where, "annotations", anns)
 
