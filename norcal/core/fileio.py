@@ -1,4 +1,4 @@
-"""Atomic file writes: a temp file in the target's folder, then one rename."""
+"""Atomic file writes (a temp file in the target's folder, then one rename) and JSON reads."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from norcal.core.schemas import Schema
 
 
 @contextlib.contextmanager
@@ -52,13 +55,19 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Non
     write_text(path, json.dumps(obj, indent=indent) + "\n")
 
 
-def read_json(path: str | os.PathLike, what: str = "") -> Any:
-    """Parse a JSON file; a missing, non-JSON or folder path is a NorcalError (``what`` names it)."""
+def read_json(path: str | os.PathLike, what: str = "", schema: Schema | None = None) -> Any:
+    """Parse a JSON file; a missing, non-JSON or folder path is a NorcalError (``what`` names it).
+
+    schema: one of :mod:`norcal.core.schemas`' formats: the file is parsed and validated in one
+    pass, and a bad entry is a NorcalError naming the file, the record and the field.
+    """
     from norcal.core.errors import NorcalError
 
     p = Path(path)
     label = f"{what} {p}" if what else str(p)
     try:
+        if schema is not None:
+            return schema.validate_json(p.read_bytes(), str(p))
         with open(p) as f:
             return json.load(f)
     except FileNotFoundError:

@@ -19,6 +19,7 @@ import numpy as np
 from norcal.core.calibration import check_counts, clamp_counts
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json, write_json
+from norcal.core.schemas import ANNOTATIONS, TABLE, boxes_of, check_refs, ids_of, record_error
 
 COUNT_TYPES = ("image", "instance")
 GROUPS = {"r": "rare", "c": "common", "f": "frequent"}
@@ -106,11 +107,9 @@ def builtin_names() -> list[str]:
 
 
 def _from_json(data: Any, where: str) -> CalibrationTable:
-    if not isinstance(data, dict) or not isinstance(data.get("categories"), list):
-        raise NorcalError(f"{where}: not a calibration table (no 'categories' list)")
-    for i, c in enumerate(data["categories"]):
-        if not isinstance(c, dict) or "name" not in c or "id" not in c:
-            raise NorcalError(f"{where}: category {i} needs at least 'id' and 'name'")
+    data = TABLE.validate(data, where)
+    ids_of(where, "categories", data["categories"])
+    for c in data["categories"]:
         c.setdefault("frequency", frequency_group(c.get("image_count") or 0))
     return CalibrationTable(
         name=str(data.get("name", Path(where).stem)),
@@ -156,28 +155,17 @@ def table_from_annotations(data: Any, path: str | Path, count_type: str = "image
     if count_type not in COUNT_TYPES:
         raise NorcalError(f"--count must be one of {', '.join(COUNT_TYPES)}, got {count_type!r}")
     p = Path(path)
-    if not isinstance(data, dict) or not isinstance(data.get("categories"), list):
-        raise NorcalError(f"{p}: not a COCO/LVIS annotation file (no 'categories' list)")
-    for i, c in enumerate(data["categories"]):
-        if not isinstance(c, dict) or not isinstance(c.get("id"), int):
-            raise NorcalError(f"{p}: category {i} has no integer 'id'")
+    data = _check_annotations(data, str(p))
     cats = sorted(data["categories"], key=lambda c: c["id"])
     anns = data.get("annotations")
     if anns is None:
-        if not all("image_count" in c and "instance_count" in c for c in cats):
-            raise NorcalError(f"{p}: has no 'annotations' and its categories carry no counts")
         images = {c["id"]: c["image_count"] for c in cats}
         instances = {c["id"]: c["instance_count"] for c in cats}
     else:
-        known = {c["id"] for c in cats}
         per_cat_images: dict[int, set] = {c["id"]: set() for c in cats}
         instances = {c["id"]: 0 for c in cats}
-        for i, a in enumerate(anns):
-            if not isinstance(a, dict) or "category_id" not in a or "image_id" not in a:
-                raise NorcalError(f"{p}: annotation {i} needs 'image_id' and 'category_id'")
+        for a in anns:
             cid = a["category_id"]
-            if cid not in known:
-                raise NorcalError(f"{p}: annotation {a.get('id')} has unknown category_id {cid}")
             per_cat_images[cid].add(a["image_id"])
             instances[cid] += 1
         images = {k: len(v) for k, v in per_cat_images.items()}
@@ -190,3 +178,25 @@ def table_from_annotations(data: Any, path: str | Path, count_type: str = "image
     source = data.get("source") or f"{p.name}"
     return CalibrationTable(name=name or p.stem, source=str(source), count_type=count_type,
                             categories=categories)
+
+
+def _check_annotations(data: Any, where: str) -> dict:
+    """Training annotations validated (:data:`norcal.core.schemas.ANNOTATIONS`): unique ids,
+    annotations that point to a listed category (and a listed image, where images are given),
+    no negative box size."""
+    data = ANNOTATIONS.validate(data, where)
+    cat_ids = np.sort(ids_of(where, "categories", data["categories"]))
+    anns = data.get("annotations") or []
+    ids_of(where, "annotations", anns)
+    check_refs(where, "annotations", anns, "category_id", cat_ids, "categories")
+    if "images" in data:
+        img_ids = np.sort(ids_of(where, "images", data["images"]))
+        check_refs(where, "annotations", anns, "image_id", img_ids, "images")
+    if "annotations" not in data:  # an LVIS category list: the counts are given
+        for i, c in enumerate(data["categories"]):
+            for key in ("image_count", "instance_count"):
+                if c.get(key) is None:
+                    raise record_error(where, "categories", i, c, key,
+                                       "missing (the file has no annotations to count)")
+    boxes_of(where, "annotations", anns, rows=[i for i, a in enumerate(anns) if "bbox" in a])
+    return data

@@ -15,6 +15,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json
+from norcal.core.schemas import RESULTS, boxes_of, column, record_error
 
 
 @dataclass
@@ -58,47 +59,35 @@ class Detections:
 
 
 def from_results(results: Any) -> Detections:
-    """Detections from an LVIS/COCO result list (or the path of its JSON file), or as given."""
+    """Detections from an LVIS/COCO result list (or the path of its JSON file), or as given.
+
+    The list is checked against :data:`norcal.core.schemas.RESULTS` (integer ids, a finite
+    score, a box of 4 finite numbers with no negative size, RLE masks); every detection needs
+    the bbox/segmentation keys of the first. An error names the file, the detection and the field.
+    """
     if isinstance(results, Detections):
         return results
     where = "results"
     if isinstance(results, (str, Path)):
         where = str(results)
-        results = read_json(results, "results")
-    if not isinstance(results, list):
-        raise NorcalError(f"{where}: results must be a JSON list of detections")
+        results = read_json(results, "results", RESULTS)
+    else:
+        results = RESULTS.validate(results, where)
     if not results:
         raise NorcalError(f"{where}: no detections (empty results)")
-    n = len(results)
-    image_ids = np.empty(n, dtype=np.int64)
-    category_ids = np.empty(n, dtype=np.int64)
-    scores = np.empty(n, dtype=np.float64)
-    bad = next((i for i, d in enumerate(results) if not isinstance(d, dict)), None)
-    if bad is not None:
-        raise NorcalError(f"{where}: detection {bad} is a {type(results[bad]).__name__}, not an "
-                          "object with image_id, category_id, score and bbox/segmentation")
-    has_box = "bbox" in results[0]
-    has_seg = "segmentation" in results[0]
-    if not (has_box or has_seg):
-        raise NorcalError(f"{where}: detection 0 has neither 'bbox' nor 'segmentation'")
-    boxes = np.empty((n, 4), dtype=np.float64) if has_box else None
-    rles = [] if has_seg else None
-    try:
-        for i, d in enumerate(results):
-            image_ids[i] = d["image_id"]
-            category_ids[i] = d["category_id"]
-            scores[i] = d["score"]
-            if has_box:
-                boxes[i] = d["bbox"]
-            if has_seg:
-                rles.append(check_rle(d["segmentation"], where, i))
-    except (KeyError, TypeError, ValueError) as e:
-        raise NorcalError(f"{where}: detection {i} is malformed ({type(e).__name__}: {e}); "
-                          "each needs image_id, category_id, score and the same bbox/segmentation "
-                          "keys as the first") from None
-    if not np.isfinite(scores).all():
-        i = int(np.flatnonzero(~np.isfinite(scores))[0])
-        raise NorcalError(f"{where}: detection {i} has a non-finite score {scores[i]}")
+    keys = [k for k in ("bbox", "segmentation") if k in results[0]]
+    if not keys:
+        raise record_error(where, "", 0, None, "bbox", "missing, and no 'segmentation' either")
+    for key in keys:
+        bad = next((i for i, d in enumerate(results) if key not in d), None)
+        if bad is not None:
+            raise record_error(where, "", bad, None, key,
+                               "missing (the first detection has one: all need the same keys)")
+    image_ids = column(results, "image_id")
+    category_ids = column(results, "category_id")
+    scores = column(results, "score", np.float64)
+    boxes = boxes_of(where, "", results) if "bbox" in keys else None
+    rles = [d["segmentation"] for d in results] if "segmentation" in keys else None
     return Detections(image_ids, category_ids, scores, boxes, rles)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json
+from norcal.core.schemas import GROUND_TRUTH, boxes_of, check_refs, column, ids_of, record_error
 
 FREQUENCIES = ("r", "c", "f")
 
@@ -45,6 +46,7 @@ class LvisGT:
     neg_keys: np.ndarray
     nel_keys: np.ndarray
     _rles: list | None = field(default=None, repr=False)
+    source: str = "GT"  # the file it came from, for errors
 
     @property
     def num_cats(self) -> int:
@@ -72,7 +74,8 @@ class LvisGT:
             for i, a in enumerate(anns):
                 seg = a.get("segmentation")
                 if seg is None:
-                    raise NorcalError(f"GT annotation {a.get('id')} has no segmentation (needed for segm)")
+                    raise record_error(self.source, "annotations", i, a, "segmentation",
+                                       "missing (segm evaluation needs every GT mask)")
                 h, w = (int(v) for v in self.img_hw[self.ann_img[i]])
                 if isinstance(seg, list):
                     out.append(mask_utils.merge(mask_utils.frPyObjects(seg, h, w)))
@@ -99,8 +102,11 @@ def _keys(pairs: list[tuple[int, int]], k: int) -> np.ndarray:
 
 
 def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
-    """Load and index an LVIS-format GT (a path, a loaded dict, or an LvisGT as it is).
+    """Load, validate and index an LVIS-format GT (a path, a loaded dict, or an LvisGT as it is).
 
+    The file is checked against :data:`norcal.core.schemas.GROUND_TRUTH` (images need height
+    and width, annotations a bbox and an area), then for repeated ids and annotations that
+    point to no image or category; an error names the file, the record and the field.
     Frequency groups come from the categories' ``frequency`` field; where it is missing they
     come from ``table`` (a :class:`norcal.core.tables.CalibrationTable`, matched by category id).
     Images need ``neg_category_ids`` and ``not_exhaustive_category_ids`` (LVIS federated
@@ -109,28 +115,17 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
     if isinstance(gt, LvisGT):
         return gt
     if isinstance(gt, (str, Path)):
-        data = read_json(gt, "GT")
         where = str(gt)
+        data = read_json(gt, "GT", GROUND_TRUTH)
     elif isinstance(gt, dict):
-        data, where = gt, "GT"
+        where = "GT"
+        data = GROUND_TRUTH.validate(gt, where)
     else:
         raise NorcalError(f"GT must be a path or an LVIS dict, got {type(gt).__name__}")
-    for key in ("images", "annotations", "categories"):
-        if not isinstance(data.get(key) if isinstance(data, dict) else None, list):
-            raise NorcalError(f"{where}: not an LVIS annotation file (no {key!r} list)")
-    if not data["images"]:
-        raise NorcalError(f"{where}: has no images")
-    if not data["categories"]:
-        raise NorcalError(f"{where}: has no categories")
 
-    for i, c in enumerate(data["categories"]):
-        if not isinstance(c, dict) or "id" not in c:
-            raise NorcalError(f"{where}: category {i} has no 'id' ({str(c)[:80]})")
-    for i, im in enumerate(data["images"]):
-        if not isinstance(im, dict) or "id" not in im:
-            raise NorcalError(f"{where}: image {i} has no 'id' ({str(im)[:80]})")
-    cats = sorted(data["categories"], key=lambda c: c["id"])
-    cat_ids = np.array([c["id"] for c in cats], dtype=np.int64)
+    cat_ids = ids_of(where, "categories", data["categories"])
+    cats = [data["categories"][i] for i in np.argsort(cat_ids, kind="stable")]
+    cat_ids = np.sort(cat_ids)
     by_table = {}
     if table is not None:
         by_table = {int(c["id"]): c for c in table.categories}
@@ -139,46 +134,27 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
         t = by_table.get(int(c["id"]), {})
         f = c.get("frequency") or t.get("frequency")
         if f is not None and f not in FREQUENCIES:
-            raise NorcalError(f"{where}: category {c['id']} has frequency {f!r}; expected r, c or f")
+            raise NorcalError(f"table {table.name!r}: category {c['id']} has frequency {f!r}; "
+                              "expected r, c or f")
         frequency.append(f)
         n = c.get("image_count", t.get("image_count"))
         image_count.append(float(n) if n is not None else np.nan)
 
-    imgs = sorted(data["images"], key=lambda im: im["id"])
-    img_ids = np.array([im["id"] for im in imgs], dtype=np.int64)
-    if len(np.unique(img_ids)) != len(img_ids):
-        raise NorcalError(f"{where}: duplicate image ids")
-    img_hw = np.array([[im.get("height", 0), im.get("width", 0)] for im in imgs], dtype=np.int64)
+    img_ids = ids_of(where, "images", data["images"])
+    imgs = [data["images"][i] for i in np.argsort(img_ids, kind="stable")]
+    img_ids = np.sort(img_ids)
+    img_hw = np.array([[im["height"], im["width"]] for im in imgs], dtype=np.int64)
     k = len(cat_ids)
 
     anns = data["annotations"]
     n = len(anns)
-    ann_img = np.empty(n, dtype=np.int64)
-    ann_cat = np.empty(n, dtype=np.int64)
-    ann_area = np.empty(n, dtype=np.float64)
-    ann_ignore = np.zeros(n, dtype=bool)
-    ann_bbox = np.zeros((n, 4), dtype=np.float64)
-    ann_id = np.empty(n, dtype=np.int64)
-    for i, a in enumerate(anns):
-        if not isinstance(a, dict) or "image_id" not in a or "category_id" not in a:
-            name = f"annotation {a.get('id', i)}" if isinstance(a, dict) else f"annotation {i}"
-            raise NorcalError(f"{where}: {name} needs 'image_id' and 'category_id' ({str(a)[:80]})")
-        ann_img[i] = a["image_id"]
-        ann_cat[i] = a["category_id"]
-        ann_area[i] = a.get("area", 0.0)
-        ann_ignore[i] = bool(a.get("ignore", 0))
-        if "bbox" in a:
-            ann_bbox[i] = a["bbox"]
-        ann_id[i] = a.get("id", i + 1)
-    img_raw, cat_raw = ann_img.copy(), ann_cat.copy()
-    ann_img = _lookup(img_ids, ann_img) if n else ann_img
-    ann_cat = _lookup(cat_ids, ann_cat) if n else ann_cat
-    if n and (ann_img < 0).any():
-        i = int(np.flatnonzero(ann_img < 0)[0])
-        raise NorcalError(f"{where}: annotation {ann_id[i]} has unknown image_id {img_raw[i]}")
-    if n and (ann_cat < 0).any():
-        i = int(np.flatnonzero(ann_cat < 0)[0])
-        raise NorcalError(f"{where}: annotation {ann_id[i]} has unknown category_id {cat_raw[i]}")
+    ann_id = ids_of(where, "annotations", anns)
+    ann_id = np.where(np.fromiter(("id" in a for a in anns), bool, n), ann_id, np.arange(1, n + 1))
+    ann_img = check_refs(where, "annotations", anns, "image_id", img_ids, "images")
+    ann_cat = check_refs(where, "annotations", anns, "category_id", cat_ids, "categories")
+    ann_area = column(anns, "area", np.float64)
+    ann_ignore = np.fromiter((bool(a.get("ignore", 0)) for a in anns), bool, n)
+    ann_bbox = boxes_of(where, "annotations", anns)
 
     cat_pos = {int(c): i for i, c in enumerate(cat_ids)}
     neg, nel = [], []
@@ -195,5 +171,24 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
         cat_names=[str(c.get("name", c["id"])) for c in cats], frequency=frequency,
         image_count=np.array(image_count), img_hw=img_hw, ann_img=ann_img, ann_cat=ann_cat,
         ann_area=ann_area, ann_ignore=ann_ignore, ann_bbox=ann_bbox, ann_id=ann_id,
-        pos_keys=pos_keys, neg_keys=_keys(neg, k), nel_keys=_keys(nel, k),
+        pos_keys=pos_keys, neg_keys=_keys(neg, k), nel_keys=_keys(nel, k), source=where,
     )
+
+
+def check_table_matches(table, gt: LvisGT) -> None:
+    """Refuse a calibration table whose classes are not the GT's categories: the same ids, and
+    the same name for each id (a table for another dataset or version gives wrong N_c)."""
+    t_ids = np.array(sorted(table.category_ids), dtype=np.int64)
+    only_t = np.setdiff1d(t_ids, gt.cat_ids)
+    only_g = np.setdiff1d(gt.cat_ids, t_ids)
+    if only_t.size or only_g.size:
+        parts = [f"{a.size} only in the {who} (e.g. {a[:5].tolist()})"
+                 for a, who in ((only_t, "table"), (only_g, "GT")) if a.size]
+        raise NorcalError(f"table {table.name!r} does not match {gt.source}: category ids differ, "
+                          + "; ".join(parts))
+    gt_names = dict(zip(gt.cat_ids.tolist(), gt.cat_names))
+    for c in table.categories:
+        if str(c["name"]) != gt_names[int(c["id"])]:
+            raise NorcalError(f"table {table.name!r} does not match {gt.source}: category "
+                              f"{c['id']} is {c['name']!r} in the table but "
+                              f"{gt_names[int(c['id'])]!r} in the GT")

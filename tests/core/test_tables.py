@@ -57,9 +57,11 @@ def test_build_refuses_a_class_without_training_data(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("data,message", [
-    ({"categories": [{"name": "x"}], "annotations": []}, "category 0 has no integer 'id'"),
-    ({"categories": [{"id": 1}], "annotations": [{"id": 5, "image_id": 1}]}, "annotation 0 needs"),
-    ({"categories": [{"id": 1}], "annotations": [{"image_id": 1, "category_id": 7}]}, "unknown category_id 7"),
+    ({"categories": [{"name": "x"}], "annotations": []}, r"a\.json: categories\[0\]: id: missing"),
+    ({"categories": [{"id": 1}], "annotations": [{"id": 5, "image_id": 1}]},
+     r"a\.json: annotations\[0\] \(id 5\): category_id: missing"),
+    ({"categories": [{"id": 1}], "annotations": [{"image_id": 1, "category_id": 7}]},
+     r"a\.json: annotations\[0\]: category_id: 7 is not the id of any entry in categories"),
 ])
 def test_malformed_annotations(tmp_path, data, message):
     p = tmp_path / "a.json"

@@ -268,7 +268,7 @@ def test_frequency_from_table_when_gt_lacks_it():
     (lambda r: r.append(dict(r[0], image_id=999)), "image id"),
     (lambda r: r.append(dict(r[0], category_id=77)), "category id"),
     (lambda r: r.clear(), "empty"),
-    (lambda r: r[1].pop("score"), "malformed"),
+    (lambda r: r[1].pop("score"), r"results: \[1\]: score: missing"),
 ])
 def test_bad_results_are_clear_errors(mutate, message):
     gt, res = _hand_case()
@@ -278,10 +278,10 @@ def test_bad_results_are_clear_errors(mutate, message):
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda g: g["annotations"][1].pop("image_id"), "annotation 2 needs 'image_id'"),
-    (lambda g: g["annotations"][0].pop("category_id"), "annotation 1 needs 'image_id' and 'category_id'"),
-    (lambda g: g["categories"][1].pop("id"), "category 1 has no 'id'"),
-    (lambda g: g["images"][0].pop("id"), "image 0 has no 'id'"),
+    (lambda g: g["annotations"][1].pop("image_id"), r"GT: annotations\[1\] \(id 2\): image_id: missing"),
+    (lambda g: g["annotations"][0].pop("category_id"), r"GT: annotations\[0\] \(id 1\): category_id: missing"),
+    (lambda g: g["categories"][1].pop("id"), r"GT: categories\[1\]: id: missing"),
+    (lambda g: g["images"][0].pop("id"), r"GT: images\[0\]: id: missing"),
 ])
 def test_malformed_gt_entries_are_clear_errors(mutate, message):
     gt, res = _hand_case()
@@ -292,7 +292,7 @@ def test_malformed_gt_entries_are_clear_errors(mutate, message):
 
 def test_results_that_are_not_objects_are_clear_errors():
     gt, _ = _hand_case()
-    with pytest.raises(NorcalError, match="detection 0 is a int"):
+    with pytest.raises(NorcalError, match=r"results: \[0\]: expected an object, got 1"):
         evaluate(gt, [1, 2])
 
 
@@ -360,3 +360,51 @@ def test_cli_writes_json_csv_plots(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "norcal", "eval", "--gt", str(tmp_path / "x.json"),
                           "--results", str(rpath)], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and len(bad.stderr.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- hostile inputs
+def test_table_must_match_the_gt_categories():
+    from norcal.evaluation.ground_truth import check_table_matches
+
+    gt, _ = _hand_case()
+    prepared = prepare_gt(gt)
+    cats = [{"id": 1, "name": "a", "image_count": 500, "instance_count": 900, "frequency": "f"},
+            {"id": 2, "name": "b", "image_count": 3, "instance_count": 3, "frequency": "r"}]
+    check_table_matches(CalibrationTable("t", "test", "image", cats), prepared)
+    renamed = copy.deepcopy(cats)
+    renamed[1]["name"] = "bee"
+    with pytest.raises(NorcalError, match="table 't' does not match GT: category 2 is 'bee' in the table but 'b' in the GT"):
+        check_table_matches(CalibrationTable("t", "test", "image", renamed), prepared)
+    other = copy.deepcopy(cats) + [{"id": 9, "name": "z", "image_count": 1, "instance_count": 1}]
+    with pytest.raises(NorcalError, match=r"category ids differ, 1 only in the table \(e\.g\. \[9\]\)"):
+        check_table_matches(CalibrationTable("t", "test", "image", other), prepared)
+    with pytest.raises(NorcalError, match=r"1 only in the GT \(e\.g\. \[2\]\)"):
+        check_table_matches(CalibrationTable("t", "test", "image", cats[:1]), prepared)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    # refused at load: none of these reaches the AP computation
+    (lambda g, r: [a.pop("area") for a in g["annotations"]], r"GT: annotations\[0\] \(id 1\): area: missing"),
+    (lambda g, r: g["annotations"][2].update(category_id=7),
+     r"GT: annotations\[2\] \(id 3\): category_id: 7 is not the id of any entry in categories"),
+    (lambda g, r: r[3].update(image_id="3"), r"results: \[3\]: image_id: expected an integer, got string '3'"),
+    (lambda g, r: r[0].update(bbox=[0, 0, -10, 10]), r"results: \[0\]: bbox: negative width or height \(-10 x 10\)"),
+    (lambda g, r: r[2].update(score=float("nan")), r"results: \[2\]: score: expected a finite number, got nan"),
+])
+def test_hostile_inputs_are_refused_before_evaluation(mutate, message):
+    gt, res = _hand_case()
+    mutate(gt, res)
+    with pytest.raises(NorcalError, match=f"^{message}$"):
+        evaluate(gt, res)
+
+
+def test_cli_names_the_bad_record_in_one_line(tmp_path):
+    gt, res = _hand_case()
+    res[4]["bbox"] = [50, 50, 20]
+    gpath, rpath = tmp_path / "gt.json", tmp_path / "res.json"
+    gpath.write_text(json.dumps(gt))
+    rpath.write_text(json.dumps(res))
+    p = subprocess.run([sys.executable, "-m", "norcal", "eval", "--gt", str(gpath), "--results", str(rpath)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.splitlines() == [f"error: {rpath}: [4]: bbox: expected 4 numbers, got 3"]
