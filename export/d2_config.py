@@ -21,6 +21,7 @@ from norcal.core.errors import NorcalError
 from .d2_defaults import d2_defaults
 from .spec import (FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, ConfigCalibration,
                    ModelSpec)
+from .spec import SUPPORTED_ARCHITECTURES as SUPPORTED
 
 BASE_KEY = "_BASE_"
 FPN_IN_FEATURES = ["res2", "res3", "res4", "res5"]
@@ -32,8 +33,6 @@ SINGLE_FEATURES = ("res4", "res5")  # build_resnet_backbone's one output: C4 (re
 # calibrates its scores with TEST.CALIBRATION.*; nothing else differs at inference
 NORCAL_ROI_HEADS = "CalibrationROIHeads"
 NORCAL_CALIBRATION = {"METHOD": "gamma", "WITH": "exps", "GAMMA": 0.0, "RENORM": True}  # add_norcal_config
-SUPPORTED = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt FPN, C4 or DC5 "
-             "backbone")
 # every BatchNorm flavour is a fixed affine map at inference; SyncBN's variants act as SyncBN
 _NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naiveSyncBN": "SyncBN",
           "nnSyncBN": "SyncBN", "GN": "GN"}

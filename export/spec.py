@@ -18,6 +18,8 @@ FPN_BACKBONE = "build_resnet_fpn_backbone"
 RESNET_BACKBONE = "build_resnet_backbone"  # one ResNet stage as the only feature (C4, DC5)
 STANDARD_ROI_HEADS = "StandardROIHeads"
 RES5_ROI_HEADS = "Res5ROIHeads"
+SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt FPN, "
+                           "C4 or DC5 backbone")
 
 
 class ConfigCalibration(NamedTuple):
