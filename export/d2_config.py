@@ -219,6 +219,8 @@ def _check_supported(c: _Cfg) -> None:
     c.require("MODEL.BACKBONE.NAME", (FPN_BACKBONE, RESNET_BACKBONE),
               "only ResNet/ResNeXt backbones, with FPN or alone (C4, DC5), are supported")
     c.require("MODEL.RESNETS.DEPTH", RESNET_DEPTHS)
+    c.require("MODEL.LOAD_PROPOSALS", False,
+              f"Fast R-CNN on proposal files is not supported; {SUPPORTED}")
     c.require("MODEL.PROPOSAL_GENERATOR.NAME", "RPN",
               "only RPN proposals are supported (not precomputed or rotated ones)")
     c.require("MODEL.RPN.HEAD_NAME", "StandardRPNHead")
@@ -227,8 +229,6 @@ def _check_supported(c: _Cfg) -> None:
               f"not supported; {SUPPORTED}")
     c.require("MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIAlignV2")
     c.require("MODEL.KEYPOINT_ON", False, f"keypoint heads are not supported; {SUPPORTED}")
-    c.require("MODEL.LOAD_PROPOSALS", False,
-              f"Fast R-CNN on proposal files is not supported; {SUPPORTED}")
     c.require("TEST.AUG.ENABLED", False, "test-time augmentation is not supported")
     c.require("INPUT.FORMAT", ("BGR", "RGB"))
     if any(bool(x) for x in c.seq("MODEL.RESNETS.DEFORM_ON_PER_STAGE")):
@@ -262,15 +262,15 @@ def _check_single_feature(c: _Cfg) -> None:
     """build_resnet_backbone: one stage feeds the RPN and the ROI heads (C4: res4, DC5: res5)."""
     c.require("MODEL.RESNETS.OUT_FEATURES", tuple([f] for f in SINGLE_FEATURES),
               "a ResNet backbone without FPN must output exactly one of res4 (C4), res5 (DC5)")
-    out = c.seq("MODEL.RESNETS.OUT_FEATURES")
-    c.require("MODEL.RPN.IN_FEATURES", (out,), "the RPN must read the backbone's output")
-    c.require("MODEL.ROI_HEADS.IN_FEATURES", (out,), "the ROI heads must read the backbone's output")
-    c.require("MODEL.RESNETS.RES5_DILATION", (1, 2), "detectron2 allows only 1 or 2")
     if c.str("MODEL.ROI_HEADS.NAME") == RES5_ROI_HEADS:
         c.require("MODEL.RESNETS.OUT_FEATURES", (["res4"],), "Res5ROIHeads (C4) runs res5 on res4's boxes")
     else:
         c.require("MODEL.RESNETS.OUT_FEATURES", (["res5"],),
                   "StandardROIHeads without FPN need res5 (DC5); res4 goes with Res5ROIHeads (C4)")
+    out = c.seq("MODEL.RESNETS.OUT_FEATURES")
+    c.require("MODEL.RPN.IN_FEATURES", (out,), "the RPN must read the backbone's output")
+    c.require("MODEL.ROI_HEADS.IN_FEATURES", (out,), "the ROI heads must read the backbone's output")
+    c.require("MODEL.RESNETS.RES5_DILATION", (1, 2), "detectron2 allows only 1 or 2")
 
 
 def _calibration(c: _Cfg, provenance: dict) -> ConfigCalibration | None:
