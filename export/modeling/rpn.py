@@ -11,14 +11,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..trt_support import TOPK_K_LIMIT
 from .anchors import AnchorGenerator
 from .box_coder import BoxCoder, clip_boxes
 from .layers import PaddingMasks
 from .ops import FLOAT_LOWEST, non_max_suppression
 
 NEG_INF = float("-inf")
-# TensorRT's TopK takes K < 3840 (norcal.export.trt_support.TOPK_K_LIMIT)
-TOPK_STEP = 3839
+TOPK_STEP = TOPK_K_LIMIT - 1  # TensorRT's TopK takes K < 3840
 
 
 def topk_in_steps(x: torch.Tensor, k: int, step: int = TOPK_STEP):

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 
@@ -27,6 +26,7 @@ from norcal.export.modeling.build import model_from_state
 from norcal.export.onnx_export import export_onnx
 from norcal.export.spec import RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, arch_name
 from norcal.export.trt_support import TOPK_K_LIMIT
+from test_onnx_export import run, session
 
 torch.set_num_threads(2)
 
@@ -46,18 +46,6 @@ def manifest_table(fixture: Path) -> CalibrationTable:
     cats = [{"id": i + 1, "name": f"class{i}", "image_count": n, "frequency": frequency_group(n)}
             for i, n in enumerate(counts)]
     return CalibrationTable(name=fixture.name, source="manifest.json", count_type="image", categories=cats)
-
-
-def session(proto: onnx.ModelProto) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.inter_op_num_threads = 1
-    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def run(sess: ort.InferenceSession, images: np.ndarray, sizes: np.ndarray) -> dict:
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, {"images": images, "image_sizes": sizes})))
 
 
 class Arch:
@@ -261,3 +249,16 @@ def test_weights_only_export_matches_golden_img0(arch):
     assert_tensorrt_compatible(proto)
     images, sizes = G.batch([0], fixture=arch.fixture)
     check_detections(run(session(proto), images, sizes), "baseline", arch.fixture, images=[0])
+
+
+def test_topk_in_steps_equals_one_topk():
+    from norcal.export.modeling.rpn import topk_in_steps
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((2, 9000), generator=gen)
+    x[1, 5000:] = float("-inf")  # fewer real candidates than k, as on a small image
+    want_v, want_i = x.topk(6000, dim=1)
+    got_v, got_i = topk_in_steps(x, 6000, step=2500)  # three TopKs: 2500, 2500, 1000
+    assert torch.equal(got_v, want_v)
+    assert torch.equal(got_i[0], want_i[0]) and torch.equal(got_i[1, :5000], want_i[1, :5000])
+    assert len(set(got_i[0].tolist())) == 6000  # no index taken twice among real values
