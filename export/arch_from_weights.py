@@ -1,9 +1,10 @@
 """Infer a detectron2 R-CNN's architecture from its state dict alone (no config file).
 
-What the weights fix (depth, widths, groups, norms, FPN channels, heads, classes, anchors
-per location) is read from parameter names and shapes. What they cannot tell is set to
-detectron2's LVIS model-zoo values and noted in ``spec.provenance``: stride_in_1x1, anchor
-sizes, softmax vs sigmoid classifier, input format and size, test thresholds.
+What the weights fix (layout FPN / C4 / DC5, depth, widths, groups, norms, FPN channels,
+heads, classes, anchors per location) is read from parameter names and shapes. What they
+cannot tell is set to detectron2's model-zoo values and noted in ``spec.provenance``:
+stride_in_1x1, anchor sizes, softmax vs sigmoid classifier, input format and size, test
+thresholds, and for C4 its pooler resolution, for DC5 its res5 dilation.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
-from .spec import ModelSpec
+from .spec import (FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES,
+                   ModelSpec, arch_name)
 
 STEM = "backbone.bottom_up.stem.conv1"
 BOTTOM_UP = "backbone.bottom_up"
+PLAIN_STEM = "backbone.stem.conv1"  # build_resnet_backbone: the ResNet is the backbone (C4, DC5)
+C4_RES5 = "roi_heads.res5"  # Res5ROIHeads' own res5
 RPN_HEAD = "proposal_generator.rpn_head"
 BOX_HEAD = "roi_heads.box_head"
 BOX_PREDICTOR = "roi_heads.box_predictor"
@@ -34,6 +38,10 @@ LVIS_TEST_SETTINGS = dict(
 # Base-RCNN-FPN.yaml: one size per level, three aspect ratios everywhere
 FPN_ANCHOR_SIZES = ((32.0,), (64.0,), (128.0,), (256.0,), (512.0,))
 FPN_ASPECT_RATIOS = ((0.5, 1.0, 2.0),)
+# detectron2's defaults, which Base-RCNN-C4 and Base-RCNN-DilatedC5 keep: 15 anchors on one map
+SINGLE_ANCHOR_SIZES = ((32.0, 64.0, 128.0, 256.0, 512.0),)
+SINGLE_RPN_PRE_NMS_TOPK_TEST = 6000
+C4_POOLER_RESOLUTION = 14  # Base-RCNN-C4
 
 EXPECTED_KEYS = (f"{STEM}.weight", f"{RPN_HEAD}.objectness_logits.weight", f"{BOX_PREDICTOR}.cls_score.weight")
 
@@ -72,49 +80,90 @@ def _explain_foreign(sd: Mapping[str, Any]) -> NorcalError:
         what = "this looks like a torchvision detection model (backbone.body.*)"
     elif any(k.endswith(("_w", "_b")) and "." not in k for k in keys):
         what = "this looks like a Caffe2/Detectron1 checkpoint (names like conv1_w)"
-    elif any(k.startswith("backbone.res") or k.startswith("backbone.stem") for k in keys) or \
-            any(k.startswith("roi_heads.res5.") for k in keys):
-        what = "this looks like a detectron2 C4/DC5 model; only ResNet+FPN models are supported"
-    elif any(k.startswith("head.cls_subnet") for k in keys):
-        what = "this looks like a detectron2 RetinaNet; only GeneralizedRCNN (Faster/Mask R-CNN) is supported"
     else:
-        what = "not a detectron2 GeneralizedRCNN with a ResNet+FPN backbone"
+        what = f"not a detectron2 GeneralizedRCNN ({SUPPORTED_ARCHITECTURES})"
     return NorcalError(f"unexpected weight names: {what}; expected detectron2 names such as {expected} "
-                       f"(found e.g. {sample})")
+                       f"(or {PLAIN_STEM}.weight for C4/DC5; found e.g. {sample})")
 
 
 def _check_supported(sd: Mapping[str, Any]) -> None:
-    if not all(k in sd for k in EXPECTED_KEYS):
-        raise _explain_foreign(sd)
+    """Name the detectron2 models we do not export before asking for the names we read."""
     for k in sd:
         if "conv2_offset" in k:
             raise NorcalError(f"weight {k}: deformable convolutions (MODEL.RESNETS.DEFORM_ON_PER_STAGE) "
-                              "are not supported")
+                              f"are not supported; {SUPPORTED_ARCHITECTURES}")
         if k.startswith((f"{BOX_HEAD}.0.", f"{BOX_PREDICTOR}.0.")):
-            raise NorcalError(f"weight {k}: cascade box heads (CascadeROIHeads) are not supported")
+            raise NorcalError(f"weight {k}: this is a Cascade R-CNN (CascadeROIHeads), not supported yet; "
+                              f"{SUPPORTED_ARCHITECTURES}")
         if k.startswith("roi_heads.keypoint_head."):
-            raise NorcalError(f"weight {k}: keypoint heads (MODEL.KEYPOINT_ON) are not supported")
+            raise NorcalError(f"weight {k}: keypoint heads (MODEL.KEYPOINT_ON) are not supported; "
+                              f"{SUPPORTED_ARCHITECTURES}")
         if k.startswith("sem_seg_head."):
-            raise NorcalError(f"weight {k}: PanopticFPN is not supported")
+            raise NorcalError(f"weight {k}: PanopticFPN is not supported; {SUPPORTED_ARCHITECTURES}")
+        if k.startswith("head.cls_subnet."):
+            raise NorcalError(f"weight {k}: this is a RetinaNet, not supported yet; {SUPPORTED_ARCHITECTURES}")
+    has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd
+    has_rpn = f"{RPN_HEAD}.objectness_logits.weight" in sd
+    has_heads = f"{BOX_PREDICTOR}.cls_score.weight" in sd
+    if has_backbone and has_rpn and not has_heads and not any(k.startswith("roi_heads.") for k in sd):
+        raise NorcalError(f"no roi_heads weights: this is an RPN-only model (ProposalNetwork), which gives "
+                          f"proposals, not detections; {SUPPORTED_ARCHITECTURES}")
+    if has_backbone and has_heads and not any(k.startswith("proposal_generator.") for k in sd):
+        raise NorcalError(f"no proposal_generator weights: this is a Fast R-CNN on precomputed proposals "
+                          f"(MODEL.LOAD_PROPOSALS); {SUPPORTED_ARCHITECTURES}")
+    if not (has_backbone and has_rpn and has_heads):
+        raise _explain_foreign(sd)
 
 
-def _backbone(sd: Mapping[str, Any]) -> dict:
-    blocks = tuple(_count(sd, f"{BOTTOM_UP}.res{s}.{{}}.conv1.weight", 0) for s in (2, 3, 4, 5))
-    bottleneck = f"{BOTTOM_UP}.res2.0.conv3.weight" in sd
+def weights_layout(sd: Mapping[str, Any]) -> str:
+    """"FPN", "C4" or "DC5": the layout a supported detectron2 state dict's names show."""
+    _check_supported(sd)
+    return arch_name(ModelSpec(**_layout(sd)))
+
+
+def _layout(sd: Mapping[str, Any]) -> dict:
+    """Which detectron2 layout the names show: FPN, C4 (res5 in the ROI heads) or DC5."""
+    if f"{STEM}.weight" in sd:
+        return {"backbone_name": FPN_BACKBONE, "roi_heads_name": STANDARD_ROI_HEADS}
+    if f"{C4_RES5}.0.conv1.weight" in sd:
+        return {"backbone_name": RESNET_BACKBONE, "backbone_out_feature": "res4", "roi_heads_name": RES5_ROI_HEADS}
+    if "backbone.res5.0.conv1.weight" not in sd:
+        raise NorcalError(f"{PLAIN_STEM} without FPN, but neither backbone.res5 (DC5) nor {C4_RES5} (C4) "
+                          f"weights; {SUPPORTED_ARCHITECTURES}")
+    # a dilated and an undilated res5 have the same weights; detectron2's zoo only has DC5
+    return {"backbone_name": RESNET_BACKBONE, "backbone_out_feature": "res5", "roi_heads_name": STANDARD_ROI_HEADS,
+            "res5_dilation": 2}
+
+
+def _backbone(sd: Mapping[str, Any], layout: dict) -> dict:
+    fpn = layout["backbone_name"] == FPN_BACKBONE
+    prefix = BOTTOM_UP if fpn else "backbone"
+    stage_prefix = {s: prefix for s in (2, 3, 4, 5)}
+    if layout["roi_heads_name"] == RES5_ROI_HEADS:
+        stage_prefix[5] = "roi_heads"  # detectron2 builds res5 in the heads, always 3 bottlenecks
+    blocks = tuple(_count(sd, f"{stage_prefix[s]}.res{s}.{{}}.conv1.weight", 0) for s in (2, 3, 4, 5))
+    bottleneck = f"{prefix}.res2.0.conv3.weight" in sd
     table = BOTTLENECK_DEPTHS if bottleneck else BASIC_DEPTHS
+    if layout["roi_heads_name"] == RES5_ROI_HEADS:
+        table = {k[:3] + (3,): v for k, v in table.items()}
     if blocks not in table:
         kind = "bottleneck" if bottleneck else "basic"
         raise NorcalError(f"backbone has {blocks} {kind} blocks in res2..res5; expected one of "
                           f"{sorted(table)} (ResNet-{'/'.join(str(d) for d in table.values())})")
-    out = {"depth": table[blocks], "stem_out_channels": _shape(sd, f"{STEM}.weight")[0],
-           "norm": norm_of(sd, f"{STEM}.norm")}
+    stem = f"{prefix}.stem.conv1"
+    out = {"depth": table[blocks], "stem_out_channels": _shape(sd, f"{stem}.weight")[0],
+           "norm": norm_of(sd, f"{stem}.norm")}
     if bottleneck:
-        width, per_group = _shape(sd, f"{BOTTOM_UP}.res2.0.conv2.weight")[:2]
+        width, per_group = _shape(sd, f"{prefix}.res2.0.conv2.weight")[:2]
         groups = width // per_group
-        out.update(res2_out_channels=_shape(sd, f"{BOTTOM_UP}.res2.0.conv3.weight")[0],
+        out.update(res2_out_channels=_shape(sd, f"{prefix}.res2.0.conv3.weight")[0],
                    num_groups=groups, width_per_group=width // groups)
     else:
-        out.update(res2_out_channels=_shape(sd, f"{BOTTOM_UP}.res2.0.conv2.weight")[0], num_groups=1)
+        out.update(res2_out_channels=_shape(sd, f"{prefix}.res2.0.conv2.weight")[0], num_groups=1)
+    if not fpn:
+        feature = layout["backbone_out_feature"]
+        last = "conv3" if bottleneck else "conv2"
+        out["feature_channels"] = _shape(sd, f"backbone.{feature}.0.{last}.weight")[0]
     return out
 
 
@@ -127,24 +176,27 @@ def _fpn(sd: Mapping[str, Any]) -> dict:
             "fpn_norm": norm_of(sd, "backbone.fpn_lateral2.norm")}
 
 
-def _rpn(sd: Mapping[str, Any], fpn_channels: int, anchor_layout=None) -> dict:
+def _rpn(sd: Mapping[str, Any], in_channels: int, anchor_layout=None, fpn: bool = True) -> dict:
     anchors = _shape(sd, f"{RPN_HEAD}.objectness_logits.weight")[0]
     deltas = _shape(sd, f"{RPN_HEAD}.anchor_deltas.weight")[0]
     if deltas != 4 * anchors:
         raise NorcalError(f"{RPN_HEAD}.anchor_deltas has {deltas} rows for {anchors} anchors; expected "
                           f"{4 * anchors} (rotated anchors are not supported)")
-    sizes, ratios = anchor_layout or (FPN_ANCHOR_SIZES, FPN_ASPECT_RATIOS)
+    default = (FPN_ANCHOR_SIZES, FPN_ASPECT_RATIOS) if fpn else (SINGLE_ANCHOR_SIZES, FPN_ASPECT_RATIOS)
+    sizes, ratios = anchor_layout or default
     if anchor_layout is not None and len(sizes[0]) * len(ratios[0]) != anchors:
         raise NorcalError(f"the config's anchors ({len(sizes[0])} sizes x {len(ratios[0])} aspect ratios per "
                           f"location) do not fit the RPN's weights, which predict {anchors} anchors per location")
-    if anchor_layout is None and anchors != 3:
-        raise NorcalError(f"the RPN predicts {anchors} anchors per location; only 3 (aspect ratios 0.5, 1, 2, "
-                          "one size per FPN level) can be inferred from weights: pass the model's config.yaml")
+    if anchor_layout is None and anchors != len(sizes[0]) * len(ratios[0]):
+        can = ("3 (aspect ratios 0.5, 1, 2, one size per FPN level)" if fpn else
+               "15 (sizes 32-512 x aspect ratios 0.5, 1, 2, detectron2's default)")
+        raise NorcalError(f"the RPN predicts {anchors} anchors per location; only {can} can be inferred "
+                          "from weights: pass the model's config.yaml")
     if f"{RPN_HEAD}.conv.weight" in sd:
         convs = [f"{RPN_HEAD}.conv.weight"]
     else:
         convs = [f"{RPN_HEAD}.conv.conv{k}.weight" for k in range(_count(sd, f"{RPN_HEAD}.conv.conv{{}}.weight", 0))]
-    dims, channels = [], fpn_channels
+    dims, channels = [], in_channels
     for key in convs:
         out = _shape(sd, key)[0]
         dims.append(-1 if out == channels else out)  # -1: "as many as the input", detectron2's default
@@ -160,7 +212,7 @@ def _resolution(features: int, channels: int, what: str) -> int:
     return r
 
 
-def _box_head(sd: Mapping[str, Any], fpn_channels: int) -> dict:
+def _box_head(sd: Mapping[str, Any], fpn_channels: int, c4: bool = False) -> dict:
     cls_rows, cls_in = _shape(sd, f"{BOX_PREDICTOR}.cls_score.weight")
     num_classes = cls_rows - 1  # background is the last row
     reg_rows = _shape(sd, f"{BOX_PREDICTOR}.bbox_pred.weight")[0]
@@ -171,6 +223,9 @@ def _box_head(sd: Mapping[str, Any], fpn_channels: int) -> dict:
     else:
         raise NorcalError(f"{BOX_PREDICTOR}.bbox_pred has {reg_rows} rows; expected 4 x {num_classes} classes "
                           f"= {4 * num_classes} (class-specific) or 4 (class-agnostic)")
+    if c4:  # the predictor reads res5's output averaged over the pooled grid: no box head
+        return {"num_classes": num_classes, "cls_agnostic_bbox_reg": agnostic, "box_head_num_conv": 0,
+                "box_head_num_fc": 0, "pooler_resolution": C4_POOLER_RESOLUTION}
     n_conv = _count(sd, f"{BOX_HEAD}.conv{{}}.weight", 1)
     n_fc = _count(sd, f"{BOX_HEAD}.fc{{}}.weight", 1)
     out = {"num_classes": num_classes, "cls_agnostic_bbox_reg": agnostic,
@@ -216,7 +271,7 @@ def _pixel_stats(sd: Mapping[str, Any]) -> dict:
 
 
 def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> ModelSpec:
-    """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (ResNet+FPN) state dict.
+    """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (FPN, C4 or DC5) state dict.
 
     ``state_dict``: ``{name: tensor or array}`` with detectron2 names. ``anchor_layout``:
     (sizes, aspect ratios) when a config gives them (weights only tell the anchor count).
@@ -224,28 +279,47 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> Mode
     """
     sd = state_dict
     _check_supported(sd)
-    fields: dict = {}
-    fields.update(_backbone(sd))
-    fields.update(_fpn(sd))
-    fields.update(_rpn(sd, fields["fpn_out_channels"], anchor_layout))
-    fields.update(_box_head(sd, fields["fpn_out_channels"]))
+    fields: dict = _layout(sd)
+    fpn = fields["backbone_name"] == FPN_BACKBONE
+    c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
+    fields.update(_backbone(sd, fields))
+    if fpn:
+        fields.update(_fpn(sd))
+    channels = fields["fpn_out_channels"] if fpn else fields.pop("feature_channels")
+    fields.update(_rpn(sd, channels, anchor_layout, fpn))
+    fields.update(_box_head(sd, channels, c4))
     fields.update(_mask_head(sd, fields["num_classes"]))
     stats = _pixel_stats(sd)
     fields.update(stats)
     fields.update(LVIS_TEST_SETTINGS)
+    if not fpn:  # detectron2's default for one map; the 1000 above is FPN's per level
+        fields["rpn_pre_nms_topk_test"] = SINGLE_RPN_PRE_NMS_TOPK_TEST
+    if c4:  # Res5ROIHeads pools masks with the box pooler
+        fields["mask_pooler_resolution"] = fields["pooler_resolution"]
     assumed = "assumed, not readable from weights"
+    anchor_sizes = fields["anchor_sizes"] if anchor_layout is None else None
     provenance = {
         "source": "inferred from weights",
+        "architecture": f"{arch_name(ModelSpec(**fields))}: read from the weight names",
         "stride_in_1x1": f"{assumed}: True (detectron2 model zoo, MSRA ResNets)",
-        "anchor_sizes": f"{assumed}: {FPN_ANCHOR_SIZES} (detectron2 Base-RCNN-FPN)",
-        "anchor_aspect_ratios": "(0.5, 1, 2): the RPN predicts 3 anchors per location",
+        "anchor_sizes": (f"{assumed}: {anchor_sizes} (detectron2 "
+                         f"{'Base-RCNN-FPN' if fpn else 'defaults, kept by Base-RCNN-C4/DilatedC5'})"),
+        "anchor_aspect_ratios": (f"(0.5, 1, 2): the RPN predicts {3 if fpn else 15} anchors per location"),
         "use_sigmoid_ce": f"{assumed}: softmax classifier",
         "input": f"{assumed}: BGR, shortest edge 800, max 1333 (detectron2 LVIS configs)",
-        "test_thresholds": f"{assumed}: score 1e-4, NMS 0.5, 300 detections (detectron2 LVIS configs)",
+        "test_thresholds": (f"{assumed}: score 1e-4, NMS 0.5, 300 detections (detectron2 LVIS configs), "
+                            f"RPN top {fields['rpn_pre_nms_topk_test']} before NMS "
+                            f"{'per level' if fpn else '(detectron2 default)'}"),
         "pixel_mean/std": ("read from the checkpoint's pixel_mean/pixel_std" if stats
                            else f"{assumed}: detectron2 defaults (ImageNet BGR mean, std 1)"),
-        "mask_pooler_resolution": f"{assumed}: 14" if fields.get("mask_on") else "no mask head",
+        "mask_pooler_resolution": (("the box pooler's (Res5ROIHeads)" if c4 else f"{assumed}: 14")
+                                   if fields.get("mask_on") else "no mask head"),
     }
+    if c4:
+        provenance["pooler_resolution"] = f"{assumed}: {C4_POOLER_RESOLUTION} (detectron2 Base-RCNN-C4)"
+    if not fpn and not c4:
+        provenance["res5_dilation"] = (f"{assumed}: 2, stride 16 (DC5: detectron2's zoo has no model with an "
+                                       "undilated res5 as its only feature)")
     return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=False, input_format="BGR",
                      provenance=provenance, **fields)
 
@@ -259,17 +333,25 @@ def architecture(spec: ModelSpec) -> dict:
     def family(norm: str) -> str:
         return "BN" if norm in ("BN", "FrozenBN", "SyncBN") else norm
 
-    arch = {"depth": spec.depth, "norm": family(spec.norm), "stem_out_channels": spec.stem_out_channels,
-            "res2_out_channels": spec.res2_out_channels, "fpn_out_channels": spec.fpn_out_channels,
-            "fpn_norm": family(spec.fpn_norm), "num_classes": spec.num_classes,
+    fpn = spec.backbone_name == FPN_BACKBONE
+    c4 = spec.roi_heads_name == RES5_ROI_HEADS
+    arch = {"backbone_name": spec.backbone_name, "roi_heads_name": spec.roi_heads_name,
+            "depth": spec.depth, "norm": family(spec.norm), "stem_out_channels": spec.stem_out_channels,
+            "res2_out_channels": spec.res2_out_channels, "num_classes": spec.num_classes,
             "cls_agnostic_bbox_reg": spec.cls_agnostic_bbox_reg and spec.num_classes != 1,
-            "box_head_num_conv": spec.box_head_num_conv, "box_head_num_fc": spec.box_head_num_fc,
-            "pooler_resolution": spec.pooler_resolution, "mask_on": spec.mask_on}
+            "mask_on": spec.mask_on}
+    if fpn:
+        arch.update(fpn_out_channels=spec.fpn_out_channels, fpn_norm=family(spec.fpn_norm))
+    else:
+        arch["backbone_out_feature"] = spec.backbone_out_feature
+    if not c4:  # C4 has no box head; its predictor reads res5 averaged over any pooler size
+        arch.update(box_head_num_conv=spec.box_head_num_conv, box_head_num_fc=spec.box_head_num_fc,
+                    pooler_resolution=spec.pooler_resolution)
     if spec.depth >= 50:
         arch.update(num_groups=spec.num_groups, width_per_group=spec.width_per_group)
-    if spec.box_head_num_conv:
+    if spec.box_head_num_conv and not c4:
         arch.update(box_head_conv_dim=spec.box_head_conv_dim, box_head_norm=family(spec.box_head_norm))
-    if spec.box_head_num_fc:
+    if spec.box_head_num_fc and not c4:
         arch["box_head_fc_dim"] = spec.box_head_fc_dim
     if spec.mask_on:
         arch.update(mask_head_num_conv=spec.mask_head_num_conv, mask_head_conv_dim=spec.mask_head_conv_dim,
@@ -278,7 +360,8 @@ def architecture(spec: ModelSpec) -> dict:
             arch["mask_head_norm"] = family(spec.mask_head_norm)
     sizes, ratios = spec.anchor_sizes, spec.anchor_aspect_ratios
     arch["anchors_per_location"] = len(sizes[0]) * len(ratios[0])
-    dims, channels = [], spec.fpn_out_channels
+    dims = []
+    channels = spec.fpn_out_channels if fpn else spec.res2_out_channels * (4 if c4 else 8)
     for d in spec.rpn_conv_dims:
         channels = channels if d == -1 else d
         dims.append(channels)

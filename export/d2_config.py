@@ -19,13 +19,20 @@ import yaml
 from norcal.core.errors import NorcalError
 
 from .d2_defaults import d2_defaults
-from .spec import ModelSpec
+from .spec import (FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, ConfigCalibration,
+                   ModelSpec)
+from .spec import SUPPORTED_ARCHITECTURES as SUPPORTED
 
 BASE_KEY = "_BASE_"
 FPN_IN_FEATURES = ["res2", "res3", "res4", "res5"]
 RPN_IN_FEATURES = ["p2", "p3", "p4", "p5", "p6"]
 ROI_IN_FEATURES = ["p2", "p3", "p4", "p5"]
 RESNET_DEPTHS = (18, 34, 50, 101, 152)
+SINGLE_FEATURES = ("res4", "res5")  # build_resnet_backbone's one output: C4 (res4), DC5 (res5)
+# the NorCal authors' heads (github.com/tydpan/NorCal): StandardROIHeads whose box predictor
+# calibrates its scores with TEST.CALIBRATION.*; nothing else differs at inference
+NORCAL_ROI_HEADS = "CalibrationROIHeads"
+NORCAL_CALIBRATION = {"METHOD": "gamma", "WITH": "exps", "GAMMA": 0.0, "RENORM": True}  # add_norcal_config
 # every BatchNorm flavour is a fixed affine map at inference; SyncBN's variants act as SyncBN
 _NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naiveSyncBN": "SyncBN",
           "nnSyncBN": "SyncBN", "GN": "GN"}
@@ -208,46 +215,103 @@ class _Cfg:
 def _check_supported(c: _Cfg) -> None:
     """Refuse what changes inference and is not implemented, naming the key and value."""
     c.require("VERSION", 2, "only version-2 detectron2 configs are supported")
-    c.require("MODEL.META_ARCHITECTURE", "GeneralizedRCNN")
-    c.require("MODEL.BACKBONE.NAME", "build_resnet_fpn_backbone", "only ResNet/ResNeXt + FPN backbones are supported")
+    c.require("MODEL.META_ARCHITECTURE", "GeneralizedRCNN", f"not supported; {SUPPORTED}")
+    c.require("MODEL.BACKBONE.NAME", (FPN_BACKBONE, RESNET_BACKBONE),
+              "only ResNet/ResNeXt backbones, with FPN or alone (C4, DC5), are supported")
     c.require("MODEL.RESNETS.DEPTH", RESNET_DEPTHS)
-    c.require("MODEL.FPN.FUSE_TYPE", "sum")
-    c.require("MODEL.FPN.IN_FEATURES", (FPN_IN_FEATURES,))
-    c.require("MODEL.PROPOSAL_GENERATOR.NAME", "RPN")
+    c.require("MODEL.LOAD_PROPOSALS", False,
+              f"Fast R-CNN on proposal files is not supported; {SUPPORTED}")
+    c.require("MODEL.PROPOSAL_GENERATOR.NAME", "RPN",
+              "only RPN proposals are supported (not precomputed or rotated ones)")
     c.require("MODEL.RPN.HEAD_NAME", "StandardRPNHead")
-    c.require("MODEL.RPN.IN_FEATURES", (RPN_IN_FEATURES,))
     c.require("MODEL.ANCHOR_GENERATOR.NAME", "DefaultAnchorGenerator")
-    c.require("MODEL.ROI_HEADS.NAME", "StandardROIHeads")
-    c.require("MODEL.ROI_HEADS.IN_FEATURES", (ROI_IN_FEATURES,))
-    c.require("MODEL.ROI_BOX_HEAD.NAME", "FastRCNNConvFCHead")
+    c.require("MODEL.ROI_HEADS.NAME", (STANDARD_ROI_HEADS, RES5_ROI_HEADS, NORCAL_ROI_HEADS),
+              f"not supported; {SUPPORTED}")
     c.require("MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIAlignV2")
-    c.require("MODEL.KEYPOINT_ON", False)
-    c.require("MODEL.LOAD_PROPOSALS", False)
+    c.require("MODEL.KEYPOINT_ON", False, f"keypoint heads are not supported; {SUPPORTED}")
     c.require("TEST.AUG.ENABLED", False, "test-time augmentation is not supported")
     c.require("INPUT.FORMAT", ("BGR", "RGB"))
     if any(bool(x) for x in c.seq("MODEL.RESNETS.DEFORM_ON_PER_STAGE")):
-        raise c.bad("MODEL.RESNETS.DEFORM_ON_PER_STAGE", "deformable convolutions are not supported")
-    # FPN needs contiguous power-of-2 strides, which a dilated res5 breaks (detectron2 refuses it too)
-    c.require("MODEL.RESNETS.RES5_DILATION", 1, "a dilated res5 is not supported with FPN")
+        raise c.bad("MODEL.RESNETS.DEFORM_ON_PER_STAGE", f"deformable convolutions are not supported; {SUPPORTED}")
     if c.int("MODEL.RESNETS.DEPTH") in (18, 34):
         c.require("MODEL.RESNETS.RES2_OUT_CHANNELS", 64, "ResNet-18/34 need RES2_OUT_CHANNELS 64")
         c.require("MODEL.RESNETS.NUM_GROUPS", 1, "ResNet-18/34 have no grouped convolutions")
+    if c.str("MODEL.BACKBONE.NAME") == FPN_BACKBONE:
+        _check_fpn(c)
+    else:
+        _check_single_feature(c)
+    if c.str("MODEL.ROI_HEADS.NAME") != RES5_ROI_HEADS:
+        c.require("MODEL.ROI_BOX_HEAD.NAME", "FastRCNNConvFCHead")
     if c.bool("MODEL.MASK_ON"):
         c.require("MODEL.ROI_MASK_HEAD.NAME", "MaskRCNNConvUpsampleHead")
-        c.require("MODEL.ROI_MASK_HEAD.POOLER_TYPE", "ROIAlignV2")
+        if c.str("MODEL.ROI_HEADS.NAME") != RES5_ROI_HEADS:  # Res5ROIHeads reuses the box pooler
+            c.require("MODEL.ROI_MASK_HEAD.POOLER_TYPE", "ROIAlignV2")
+
+
+def _check_fpn(c: _Cfg) -> None:
+    c.require("MODEL.FPN.FUSE_TYPE", "sum")
+    c.require("MODEL.FPN.IN_FEATURES", (FPN_IN_FEATURES,))
+    c.require("MODEL.RPN.IN_FEATURES", (RPN_IN_FEATURES,))
+    c.require("MODEL.ROI_HEADS.IN_FEATURES", (ROI_IN_FEATURES,))
+    c.require("MODEL.ROI_HEADS.NAME", (STANDARD_ROI_HEADS, NORCAL_ROI_HEADS), "FPN models need StandardROIHeads")
+    # FPN needs contiguous power-of-2 strides, which a dilated res5 breaks (detectron2 refuses it too)
+    c.require("MODEL.RESNETS.RES5_DILATION", 1, "a dilated res5 is not supported with FPN")
+
+
+def _check_single_feature(c: _Cfg) -> None:
+    """build_resnet_backbone: one stage feeds the RPN and the ROI heads (C4: res4, DC5: res5)."""
+    c.require("MODEL.RESNETS.OUT_FEATURES", tuple([f] for f in SINGLE_FEATURES),
+              "a ResNet backbone without FPN must output exactly one of res4 (C4), res5 (DC5)")
+    if c.str("MODEL.ROI_HEADS.NAME") == RES5_ROI_HEADS:
+        c.require("MODEL.RESNETS.OUT_FEATURES", (["res4"],), "Res5ROIHeads (C4) runs res5 on res4's boxes")
+    else:
+        c.require("MODEL.RESNETS.OUT_FEATURES", (["res5"],),
+                  "StandardROIHeads without FPN need res5 (DC5); res4 goes with Res5ROIHeads (C4)")
+    out = c.seq("MODEL.RESNETS.OUT_FEATURES")
+    c.require("MODEL.RPN.IN_FEATURES", (out,), "the RPN must read the backbone's output")
+    c.require("MODEL.ROI_HEADS.IN_FEATURES", (out,), "the ROI heads must read the backbone's output")
+    c.require("MODEL.RESNETS.RES5_DILATION", (1, 2), "detectron2 allows only 1 or 2")
+
+
+def _calibration(c: _Cfg, provenance: dict) -> ConfigCalibration | None:
+    """The NorCal authors' TEST.CALIBRATION keys (with their defaults) in our terms."""
+    if c.str("MODEL.ROI_HEADS.NAME") != NORCAL_ROI_HEADS:
+        return None
+    given = c.get("TEST").get("CALIBRATION") or {}
+    if not isinstance(given, dict):
+        raise c.bad("TEST.CALIBRATION", "expected a mapping")
+    cal = _Cfg({"TEST": {"CALIBRATION": {**NORCAL_CALIBRATION, **given}}}, c.source)
+    method = cal.str("TEST.CALIBRATION.METHOD")
+    factors = {"gamma": "cdt", "cb": "ens"}  # a_c = N_c^gamma | (1 - gamma^N_c) / (1 - gamma)
+    if method not in factors:
+        raise cal.bad("TEST.CALIBRATION.METHOD", "expected 'gamma' or 'cb'")
+    mechanisms = {"exps": "exp", "probs": "prob", "logits": "logit"}
+    on = cal.str("TEST.CALIBRATION.WITH")
+    if on not in mechanisms:
+        raise cal.bad("TEST.CALIBRATION.WITH", "expected 'exps', 'probs' or 'logits'")
+    renorm = cal.bool("TEST.CALIBRATION.RENORM")
+    result = ConfigCalibration(gamma=cal.float("TEST.CALIBRATION.GAMMA"), factor=factors[method],
+                               mechanism=mechanisms[on], renormalize=renorm or on == "logits")
+    note = (f"{NORCAL_ROI_HEADS}: StandardROIHeads with NorCal; TEST.CALIBRATION gives gamma "
+            f"{result.gamma:g}, factor {result.factor}, mechanism {result.mechanism}"
+            f"{'' if result.renormalize else ', not renormalised'} (the default when no gamma is given)")
+    if on == "exps" and not renorm:
+        note += "; their unnormalised exp(logit)/a_c is exported as softmax/a_c (the same ranking per box)"
+    provenance["calibration"] = note
+    return result
 
 
 def _anchors(c: _Cfg) -> tuple[tuple, tuple]:
     sizes = c.float_lists("MODEL.ANCHOR_GENERATOR.SIZES")
     ratios = c.float_lists("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS")
-    levels = len(RPN_IN_FEATURES)
+    levels = len(c.seq("MODEL.RPN.IN_FEATURES"))
     for key, v in (("MODEL.ANCHOR_GENERATOR.SIZES", sizes), ("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS", ratios)):
         if len(v) not in (1, levels):
             raise c.bad(key, f"needs 1 entry or one per RPN level ({levels})")
     # the RPN head shares one conv across levels, so every level needs the same anchor count
     counts = {len(sizes[i % len(sizes)]) * len(ratios[i % len(ratios)]) for i in range(levels)}
     if len(counts) != 1:
-        raise c.bad("MODEL.ANCHOR_GENERATOR.SIZES", "every FPN level needs the same number of anchors")
+        raise c.bad("MODEL.ANCHOR_GENERATOR.SIZES", "every RPN level needs the same number of anchors")
     return sizes, ratios
 
 
@@ -261,14 +325,25 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
                             for d in conv_dims):
         raise c.bad("MODEL.RPN.CONV_DIMS", "expected a list of positive integers or -1")
     mask_on = c.bool("MODEL.MASK_ON")
+    fpn = c.str("MODEL.BACKBONE.NAME") == FPN_BACKBONE
+    c4 = c.str("MODEL.ROI_HEADS.NAME") == RES5_ROI_HEADS
+    provenance = {"source": source}
+    calibration = _calibration(c, provenance)
+    # Res5ROIHeads pools masks with the box pooler (its res5 halves it; the deconv doubles it back)
+    mask_pooler = ("MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", "MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO") \
+        if c4 else ("MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION", "MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO")
     return ModelSpec(
         meta_architecture=c.str("MODEL.META_ARCHITECTURE"),
+        backbone_name=c.str("MODEL.BACKBONE.NAME"),
+        backbone_out_feature="res5" if fpn else c.seq("MODEL.RESNETS.OUT_FEATURES")[0],
+        roi_heads_name=RES5_ROI_HEADS if c4 else STANDARD_ROI_HEADS,
+        calibration=calibration,
         pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
         pixel_std=c.floats("MODEL.PIXEL_STD", 3),
         input_format=c.str("INPUT.FORMAT"),
         min_size_test=c.int("INPUT.MIN_SIZE_TEST", 1),
         max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
-        size_divisibility=32,  # FPN over res2-res5: the largest input stride
+        size_divisibility=32,  # the host's batch padding (detectron2's own: FPN 32, C4/DC5 none)
         depth=c.int("MODEL.RESNETS.DEPTH"),
         norm=c.norm("MODEL.RESNETS.NORM"),
         stem_out_channels=c.int("MODEL.RESNETS.STEM_OUT_CHANNELS", 1),
@@ -308,13 +383,19 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         mask_head_num_conv=c.int("MODEL.ROI_MASK_HEAD.NUM_CONV", 0),
         mask_head_conv_dim=c.int("MODEL.ROI_MASK_HEAD.CONV_DIM", 1),
         mask_head_norm=c.norm("MODEL.ROI_MASK_HEAD.NORM"),
-        mask_pooler_resolution=c.int("MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION", 1),
-        mask_pooler_sampling_ratio=c.int("MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO", 0),
+        mask_pooler_resolution=c.int(mask_pooler[0], 1),
+        mask_pooler_sampling_ratio=c.int(mask_pooler[1], 0),
         cls_agnostic_mask=c.bool("MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK"),
-        provenance={"source": source},
+        provenance=provenance,
     )
 
 
 def load_config(path) -> ModelSpec:
     """Read a detectron2 config file (following ``_BASE_``) into a :class:`ModelSpec`."""
+    if Path(str(path)).suffix == ".py":
+        # a LazyConfig is a program: reading it means running it (and importing detectron2)
+        raise NorcalError(f"{path}: Python (LazyConfig) configs are not read, as they would have to be "
+                          "executed; pass the equivalent YAML config (detectron2's configs/*.yaml, or "
+                          "cfg.dump() of the trained model), or no config to infer the architecture "
+                          "from the weights")
     return spec_from_cfg(load_cfg_dict(path), source=f"config {path}")

@@ -6,11 +6,13 @@ from norcal.core.errors import NorcalError
 
 from .checkpoint import clean_state_dict, read_checkpoint
 from .d2_config import load_config
-from .arch_from_weights import architecture, spec_from_weights
-from .spec import ModelSpec
+from .arch_from_weights import architecture, spec_from_weights, weights_layout
+from .spec import ModelSpec, arch_name
 
 # what each architecture field is called in a detectron2 config, for error messages
 _CONFIG_KEYS = {
+    "backbone_name": "MODEL.BACKBONE.NAME", "roi_heads_name": "MODEL.ROI_HEADS.NAME",
+    "backbone_out_feature": "MODEL.RESNETS.OUT_FEATURES",
     "depth": "MODEL.RESNETS.DEPTH", "norm": "MODEL.RESNETS.NORM",
     "stem_out_channels": "MODEL.RESNETS.STEM_OUT_CHANNELS", "res2_out_channels": "MODEL.RESNETS.RES2_OUT_CHANNELS",
     "num_groups": "MODEL.RESNETS.NUM_GROUPS", "width_per_group": "MODEL.RESNETS.WIDTH_PER_GROUP",
@@ -50,6 +52,12 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
     """
     raw = read_checkpoint(weights)
     spec = load_config(config) if config is not None else None
+    if spec is not None:
+        want, have = arch_name(spec), weights_layout(raw)
+        # said first: the anchor and shape checks below would only show its symptoms; weights
+        # cannot tell a dilated res5 (DC5) from an undilated one (C5)
+        if want != have and (want, have) != ("C5", "DC5"):
+            raise NorcalError(f"{config} describes a {want} model but {weights} holds a {have} model's weights")
     # inferred from the raw dict: num_batches_tracked still tells BN from FrozenBN
     inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None)
     state = clean_state_dict(raw)

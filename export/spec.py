@@ -1,6 +1,9 @@
 """ModelSpec: everything about a detectron2 R-CNN that changes inference, in one place.
 
-Built from a detectron2 config (``norcal.export.d2_config``) or inferred from a checkpoint's
+Three detectron2 layouts (``arch_name``): FPN (``build_resnet_fpn_backbone`` + StandardROIHeads
+over P2-P5), C4 (``build_resnet_backbone`` up to res4 + ``Res5ROIHeads``, which runs res5 on
+each pooled box) and DC5 (``build_resnet_backbone`` with a dilated, stride-16 res5 +
+StandardROIHeads on it). Built from a detectron2 config (``norcal.export.d2_config``) or inferred from a checkpoint's
 weights (``norcal.export.arch_from_weights``); consumed by ``norcal.export.modeling``.
 Field defaults are detectron2's (``detectron2/config/defaults.py``) except the test-time
 settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).
@@ -9,6 +12,24 @@ settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+FPN_BACKBONE = "build_resnet_fpn_backbone"
+RESNET_BACKBONE = "build_resnet_backbone"  # one ResNet stage as the only feature (C4, DC5)
+STANDARD_ROI_HEADS = "StandardROIHeads"
+RES5_ROI_HEADS = "Res5ROIHeads"
+SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt FPN, "
+                           "C4 or DC5 backbone")
+
+
+class ConfigCalibration(NamedTuple):
+    """NorCal settings a config asks for (the NorCal authors' ``TEST.CALIBRATION.*`` keys),
+    in this project's terms (``norcal.core.calibration``)."""
+
+    gamma: float
+    factor: str  # cdt | ens
+    mechanism: str = "exp"  # exp | prob | logit
+    renormalize: bool = True
 
 
 @dataclass
@@ -20,7 +41,10 @@ class ModelSpec:
     input_format: str = "BGR"
     min_size_test: int = 800
     max_size_test: int = 1333
-    size_divisibility: int = 32
+    size_divisibility: int = 32  # the host pads a batch to a multiple of this
+    backbone_name: str = FPN_BACKBONE
+    backbone_out_feature: str = "res5"  # RESNET_BACKBONE only: the stage the heads read
+    roi_heads_name: str = STANDARD_ROI_HEADS
     # backbone: ResNet / ResNeXt
     depth: int = 50
     norm: str = "FrozenBN"  # FrozenBN | BN | SyncBN | GN | ""
@@ -68,5 +92,16 @@ class ModelSpec:
     mask_pooler_resolution: int = 14
     mask_pooler_sampling_ratio: int = 0
     cls_agnostic_mask: bool = False
+    # NorCal settings from the config, used when the user gives none; None: the config has none
+    calibration: ConfigCalibration | None = None
     # free-form notes on where values came from (config file, inferred from weights)
     provenance: dict[str, str] = field(default_factory=dict)
+
+
+def arch_name(spec: ModelSpec) -> str:
+    """"FPN", "C4", "DC5" (or "C5": an undilated res5 as the only feature), for messages."""
+    if spec.backbone_name == FPN_BACKBONE:
+        return "FPN"
+    if spec.roi_heads_name == RES5_ROI_HEADS:
+        return "C4"
+    return "DC5" if spec.res5_dilation == 2 else "C5"

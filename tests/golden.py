@@ -1,4 +1,5 @@
-"""Helpers for parity tests against detectron2's golden outputs in tests/fixtures/d2_lvis_tiny.
+"""Helpers for parity tests against detectron2's golden outputs in tests/fixtures/d2_lvis_tiny
+(and, through ``fixture=``, the other d2_*_tiny fixtures, which share its layout).
 
 The resize here is an independent re-statement of detectron2's ``ResizeShortestEdge`` (PIL
 bilinear on uint8, new size rounded with int(x + 0.5)), so tests do not depend on the
@@ -41,22 +42,22 @@ def output_shape(h: int, w: int, short: int, max_size: int) -> tuple[int, int]:
     return int(nh + 0.5), int(nw + 0.5)
 
 
-def load_bgr_resized(k: int, short: int = 320, max_size: int = 512) -> np.ndarray:
+def load_bgr_resized(k: int, short: int = 320, max_size: int = 512, fixture: Path = FIXTURE) -> np.ndarray:
     """imgK.png as detectron2 feeds it: BGR uint8 resized, HWC."""
-    rgb = np.asarray(Image.open(FIXTURE / "images" / f"img{k}.png").convert("RGB"))
+    rgb = np.asarray(Image.open(fixture / "images" / f"img{k}.png").convert("RGB"))
     bgr = np.ascontiguousarray(rgb[:, :, ::-1])
     nh, nw = output_shape(bgr.shape[0], bgr.shape[1], short, max_size)
     return np.asarray(Image.fromarray(bgr).resize((nw, nh), Image.BILINEAR))
 
 
-def golden(k: int) -> dict[str, np.ndarray]:
-    with np.load(FIXTURE / "golden" / f"img{k}.npz") as z:
+def golden(k: int, fixture: Path = FIXTURE) -> dict[str, np.ndarray]:
+    with np.load(fixture / "golden" / f"img{k}.npz") as z:
         return {name: z[name] for name in z.files}
 
 
-def batch(indices, divisibility: int = 32):
+def batch(indices, divisibility: int = 32, fixture: Path = FIXTURE):
     """Images float32 [B,3,H,W] zero-padded to the largest (multiple of 32), sizes int64 [B,2]."""
-    imgs = [load_bgr_resized(k) for k in indices]
+    imgs = [load_bgr_resized(k, fixture=fixture) for k in indices]
     h = max(i.shape[0] for i in imgs)
     w = max(i.shape[1] for i in imgs)
     h, w = -(-h // divisibility) * divisibility, -(-w // divisibility) * divisibility

@@ -26,9 +26,13 @@ class BasicStem(nn.Module):
         self.conv1 = Conv2d(in_channels, out_channels, 7, stride=2, padding=3, bias=False,
                             norm=norm, relu=True)
 
-    def forward(self, x: torch.Tensor, masks: PaddingMasks) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masks: PaddingMasks | None = None) -> torch.Tensor:
+        x = self.conv1(x, masks, 2)
+        if masks is not None:
+            # an unpadded image (C4/DC5) ends at an odd stride-2 column the max-pool reads past
+            x = masks.apply(x, 2)
         # inputs are >= 0 after ReLU, so the max-pool's -inf padding and our zero padding agree
-        return F.max_pool2d(self.conv1(x, masks, 2), kernel_size=3, stride=2, padding=1)
+        return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
 
 
 class BasicBlock(nn.Module):
@@ -69,20 +73,23 @@ class BottleneckBlock(nn.Module):
                             norm=norm, relu=True)
         self.conv3 = Conv2d(bottleneck_channels, out_channels, 1, bias=False, norm=norm)
 
-    def forward(self, x: torch.Tensor, masks: PaddingMasks) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masks: PaddingMasks | None = None) -> torch.Tensor:
         mid, s = self.mid_stride, self.out_stride
-        out = masks.apply(self.conv1(x, masks, mid), mid)  # only the 3x3 reads past an edge
+        out = self.conv1(x, masks, mid)
+        if masks is not None:  # None: pooled boxes (C4's res5 head), nothing to mask
+            out = masks.apply(out, mid)  # only the 3x3 reads past an edge
         out = self.conv3(self.conv2(out, masks, s), masks, s)
         short = self.shortcut(x, masks, s) if self.shortcut is not None else x
         return F.relu(out + short)
 
 
 class ResNet(nn.Module):
-    """Returns ``{"res2": [B,C2,H/4,W/4], ..., "res5": [B,C5,H/32,W/32]}``."""
+    """Returns ``{"res2": [B,C2,H/4,W/4], ..., "res5": [B,C5,H/32,W/32]}`` (res5 at H/16 when
+    dilated), stages up to ``last_stage`` (detectron2 builds none past its last output)."""
 
     def __init__(self, *, depth=50, norm="FrozenBN", stem_out_channels=64, res2_out_channels=256,
                  num_groups=1, width_per_group=64, stride_in_1x1=True, res5_dilation=1,
-                 in_channels=3):
+                 in_channels=3, last_stage=5):
         super().__init__()
         if depth not in BLOCKS_PER_STAGE:
             raise NorcalError(f"ResNet depth {depth} is not one of {sorted(BLOCKS_PER_STAGE)}")
@@ -98,7 +105,9 @@ class ResNet(nn.Module):
         in_ch, out_ch = stem_out_channels, res2_out_channels
         bottleneck = num_groups * width_per_group
         stride = 4
-        for idx, n_blocks in enumerate(BLOCKS_PER_STAGE[depth]):
+        if last_stage not in (4, 5):
+            raise NorcalError(f"the ResNet must end at res4 or res5, not res{last_stage}")
+        for idx, n_blocks in enumerate(BLOCKS_PER_STAGE[depth][:last_stage - 1]):
             stage = idx + 2
             dilation = res5_dilation if stage == 5 else 1
             first_stride = 1 if idx == 0 or (stage == 5 and dilation == 2) else 2
@@ -130,3 +139,34 @@ class ResNet(nn.Module):
                 x = block(x, masks)
             out[name] = x
         return out
+
+
+class ResNetBackbone(ResNet):
+    """detectron2's ``build_resnet_backbone`` with one output stage (C4: res4, DC5: res5), as
+    the model's backbone: features ``[that stage]``; state-dict names ``stem.*``, ``res2.*``...
+
+    detectron2 pads each image to no multiple (``size_divisibility`` 0) before this backbone.
+    """
+
+    def __init__(self, out_feature: str, **kwargs):
+        if out_feature not in ("res4", "res5"):
+            raise NorcalError(f"a ResNet backbone without FPN must output res4 or res5, not {out_feature!r}")
+        super().__init__(last_stage=int(out_feature[-1]), **kwargs)
+        self.out_feature = out_feature
+        self.strides = [self.out_strides[out_feature]]
+        self.size_divisibility = 1
+
+    def forward(self, x: torch.Tensor, masks: PaddingMasks) -> list[torch.Tensor]:
+        return [super().forward(x, masks)[self.out_feature]]
+
+
+def res5_head(in_channels: int, *, num_groups: int, width_per_group: int, norm: str,
+              stride_in_1x1: bool) -> nn.ModuleList:
+    """C4's res5 in the ROI heads (detectron2 ``Res5ROIHeads._build_res5_block``): 3 bottleneck
+    blocks, the first with stride 2, no dilation, widths 8x res2's; runs on pooled boxes."""
+    out_channels = 2 * in_channels
+    bottleneck = num_groups * width_per_group * 8
+    return nn.ModuleList(BottleneckBlock(
+        in_channels if i == 0 else out_channels, out_channels, bottleneck_channels=bottleneck,
+        stride=2 if i == 0 else 1, in_stride=1, num_groups=num_groups, norm=norm,
+        stride_in_1x1=stride_in_1x1, dilation=1) for i in range(3))

@@ -10,16 +10,17 @@ import torch
 
 from norcal.core.errors import NorcalError
 
-from ..spec import ModelSpec
+from ..spec import FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec
 from .anchors import AnchorGenerator
-from .backbone import ResNet
+from .backbone import ResNet, ResNetBackbone, res5_head
 from .box_head import FastRCNNConvFCHead
 from .box_predictor import FastRCNNOutputLayers
 from .fpn import FPN
 from .mask_head import MaskRCNNConvUpsampleHead
 from .poolers import ROIPooler
 from .rcnn import GeneralizedRCNN
-from .roi_heads import StandardROIHeads
+from .roi_heads import Res5ROIHeads, StandardROIHeads
+from .rpn import RPN, StandardRPNHead
 
 # buffers detectron2 may or may not have saved; they do not change inference
 _OPTIONAL_SUFFIXES = ("num_batches_tracked",)
@@ -28,58 +29,93 @@ _OPTIONAL_SUFFIXES = ("num_batches_tracked",)
 def _check_spec(spec: ModelSpec) -> None:
     if spec.meta_architecture != "GeneralizedRCNN":
         raise NorcalError(f"meta architecture {spec.meta_architecture!r} is not supported "
-                          "(only GeneralizedRCNN: Faster / Mask R-CNN with FPN)")
+                          "(only GeneralizedRCNN: Faster / Mask R-CNN with FPN, C4 or DC5)")
+    if spec.backbone_name not in (FPN_BACKBONE, RESNET_BACKBONE):
+        raise NorcalError(f"backbone {spec.backbone_name!r} is not supported "
+                          f"({FPN_BACKBONE} or {RESNET_BACKBONE})")
+    if spec.roi_heads_name not in (STANDARD_ROI_HEADS, RES5_ROI_HEADS):
+        raise NorcalError(f"ROI heads {spec.roi_heads_name!r} are not supported "
+                          f"({STANDARD_ROI_HEADS} or {RES5_ROI_HEADS})")
+    if spec.roi_heads_name == RES5_ROI_HEADS and (spec.backbone_name, spec.backbone_out_feature) != \
+            (RESNET_BACKBONE, "res4"):
+        raise NorcalError(f"{RES5_ROI_HEADS} (C4) needs a ResNet backbone that ends at res4")
     if spec.input_format not in ("BGR", "RGB"):
         raise NorcalError(f"input format {spec.input_format!r} must be BGR or RGB")
     if spec.fpn_fuse_type not in ("sum", "avg"):
         raise NorcalError(f"FPN fuse type {spec.fpn_fuse_type!r} must be 'sum' or 'avg'")
 
 
-def create_model(spec: ModelSpec) -> GeneralizedRCNN:
-    """The model for ``spec`` with default-initialised weights, in eval mode."""
-    _check_spec(spec)
-    bottom_up = ResNet(depth=spec.depth, norm=spec.norm, stem_out_channels=spec.stem_out_channels,
-                       res2_out_channels=spec.res2_out_channels, num_groups=spec.num_groups,
-                       width_per_group=spec.width_per_group, stride_in_1x1=spec.stride_in_1x1,
-                       res5_dilation=spec.res5_dilation)
-    backbone = FPN(bottom_up, spec.fpn_out_channels, spec.fpn_norm, spec.fpn_fuse_type)
-    ch = spec.fpn_out_channels
-    anchors = AnchorGenerator(spec.anchor_sizes, spec.anchor_aspect_ratios, backbone.strides,
-                              spec.anchor_offset)
-    from .rpn import RPN, StandardRPNHead
-    rpn = RPN(StandardRPNHead(ch, anchors.num_anchors, spec.rpn_conv_dims), anchors,
-              box_weights=spec.rpn_bbox_reg_weights, pre_nms_topk=spec.rpn_pre_nms_topk_test,
-              post_nms_topk=spec.rpn_post_nms_topk_test, nms_thresh=spec.rpn_nms_thresh,
-              min_size=spec.rpn_min_size)
-    roi_strides = backbone.in_strides
+def _backbone(spec: ModelSpec):
+    """(backbone, its feature channels, each image's own padding in detectron2)."""
+    resnet = dict(depth=spec.depth, norm=spec.norm, stem_out_channels=spec.stem_out_channels,
+                  res2_out_channels=spec.res2_out_channels, num_groups=spec.num_groups,
+                  width_per_group=spec.width_per_group, stride_in_1x1=spec.stride_in_1x1,
+                  res5_dilation=spec.res5_dilation)
+    if spec.backbone_name == FPN_BACKBONE:
+        backbone = FPN(ResNet(**resnet), spec.fpn_out_channels, spec.fpn_norm, spec.fpn_fuse_type)
+        # detectron2 pads each image to FPN's largest input stride
+        return backbone, spec.fpn_out_channels, backbone.in_strides[-1]
+    backbone = ResNetBackbone(spec.backbone_out_feature, **resnet)
+    return backbone, backbone.out_channels[spec.backbone_out_feature], backbone.size_divisibility
+
+
+def _box_predictor(spec: ModelSpec, input_size: int) -> FastRCNNOutputLayers:
+    return FastRCNNOutputLayers(
+        input_size, spec.num_classes, cls_agnostic_bbox_reg=spec.cls_agnostic_bbox_reg,
+        box_weights=spec.bbox_reg_weights, use_sigmoid=spec.use_sigmoid_ce,
+        score_thresh=spec.score_thresh_test, nms_thresh=spec.nms_thresh_test,
+        topk=spec.detections_per_image)
+
+
+def _mask_head(spec: ModelSpec, in_channels: int) -> MaskRCNNConvUpsampleHead:
+    return MaskRCNNConvUpsampleHead(in_channels, num_conv=spec.mask_head_num_conv,
+                                    conv_dim=spec.mask_head_conv_dim, num_classes=spec.num_classes,
+                                    cls_agnostic=spec.cls_agnostic_mask, norm=spec.mask_head_norm)
+
+
+def _roi_heads(spec: ModelSpec, ch: int, roi_strides):
     box_pooler = ROIPooler(spec.pooler_resolution, roi_strides, spec.pooler_sampling_ratio,
                            spec.pooler_type)
+    if spec.roi_heads_name == RES5_ROI_HEADS:
+        res5 = res5_head(ch, num_groups=spec.num_groups, width_per_group=spec.width_per_group,
+                         norm=spec.norm, stride_in_1x1=spec.stride_in_1x1)
+        out = res5[-1].conv3.out_channels
+        # one pooler for both branches: ROI_MASK_HEAD's pooler settings play no part
+        return Res5ROIHeads(box_pooler, res5, _box_predictor(spec, out),
+                            _mask_head(spec, out) if spec.mask_on else None)
     box_head = FastRCNNConvFCHead(ch, spec.pooler_resolution, num_conv=spec.box_head_num_conv,
                                   conv_dim=spec.box_head_conv_dim, num_fc=spec.box_head_num_fc,
                                   fc_dim=spec.box_head_fc_dim, norm=spec.box_head_norm)
     if box_head.num_fc == 0:
         raise NorcalError("a box head without fully connected layers is not supported")
-    predictor = FastRCNNOutputLayers(
-        box_head.output_size, spec.num_classes, cls_agnostic_bbox_reg=spec.cls_agnostic_bbox_reg,
-        box_weights=spec.bbox_reg_weights, use_sigmoid=spec.use_sigmoid_ce,
-        score_thresh=spec.score_thresh_test, nms_thresh=spec.nms_thresh_test,
-        topk=spec.detections_per_image)
     mask_pooler = mask_head = None
     if spec.mask_on:
         mask_pooler = ROIPooler(spec.mask_pooler_resolution, roi_strides,
                                 spec.mask_pooler_sampling_ratio, spec.pooler_type)
-        mask_head = MaskRCNNConvUpsampleHead(ch, num_conv=spec.mask_head_num_conv,
-                                             conv_dim=spec.mask_head_conv_dim,
-                                             num_classes=spec.num_classes,
-                                             cls_agnostic=spec.cls_agnostic_mask,
-                                             norm=spec.mask_head_norm)
-    roi_heads = StandardROIHeads(box_pooler, box_head, predictor, mask_pooler, mask_head)
+        mask_head = _mask_head(spec, ch)
+    return StandardROIHeads(box_pooler, box_head, _box_predictor(spec, box_head.output_size),
+                            mask_pooler, mask_head)
+
+
+def create_model(spec: ModelSpec) -> GeneralizedRCNN:
+    """The model for ``spec`` with default-initialised weights, in eval mode."""
+    _check_spec(spec)
+    backbone, ch, per_image_divisibility = _backbone(spec)
+    anchors = AnchorGenerator(spec.anchor_sizes, spec.anchor_aspect_ratios, backbone.strides,
+                              spec.anchor_offset)
+    rpn = RPN(StandardRPNHead(ch, anchors.num_anchors, spec.rpn_conv_dims), anchors,
+              box_weights=spec.rpn_bbox_reg_weights, pre_nms_topk=spec.rpn_pre_nms_topk_test,
+              post_nms_topk=spec.rpn_post_nms_topk_test, nms_thresh=spec.rpn_nms_thresh,
+              min_size=spec.rpn_min_size)
+    # FPN: the heads pool from P2-P5 (P6 is the RPN's only); C4/DC5: the one map
+    roi_strides = backbone.in_strides if spec.backbone_name == FPN_BACKBONE else backbone.strides
+    roi_heads = _roi_heads(spec, ch, roi_strides)
     mean, std = list(spec.pixel_mean), list(spec.pixel_std)
     if spec.input_format == "RGB":
         # the graph's contract is BGR input: flip the statistics, and the first conv below
         mean, std = mean[::-1], std[::-1]
     model = GeneralizedRCNN(backbone, rpn, roi_heads, pixel_mean=mean, pixel_std=std,
-                            size_divisibility=spec.size_divisibility)
+                            size_divisibility=per_image_divisibility)
     return model.eval()
 
 
@@ -126,7 +162,7 @@ def model_from_state(spec: ModelSpec, state_dict: Mapping[str, object]) -> Gener
         raise NorcalError(f"checkpoint shapes do not match the model spec ({len(bad)}): "
                           + "; ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""))
     if spec.input_format == "RGB":
-        w = "backbone.bottom_up.stem.conv1.weight"
+        w = next(k for k in tensors if k.endswith("stem.conv1.weight"))
         tensors[w] = tensors[w].flip(1)  # RGB-trained stem, BGR graph input
     model.load_state_dict(tensors, strict=False)
     return model
@@ -157,8 +193,8 @@ def random_state_dict(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]
             v = torch.randn(t.shape, generator=gen) * math.sqrt(2.0 / fan_in)
             if name.endswith("stem.conv1.weight"):
                 v = v / 64.0  # pixels minus mean are O(100), not O(1)
-            elif "bottom_up" in name and name.endswith(("conv3.weight", "conv2.weight")) \
-                    and "res" in name and ".0." not in name:
+            elif name.startswith(("backbone.", "roi_heads.res5.")) and ".res" in name \
+                    and name.endswith(("conv3.weight", "conv2.weight")) and ".0." not in name:
                 v = v * 0.3  # keep residual sums from growing block by block
         else:
             v = torch.zeros_like(t)

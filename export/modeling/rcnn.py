@@ -14,6 +14,8 @@ from .layers import PaddingMasks
 class GeneralizedRCNN(nn.Module):
     def __init__(self, backbone, proposal_generator, roi_heads, *, pixel_mean, pixel_std,
                  size_divisibility: int = 32):
+        """``size_divisibility``: what detectron2 pads each image to on its own (FPN 32; C4 and
+        DC5 1: no padding); the batch's own padding is masked back to that per image."""
         super().__init__()
         self.backbone = backbone
         self.proposal_generator = proposal_generator
@@ -33,7 +35,9 @@ class GeneralizedRCNN(nn.Module):
         features = self.backbone(x, masks)
         props, logits, valid = self.proposal_generator(features, image_sizes, masks)
         extra = {} if intermediates else None
-        out = self.roi_heads(features[:-1], props, valid, image_sizes, masks, extra)
+        # FPN's P6 feeds only the RPN; C4 and DC5 have one map for both
+        roi_features = features[:self.roi_heads.num_levels]
+        out = self.roi_heads(roi_features, props, valid, image_sizes, masks, extra)
         if intermediates:
             out.update(extra, proposals=props, proposal_logits=logits, proposal_valid=valid)
         return out

@@ -11,12 +11,31 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..trt_support import TOPK_K_LIMIT
 from .anchors import AnchorGenerator
 from .box_coder import BoxCoder, clip_boxes
 from .layers import PaddingMasks
 from .ops import FLOAT_LOWEST, non_max_suppression
 
 NEG_INF = float("-inf")
+TOPK_STEP = TOPK_K_LIMIT - 1  # TensorRT's TopK takes K < 3840
+
+
+def topk_in_steps(x: torch.Tensor, k: int, step: int = TOPK_STEP):
+    """``x.topk(k, dim=1)`` as TopKs of at most ``step`` each: after each, the values taken are
+    set to -inf and the next TopK picks the following ones (C4/DC5 take 6000 anchors)."""
+    values, indices = [], []
+    while k > 0:
+        n = min(k, step)
+        v, i = x.topk(n, dim=1)
+        values.append(v)
+        indices.append(i)
+        k -= n
+        if k:
+            x = x.scatter(1, i, torch.full_like(v, NEG_INF))
+    if len(values) == 1:
+        return values[0], indices[0]
+    return torch.cat(values, dim=1), torch.cat(indices, dim=1)
 
 
 class StandardRPNHead(nn.Module):
@@ -81,7 +100,7 @@ class RPN(nn.Module):
             logits = torch.cat([logits, logits.new_full((b, k), NEG_INF)], dim=1)
             deltas = torch.cat([deltas, deltas.new_zeros((b, k, 4))], dim=1)
             anc = torch.cat([anc, anc.new_zeros((k, 4))], dim=0)
-            top, idx = logits.topk(k, dim=1)
+            top, idx = topk_in_steps(logits, k)
             d = torch.gather(deltas, 1, idx[:, :, None].expand(-1, -1, 4))
             boxes.append(self.box_coder.decode(d, anc[idx])[:, :, 0, :])
             scores.append(top)
@@ -92,7 +111,8 @@ class RPN(nn.Module):
         nonempty = (w > self.min_size) & (h > self.min_size)
         scores = torch.where(nonempty, scores, torch.full_like(scores, NEG_INF))
         # NMS within each level: fold the level into NMS's batch axis ([B*L, k, 4]), so each
-        # NMS batch item holds at most k boxes (TensorRT considers <= 5000 per item)
+        # NMS batch item holds at most k boxes (TensorRT considers <= 5000 per item; with
+        # C4/DC5's k = 6000 the kept top 1000 still match unless fewer survive from the top 5000)
         sel = non_max_suppression(boxes.reshape(-1, k, 4), scores.reshape(-1, 1, k),
                                   self.post_nms_topk, self.nms_thresh, FLOAT_LOWEST)
         n = scores.shape[1]

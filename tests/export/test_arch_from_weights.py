@@ -334,3 +334,99 @@ def test_config_gives_anchor_layout_the_weights_cannot(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(NorcalError, match="do not fit the RPN's weights, which predict 5"):
         load_detector_spec(tmp_path / "m.pth", tmp_path / "c.yaml")
+
+
+# ---------------------------------------------------------------- C4, DC5 and the models we name
+
+def _fixture_weights(name: str) -> dict:
+    return torch.load(FIXTURES / f"d2_{name}_tiny" / "model_final.pth", map_location="cpu", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("name", ["c4", "dc5"])
+def test_c4_and_dc5_weights_give_the_config_architecture(name):
+    from norcal.export.arch_from_weights import architecture
+
+    inferred = spec_from_weights(_fixture_weights(name))
+    configured = load_config(FIXTURES / f"d2_{name}_tiny" / "config.yaml")
+    assert architecture(inferred) == architecture(configured)
+    for field in ("backbone_name", "backbone_out_feature", "roi_heads_name", "res5_dilation", "depth",
+                  "res2_out_channels", "width_per_group", "stem_out_channels", "rpn_conv_dims", "anchor_sizes",
+                  "anchor_aspect_ratios", "rpn_pre_nms_topk_test", "pooler_resolution", "mask_on",
+                  "mask_pooler_resolution", "mask_head_num_conv", "mask_head_conv_dim", "num_classes"):
+        if field.startswith("mask_") and field != "mask_on" and not configured.mask_on:
+            continue
+        assert getattr(inferred, field) == getattr(configured, field), field
+
+
+def test_c4_and_dc5_assumptions_are_recorded():
+    c4 = spec_from_weights(_fixture_weights("c4"))
+    assert c4.provenance["architecture"].startswith("C4")
+    assert "assumed" in c4.provenance["pooler_resolution"] and "14" in c4.provenance["pooler_resolution"]
+    assert "6000" in c4.provenance["test_thresholds"]
+    assert "Res5ROIHeads" in c4.provenance["mask_pooler_resolution"]
+    dc5 = spec_from_weights(_fixture_weights("dc5"))
+    assert dc5.provenance["architecture"].startswith("DC5")
+    assert "assumed" in dc5.provenance["res5_dilation"] and dc5.res5_dilation == 2
+    assert "assumed" in dc5.provenance["anchor_sizes"] and "512" in dc5.provenance["anchor_sizes"]
+
+
+def test_c4_with_other_anchor_counts_needs_the_config():
+    sd = dict(_fixture_weights("c4"))
+    for name, rows in (("objectness_logits", 9), ("anchor_deltas", 36)):
+        for part in ("weight", "bias"):
+            key = f"proposal_generator.rpn_head.{name}.{part}"
+            sd[key] = sd[key][:rows]
+    with pytest.raises(NorcalError, match="9 anchors per location; only 15 .* config.yaml"):
+        spec_from_weights(sd)
+
+
+def test_c4_depth_counts_res5_in_the_heads():
+    sd = dict(_fixture_weights("c4"))
+    for j in range(6, 23):  # res4 of a ResNet-101: 23 blocks
+        for k, v in list(sd.items()):
+            if k.startswith("backbone.res4.5."):
+                sd[k.replace("res4.5.", f"res4.{j}.")] = v
+    assert spec_from_weights(sd).depth == 101
+
+
+NAMED = {
+    "cascade": (lambda: _fixture_weights("cascade"), "Cascade R-CNN (CascadeROIHeads), not supported yet"),
+    "retinanet": (lambda: _fixture_weights("retinanet"), "RetinaNet, not supported yet"),
+    "rpn_only": (lambda: {k: v for k, v in make_d2_state_dict().items() if not k.startswith("roi_heads.")},
+                 "RPN-only model (ProposalNetwork)"),
+    "proposal_files": (lambda: {k: v for k, v in make_d2_state_dict().items()
+                                if not k.startswith("proposal_generator.")}, "precomputed proposals"),
+    "c4_deformable": (lambda: dict(_fixture_weights("c4"), **{
+        "backbone.res4.0.conv2_offset.weight": torch.empty(18, 32, 3, 3)}), "deformable"),
+}
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_models_we_refuse_are_named_and_supported_ones_listed(name):
+    build, message = NAMED[name]
+    with pytest.raises(NorcalError) as err:
+        spec_from_weights(build())
+    msg = str(err.value)
+    assert message in msg and "FPN, C4 or DC5" in msg and "\n" not in msg
+
+
+def test_loader_c4_and_dc5_with_and_without_config():
+    for name in ("c4", "dc5"):
+        src = FIXTURES / f"d2_{name}_tiny"
+        spec, sd = load_detector_spec(src / "model_final.pth", src / "config.yaml")
+        assert spec.provenance["source"].startswith("config")
+        inferred, _ = load_detector_spec(src / "model_final.pth")
+        assert inferred.roi_heads_name == spec.roi_heads_name and inferred.backbone_out_feature == \
+            spec.backbone_out_feature
+    with pytest.raises(NorcalError, match="describes a DC5 model but .*d2_c4_tiny.* holds a C4 model's weights"):
+        load_detector_spec(FIXTURES / "d2_c4_tiny" / "model_final.pth", FIXTURES / "d2_dc5_tiny" / "config.yaml")
+    with pytest.raises(NorcalError, match="describes a FPN model but .* holds a DC5"):
+        load_detector_spec(FIXTURES / "d2_dc5_tiny" / "model_final.pth", FIXTURES / "d2_lvis_tiny" / "config.yaml")
+
+
+def test_loader_undilated_res5_config_wins_over_the_dc5_assumption(tmp_path):
+    cfg = yaml.safe_load((FIXTURES / "d2_dc5_tiny" / "config.yaml").read_text())
+    cfg["MODEL"]["RESNETS"]["RES5_DILATION"] = 1
+    (tmp_path / "c5.yaml").write_text(yaml.safe_dump(cfg))
+    spec, _ = load_detector_spec(FIXTURES / "d2_dc5_tiny" / "model_final.pth", tmp_path / "c5.yaml")
+    assert spec.res5_dilation == 1

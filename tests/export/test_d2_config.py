@@ -12,7 +12,8 @@ from norcal.core.errors import NorcalError
 from norcal.export.d2_config import load_config, load_yaml_with_base
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-FIXTURE_CONFIGS = [FIXTURES / "d2_lvis_tiny" / "config.yaml", FIXTURES / "d2_synth_trained" / "config.yaml"]
+FIXTURE_CONFIGS = [FIXTURES / "d2_lvis_tiny" / "config.yaml", FIXTURES / "d2_synth_trained" / "config.yaml",
+                   FIXTURES / "d2_c4_tiny" / "config.yaml", FIXTURES / "d2_dc5_tiny" / "config.yaml"]
 
 # detectron2 key -> ModelSpec field, for keys whose value is copied as is
 KEY_TO_FIELD = {
@@ -276,10 +277,263 @@ def test_unsupported_inference_keys(tmp_path, snippet, key, value):
     assert key in str(err.value) and value in str(err.value)
 
 
-def test_c4_config_without_fpn_is_refused(tmp_path):
-    # detectron2's defaults describe a C4 model: build_resnet_backbone + Res5ROIHeads
-    with pytest.raises(NorcalError, match="MODEL.BACKBONE.NAME: 'build_resnet_backbone'"):
-        load_config(_write(tmp_path / "c4.yaml", "MODEL:\n  MASK_ON: false\n"))
+def test_detectron2_defaults_are_a_c4_model(tmp_path):
+    # detectron2's defaults describe a C4 model: build_resnet_backbone + Res5ROIHeads on res4
+    spec = load_config(_write(tmp_path / "c4.yaml", "MODEL:\n  MASK_ON: false\n"))
+    assert (spec.backbone_name, spec.backbone_out_feature, spec.roi_heads_name) == \
+        ("build_resnet_backbone", "res4", "Res5ROIHeads")
+    assert (spec.rpn_pre_nms_topk_test, spec.pooler_resolution, spec.num_classes) == (6000, 14, 80)
+
+
+# detectron2's configs/Base-RCNN-C4.yaml and Base-RCNN-DilatedC5.yaml, as the model zoo has them
+BASE_RCNN_C4 = """\
+    MODEL:
+      META_ARCHITECTURE: "GeneralizedRCNN"
+      RPN:
+        PRE_NMS_TOPK_TEST: 6000
+        POST_NMS_TOPK_TEST: 1000
+        IGNORE_THRESHOLD: -1.0
+      ROI_HEADS:
+        NAME: "Res5ROIHeads"
+        IGNORE_THRESHOLD: -1.0
+    DATASETS:
+      TRAIN: ("coco_2017_train",)
+      TEST: ("coco_2017_val",)
+    SOLVER:
+      IMS_PER_BATCH: 16
+      BASE_LR: 0.02
+      STEPS: (60000, 80000)
+      MAX_ITER: 90000
+    INPUT:
+      MIN_SIZE_TRAIN: (640, 672, 704, 736, 768, 800)
+    VERSION: 2
+"""
+
+BASE_RCNN_DC5 = """\
+    MODEL:
+      META_ARCHITECTURE: "GeneralizedRCNN"
+      RESNETS:
+        OUT_FEATURES: ["res5"]
+        RES5_DILATION: 2
+      RPN:
+        IN_FEATURES: ["res5"]
+        PRE_NMS_TOPK_TEST: 6000
+        POST_NMS_TOPK_TEST: 1000
+      ROI_HEADS:
+        NAME: "StandardROIHeads"
+        IN_FEATURES: ["res5"]
+      ROI_BOX_HEAD:
+        NAME: "FastRCNNConvFCHead"
+        NUM_FC: 2
+        POOLER_RESOLUTION: 7
+      ROI_MASK_HEAD:
+        NAME: "MaskRCNNConvUpsampleHead"
+        NUM_CONV: 4
+        POOLER_RESOLUTION: 14
+    DATASETS:
+      TRAIN: ("coco_2017_train",)
+      TEST: ("coco_2017_val",)
+    INPUT:
+      MIN_SIZE_TRAIN: (640, 672, 704, 736, 768, 800)
+"""
+
+
+def test_model_zoo_c4_and_dc5_chains(tmp_path):
+    _write(tmp_path / "Base-RCNN-C4.yaml", BASE_RCNN_C4)
+    _write(tmp_path / "Base-RCNN-DilatedC5.yaml", BASE_RCNN_DC5)
+    c4 = load_config(_write(tmp_path / "COCO-InstanceSegmentation" / "mask_rcnn_R_50_C4_1x.yaml", """\
+        _BASE_: "../Base-RCNN-C4.yaml"
+        MODEL:
+          WEIGHTS: "detectron2://ImageNetPretrained/MSRA/R-50.pkl"
+          MASK_ON: True
+          RESNETS:
+            DEPTH: 50
+    """))
+    assert (c4.backbone_name, c4.backbone_out_feature, c4.roi_heads_name) == \
+        ("build_resnet_backbone", "res4", "Res5ROIHeads")
+    assert (c4.mask_on, c4.mask_head_num_conv, c4.pooler_resolution, c4.mask_pooler_resolution) == (True, 0, 14, 14)
+    assert (c4.anchor_sizes, c4.anchor_aspect_ratios) == (((32, 64, 128, 256, 512),), ((0.5, 1.0, 2.0),))
+    assert (c4.rpn_pre_nms_topk_test, c4.rpn_post_nms_topk_test, c4.res5_dilation) == (6000, 1000, 1)
+    dc5 = load_config(_write(tmp_path / "COCO-Detection" / "faster_rcnn_R_101_DC5_3x.yaml", """\
+        _BASE_: "../Base-RCNN-DilatedC5.yaml"
+        MODEL:
+          MASK_ON: False
+          RESNETS:
+            DEPTH: 101
+    """))
+    assert (dc5.backbone_name, dc5.backbone_out_feature, dc5.roi_heads_name) == \
+        ("build_resnet_backbone", "res5", "StandardROIHeads")
+    assert (dc5.depth, dc5.res5_dilation, dc5.pooler_resolution, dc5.box_head_num_fc) == (101, 2, 7, 2)
+    assert dc5.calibration is None and c4.calibration is None
+
+
+SINGLE_FEATURE_REFUSALS = [
+    ("Base-RCNN-C4.yaml", "MODEL:\n  RESNETS:\n    OUT_FEATURES: [res5]\n", "MODEL.RESNETS.OUT_FEATURES",
+     "Res5ROIHeads (C4) runs res5 on res4"),
+    ("Base-RCNN-C4.yaml", "MODEL:\n  RESNETS:\n    OUT_FEATURES: [res3, res4]\n", "MODEL.RESNETS.OUT_FEATURES",
+     "exactly one of res4 (C4), res5 (DC5)"),
+    ("Base-RCNN-C4.yaml", "MODEL:\n  RPN:\n    IN_FEATURES: [res5]\n", "MODEL.RPN.IN_FEATURES",
+     "the backbone's output"),
+    ("Base-RCNN-DilatedC5.yaml", "MODEL:\n  ROI_HEADS:\n    IN_FEATURES: [res4]\n",
+     "MODEL.ROI_HEADS.IN_FEATURES", "the backbone's output"),
+    ("Base-RCNN-DilatedC5.yaml", "MODEL:\n  RESNETS:\n    RES5_DILATION: 3\n", "MODEL.RESNETS.RES5_DILATION",
+     "1 or 2"),
+    ("Base-RCNN-DilatedC5.yaml", "MODEL:\n  RESNETS:\n    OUT_FEATURES: [res4]\n  RPN:\n    IN_FEATURES: [res4]\n"
+     "  ROI_HEADS:\n    IN_FEATURES: [res4]\n", "MODEL.RESNETS.OUT_FEATURES", "res4 goes with Res5ROIHeads"),
+    ("Base-RCNN-FPN.yaml", "MODEL:\n  ROI_HEADS:\n    NAME: Res5ROIHeads\n", "MODEL.ROI_HEADS.NAME",
+     "FPN models need StandardROIHeads"),
+]
+
+
+@pytest.mark.parametrize("base,snippet,key,why", SINGLE_FEATURE_REFUSALS)
+def test_inconsistent_c4_dc5_configs_are_refused(tmp_path, base, snippet, key, why):
+    text = {"Base-RCNN-C4.yaml": BASE_RCNN_C4, "Base-RCNN-DilatedC5.yaml": BASE_RCNN_DC5,
+            "Base-RCNN-FPN.yaml": BASE_RCNN_FPN}[base]
+    _write(tmp_path / base, text)
+    with pytest.raises(NorcalError) as err:
+        load_config(_write(tmp_path / "child.yaml", f'_BASE_: "{base}"\n' + snippet))
+    assert key in str(err.value) and why in str(err.value)
+
+
+# models we do not export: the one-line refusal names the key and says what is supported
+STILL_REFUSED = [
+    ("MODEL:\n  META_ARCHITECTURE: PanopticFPN\n", "MODEL.META_ARCHITECTURE"),
+    ("MODEL:\n  META_ARCHITECTURE: ProposalNetwork\n", "MODEL.META_ARCHITECTURE"),
+    ("MODEL:\n  META_ARCHITECTURE: RetinaNet\n", "MODEL.META_ARCHITECTURE"),
+    ("MODEL:\n  ROI_HEADS:\n    NAME: CascadeROIHeads\n", "MODEL.ROI_HEADS.NAME"),
+    ("MODEL:\n  KEYPOINT_ON: true\n", "MODEL.KEYPOINT_ON"),
+    ("MODEL:\n  LOAD_PROPOSALS: true\n  PROPOSAL_GENERATOR:\n    NAME: PrecomputedProposals\n",
+     "MODEL.LOAD_PROPOSALS"),
+    ("MODEL:\n  PROPOSAL_GENERATOR:\n    NAME: PrecomputedProposals\n", "MODEL.PROPOSAL_GENERATOR.NAME"),
+    ("MODEL:\n  RESNETS:\n    DEFORM_ON_PER_STAGE: [false, true, true, true]\n",
+     "MODEL.RESNETS.DEFORM_ON_PER_STAGE"),
+]
+
+
+@pytest.mark.parametrize("snippet,key", STILL_REFUSED, ids=[s.split()[-1] for s, _ in STILL_REFUSED])
+def test_refusals_say_what_is_supported(tmp_path, snippet, key):
+    _write(tmp_path / "Base-RCNN-FPN.yaml", BASE_RCNN_FPN)
+    with pytest.raises(NorcalError) as err:
+        load_config(_write(tmp_path / "child.yaml", '_BASE_: "Base-RCNN-FPN.yaml"\n' + snippet))
+    msg = str(err.value)
+    assert key in msg and "\n" not in msg
+    assert "supported" in msg and ("FPN, C4 or DC5" in msg or "only RPN proposals" in msg), msg
+
+
+# the NorCal authors' configs (github.com/tydpan/NorCal, projects/NorCal/configs), as they write them
+BASE_NORCAL = """\
+    MODEL:
+      WEIGHTS: ""
+      MASK_ON: True
+      META_ARCHITECTURE: "GeneralizedRCNN"
+      BACKBONE:
+        NAME: "build_resnet_fpn_backbone"
+      RESNETS:
+        DEPTH: 50
+        OUT_FEATURES: ["res2", "res3", "res4", "res5"]
+      FPN:
+        IN_FEATURES: ["res2", "res3", "res4", "res5"]
+      ANCHOR_GENERATOR:
+        SIZES: [[32], [64], [128], [256], [512]] # One size for each in feature map
+        ASPECT_RATIOS: [[0.5, 1.0, 2.0]] # Three aspect ratios (same for all in feature maps)
+      RPN:
+        IN_FEATURES: ["p2", "p3", "p4", "p5", "p6"]
+        PRE_NMS_TOPK_TRAIN: 2000 # Per FPN level
+        PRE_NMS_TOPK_TEST: 1000 # Per FPN level
+        POST_NMS_TOPK_TRAIN: 1000
+        POST_NMS_TOPK_TEST: 1000
+      ROI_HEADS:
+        NAME: "CalibrationROIHeads"
+        IN_FEATURES: ["p2", "p3", "p4", "p5"]
+        NUM_CLASSES: 1230
+        SCORE_THRESH_TEST: 0.0001
+      ROI_BOX_HEAD:
+        NAME: "FastRCNNConvFCHead"
+        NUM_FC: 2
+        POOLER_RESOLUTION: 7
+      ROI_MASK_HEAD:
+        NAME: "MaskRCNNConvUpsampleHead"
+        NUM_CONV: 4
+        POOLER_RESOLUTION: 14
+    DATASETS:
+      TRAIN: ("lvis_v0.5_train",)
+      TEST: ("lvis_v0.5_val",)
+    TEST:
+      DETECTIONS_PER_IMAGE: 300 # LVIS allows up to 300
+    VERSION: 2
+"""
+
+
+def _norcal_child(calibration: str) -> str:
+    return ('_BASE_: "Base-NorCal.yaml"\n\nMODEL:\n  WEIGHTS: "https://dl.fbaipublicfiles.com/detectron2/'
+            'LVISv0.5-InstanceSegmentation/mask_rcnn_R_50_FPN_1x/144219072/model_final_571f7c.pkl"\n\n'
+            "TEST:\n  CALIBRATION:\n" + textwrap.indent(textwrap.dedent(calibration), "    "))
+
+
+def test_norcal_authors_config_is_standard_heads_with_calibration(tmp_path):
+    _write(tmp_path / "Base-NorCal.yaml", BASE_NORCAL)
+    path = _write(tmp_path / "lvis_v0.5_mask_rcnn_R_50_FPN.yaml", _norcal_child("""\
+        METHOD: "gamma" # gamma or cb
+        WITH: "exps" # logits, exps, probs
+        GAMMA: 0.6 # Nc^gamma
+        RENORM: True
+    """))
+    spec = load_config(path)
+    assert spec.roi_heads_name == "StandardROIHeads" and spec.backbone_name == "build_resnet_fpn_backbone"
+    assert (spec.num_classes, spec.mask_on, spec.detections_per_image) == (1230, True, 300)
+    assert spec.calibration == (0.6, "cdt", "exp", True)
+    assert spec.calibration.gamma == 0.6 and spec.calibration.factor == "cdt"
+    assert "CalibrationROIHeads" in spec.provenance["calibration"]
+    assert "gamma 0.6" in spec.provenance["calibration"]
+
+
+@pytest.mark.parametrize("calibration,expected", [
+    ('METHOD: "cb"\nWITH: "probs"\nGAMMA: 0.999\nRENORM: True\n', (0.999, "ens", "prob", True)),
+    ('METHOD: "gamma"\nWITH: "logits"\nGAMMA: 1.0\nRENORM: False\n', (1.0, "cdt", "logit", True)),
+    ('GAMMA: 0.5\n', (0.5, "cdt", "exp", True)),  # the rest: add_norcal_config's defaults
+    ('METHOD: "gamma"\nWITH: "exps"\nGAMMA: 0.0\nRENORM: True\n', (0.0, "cdt", "exp", True)),
+])
+def test_norcal_calibration_keys(tmp_path, calibration, expected):
+    _write(tmp_path / "Base-NorCal.yaml", BASE_NORCAL)
+    spec = load_config(_write(tmp_path / "x.yaml", _norcal_child(calibration)))
+    assert spec.calibration == expected
+
+
+def test_norcal_heads_without_calibration_keys_get_the_authors_defaults(tmp_path):
+    spec = load_config(_write(tmp_path / "Base-NorCal.yaml", BASE_NORCAL))
+    assert spec.calibration == (0.0, "cdt", "exp", True)
+
+
+@pytest.mark.parametrize("calibration,key", [
+    ('METHOD: "beta"\n', "TEST.CALIBRATION.METHOD"),
+    ('WITH: "scores"\n', "TEST.CALIBRATION.WITH"),
+    ('GAMMA: "high"\n', "TEST.CALIBRATION.GAMMA"),
+])
+def test_bad_norcal_calibration_keys(tmp_path, calibration, key):
+    _write(tmp_path / "Base-NorCal.yaml", BASE_NORCAL)
+    with pytest.raises(NorcalError, match=key):
+        load_config(_write(tmp_path / "x.yaml", _norcal_child(calibration)))
+
+
+def test_calibration_keys_without_norcal_heads_are_ignored(tmp_path):
+    _write(tmp_path / "Base-RCNN-FPN.yaml", BASE_RCNN_FPN)
+    path = _write(tmp_path / "x.yaml", '_BASE_: "Base-RCNN-FPN.yaml"\nTEST:\n  CALIBRATION:\n    GAMMA: 0.7\n')
+    assert load_config(path).calibration is None
+
+
+def test_lazyconfig_python_file_gets_one_line(tmp_path):
+    # detectron2's configs/new_baselines/*.py: a program, not data
+    path = _write(tmp_path / "mask_rcnn_R_50_FPN_100ep_LSJ.py", """\
+        from detectron2.model_zoo import get_config
+        model = get_config("common/models/mask_rcnn_fpn.py").model
+        model.backbone.bottom_up.stem.norm = "BN"
+    """)
+    with pytest.raises(NorcalError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg
+    assert "Python (LazyConfig) configs are not read" in msg and "executed" in msg
+    assert "YAML" in msg and "no config" in msg
 
 
 def test_broken_chains_and_files(tmp_path):
