@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,7 +50,7 @@ class NorCal:
     ops instead of the ``ai.norcal::NorCal`` function node.
     """
 
-    gamma: float
+    gamma: float | None  # None: a checkpoint's config must name it (TEST.CALIBRATION)
     table: PathLike | CalibrationTable | None = None
     factor: str = "cdt"
     mechanism: str = "exp"
@@ -88,6 +88,7 @@ class ExportResult:
     detector: ModelSpec | None = None  # checkpoint exports: the rebuilt detector's settings
     verification: VerifyResult | None = None  # checkpoint exports with ``verify`` images
     triton_dir: Path | None = None  # the Triton model folder, when one was written
+    calibration_from_config: str = ""  # the config's NorCal settings, when they were used
 
     @property
     def norcal(self) -> dict[str, str]:
@@ -166,6 +167,21 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
     return result
 
 
+def _calibration_for(norcal: NorCal, spec: ModelSpec) -> tuple[NorCal, str]:
+    """``norcal`` with its gamma (and variant) from the config's TEST.CALIBRATION keys when the
+    caller gave none, and a line saying so."""
+    if norcal.gamma is not None:
+        return norcal, ""
+    cal = spec.calibration
+    if cal is None:
+        raise NorcalError("gamma is required (0 gives the plain softmax): the config sets no "
+                          "TEST.CALIBRATION", param="gamma")
+    chosen = replace(norcal, gamma=cal.gamma, factor=cal.factor, mechanism=cal.mechanism,
+                     renormalize=cal.renormalize)
+    return chosen, (f"gamma {cal.gamma:g}, factor {cal.factor}, mechanism {cal.mechanism}, "
+                    f"renormalize {str(cal.renormalize).lower()}")
+
+
 def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                       options: CheckpointExport = CheckpointExport(), *,
                       verify: Sequence[PathLike] = (), triton_repo: PathLike | None = None,
@@ -188,6 +204,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     t0 = time.perf_counter()
     step("loading checkpoint")
     spec, model = load_detector(src, options.config)
+    norcal, from_config = _calibration_for(norcal, spec)
     step("exporting to ONNX")
     graph = export_detector(model, spec, batch=options.batch, height=options.height,
                             width=options.width, opset=options.opset)
@@ -196,7 +213,8 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     with output_run():  # the model, its verification and the Triton folder: all, or nothing written
         step("checking and writing")
         report = _finish(graph, out)
-        result = ExportResult(src, out, graph, time.perf_counter() - t0, report, detector=spec)
+        result = ExportResult(src, out, graph, time.perf_counter() - t0, report, detector=spec,
+                              calibration_from_config=from_config)
         if verify:
             from norcal.workflows.verify import verify_images
 

@@ -63,3 +63,35 @@ def test_checkpoint_refuses_onnx_only_options(tmp_path, capsys):
     rc = export_main([str(TINY / "model_final.pth"), "--gamma", "0.5", "--logits", "x", "-o", str(out)])
     assert rc == 2 and "--logits applies to ONNX input" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _authors_config(tmp_path, calibration: str | None):
+    """The checkpoint's config with the NorCal authors' head name and, optionally, their keys."""
+    text = (TINY / "config.yaml").read_text().replace("StandardROIHeads", "CalibrationROIHeads")
+    assert "CalibrationROIHeads" in text
+    if calibration:
+        text += "\n" + calibration
+    path = tmp_path / "norcal_authors.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_gamma_from_the_authors_config(tmp_path, capsys, monkeypatch):
+    """No --gamma: the config's TEST.CALIBRATION settings are baked in, and the summary says so."""
+    monkeypatch.setenv("COLUMNS", "200")
+    config = _authors_config(tmp_path, "TEST:\n  CALIBRATION:\n    METHOD: cb\n    GAMMA: 0.9\n")
+    out = tmp_path / "m.onnx"
+    assert export_main([str(TINY / "model_final.pth"), "--config", str(config), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "taken from the config's TEST.CALIBRATION" in text and "gamma 0.9, factor ens" in text
+    meta = norcal_metadata(onnx.load(str(out)))
+    assert meta["norcal.gamma"] == "0.9" and meta["norcal.factor"] == "ens"
+
+
+def test_no_gamma_and_no_calibration_in_config_is_refused(tmp_path, capsys):
+    out = tmp_path / "m.onnx"
+    assert export_main([str(TINY / "model_final.pth"), "--config", str(TINY / "config.yaml"),
+                        "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --gamma is required") and "TEST.CALIBRATION" in err
+    assert len(err.splitlines()) == 1 and not out.exists()

@@ -33,7 +33,7 @@ examples:
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 
 # parameters of norcal.workflows.export_job named in its errors -> the flags here
-FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table",
+FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table", "gamma": "--gamma",
          "verify": "--verify"}
 
 
@@ -94,9 +94,10 @@ def run(args) -> int:
         raise NorcalError("--strip removes NorCal; it takes no --gamma")
     if args.strip and args.min_count is not None:
         raise NorcalError("--strip removes NorCal; it takes no --min-count")
-    if not args.strip and args.gamma is None:
-        raise NorcalError("--gamma is required (0 gives the plain softmax)")
     is_checkpoint = src.suffix.lower() in CHECKPOINT_SUFFIXES
+    if not args.strip and args.gamma is None and not (is_checkpoint and args.config):
+        # a checkpoint's config may carry the NorCal authors' TEST.CALIBRATION settings
+        raise NorcalError("--gamma is required (0 gives the plain softmax)")
     if not is_checkpoint:
         given = [f"--{k}" for k in ("config", "verify", "batch", "height", "width", "opset")
                  if getattr(args, k) is not None]
@@ -159,6 +160,7 @@ def print_summary(result) -> None:
 
     from norcal.core.onnx_io import describe_io
     from norcal.core.outputs import current_path
+    from norcal.export.spec import arch_name
     from norcal.export.trt_support import TENSORRT_VERSION
 
     console = Console(soft_wrap=True)
@@ -167,7 +169,7 @@ def print_summary(result) -> None:
     t.add_row("source", str(result.source))
     spec = result.detector
     if spec is not None:
-        t.add_row("architecture", f"{spec.meta_architecture} R{spec.depth}-FPN, {spec.num_classes} classes, "
+        t.add_row("architecture", f"{spec.meta_architecture} R{spec.depth}-{arch_name(spec)}, {spec.num_classes} classes, "
                                   f"{'mask' if spec.mask_on else 'box'} head")
         t.add_row("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}, score > "
                                    f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
@@ -202,5 +204,8 @@ def print_summary(result) -> None:
         from norcal.cli.parity_tables import verify_text
 
         console.print(escape(verify_text(result.verification)))
+    if result.calibration_from_config:
+        console.print(escape(f"NorCal settings taken from the config's TEST.CALIBRATION keys (no --gamma given): "
+                             f"{result.calibration_from_config}"))
     if result.triton_dir is not None:
         console.print(escape(f"Triton model repository written: {result.triton_dir}"))
