@@ -23,27 +23,24 @@ NEEDED = ("model_final.pth", "config.yaml", "train_annotations.json", "val.json"
 METRICS = ("AP", "APr", "APc", "APf")
 
 
-def default_data_dir() -> Path | None:
-    """The repository's tests/fixtures/d2_synth_trained next to the package source, if present."""
-    root = Path(__file__).resolve().parents[2]  # the repository: the folder holding norcal/
-    cand = root / "tests" / "fixtures" / FIXTURE_NAME
-    return cand if cand.is_dir() else None
+def default_data_dir() -> Path:
+    """The bundled example: package data ``norcal/examples/d2_synth_trained``."""
+    from norcal.examples import ROOT
+
+    return ROOT / FIXTURE_NAME
 
 
 def check_data_dir(data: os.PathLike | None) -> Path:
     """The data folder, with every file the demo needs; a NorcalError says what is missing."""
-    if data is None:
-        found = default_data_dir()
-        if found is None:
-            raise NorcalError(
-                f"no bundled example data: tests/fixtures/{FIXTURE_NAME} is not next to the package "
-                f"source ({Path(__file__).resolve().parent.parent}); installed from a wheel, pass "
-                f"--data DIR (a folder with {', '.join(NEEDED)})")
-        data = found
-    d = Path(data)
+    d = default_data_dir() if data is None else Path(data)
+    missing = [n for n in NEEDED if not (d / n).exists()]
+    if data is None and missing:
+        raise NorcalError(
+            f"the bundled example is incomplete ({d} lacks {', '.join(missing)}): reinstall "
+            f"norcal-deploy, or get norcal/examples/{FIXTURE_NAME}/ from its source repository "
+            "and pass --data DIR")
     if not d.is_dir():
         raise NorcalError(f"--data {d}: no such folder")
-    missing = [n for n in NEEDED if not (d / n).exists()]
     if missing:
         raise NorcalError(f"--data {d}: missing {', '.join(missing)} (needs {', '.join(NEEDED)})")
     return d

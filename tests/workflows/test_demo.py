@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-SYNTH = Path(__file__).parents[1] / "fixtures" / "d2_synth_trained"
+SYNTH = Path(__file__).parents[2] / "norcal" / "examples" / "d2_synth_trained"
 GAMMA = 1.0
 
 
@@ -25,6 +25,7 @@ def test_default_data_is_the_fixture():
     from norcal.workflows.demo import default_data_dir
 
     assert default_data_dir() == SYNTH.resolve()
+    assert (default_data_dir() / "model_final.pth").is_file()
 
 
 def test_missing_data_is_a_clear_error(tmp_path, capsys):
