@@ -25,8 +25,8 @@ from norcal.runtime.draw import DrawOptions
 
 FIXTURE_NAME = "d2_synth_trained"
 DEFAULT_GAMMAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2)  # the tuning grid
-NEEDED = ("model_final.pth", "config.yaml", "train_annotations.json", "train_subset.json",
-          "train_subset", "val.json", "val")
+NEEDED = ("model_final.pth", "config.yaml", "train_annotations.json", "val.json", "val",
+          "train_subset.json", "train_subset")
 METRICS = ("AP", "APr", "APc", "APf")
 PICTURES = 4  # validation images drawn, baseline beside NorCal
 DRAW = DrawOptions()
