@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SYNTH = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "d2_synth_trained"
+SYNTH = Path(__file__).resolve().parent.parent / "norcal" / "examples" / "d2_synth_trained"
 
 
 def main() -> int:

@@ -4,7 +4,8 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = FIXTURES / "d2_lvis_tiny"
-SYNTH = FIXTURES / "d2_synth_trained"
+# the bundled example (package data), shared by the demo and the tests
+SYNTH = Path(__file__).parents[1] / "norcal" / "examples" / "d2_synth_trained"
 
 
 @pytest.fixture

@@ -1,10 +1,15 @@
-"""The bundled example, end to end: checkpoint -> ONNX with NorCal -> ONNX Runtime -> LVIS AP.
+"""The bundled example, end to end: tune gamma on training data, deploy, measure on validation.
 
-Uses the d2_synth_trained fixture (a Mask R-CNN detectron2 trained on a synthetic long-tailed
-dataset, 60 classes): builds the calibration table from its training annotations, exports
-the checkpoint once, inserts NorCal per gamma (graph surgery only), runs every model through
-ONNX Runtime on the validation images in padded batches, pastes masks, writes LVIS results,
-and evaluates bbox and segm AP / AP_r / AP_c / AP_f. Every number is measured on the spot.
+Uses the d2_synth_trained example (a Mask R-CNN detectron2 trained on a synthetic long-tailed
+dataset, 60 classes; package data in norcal/examples): builds the calibration table from its
+training annotations, picks gamma as the paper does, on training images (the 120-image
+``train_subset``, with the code of ``norcal tune``: one network pass, cached re-scoring per
+gamma, LVIS box AP), exports the checkpoint once and inserts NorCal at that gamma (graph
+surgery only), runs the baseline and NorCal models through ONNX Runtime on the validation
+images, and evaluates bbox and segm AP / AP_r / AP_c / AP_f. For reference it also sweeps
+the same grid on the validation images and reports the best validation gamma (the transfer
+gap: what choosing on the test images would have gained). Every number is measured on the
+spot; a few validation images are drawn, baseline and NorCal side by side.
 """
 
 from __future__ import annotations
@@ -16,34 +21,35 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from norcal.core.errors import NorcalError
+from norcal.runtime.draw import DrawOptions
 
 FIXTURE_NAME = "d2_synth_trained"
-DEFAULT_GAMMAS = (0.5, 1.0, 1.5)
-NEEDED = ("model_final.pth", "config.yaml", "train_annotations.json", "val.json", "val")
+DEFAULT_GAMMAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2)  # the tuning grid
+NEEDED = ("model_final.pth", "config.yaml", "train_annotations.json", "val.json", "val",
+          "train_subset.json", "train_subset")
 METRICS = ("AP", "APr", "APc", "APf")
+PICTURES = 4  # validation images drawn, baseline beside NorCal
+DRAW = DrawOptions()
 
 
-def default_data_dir() -> Path | None:
-    """The repository's tests/fixtures/d2_synth_trained next to the package source, if present."""
-    root = Path(__file__).resolve().parents[2]  # the repository: the folder holding norcal/
-    cand = root / "tests" / "fixtures" / FIXTURE_NAME
-    return cand if cand.is_dir() else None
+def default_data_dir() -> Path:
+    """The bundled example: package data ``norcal/examples/d2_synth_trained``."""
+    from norcal.examples import ROOT
+
+    return ROOT / FIXTURE_NAME
 
 
 def check_data_dir(data: os.PathLike | None) -> Path:
     """The data folder, with every file the demo needs; a NorcalError says what is missing."""
-    if data is None:
-        found = default_data_dir()
-        if found is None:
-            raise NorcalError(
-                f"no bundled example data: tests/fixtures/{FIXTURE_NAME} is not next to the package "
-                f"source ({Path(__file__).resolve().parent.parent}); installed from a wheel, pass "
-                f"--data DIR (a folder with {', '.join(NEEDED)})")
-        data = found
-    d = Path(data)
+    d = default_data_dir() if data is None else Path(data)
+    missing = [n for n in NEEDED if not (d / n).exists()]
+    if data is None and missing:
+        raise NorcalError(
+            f"the bundled example is incomplete ({d} lacks {', '.join(missing)}): reinstall "
+            f"norcal-deploy, or get norcal/examples/{FIXTURE_NAME}/ from its source repository "
+            "and pass --data DIR")
     if not d.is_dir():
         raise NorcalError(f"--data {d}: no such folder")
-    missing = [n for n in NEEDED if not (d / n).exists()]
     if missing:
         raise NorcalError(f"--data {d}: missing {', '.join(missing)} (needs {', '.join(NEEDED)})")
     return d
@@ -51,7 +57,8 @@ def check_data_dir(data: os.PathLike | None) -> Path:
 
 @dataclass
 class Setting:
-    """One evaluated model: the baseline (gamma None: plain softmax) or NorCal at gamma."""
+    """One deployed model evaluated on the validation images: the baseline (gamma None: plain
+    softmax) or NorCal at gamma."""
 
     label: str
     gamma: float | None
@@ -72,136 +79,183 @@ class Setting:
 
 @dataclass
 class DemoResult:
-    settings: list[Setting]
+    """baseline, tuned (gamma chosen on the training subset) and best_val (the gamma the same
+    sweep on the validation images prefers; the same object as ``tuned`` when they agree),
+    each measured on the validation images; ``tuning`` / ``validation``: the two sweeps."""
+
+    baseline: Setting
+    tuned: Setting
+    best_val: Setting
+    tuning: Any  # norcal.workflows.tune.TuneResult
+    validation: Any
     num_images: int
     table_name: str
     output_dir: Path
     plot_path: Path
+    pictures: list[Path] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
-    def baseline(self) -> Setting:
-        return self.settings[0]
-
-    @property
-    def best(self) -> Setting:
-        """The NorCal setting with the highest bbox AP."""
-        return max(self.settings[1:], key=lambda s: (s.bbox["AP"], -(s.gamma or 0)))
+    def settings(self) -> list[Setting]:
+        """The distinct models run: baseline, tuned, then best_val if it differs."""
+        out: list[Setting] = []
+        for s in (self.baseline, self.tuned, self.best_val):
+            if all(s is not o for o in out):
+                out.append(s)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {"num_images": self.num_images, "table": self.table_name,
-                "best_gamma": self.best.gamma if len(self.settings) > 1 else None,
+                "tuned_gamma": self.tuned.gamma or 0.0, "best_val_gamma": self.best_val.gamma or 0.0,
                 "seconds": self.seconds, "plot": str(self.plot_path),
-                "settings": [s.to_json() for s in self.settings]}
+                "pictures": [str(p) for p in self.pictures],
+                "settings": [s.to_json() for s in self.settings],
+                "tuning": self.tuning.to_json(), "validation_sweep": self.validation.to_json()}
+
+
+def _name(gamma: float | None) -> str:
+    return "baseline" if not gamma else f"norcal_g{gamma:g}"
 
 
 def run_demo(data: os.PathLike | None = None, output_dir: os.PathLike = "norcal-demo",
              gammas: Sequence[float] = DEFAULT_GAMMAS, batch_size: int = 8,
-             progress=None, log: Callable[[str], None] | None = None) -> DemoResult:
-    """Export, calibrate, run and evaluate the bundled model; write models, results, plot and
-    summary.json into ``output_dir``. progress: an optional ``rich.progress.Progress``."""
+             pictures: int = PICTURES, progress=None,
+             log: Callable[[str], None] | None = None) -> DemoResult:
+    """Tune gamma on the training subset over ``gammas``, export, calibrate, run and evaluate
+    on the validation images; write models, results, plot, pictures and summary.json into
+    ``output_dir``. progress: an optional ``rich.progress.Progress``."""
     from norcal.core.calibration import check_gamma
+    from norcal.core.fileio import read_json, write_json
+    from norcal.core.onnx_io import save_onnx
+    from norcal.core.tables import build_table
     from norcal.evaluation import evaluate, prepare_gt
     from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import load_detector, export_detector
-    from norcal.core.onnx_io import save_onnx
-    from norcal.core.fileio import write_json
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.export.detector import export_detector, load_detector
+    from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import run_images
+    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.runtime.results import detections_to_results
-    from norcal.core.tables import build_table
-    from norcal.workflows.tune import images_from_gt, write_sweep_plot
+    from norcal.workflows.pictures import gt_caption, gt_objects, pick_images, write_pictures
+    from norcal.workflows.tune import images_from_gt, tune, write_sweep_plot
 
     say = log or (lambda msg: None)
-    gammas = sorted({check_gamma(g) for g in gammas} - {0.0})
-    if not gammas:
-        raise NorcalError("give at least one NorCal gamma > 0 (the baseline is always run)")
+    grid = sorted({check_gamma(g) for g in gammas})
+    if not any(grid):
+        raise NorcalError("give at least one NorCal gamma > 0 to tune over (the baseline is always run)")
     if batch_size < 1:
         raise NorcalError(f"batch size must be >= 1, got {batch_size}")
+    if pictures < 0:
+        raise NorcalError(f"the number of pictures must be >= 0, got {pictures}")
     d = check_data_dir(data)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
-
-    t0 = time.perf_counter()
+    weights, config = d / "model_final.pth", d / "config.yaml"
     table = build_table(d / "train_annotations.json", name=f"{FIXTURE_NAME}_train")
     table.save(out / "table.json")
-    gt = prepare_gt(d / "val.json", table)
-    pairs = images_from_gt(d / "val.json", d / "val")
-    spec, model = load_detector(d / "model_final.pth", d / "config.yaml")
-    plain = export_detector(model, spec)
-    seconds["export"] = time.perf_counter() - t0
-    say(f"exported {spec.num_classes}-class Mask R-CNN in {seconds['export']:.1f} s; table "
-        f"{table.name} (N_c from {d / 'train_annotations.json'})")
 
-    # the plain graph is the baseline; NorCal is one surgery per gamma on that same export
-    models: list[tuple[str, float | None, Path]] = []
+    # gamma is chosen on training images, exactly as `norcal tune` chooses it
     t0 = time.perf_counter()
-    base_path = out / "model_baseline.onnx"
-    save_onnx(plain, base_path)
-    models.append(("baseline", None, base_path))
-    for g in gammas:
-        path = out / f"model_norcal_g{g:g}.onnx"
-        save_onnx(calibrate_onnx(plain, g, table), path)
-        models.append((f"NorCal γ={g:g}", g, path))
-    seconds["surgery"] = time.perf_counter() - t0
+    tuning = tune(weights, d / "train_subset.json", d / "train_subset", grid, table, config=config,
+                  progress=progress)
+    seconds["tune"] = time.perf_counter() - t0
+    say(f"tuned on {tuning.num_images} training images: gamma {tuning.best.gamma:g} "
+        f"(train box AP {100 * tuning.best.stats['AP']:.2f}) in {seconds['tune']:.1f} s")
+    # the same sweep on the validation images, only to show what tuning there would pick
+    t0 = time.perf_counter()
+    validation = tune(weights, d / "val.json", d / "val", grid, table, config=config,
+                      progress=progress)
+    seconds["validation_sweep"] = time.perf_counter() - t0
 
-    settings = []
+    t0 = time.perf_counter()
+    spec, model = load_detector(weights, config)
+    plain = export_detector(model, spec)
+    wanted = [None] + sorted({g for g in (tuning.best.gamma, validation.best.gamma) if g})
+    paths = {}
+    for g in wanted:
+        paths[g] = out / f"model_{_name(g)}.onnx"
+        save_onnx(plain if g is None else calibrate_onnx(plain, g, table), paths[g])
+    seconds["export"] = time.perf_counter() - t0
+    say(f"exported the {spec.num_classes}-class Mask R-CNN and inserted NorCal at gamma "
+        f"{', '.join(f'{g:g}' for g in wanted[1:])} in {seconds['export']:.1f} s")
+
+    t0 = time.perf_counter()
+    gt_data = read_json(d / "val.json", "GT")
+    gt = prepare_gt(gt_data, table)
+    pairs = images_from_gt(gt_data, d / "val", str(d / "val.json"))
     ids = {str(p): i for i, p in pairs}
-    for label, g, path in models:
-        t0 = time.perf_counter()
-        runner = OnnxRuntimeRunner(path)
+    settings: dict[float | None, Setting] = {}
+    kept: dict[float | None, dict] = {}  # detections per image id, for the pictures
+    for g in wanted:
+        label = "baseline" if g is None else f"NorCal γ={g:g}"
+        t1 = time.perf_counter()
+        runner = OnnxRuntimeRunner(paths[g])
         task = progress.add_task(f"{label:>14}", total=len(pairs)) if progress is not None else None
         step = (lambda n, task=task: progress.advance(task, n)) if progress is not None else None
-        results = []
+        results, kept[g] = [], {}
         for img_path, det in run_images(runner, [p for _, p in pairs], batch_size, on_done=step):
+            kept[g][ids[str(img_path)]] = det
             results.extend(detections_to_results(ids[str(img_path)], det, table.category_ids))
-        infer_s = time.perf_counter() - t0
-        res_path = out / f"results_{'baseline' if g is None else f'norcal_g{g:g}'}.json"
+        infer_s = time.perf_counter() - t1
+        res_path = out / f"results_{_name(g)}.json"
         write_json(res_path, results, indent=None)
         if not results:
             raise NorcalError(f"{label}: no detections on any image")
         bbox = evaluate(gt, results, "bbox", spec.detections_per_image)
         segm = evaluate(gt, results, "segm", spec.detections_per_image)
-        settings.append(Setting(label, g, path, res_path, dict(bbox.stats), dict(segm.stats),
-                                len(results), infer_s))
-    seconds["infer_and_eval"] = time.perf_counter() - t_start - seconds["export"] - seconds["surgery"]
+        settings[g] = Setting(label, g, paths[g], res_path, dict(bbox.stats), dict(segm.stats),
+                              len(results), infer_s)
+    seconds["infer_and_eval"] = time.perf_counter() - t0
 
-    result = DemoResult(settings, len(pairs), table.name, out, out / "ap_vs_gamma.png", seconds)
-    series = [(0.0 if s.gamma is None else s.gamma, s) for s in settings]
-    write_sweep_plot(result.plot_path, {"bbox": [(g, s.bbox) for g, s in series],
-                                        "segm": [(g, s.segm) for g, s in series]},
-                     best=result.best.gamma if len(settings) > 1 else None,
-                     title=f"{FIXTURE_NAME}, {len(pairs)} val images")
+    tuned_g = tuning.best.gamma or None
+    result = DemoResult(settings[None], settings[tuned_g], settings[validation.best.gamma or None],
+                        tuning, validation, len(pairs), table.name, out, out / "ap_vs_gamma.png")
+    write_sweep_plot(result.plot_path,
+                     {"train": [(p.gamma, p.stats) for p in tuning.points],
+                      "val": [(p.gamma, p.stats) for p in validation.points]},
+                     best=tuning.best.gamma,
+                     title=f"{FIXTURE_NAME} box AP ({tuning.num_images} / {len(pairs)} images)")
+    if pictures and tuned_g is not None:
+        t0 = time.perf_counter()
+        objects = gt_objects(gt_data, table)
+        chosen = pick_images(objects, table, kept[None], kept[tuned_g], pictures, DRAW)
+        path_of = {i: p for i, p in pairs}
+        result.pictures = write_pictures(
+            out / "pictures", [(str(i), read_rgb(path_of[i])) for i in chosen],
+            [[("baseline", kept[None][i]), (f"NorCal γ={tuned_g:g}", kept[tuned_g][i])] for i in chosen],
+            table, DRAW, [gt_caption(objects[i], table) for i in chosen])
+        seconds["pictures"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - t_start
+    result.seconds = seconds
     write_json(out / "summary.json", result.to_json())
     return result
 
 
 def comparison_table(result: DemoResult):
-    """A rich Table, settings side by side: one row per metric (bbox and segm AP, AP_r, AP_c,
-    AP_f in %, then the detection count), one column per model, and the change of the best
-    NorCal model (highest bbox AP) over the baseline."""
+    """A rich Table, one row per metric (bbox and segm AP, AP_r, AP_c, AP_f on the validation
+    images, in %, then the detection count), one column per model: the baseline, NorCal at the
+    gamma tuned on training images and its change over the baseline, and, for reference,
+    NorCal at the best validation gamma."""
     from rich.table import Table
 
     from norcal.evaluation.report import percent
 
-    t = Table(title=f"baseline vs NorCal: {result.num_images} validation images, LVIS AP (%)")
-    best = result.best if len(result.settings) > 1 else None
+    b, tuned, ref = result.baseline, result.tuned, result.best_val
+    t = Table(title=f"{result.num_images} validation images, LVIS AP (%): baseline vs NorCal "
+                    f"tuned on {result.tuning.num_images} training images")
+    cols = [("baseline", b), (f"tuned γ={tuned.gamma or 0:g}", tuned)]
     t.add_column("metric")
-    for s in result.settings:
-        name = "baseline" if s.gamma is None else f"γ={s.gamma:g}"
-        t.add_column(name + (" *" if s is best else ""), justify="right")
-    if best is not None:
-        t.add_column(f"Δ γ={best.gamma:g}", justify="right", style="bold")
+    for name, _ in cols:
+        t.add_column(name, justify="right")
+    t.add_column("Δ tuned", justify="right", style="bold")
+    t.add_column(f"best val γ={ref.gamma or 0:g}", justify="right", style="dim")
     for kind in ("bbox", "segm"):
         for k in METRICS:
-            vals = [getattr(s, kind)[k] for s in result.settings]
-            row = [f"{kind} {k}", *(percent(v) for v in vals)]
-            if best is not None:
-                row.append(f"{100 * (getattr(best, kind)[k] - vals[0]):+.2f}")
-            t.add_row(*row, end_section=(k == METRICS[-1]))
-    t.add_row("detections", *(str(s.num_detections) for s in result.settings),
-              *([""] if best is not None else []))
+            vals = [getattr(s, kind)[k] for s in (b, tuned, ref)]
+            t.add_row(f"{kind} {k}", percent(vals[0]), percent(vals[1]),
+                      f"{100 * (vals[1] - vals[0]):+.2f}", percent(vals[2]),
+                      end_section=(k == METRICS[-1]))
+    t.add_row("detections", str(b.num_detections), str(tuned.num_detections), "",
+              str(ref.num_detections))
     return t

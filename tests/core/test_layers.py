@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _package_tree(dest: Path) -> Path:
     """The import package as a wheel lays it out: export/ and runtime/ inside norcal/."""
     pkg = dest / "norcal"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "cpp")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "cpp", "d2_synth_trained")
     shutil.copytree(ROOT / "norcal", pkg, ignore=ignore)
     for sub in ("export", "runtime"):
         shutil.copytree(ROOT / sub, pkg / sub, ignore=ignore)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import SYNTH
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json
 from norcal.core.schemas import ANNOTATIONS, GROUND_TRUTH, RESULTS, TABLE
@@ -262,7 +263,7 @@ def test_valid_files_load_as_before(tmp_path):
         t = load_table(name)
         assert t.to_json() == raw
         assert json.dumps(t.to_json(), sort_keys=True) == json.dumps(raw, sort_keys=True)
-    fixture = Path(__file__).parents[1] / "fixtures" / "d2_synth_trained"
+    fixture = SYNTH
     for path, schema in ((fixture / "val.json", GROUND_TRUTH), (fixture / "train_annotations.json", ANNOTATIONS)):
         assert read_json(path, schema=schema) == json.loads(path.read_text())
     table = table_doc()

@@ -13,11 +13,12 @@ import pytest
 
 import pycocotools.mask as mask_utils
 
+from conftest import SYNTH
 from norcal.core.errors import NorcalError
 from norcal.evaluation import (Detections, evaluate, evaluate_fixed, from_results, prepare_gt)
 from norcal.core.tables import CalibrationTable
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "d2_synth_trained" / "val.json"
+FIXTURE = SYNTH / "val.json"
 TOL = 1e-4
 
 

@@ -9,13 +9,14 @@ import pytest
 import torch
 import yaml
 
+from conftest import SYNTH
 from norcal.core.errors import NorcalError
 from norcal.export.d2_config import load_config
 from norcal.export.arch_from_weights import spec_from_weights
 from norcal.export.loader import load_detector_spec
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-FIXTURE_DIRS = [FIXTURES / "d2_lvis_tiny", FIXTURES / "d2_synth_trained"]
+FIXTURE_DIRS = [FIXTURES / "d2_lvis_tiny", SYNTH]
 
 # the fields weights determine; inferring them must give what the config says
 ARCH_FIELDS = [

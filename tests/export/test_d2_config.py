@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import SYNTH
 from norcal.core.errors import NorcalError
 from norcal.export.d2_config import load_config, load_yaml_with_base
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-FIXTURE_CONFIGS = [FIXTURES / "d2_lvis_tiny" / "config.yaml", FIXTURES / "d2_synth_trained" / "config.yaml",
+FIXTURE_CONFIGS = [FIXTURES / "d2_lvis_tiny" / "config.yaml", SYNTH / "config.yaml",
                    FIXTURES / "d2_c4_tiny" / "config.yaml", FIXTURES / "d2_dc5_tiny" / "config.yaml"]
 
 # detectron2 key -> ModelSpec field, for keys whose value is copied as is

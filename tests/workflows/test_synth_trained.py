@@ -7,18 +7,16 @@ counts of build_table(train_annotations.json) (classes in category-id order), ru
 batches, and is mapped back with norcal.runtime.postprocess.
 """
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import assert_tensorrt_compatible
+from conftest import SYNTH, assert_tensorrt_compatible
 from golden import match_detections
 
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-SYNTH = Path(__file__).parents[1] / "fixtures" / "d2_synth_trained"
 SETTINGS = {"baseline": 0.0, "cdt_g0.25": 0.25, "cdt_g0.5": 0.5, "cdt_g0.75": 0.75, "cdt_g1.0": 1.0}
 IMAGE_IDS = sorted(int(p.stem) for p in (SYNTH / "golden").glob("*.npz"))
 

@@ -1,17 +1,16 @@
 """norcal tune: the cached re-scoring against full ONNX Runtime runs and detectron2's outputs."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import SYNTH
 from golden import match_detections
 
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-SYNTH = Path(__file__).parents[1] / "fixtures" / "d2_synth_trained"
 GOLDEN_IDS = list(range(100001, 100009))
 GOLDEN_SETTINGS = {"baseline": 0.0, "cdt_g0.25": 0.25, "cdt_g0.5": 0.5, "cdt_g0.75": 0.75,
                    "cdt_g1.0": 1.0}

@@ -25,6 +25,11 @@ not list are skipped and reported); otherwise the file name's stem as an integer
 Category ids (class index i -> the i-th category id in id order): from --image-ids's
 categories, else --table, else the model's metadata (norcal.category_ids, norcal.table),
 else i + 1 (detectron2's LVIS convention).
+
+--draw DIR also writes DIR/<image>.png for the first --draw-count images: the detections (box,
+mask, class and score, coloured by frequency group), beside those of the same model with its
+NorCal node stripped when it has one (the baseline). Class names and groups come from --table
+or the model's built-in table.
 """
 
 # parameters of the runtime named in its errors -> the flags here
@@ -44,6 +49,10 @@ def add_arguments(p):
                    help="COCO/LVIS annotations giving image ids (by file name) and category ids")
     p.add_argument("--table", help="calibration table (built-in name or JSON) giving category ids")
     p.add_argument("--no-masks", action="store_true", help="write boxes only, even for mask models")
+    p.add_argument("--draw", metavar="DIR", help="also draw the first images' detections into DIR "
+                                                 "(beside the baseline for a NorCal model)")
+    p.add_argument("--draw-count", type=int, default=8, metavar="N",
+                   help="how many images --draw draws (default 8)")
 
 
 def _image_id(path: Path, by_name: dict[str, int] | None):
@@ -67,6 +76,21 @@ def _category_ids(args, meta, from_annotations):
     if ids is not None and n and n.isdigit() and int(n) != len(ids):
         raise NorcalError(f"the model has {n} classes but {source} lists {len(ids)} categories")
     return ids, source if ids is not None else "class index + 1"
+
+
+def _draw_table(args, meta):
+    """The table naming and grouping classes in --draw's pictures: --table, else the model's."""
+    from norcal.core.contract import TABLE
+    from norcal.core.tables import builtin_names, load_table
+
+    if args.draw_count < 1:
+        raise NorcalError(f"--draw-count must be >= 1, got {args.draw_count}")
+    if args.table:
+        return load_table(args.table)
+    if meta.get(TABLE) in builtin_names():
+        return load_table(meta[TABLE])
+    raise NorcalError("--draw needs class names and training counts: pass --table (built-in name, "
+                      "table JSON or training annotation file)")
 
 
 def run(args) -> int:
@@ -104,6 +128,7 @@ def run(args) -> int:
     spec = input_spec(meta, args.min_size, args.max_size)
     cat_ids, cat_source = _category_ids(args, meta, ann_cats)
     with_masks = not args.no_masks and "masks" in runner.output_names
+    draw_table, drawn = (_draw_table(args, meta) if args.draw else None), []
     console.print(f"{runner.name}: {len(paths)} images, batch {args.batch}, resize "
                   f"{spec.min_size}/{spec.max_size} {spec.input_format}, categories from {cat_source}")
 
@@ -120,8 +145,15 @@ def run(args) -> int:
                                     on_done=lambda n: progress.advance(task, n)):
             results.extend(detections_to_results(_image_id(path, by_name), det, cat_ids, with_masks))
             done_images += 1
+            if draw_table is not None and len(drawn) < args.draw_count:
+                drawn.append((path, det))
     write_json(args.output, results, indent=None)
     console.print(f"wrote {args.output}: {len(results)} detections on {done_images} images")
+    if drawn:
+        from norcal.workflows.pictures import draw_model_pictures
+
+        pictures = draw_model_pictures(args.model, drawn, args.draw, draw_table, args.provider)
+        console.print(f"wrote {len(pictures)} pictures to {args.draw}")
     if failed:
         console.print(f"[yellow]{len(failed)} file(s) skipped:[/yellow]")
         for p, why in failed:
