@@ -120,40 +120,32 @@ class OutputRun:
 
     def stage_file(self, dest: str | os.PathLike) -> Path:
         """The temp path to write ``dest``'s content to (the same one if asked again)."""
-        dest = Path(dest)
-        key = self._key(dest)
-        if key in self.staged:
-            return self.staged[key].tmp
-        check_output_file(dest)
-        self._mkparents(dest)
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-        except OSError as e:
-            raise _os_error(dest, e) from None
-        os.close(fd)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        self.staged[key] = _Staged(dest, Path(tmp), False)
-        return Path(tmp)
+        return self._stage(Path(dest), is_dir=False)
 
     def stage_dir(self, dest: str | os.PathLike) -> Path:
         """An empty temp folder to build ``dest`` in (the same one if asked again)."""
-        dest = Path(dest)
+        return self._stage(Path(dest), is_dir=True)
+
+    def _stage(self, dest: Path, is_dir: bool) -> Path:
         key = self._key(dest)
         if key in self.staged:
             return self.staged[key].tmp
-        check_output_dir(dest)
+        (check_output_dir if is_dir else check_output_file)(dest)
         self._mkparents(dest)
         try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+            if is_dir:
+                tmp = tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+            else:
+                fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+                os.close(fd)
         except OSError as e:
             raise _os_error(dest, e) from None
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a server may read it as another user
-        self.staged[key] = _Staged(dest, tmp, True)
-        return tmp
+        # mkstemp/mkdtemp make 0600/0700: give the usual modes (a server may read as another user)
+        os.chmod(tmp, (0o777 if is_dir else 0o666) & ~umask)
+        self.staged[key] = _Staged(dest, Path(tmp), is_dir)
+        return Path(tmp)
 
     def discard(self) -> None:
         """Delete everything staged and every folder this run created."""
