@@ -50,6 +50,38 @@ def error_line(error: NorcalError, flags: Mapping[str, str] | None = None) -> st
     return text
 
 
+# ----------------------------------------------------------------------------- outputs
+
+def check_outputs(inputs=(), files=None, folders=None) -> None:
+    """Refuse, before any work, an output that cannot be written or is one of the inputs.
+
+    inputs: the paths the command reads (None entries and non-paths such as built-in table
+    names are ignored); files / folders: {flag: path or None} of what it writes. Two outputs
+    naming the same path are refused too.
+    """
+    from pathlib import Path
+
+    from norcal.core.fileio import same_file
+    from norcal.core.outputs import check_output_dir, check_output_file
+
+    reads = [Path(p) for p in inputs if p is not None and Path(p).exists()]
+    seen: list[tuple[str, Path]] = []
+    for kinds, check in ((files or {}, check_output_file), (folders or {}, check_output_dir)):
+        for flag, path in kinds.items():
+            if path is None:
+                continue
+            path = Path(path)
+            for src in reads:
+                if same_file(src, path):
+                    raise NorcalError(f"{flag} {path} is the input {src}; choose another "
+                                      "(inputs are never modified)")
+            for other, p in seen:
+                if same_file(p, path):
+                    raise NorcalError(f"{flag} {path} is also the {other} output; give each output its own path")
+            check(path, flag)
+            seen.append((flag, path))
+
+
 # ----------------------------------------------------------------------------- values
 
 MAX_GAMMAS = 1000  # more is a typo (a tiny step), not a sweep

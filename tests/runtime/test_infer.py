@@ -240,10 +240,18 @@ def test_zero_sizes_are_rejected_not_ignored(toy, tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
+# worded by norcal.core.schemas.ANNOTATIONS: the file, the record, the field
 @pytest.mark.parametrize("data, message", [
-    ({"images": [{"file_name": "a.png"}], "categories": [{"id": 1}]}, "image 0 has no 'id'"),
-    ({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"name": "x"}]}, "category 0 has no 'id'"),
-    ({"images": [{"id": "one", "file_name": "a.png"}], "categories": [{"id": 1}]}, "non-integer id"),
+    ({"images": [{"file_name": "a.png"}], "categories": [{"id": 1}]}, r"images\[0\]: id: missing"),
+    ({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"name": "x"}]}, r"categories\[0\]: id: missing"),
+    ({"images": [{"id": "one", "file_name": "a.png"}], "categories": [{"id": 1}]},
+     r"images\[0\]: id: expected an integer, got string 'one'"),
+    ({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"id": "5"}]},
+     r"categories\[0\]: id: expected an integer, got string '5'"),
+    ({"images": [{"id": 5.7, "file_name": "a.png"}], "categories": [{"id": 1}]},
+     r"images\[0\]: id: expected an integer"),
+    ({"images": [{"id": 1, "file_name": "a.png"}, {"id": 1, "file_name": "b.png"}],
+      "categories": [{"id": 1}]}, r"images\[1\].*duplicate id 1"),
 ])
 def test_annotation_entries_without_ids_are_clear_errors(tmp_path, data, message):
     from norcal.runtime.results import category_ids_from_annotations

@@ -53,8 +53,13 @@ def run(args) -> int:
     from norcal.evaluation import evaluate, evaluate_fixed, from_results, prepare_gt
     from norcal.evaluation import report
 
+    from norcal.cli.options import check_outputs
+
     if args.max_dets == 0:
         raise NorcalError("--max-dets must be positive (or negative for no cap)")
+    check_outputs([args.gt, args.results, args.table],
+                  files={"--json": args.json, "--per-class-csv": args.per_class_csv},
+                  folders={"--plots": args.plots})
     console = Console(soft_wrap=True)
     table = None
     if args.table:
@@ -63,6 +68,10 @@ def run(args) -> int:
         table = load_table(args.table)
     with console.status("loading ground truth and results"):
         gt = prepare_gt(args.gt, table)
+        if table is not None:
+            from norcal.evaluation.ground_truth import check_table_matches
+
+            check_table_matches(table, gt)
         dets = from_results(args.results)
     with console.status(f"evaluating {len(dets)} detections ({args.iou_type})"):
         result = evaluate(gt, dets, args.iou_type, args.max_dets)

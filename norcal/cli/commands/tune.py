@@ -70,7 +70,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from norcal.cli.options import parse_gammas, progress_bars
+    from norcal.cli.options import check_outputs, parse_gammas, progress_bars
     from norcal.core.fileio import write_json
     from norcal.workflows.tune import tune, write_sweep_plot
 
@@ -88,6 +88,8 @@ def run(args) -> int:
     if not (math.isfinite(args.max_cache_gb) and args.max_cache_gb > 0):
         raise NorcalError(f"--max-cache-gb must be a finite number > 0, got {args.max_cache_gb}")
     gammas = parse_gammas(args.gammas)
+    check_outputs([src, args.config, args.gt, args.table, args.images],
+                  files={"--json": args.json, "--plot": args.plot})
     table = args.table  # None: tune picks the built-in table matching the model's class count
 
     console = Console(soft_wrap=True)
