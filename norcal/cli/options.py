@@ -97,26 +97,26 @@ def parse_gammas(text: str) -> list[float]:
             if len(parts) != 3:
                 raise ValueError
             if not all(math.isfinite(v) for v in parts):
-                raise NorcalError(f"gamma range {text!r}: start, stop and step must be finite")
+                raise NorcalError(f"--gammas {text!r}: start, stop and step must be finite")
             start, stop, step = parts
             if step <= 0 or stop < start:
-                raise NorcalError(f"gamma range {text!r}: need start <= stop and step > 0")
+                raise NorcalError(f"--gammas {text!r}: need start <= stop and step > 0")
             n = (stop - start) / step + 1e-9
             if not math.isfinite(n) or n >= MAX_GAMMAS:
-                raise NorcalError(f"gamma range {text!r} gives more than {MAX_GAMMAS} gammas: "
+                raise NorcalError(f"--gammas {text!r} gives more than {MAX_GAMMAS} gammas: "
                                   "use a larger step")
             values = [round(start + i * step, 10) for i in range(int(math.floor(n)) + 1)]
         else:
             values = [float(v) for v in text.split(",") if v.strip()]
             if not all(math.isfinite(v) for v in values):
-                raise NorcalError(f"gammas {text!r}: every gamma must be finite")
+                raise NorcalError(f"--gammas {text!r}: every gamma must be finite")
             if len(values) > MAX_GAMMAS:
-                raise NorcalError(f"gammas {text!r}: more than {MAX_GAMMAS} values")
+                raise NorcalError(f"--gammas {text!r}: more than {MAX_GAMMAS} values")
     except ValueError:
-        raise NorcalError(f"gammas {text!r}: expected start:stop:step (e.g. 0:1.5:0.1) "
+        raise NorcalError(f"--gammas {text!r}: expected start:stop:step (e.g. 0:1.5:0.1) "
                           "or a comma list (e.g. 0,0.5,1)") from None
     if not values:
-        raise NorcalError(f"gammas {text!r}: no values")
+        raise NorcalError(f"--gammas {text!r}: no values")
     return sorted(set(values))
 
 

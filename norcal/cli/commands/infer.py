@@ -112,6 +112,10 @@ def run(args) -> int:
         if not paths:
             raise NorcalError(f"none of the {len(unknown)} image files is in {args.image_ids} "
                               f"(matched by file name, e.g. {unknown[0].name})")
+    runner = open_runner(args.model, args.provider)
+    meta = runner_metadata(runner)
+    spec = input_spec(meta, args.min_size, args.max_size)
+    cat_ids, cat_source = _category_ids(args, meta, ann_cats)
     unreadable = unreadable_files(paths, skip=args.skip_unreadable)  # before any work
     if unreadable:
         gone = {p for p, _ in unreadable}
@@ -119,11 +123,6 @@ def run(args) -> int:
         if not paths:
             raise NorcalError(f"none of the {len(gone)} image files could be read, e.g. "
                               f"{unreadable[0][0]}: {unreadable[0][1]}")
-
-    runner = open_runner(args.model, args.provider)
-    meta = runner_metadata(runner)
-    spec = input_spec(meta, args.min_size, args.max_size)
-    cat_ids, cat_source = _category_ids(args, meta, ann_cats)
     with_masks = not args.no_masks and "masks" in runner.output_names
     console.print(f"{runner.name}: {len(paths)} images, batch {args.batch}, resize "
                   f"{spec.min_size}/{spec.max_size} {spec.input_format}, categories from {cat_source}")

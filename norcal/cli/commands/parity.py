@@ -154,6 +154,18 @@ def run(args) -> int:
         raise NorcalError("nothing to compare ONNX Runtime with: give --checkpoint (PyTorch) and/or --engine")
     skipped: list = []
     images, paths = _load_images(args, console, skipped)
+    gt = image_ids = cat_ids = None
+    if args.gt:  # read before the models load: a bad file fails in a second
+        from norcal.core.fileio import read_json
+        from norcal.core.schemas import GROUND_TRUTH
+        from norcal.runtime.results import category_ids_from_annotations
+
+        gt = read_json(args.gt, "annotations", GROUND_TRUTH)
+        cat_ids, by_name = category_ids_from_annotations(gt, args.gt)
+        unknown = [p.name for p in paths if p.name not in by_name]
+        if unknown:
+            raise NorcalError(f"{len(unknown)} image(s) are not in {args.gt} (by file name), e.g. {unknown[0]}")
+        image_ids = [by_name[p.name] for p in paths]
 
     ort = OnnxRuntimeRunner(args.model, args.provider)
     calibration = onnx_calibration(args.model)
@@ -178,15 +190,6 @@ def run(args) -> int:
     meta = ort.metadata
     spec = input_spec(meta)
     score_thresh = model_score_thresh(meta)
-    gt = image_ids = cat_ids = None
-    if args.gt:
-        from norcal.runtime.results import category_ids_from_annotations
-
-        cat_ids, by_name = category_ids_from_annotations(args.gt)
-        unknown = [p.name for p in paths if p.name not in by_name]
-        if unknown:
-            raise NorcalError(f"{len(unknown)} image(s) are not in {args.gt} (by file name), e.g. {unknown[0]}")
-        gt, image_ids = args.gt, [by_name[p.name] for p in paths]
     tolerances = {r.name: PRESETS[runner_precision(r)] for r in runners}
     fixed = fixed_input_shape(ort)
     if fixed and fixed[0] and fixed[0] != args.batch:
