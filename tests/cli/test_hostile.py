@@ -302,6 +302,8 @@ case("eval-plots-regular-file")(lambda w, t: (
 case("eval-json-proc")(lambda w, t: (
     ["eval", "--gt", str(w / "gt.json"), "--results", str(w / "results.json"), "--json", "/proc/m.json"],
     "/proc", []))
+case("eval-max-dets-zero")(lambda w, t: (_eval(w, t, extra=["--max-dets", "0"]), "--max-dets", EVAL_OUT(t)))
+case("eval-max-dets-text")(lambda w, t: (_eval(w, t, extra=["--max-dets", "all"]), "--max-dets", EVAL_OUT(t)))
 case("eval-fixed-per-class-negative")(lambda w, t: (
     _eval(w, t, extra=["--fixed-per-class", "-5"]), "--fixed-per-class", EVAL_OUT(t)))
 
@@ -448,6 +450,13 @@ def test_failing_last_step_leaves_no_output_of_the_run(world, tmp_path, capsys):
                  "--plots", str(plots)]) == 0
     assert json.loads((tmp_path / "m.json").read_text())["stats"]["AP"] >= 0
     assert (tmp_path / "pc.csv").is_file() and (plots / "ap_by_frequency.png").is_file()
+
+
+def test_eval_max_dets_negative_means_no_cap(world, tmp_path, capsys):
+    """As --help says: a negative --max-dets keeps every detection (AR is then labelled @all)."""
+    assert main(["eval", "--gt", str(world / "gt.json"), "--results", str(world / "results.json"),
+                 "--max-dets", "-1", "--no-fixed"]) == 0
+    assert "AR@all" in capsys.readouterr().out
 
 
 def test_infer_skip_unreadable_records_what_it_skipped(world, tmp_path, capsys):
