@@ -73,7 +73,8 @@ def check_outputs(inputs=(), files=None, folders=None) -> None:
             path = Path(path)
             for src in reads:
                 if same_file(src, path):
-                    raise NorcalError(f"{flag} {path} is the input {src}; choose another "
+                    same = "" if str(src) == str(path) else f" {src}"
+                    raise NorcalError(f"{flag} {path} is the input file{same}; choose another "
                                       "(inputs are never modified)")
             for other, p in seen:
                 if same_file(p, path):

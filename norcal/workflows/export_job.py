@@ -193,8 +193,9 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
 
     verify: images (files or folders) to run ONNX Runtime against the PyTorch model on; the
     result is ``result.verification``; an unreadable image is an error before the export, or
-    with ``skip_unreadable`` left out of the comparison. progress: called with the name of each step as it
-    starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
+    with ``skip_unreadable`` left out of the comparison. A table for another class count than
+    the checkpoint's is refused right after loading it. progress: called with the name of each
+    step as it starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
     from norcal.export.detector import export_detector, load_detector

@@ -51,10 +51,19 @@ def world(tmp_path_factory):
 
 
 def _digest(dirs) -> dict:
+    """Every file and folder under ``dirs``: content hash, or for the large shared models
+    (hashed twice per case they would dominate the run) size, mtime and inode, which any
+    write or replacement changes."""
     out = {}
     for d in dirs:
         for p in sorted(Path(d).rglob("*")):
-            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            if p.is_dir():
+                out[str(p)] = "dir"
+            elif p.stat().st_size > 1 << 20:
+                st = p.stat()
+                out[str(p)] = (st.st_size, st.st_mtime_ns, st.st_ino)
+            else:
+                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 
 

@@ -136,7 +136,6 @@ def run(args) -> int:
     from norcal.workflows.parity import (PRESETS, fixed_input_shape, model_score_thresh, report_json,
                                          run_parity, runner_precision, verdict_lines)
     from norcal.export.torch_runner import TorchRunner, onnx_calibration
-
     from norcal.cli.options import check_outputs
 
     console = Console(soft_wrap=True)
