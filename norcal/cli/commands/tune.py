@@ -47,6 +47,17 @@ FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas":
          "table": "--table"}
 
 
+def _budget(text: str) -> float:
+    """--max-cache-gb as typed (NaN and inf included): run() refuses anything but a finite
+    number > 0 with one message that says so."""
+    import argparse
+
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def add_arguments(p):
     p.add_argument("model", metavar="MODEL", help="detectron2 checkpoint (.pth/.pkl); not ONNX (see above)")
     p.add_argument("--config", help="detectron2 config yaml (default: inferred from the weights)")
@@ -59,7 +70,7 @@ def add_arguments(p):
                                    "(default: the built-in table matching the class count)")
     add_calibration_options(p)
     p.add_argument("--batch", type=int, default=4, help="images per network batch (default 4)")
-    p.add_argument("--max-cache-gb", type=float, default=2.0,
+    p.add_argument("--max-cache-gb", type=_budget, default=2.0,
                    help="memory for cached head outputs; images are processed in chunks that fit "
                         "(default 2; an LVIS model takes ~24 MB per image)")
     p.add_argument("--json", metavar="FILE", help="write the sweep as JSON")
