@@ -486,3 +486,36 @@ def test_infer_skip_unreadable_records_what_it_skipped(world, tmp_path, capsys):
     side = json.loads((tmp_path / "r.skipped.json").read_text())
     assert side["images_run"] == 1
     assert [Path(s["file"]).name for s in side["skipped"]] == ["2.png", "3.png"]
+
+
+def test_verify_images_are_checked_before_the_export(world, tmp_path):
+    """export --verify: an unreadable image fails before the export starts, or is left out."""
+    from norcal.core.errors import NorcalError
+    from norcal.workflows.verify import check_images
+
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    shutil.copy(world / "images" / "img0.png", imgs / "a.png")
+    bad(imgs, "random", "b.png")
+    with pytest.raises(NorcalError, match=r"b\.png: cannot read the image") as e:
+        check_images([imgs])
+    assert set(e.value.params) == {"verify", "skip_unreadable=True"}
+    images, skipped = check_images([imgs], skip_unreadable=True)
+    assert len(images) == 1 and [p.name for p, _ in skipped] == ["b.png"]
+    with pytest.raises(NorcalError, match="none of the 1 image files could be read"):
+        check_images([imgs / "b.png"], skip_unreadable=True)
+
+
+def test_parity_skip_unreadable_lists_the_skipped_files(world, tmp_path, capsys):
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    shutil.copy(world / "images" / "img0.png", imgs / "a.png")
+    bad(imgs, "empty", "b.png")
+    argv = ["parity", str(world / "tiny.onnx"), str(imgs), "--checkpoint", str(world / "model_final.pth"),
+            "--config", str(world / "config.yaml"), "--json", str(tmp_path / "p.json")]
+    assert main(argv) == 2
+    assert "b.png: cannot read the image" in capsys.readouterr().err
+    assert main([*argv, "--skip-unreadable"]) in (0, 1)
+    assert "1 unreadable file(s) skipped" in capsys.readouterr().out
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert [Path(s["file"]).name for s in report["skipped"]] == ["b.png"]
