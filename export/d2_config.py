@@ -45,14 +45,16 @@ def _read_yaml(path: Path) -> dict:
         text = path.read_text()
     except FileNotFoundError:
         raise NorcalError(f"{path}: config file not found") from None
+    except UnicodeDecodeError:
+        raise NorcalError(f"{path}: not a config file (not UTF-8 text)") from None
     except OSError as e:
-        raise NorcalError(f"{path}: cannot read config: {e}") from None
+        raise NorcalError(f"{path}: cannot read config: {e.strerror or e}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise NorcalError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
-    if data is None:
-        return {}
+    if data is None:  # an empty file would silently mean detectron2's defaults, not the model's
+        raise NorcalError(f"{path}: the config file is empty")
     if not isinstance(data, dict):
         raise NorcalError(f"{path}: a detectron2 config must be a YAML mapping, found {type(data).__name__}")
     return data

@@ -30,19 +30,82 @@ def read_rgb(path: str | os.PathLike) -> np.ndarray:
         raise OSError(str(e)) from None
 
 
-def iter_images(paths: Iterable[str | os.PathLike], context: str = "") -> Iterator[np.ndarray]:
+UNREADABLE = (OSError, ValueError, SyntaxError)  # what PIL raises for a file that is no image
+
+
+def reason(e: BaseException) -> str:
+    """An image reader's exception as one short line."""
+    text = str(e).splitlines()[0] if str(e) else ""
+    return text or type(e).__name__
+
+
+def unreadable_error(path: str | os.PathLike, why: str, rest: Iterable[str | os.PathLike] = (),
+                     context: str = "", skippable: bool = True) -> NorcalError:
+    """The error for an unreadable image: names it and counts the unreadable ones among ``rest``
+    (the files not read yet, by :func:`quick_check`), so one run tells how many files are bad.
+    ``skippable``: the caller takes ``skip_unreadable=True`` (the message says so)."""
+    rest = list(rest)
+    return _error(path, why, sum(quick_check(p) is not None for p in rest), len(rest), context,
+                  skippable)
+
+
+def _error(path, why: str, more: int, rest: int, context: str, skippable: bool) -> NorcalError:
+    also = f"; {more} more of the {rest} files after it cannot be read either" if more else ""
+    hint = " (skip_unreadable=True skips unreadable files)" if skippable else ""
+    return NorcalError(f"{context}{path}: cannot read the image ({why}){also}{hint}",
+                       param="skip_unreadable=True")
+
+
+def quick_check(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a readable image, from its header (and, for PNG, the checksums of
+    its chunks) without decoding it; None when it looks readable. For checking a whole input
+    list before any work: decoding can still fail later on a damaged JPEG body."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.verify()
+    except Exception as e:  # noqa: BLE001 - PIL raises many types for damaged files
+        return reason(e)
+    return None
+
+
+def unreadable_files(paths: Iterable[str | os.PathLike], skip: bool = False, context: str = "",
+                     skippable: bool = True) -> list[tuple[Path, str]]:
+    """Quick-check every path (:func:`quick_check`) before any work. An unreadable one is a
+    NorcalError naming the first and counting the others; with ``skip`` they are returned as
+    (path, reason) for the caller to leave out. ``skippable``: see :func:`unreadable_error`."""
+    paths = [Path(p) for p in paths]
+    bad = [(p, why) for p in paths if (why := quick_check(p)) is not None]
+    if bad and not skip:
+        first, why = bad[0]
+        rest = len(paths) - paths.index(first) - 1
+        raise _error(first, why, len(bad) - 1, rest, context, skippable)
+    return bad
+
+
+def iter_images(paths: Iterable[str | os.PathLike], context: str = "",
+                skipped: list[tuple[Path, str]] | None = None,
+                skippable: bool = True) -> Iterator[np.ndarray]:
     """read_rgb for each path, one at a time (a long list is never all in memory); an
-    unreadable file is a NorcalError naming it (``context`` prefixes it)."""
-    for p in paths:
+    unreadable file is a NorcalError naming it (``context`` prefixes it) and counting the
+    unreadable ones after it, or, when ``skipped`` is a list, appended to it as (path, reason)
+    and left out. ``skippable``: see :func:`unreadable_error`."""
+    paths = list(paths)
+    for i, p in enumerate(paths):
         try:
             yield read_rgb(p)
-        except (OSError, ValueError, SyntaxError) as e:
-            raise NorcalError(f"{context}{p}: cannot read the image ({e})") from None
+        except UNREADABLE as e:
+            if skipped is None:
+                raise unreadable_error(p, reason(e), paths[i + 1:], context, skippable) from None
+            skipped.append((Path(p), reason(e)))
 
 
-def read_images(paths: list[str | os.PathLike], context: str = "") -> list[np.ndarray]:
-    """read_rgb for each path; an unreadable file is a NorcalError naming it (``context`` prefixes it)."""
-    return list(iter_images(paths, context))
+def read_images(paths: list[str | os.PathLike], context: str = "",
+                skipped: list[tuple[Path, str]] | None = None,
+                skippable: bool = True) -> list[np.ndarray]:
+    """read_rgb for each path; unreadable files as in :func:`iter_images`."""
+    return list(iter_images(paths, context, skipped, skippable))
 
 
 def expand_inputs(inputs: list[str | os.PathLike]) -> list[Path]:

@@ -12,7 +12,7 @@ import numpy as np
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
 from norcal.core.contract import InputSpec, input_spec
-from norcal.runtime.images import read_rgb
+from norcal.runtime.images import UNREADABLE, read_rgb, reason, unreadable_error
 from norcal.runtime.postprocess import ImageDetections, split_outputs
 from norcal.runtime.preprocess import Batch, prepare_batch
 
@@ -58,11 +58,14 @@ def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1
 
 def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int = 1,
                spec: InputSpec | None = None, failed: list[tuple[Path, str]] | None = None,
-               on_done: Callable[[int], None] | None = None) -> Iterator[tuple[Path, ImageDetections]]:
+               on_done: Callable[[int], None] | None = None,
+               skip_unreadable: bool = True) -> Iterator[tuple[Path, ImageDetections]]:
     """Yield (path, detections) per readable image, in input order, ``batch_size`` at a time.
 
-    Unreadable files are skipped and appended to ``failed`` as (path, reason); ``on_done(n)``
-    is called as n more input files are finished, unreadable ones included (progress bars).
+    Unreadable files are skipped and appended to ``failed`` as (path, reason), or, with
+    ``skip_unreadable=False``, the first is a NorcalError that counts the unreadable rest;
+    ``on_done(n)`` is called as n more input files are finished, unreadable ones included
+    (progress bars).
     """
     spec = spec or input_spec(runner_metadata(runner))
     if batch_size < 1:
@@ -77,13 +80,16 @@ def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int =
             on_done(len(done))
         return done
 
-    for raw in paths:
+    paths = list(paths)
+    for i, raw in enumerate(paths):
         path = Path(raw)
         try:
             pending.append((path, read_rgb(path)))
-        except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for unreadable files
+        except UNREADABLE as e:
+            if not skip_unreadable:
+                raise unreadable_error(path, reason(e), paths[i + 1:]) from None
             if failed is not None:
-                failed.append((path, str(e).splitlines()[0] if str(e) else type(e).__name__))
+                failed.append((path, reason(e)))
             if on_done:
                 on_done(1)
             continue

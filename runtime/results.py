@@ -14,6 +14,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json
+from norcal.core.schemas import ANNOTATIONS, ids_of
 from norcal.runtime.postprocess import ImageDetections, paste_mask_regions
 
 
@@ -91,33 +92,22 @@ def category_ids_from_annotations(path: str | Path | dict,
     """From a COCO/LVIS annotation file (or its loaded dict; ``where`` names it in errors):
     (category ids in id order, image file name -> image id).
 
-    File names are matched by base name (``file_name`` or, for LVIS, ``coco_url``).
+    File names are matched by base name (``file_name`` or, for LVIS, ``coco_url``). The
+    annotations are checked against :data:`norcal.core.schemas.ANNOTATIONS` (integer ids).
     """
     if isinstance(path, dict):
-        data, p = path, where or "annotations"
+        p = where or "annotations"
+        data = ANNOTATIONS.validate(path, p)
     else:
         p = Path(path)
-        data = read_json(p)
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
-            or not isinstance(data.get("categories"), list):
+        data = read_json(p, "annotations", ANNOTATIONS)
+    if "images" not in data:
         raise NorcalError(f"{p}: not a COCO/LVIS annotation file (needs 'images' and 'categories')")
-    ids = []
-    for i, c in enumerate(data["categories"]):
-        ids.append(_entry_id(c, p, f"category {i}"))
+    ids = ids_of(str(p), "categories", data["categories"])
+    image_ids = ids_of(str(p), "images", data["images"])
     names: dict[str, int] = {}
-    for i, im in enumerate(data["images"]):
-        iid = _entry_id(im, p, f"image {i}")
+    for im, iid in zip(data["images"], image_ids.tolist()):
         ref = im.get("file_name") or im.get("coco_url") or ""
         if ref:
             names[Path(str(ref)).name] = iid
-    return sorted(ids), names
-
-
-def _entry_id(entry: Any, where, what: str) -> int:
-    """The integer ``id`` of an image or category entry; a NorcalError naming it otherwise."""
-    if not isinstance(entry, dict) or "id" not in entry:
-        raise NorcalError(f"{where}: {what} has no 'id' ({str(entry)[:80]})")
-    try:
-        return int(entry["id"])
-    except (TypeError, ValueError):
-        raise NorcalError(f"{where}: {what} has a non-integer id {entry['id']!r}") from None
+    return sorted(ids.tolist()), names

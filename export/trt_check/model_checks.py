@@ -82,6 +82,10 @@ def check_profiles(model, facts, profiles, findings) -> None:
                                         f"dynamic {what} not covered by any profile; pass "
                                         f"--profile {v.name}:MIN:OPT:MAX"))
             continue
+        if len(prof.min) != len(dims) and prof.source == "given":
+            # the user's profile is wrong, not the model: refuse it rather than list a finding
+            raise NorcalError(f"profile {prof.text()}: rank {len(prof.min)}, but input {v.name!r} "
+                              f"has rank {len(dims)} {shape_text(dims)}", param="profile")
         if len(prof.min) != len(dims):
             findings.append(Finding("error", where, "-", f"profile {prof.text()} has rank "
                                     f"{len(prof.min)}, the input has rank {len(dims)} {shape_text(dims)}"))

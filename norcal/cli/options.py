@@ -50,6 +50,39 @@ def error_line(error: NorcalError, flags: Mapping[str, str] | None = None) -> st
     return text
 
 
+# ----------------------------------------------------------------------------- outputs
+
+def check_outputs(inputs=(), files=None, folders=None) -> None:
+    """Refuse, before any work, an output that cannot be written or is one of the inputs.
+
+    inputs: the paths the command reads (None entries and non-paths such as built-in table
+    names are ignored); files / folders: {flag: path or None} of what it writes. Two outputs
+    naming the same path are refused too.
+    """
+    from pathlib import Path
+
+    from norcal.core.fileio import same_file
+    from norcal.core.outputs import check_output_dir, check_output_file
+
+    reads = [Path(p) for p in inputs if p is not None and Path(p).exists()]
+    seen: list[tuple[str, Path]] = []
+    for kinds, check in ((files or {}, check_output_file), (folders or {}, check_output_dir)):
+        for flag, path in kinds.items():
+            if path is None:
+                continue
+            path = Path(path)
+            for src in reads:
+                if same_file(src, path):
+                    same = "" if str(src) == str(path) else f" {src}"
+                    raise NorcalError(f"{flag} {path} is the input file{same}; choose another "
+                                      "(inputs are never modified)")
+            for other, p in seen:
+                if same_file(p, path):
+                    raise NorcalError(f"{flag} {path} is also the {other} output; give each output its own path")
+            check(path, flag)
+            seen.append((flag, path))
+
+
 # ----------------------------------------------------------------------------- values
 
 MAX_GAMMAS = 1000  # more is a typo (a tiny step), not a sweep
@@ -65,26 +98,26 @@ def parse_gammas(text: str) -> list[float]:
             if len(parts) != 3:
                 raise ValueError
             if not all(math.isfinite(v) for v in parts):
-                raise NorcalError(f"gamma range {text!r}: start, stop and step must be finite")
+                raise NorcalError(f"--gammas {text!r}: start, stop and step must be finite")
             start, stop, step = parts
             if step <= 0 or stop < start:
-                raise NorcalError(f"gamma range {text!r}: need start <= stop and step > 0")
+                raise NorcalError(f"--gammas {text!r}: need start <= stop and step > 0")
             n = (stop - start) / step + 1e-9
             if not math.isfinite(n) or n >= MAX_GAMMAS:
-                raise NorcalError(f"gamma range {text!r} gives more than {MAX_GAMMAS} gammas: "
+                raise NorcalError(f"--gammas {text!r} gives more than {MAX_GAMMAS} gammas: "
                                   "use a larger step")
             values = [round(start + i * step, 10) for i in range(int(math.floor(n)) + 1)]
         else:
             values = [float(v) for v in text.split(",") if v.strip()]
             if not all(math.isfinite(v) for v in values):
-                raise NorcalError(f"gammas {text!r}: every gamma must be finite")
+                raise NorcalError(f"--gammas {text!r}: every gamma must be finite")
             if len(values) > MAX_GAMMAS:
-                raise NorcalError(f"gammas {text!r}: more than {MAX_GAMMAS} values")
+                raise NorcalError(f"--gammas {text!r}: more than {MAX_GAMMAS} values")
     except ValueError:
-        raise NorcalError(f"gammas {text!r}: expected start:stop:step (e.g. 0:1.5:0.1) "
+        raise NorcalError(f"--gammas {text!r}: expected start:stop:step (e.g. 0:1.5:0.1) "
                           "or a comma list (e.g. 0,0.5,1)") from None
     if not values:
-        raise NorcalError(f"gammas {text!r}: no values")
+        raise NorcalError(f"--gammas {text!r}: no values")
     return sorted(set(values))
 
 

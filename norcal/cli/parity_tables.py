@@ -77,6 +77,9 @@ def verify_text(result) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=100, color_system=None, force_terminal=False, soft_wrap=False)
     console.print(f"verify: ONNX Runtime vs PyTorch on {result.images} image(s), {result.calibration}")
+    if result.skipped:
+        console.print(f"verify: {len(result.skipped)} unreadable file(s) skipped, e.g. "
+                      f"{result.skipped[0][0]}: {result.skipped[0][1]}", markup=False, highlight=False)
     for table in render_tables(result.run):
         console.print(table)
     for line in verdict_lines(result.run):

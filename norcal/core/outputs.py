@@ -47,6 +47,8 @@ def _check_parent(path: Path, what: str) -> None:
         raise NorcalError(f"{what} {path}: {anc} is a file, not a folder")
     if not os.access(anc, os.W_OK | os.X_OK):
         raise NorcalError(f"{what} {path}: cannot write in {anc} (permission denied)")
+    # the folder the run will write in, or create the missing ones in
+    _probe(anc, what, path)
 
 
 def _probe(folder: Path, what: str, path: Path) -> None:
@@ -67,8 +69,6 @@ def check_output_file(path: str | os.PathLike, what: str = "output") -> Path:
     if p.exists() and not p.is_file():
         raise NorcalError(f"{what} {p}: exists and is not a regular file")
     _check_parent(p, what)
-    if p.parent.is_dir():
-        _probe(p.parent, what, p)
     return p
 
 
@@ -78,8 +78,6 @@ def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Pa
     if p.exists() and not p.is_dir():
         raise NorcalError(f"{what} {p}: is a file, not a folder")
     _check_parent(p, what)
-    if p.parent.is_dir():
-        _probe(p.parent, what, p)
     return p
 
 

@@ -101,7 +101,7 @@ def _keys(pairs: list[tuple[int, int]], k: int) -> np.ndarray:
     return np.unique(a[:, 0] * k + a[:, 1])
 
 
-def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
+def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = None) -> LvisGT:
     """Load, validate and index an LVIS-format GT (a path, a loaded dict, or an LvisGT as it is).
 
     The file is checked against :data:`norcal.core.schemas.GROUND_TRUTH` (images need height
@@ -110,7 +110,8 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
     Frequency groups come from the categories' ``frequency`` field; where it is missing they
     come from ``table`` (a :class:`norcal.core.tables.CalibrationTable`, matched by category id).
     Images need ``neg_category_ids`` and ``not_exhaustive_category_ids`` (LVIS federated
-    fields); a missing field is taken as empty.
+    fields); a missing field is taken as empty. ``where`` names a loaded dict in errors
+    (default "GT").
     """
     if isinstance(gt, LvisGT):
         return gt
@@ -118,7 +119,7 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None) -> LvisGT:
         where = str(gt)
         data = read_json(gt, "GT", GROUND_TRUTH)
     elif isinstance(gt, dict):
-        where = "GT"
+        where = where or "GT"
         data = GROUND_TRUTH.validate(gt, where)
     else:
         raise NorcalError(f"GT must be a path or an LVIS dict, got {type(gt).__name__}")

@@ -72,8 +72,7 @@ def write_plots(folder: str | Path, result: EvalResult, fixed: EvalResult | None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)  # created with its first file, and only if the run succeeds
     written = []
     keys = ["AP", "APr", "APc", "APf"]
     fig, ax = plt.subplots(figsize=(6, 4))

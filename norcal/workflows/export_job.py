@@ -11,6 +11,7 @@ prints a summary table).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -108,6 +109,23 @@ def calibrate_onnx(model: onnx.ModelProto | PathLike, norcal: NorCal) -> onnx.Mo
                           logits=norcal.logits, inline=norcal.inline, min_count=norcal.min_count)
 
 
+def _with_model_table(norcal: NorCal, num_classes: int) -> NorCal:
+    """``norcal`` with its table loaded (None: the built-in one for ``num_classes``); a table
+    for another class count is refused here, before the slow export, not after it."""
+    from norcal.core.tables import load_table
+    from norcal.export.calibrate_onnx import default_table
+
+    table = norcal.table
+    if table is None:
+        table = default_table(num_classes)
+    elif not isinstance(table, CalibrationTable):
+        table = load_table(table)
+    if table.num_classes != num_classes:
+        raise NorcalError(f"table {table.name!r} has {table.num_classes} classes but the model has "
+                          f"{num_classes} (background not counted)", param="table")
+    return dataclasses.replace(norcal, table=table)
+
+
 def _finish(model: onnx.ModelProto, out: Path) -> Report:
     """Check, write, and return the TensorRT-parser report."""
     from norcal.export.trt_check import check_model
@@ -185,12 +203,15 @@ def _calibration_for(norcal: NorCal, spec: ModelSpec) -> tuple[NorCal, str]:
 def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                       options: CheckpointExport = CheckpointExport(), *,
                       verify: Sequence[PathLike] = (), triton_repo: PathLike | None = None,
-                      force: bool = False, progress: Callable[[str], None] | None = None) -> ExportResult:
+                      force: bool = False, progress: Callable[[str], None] | None = None,
+                      skip_unreadable: bool = False) -> ExportResult:
     """A detectron2 checkpoint -> batched ONNX with NorCal (see norcal.export.onnx_export).
 
     verify: images (files or folders) to run ONNX Runtime against the PyTorch model on; the
-    result is ``result.verification``. progress: called with the name of each step as it
-    starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
+    result is ``result.verification``; an unreadable image is an error before the export, or
+    with ``skip_unreadable`` left out of the comparison. A table for another class count than
+    the checkpoint's is refused right after loading it. progress: called with the name of each
+    step as it starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
     from norcal.export.detector import export_detector, load_detector
@@ -201,10 +222,15 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                           param="logits")
     src, out = Path(src), Path(out)
     _check_outputs(out, triton_repo, force)
+    if verify:  # bad images fail now, not after the export
+        from norcal.workflows.verify import check_images
+
+        check_images(verify, skip_unreadable)
     t0 = time.perf_counter()
     step("loading checkpoint")
     spec, model = load_detector(src, options.config)
     norcal, from_config = _calibration_for(norcal, spec)
+    norcal = _with_model_table(norcal, spec.num_classes)
     step("exporting to ONNX")
     graph = export_detector(model, spec, batch=options.batch, height=options.height,
                             width=options.width, opset=options.opset)
@@ -219,6 +245,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
             from norcal.workflows.verify import verify_images
 
             step("verifying")
-            result.verification = verify_images(model, current_path(out), list(verify), spec)
+            result.verification = verify_images(model, current_path(out), list(verify), spec,
+                                                skip_unreadable)
         _write_triton(result, triton_repo, force)
     return result

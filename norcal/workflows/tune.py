@@ -112,7 +112,7 @@ def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], b
     (:func:`norcal.runtime.preprocess.prepare_batch`) and cache the box predictor's inputs."""
     import torch
 
-    from norcal.runtime.images import read_images
+    from norcal.runtime.images import read_images, unreadable_error
     from norcal.runtime.preprocess import prepare_batch
 
     if batch_size < 1:
@@ -122,7 +122,12 @@ def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], b
     with torch.no_grad(), _heads_only(model):
         for s in range(0, len(images), batch_size):
             chunk = images[s:s + batch_size]
-            arrays = read_images([path for _, path in chunk])
+            bad: list = []
+            arrays = read_images([path for _, path in chunk], skipped=bad)
+            if bad:  # name the first, count the unreadable ones in the whole rest
+                rest = [Path(p) for _, p in images[s:]]
+                rest = rest[rest.index(bad[0][0]) + 1:]
+                raise unreadable_error(bad[0][0], bad[0][1], rest, skippable=False)
             b = prepare_batch(arrays, spec.min_size_test, spec.max_size_test, "BGR",
                               spec.size_divisibility)
             out = model.inference(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes),
@@ -363,9 +368,12 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     the stage's total).
     min_count: counts below it are raised to it (the result says how many classes).
     """
-    from norcal.evaluation import prepare_gt
-    from norcal.export.detector import load_detector
     from norcal.core.fileio import read_json
+    from norcal.core.schemas import GROUND_TRUTH
+    from norcal.evaluation import prepare_gt
+    from norcal.evaluation.ground_truth import check_table_matches
+    from norcal.export.detector import load_detector
+    from norcal.runtime.images import unreadable_files
 
     gammas = [check_gamma(g, factor) for g in gammas]
     if not gammas:
@@ -376,8 +384,9 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
                           param="max_cache_bytes")
     if table is not None:
         table = resolve_table(table)
-    gt_data = read_json(gt, "GT")
+    gt_data = read_json(gt, "GT", GROUND_TRUTH)
     pairs = images_from_gt(gt_data, images, str(gt))
+    unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
     spec, model = load_detector(weights, config)
     if table is None:
         from norcal.export.calibrate_onnx import default_table
@@ -386,9 +395,8 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     if spec.num_classes != table.num_classes:
         raise NorcalError(f"the model has {spec.num_classes} classes but table {table.name!r} "
                           f"has {table.num_classes}")
-    prepared = prepare_gt(gt_data, table)
-    if sorted(table.category_ids) != [int(c) for c in prepared.cat_ids]:
-        raise NorcalError(f"the categories of {gt} and of table {table.name!r} differ")
+    prepared = prepare_gt(gt_data, table, where=str(gt))
+    check_table_matches(table, prepared)
     per_image = estimate_cache_bytes(spec, 1)
     chunk = max(1, int(max_cache_bytes // per_image))
     if chunk < batch_size:

@@ -6,7 +6,7 @@ the PyTorch box predictor gets the ``norcal.log_prior`` the surgery wrote into t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from norcal.core.errors import NorcalError
@@ -21,33 +21,49 @@ class VerifyResult:
     run: ParityRun
     calibration: str  # e.g. "NorCal gamma 0.5 ..." or "plain scores"
     within_fp16_only: bool = False  # outside fp32 tolerances but within fp16 ones
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # unreadable files left out
 
     @property
     def images(self) -> int:
         return self.run.images
 
 
-def verify_images(torch_model, onnx_path, image_paths, spec) -> VerifyResult:
+def check_images(image_paths, skip_unreadable: bool = False) -> tuple[list, list]:
+    """The readable images among ``image_paths`` (files or folders), read; an unreadable one is
+    a NorcalError unless ``skip_unreadable`` (then see the returned skipped list), and so is
+    finding none. Returns (images, skipped: [(path, reason)])."""
+    from norcal.runtime.images import expand_inputs, read_images
+
+    paths = expand_inputs([str(p) for p in image_paths])
+    if not paths:
+        raise NorcalError("verify: no image files found in " + ", ".join(map(str, image_paths)),
+                          param="verify")
+    skipped: list = []
+    try:
+        images = read_images(paths, "verify: ", skipped if skip_unreadable else None)
+    except NorcalError as e:
+        raise NorcalError(str(e), param=("verify", *e.params)) from None
+    if not images:
+        raise NorcalError(f"verify: none of the {len(paths)} image files could be read, e.g. "
+                          f"{skipped[0][0]}: {skipped[0][1]}", param="verify")
+    return images, skipped
+
+
+def verify_images(torch_model, onnx_path, image_paths, spec,
+                  skip_unreadable: bool = False) -> VerifyResult:
     """Run ``onnx_path`` (ONNX Runtime, CPU) and ``torch_model`` on ``image_paths`` (files or
-    folders) and return the comparison.
+    folders) and return the comparison. An unreadable image is an error, or with
+    ``skip_unreadable`` left out (``result.skipped``); no readable image at all is an error.
 
     The calibration is read from the written file itself (what was really baked in).
     Judged with fp32 tolerances; a model that fails even the loose fp16 ones (detections that
     do not pair up, scores off by > 2e-2) raises NorcalError with the numbers.
     """
     from norcal.export.torch_runner import TorchRunner, onnx_calibration
-    from norcal.runtime.images import expand_inputs, read_images
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.workflows.parity import PRESETS, compare, fixed_input_shape, run_parity
 
-    paths = expand_inputs([str(p) for p in image_paths])
-    if not paths:
-        raise NorcalError("verify: no image files found in " + ", ".join(map(str, image_paths)),
-                          param="verify")
-    try:
-        images = read_images(paths, "verify: ")
-    except NorcalError as e:
-        raise NorcalError(str(e), param="verify") from None
+    images, skipped = check_images(image_paths, skip_unreadable)
     ort = OnnxRuntimeRunner(Path(onnx_path), "cpu")
     calibration = onnx_calibration(onnx_path)
     reference = TorchRunner(torch_model, calibration=calibration)
@@ -55,7 +71,8 @@ def verify_images(torch_model, onnx_path, image_paths, spec) -> VerifyResult:
                      input_format="BGR", divisibility=spec.size_divisibility, batch_size=1,
                      score_thresh=spec.score_thresh_test, fixed_shape=fixed_input_shape(ort))
     report = run.reports[0]
-    result = VerifyResult(run, calibration.describe() if calibration else "plain scores")
+    result = VerifyResult(run, calibration.describe() if calibration else "plain scores",
+                          skipped=skipped)
     if not report.passed:
         loose = compare(run.outputs[reference.name], run.outputs[ort.name], PRESETS["fp16"],
                         reference_name=reference.name, candidate_name=ort.name,

@@ -218,10 +218,17 @@ def test_cli_infer_end_to_end_loads_in_lvis_api(toy, tmp_path, capsys):
 def test_cli_infer_default_ids_and_overrides(toy, tmp_path, capsys):
     write_images(tmp_path / "imgs")
     out = tmp_path / "res.json"
-    rc = main(["infer", str(toy), str(tmp_path / "imgs" / "12.png"), str(tmp_path / "imgs" / "broken.jpg"),
-               "--min-size", "50", "--max-size", "200", "--no-masks", "-o", str(out)])
+    argv = ["infer", str(toy), str(tmp_path / "imgs" / "12.png"), str(tmp_path / "imgs" / "broken.jpg"),
+            "--min-size", "50", "--max-size", "200", "--no-masks", "-o", str(out)]
+    assert main(argv) == 2  # an unreadable image is an error by default, named
+    assert "broken.jpg: cannot read the image" in capsys.readouterr().err
+    assert not out.exists()
+    rc = main([*argv, "--skip-unreadable"])
     assert rc == 0
     assert "1 file(s) skipped" in capsys.readouterr().err  # unreadable: listed, not fatal
+    skipped = json.loads((tmp_path / "res.skipped.json").read_text())
+    assert skipped["images_run"] == 1 and [s["file"] for s in skipped["skipped"]] == [
+        str(tmp_path / "imgs" / "broken.jpg")]
     res = json.loads(out.read_text())
     assert [r["image_id"] for r in res] == [12, 12]
     assert [r["category_id"] for r in res] == [5, 9]  # from the model's norcal.category_ids
@@ -240,10 +247,18 @@ def test_zero_sizes_are_rejected_not_ignored(toy, tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
+# worded by norcal.core.schemas.ANNOTATIONS: the file, the record, the field
 @pytest.mark.parametrize("data, message", [
-    ({"images": [{"file_name": "a.png"}], "categories": [{"id": 1}]}, "image 0 has no 'id'"),
-    ({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"name": "x"}]}, "category 0 has no 'id'"),
-    ({"images": [{"id": "one", "file_name": "a.png"}], "categories": [{"id": 1}]}, "non-integer id"),
+    ({"images": [{"file_name": "a.png"}], "categories": [{"id": 1}]}, r"images\[0\]: id: missing"),
+    ({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"name": "x"}]}, r"categories\[0\]: id: missing"),
+    ({"images": [{"id": "one", "file_name": "a.png"}], "categories": [{"id": 1}]},
+     r"images\[0\]: id: expected an integer, got string 'one'"),
+    ({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"id": "5"}]},
+     r"categories\[0\]: id: expected an integer, got string '5'"),
+    ({"images": [{"id": 5.7, "file_name": "a.png"}], "categories": [{"id": 1}]},
+     r"images\[0\]: id: expected an integer"),
+    ({"images": [{"id": 1, "file_name": "a.png"}, {"id": 1, "file_name": "b.png"}],
+      "categories": [{"id": 1}]}, r"images\[1\].*duplicate id 1"),
 ])
 def test_annotation_entries_without_ids_are_clear_errors(tmp_path, data, message):
     from norcal.runtime.results import category_ids_from_annotations

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from norcal.core.errors import NorcalError
 from norcal.core.profiles import DEFAULT_BATCH
-from norcal.core.fileio import same_file
 
 HELP = "build a TensorRT engine (fp32/fp16) from an exported ONNX detector"
 DESCRIPTION = f"""Build a TensorRT 10 engine from an exported detector with one optimization profile
@@ -52,13 +51,16 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from norcal.cli.options import parse_hw, parse_hw_range, parse_range
+    from norcal.cli.options import check_outputs, parse_hw, parse_hw_range, parse_range
     from norcal.runtime.tensorrt_build import (BuildOptions, build_engine, sidecar_path,
                                                write_trtexec_sidecar)
     from norcal.workflows.build import prepare
 
-    if same_file(args.model, args.output):
-        raise NorcalError("output path equals the input path; choose another -o")
+    if not Path(args.model).is_file():
+        raise NorcalError(f"{args.model}: no such file")
+    # with --trtexec-only, trtexec writes the engine: its location is checked all the same
+    check_outputs([args.model], files={"-o": args.output, "sidecar": sidecar_path(args.output),
+                                       "--timing-cache": args.timing_cache})
     hw = None
     if args.shape:
         fixed = parse_hw(args.shape)

@@ -24,6 +24,9 @@ one (stated in the output); other inputs need --profile.
 Exit status: 0 compatible (warnings allowed), 1 not compatible, 2 bad input.
 """
 
+# parameters named in the checker's errors -> the flags here
+FLAGS = {"profile": "--profile"}
+
 
 def add_arguments(p):
     p.add_argument("model", help="ONNX model to check")

@@ -28,13 +28,23 @@ Metrics (printed in %, written as fractions in [0, 1]; -1 where undefined):
 """
 
 
+def _cap(text: str) -> int:
+    """--max-dets: a whole number of either sign (negative: no cap), unlike other counts."""
+    import argparse
+
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
 def add_arguments(p):
     p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json", help="LVIS-format ground truth")
     p.add_argument("--results", required=True, metavar="RESULTS.json",
                    help="LVIS/COCO result list: image_id, category_id, score, bbox [x,y,w,h] "
                         "and/or segmentation (RLE)")
     p.add_argument("--iou-type", choices=("bbox", "segm"), default="bbox", help="box or mask IoU (default bbox)")
-    p.add_argument("--max-dets", type=int, default=300, help="detections kept per image by score (default 300; negative: no cap)")
+    p.add_argument("--max-dets", type=_cap, default=300, help="detections kept per image by score (default 300; negative: no cap)")
     p.add_argument("--table", metavar="NAME|PATH",
                    help="calibration table (lvis_v1, lvis_v0_5 or a JSON path) giving frequency groups "
                         "and N_c when the GT's categories lack them")
@@ -53,8 +63,13 @@ def run(args) -> int:
     from norcal.evaluation import evaluate, evaluate_fixed, from_results, prepare_gt
     from norcal.evaluation import report
 
+    from norcal.cli.options import check_outputs
+
     if args.max_dets == 0:
         raise NorcalError("--max-dets must be positive (or negative for no cap)")
+    check_outputs([args.gt, args.results, args.table],
+                  files={"--json": args.json, "--per-class-csv": args.per_class_csv},
+                  folders={"--plots": args.plots})
     console = Console(soft_wrap=True)
     table = None
     if args.table:
@@ -63,6 +78,10 @@ def run(args) -> int:
         table = load_table(args.table)
     with console.status("loading ground truth and results"):
         gt = prepare_gt(args.gt, table)
+        if table is not None:
+            from norcal.evaluation.ground_truth import check_table_matches
+
+            check_table_matches(table, gt)
         dets = from_results(args.results)
     with console.status(f"evaluating {len(dets)} detections ({args.iou_type})"):
         result = evaluate(gt, dets, args.iou_type, args.max_dets)

@@ -33,8 +33,8 @@ examples:
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 
 # parameters of norcal.workflows.export_job named in its errors -> the flags here
-FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table", "gamma": "--gamma",
-         "verify": "--verify"}
+FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table",
+         "gamma": "--gamma", "verify": "--verify", "skip_unreadable=True": "--skip-unreadable"}
 
 
 def add_arguments(p):
@@ -67,6 +67,8 @@ def add_arguments(p):
     g.add_argument("--opset", type=int, help="ONNX opset (default 17)")
     g.add_argument("--verify", nargs="+", metavar="IMAGE",
                    help="run ONNX Runtime against the PyTorch model on these images and print differences")
+    g.add_argument("--skip-unreadable", action="store_true",
+                   help="--verify: leave out files that cannot be read as images (counted) instead of stopping")
     p.add_argument("--triton-repo", metavar="DIR", help="also write a Triton model repository here "
                                                          "(DIR/<name>/config.pbtxt + 1/model.onnx)")
     p.add_argument("--force", action="store_true", help="replace an existing Triton model folder")
@@ -82,14 +84,14 @@ def default_output(model: Path) -> Path:
 
 
 def run(args) -> int:
-    from norcal.core.fileio import same_file
+    from norcal.cli.options import check_outputs
 
     src = Path(args.model)
     if not src.is_file():
         raise NorcalError(f"{src}: no such file")
     out = Path(args.output) if args.output else default_output(src)
-    if same_file(src, out):
-        raise NorcalError(f"output {out} is the input file; choose another -o (inputs are never modified)")
+    check_outputs([src, args.config, args.table, *(args.verify or ())],
+                  files={"-o": out}, folders={"--triton-repo": args.triton_repo})
     if args.strip and args.gamma is not None:
         raise NorcalError("--strip removes NorCal; it takes no --gamma")
     if args.strip and args.min_count is not None:
@@ -100,9 +102,11 @@ def run(args) -> int:
         raise NorcalError("--gamma is required (0 gives the plain softmax)")
     if not is_checkpoint:
         given = [f"--{k}" for k in ("config", "verify", "batch", "height", "width", "opset")
-                 if getattr(args, k) is not None]
+                 if getattr(args, k) is not None] + (["--skip-unreadable"] if args.skip_unreadable else [])
         if given:
             raise NorcalError(f"{', '.join(given)} apply to detectron2 checkpoints, not ONNX input")
+    if args.skip_unreadable and not args.verify:
+        raise NorcalError("--skip-unreadable applies to --verify's images; no --verify given")
     if is_checkpoint:
         result = _export_checkpoint(src, out, args)
     else:
@@ -147,7 +151,8 @@ def _export_checkpoint(src: Path, out: Path, args):
 
     try:
         return export_checkpoint(src, out, _norcal(args), options, verify=args.verify or (),
-                                 triton_repo=args.triton_repo, force=args.force, progress=step)
+                                 triton_repo=args.triton_repo, force=args.force, progress=step,
+                                 skip_unreadable=args.skip_unreadable)
     finally:
         status.stop()
 

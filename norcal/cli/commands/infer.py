@@ -17,7 +17,10 @@ and an RLE segmentation for mask models).
 
 Images are resized as the model's metadata says (norcal.min_size_test / max_size_test,
 detectron2's ResizeShortestEdge); --min-size/--max-size override it. Folders are searched
-recursively for image files. Files that cannot be read are listed at the end, not fatal.
+recursively for image files. A file that cannot be read as an image is an error (the first is
+named, the rest counted); --skip-unreadable runs the others, lists the skipped files at the
+end and writes them to RESULTS.skipped.json ({"skipped": [{"file", "reason"}], ...}) next to
+the results, which stay a plain result list.
 
 Image ids: with --image-ids, from the annotation file (matched by file name; files it does
 not list are skipped and reported); otherwise the file name's stem as an integer
@@ -33,7 +36,7 @@ or the model's built-in table.
 """
 
 # parameters of the runtime named in its errors -> the flags here
-FLAGS = {"provider": "--provider", "batch_size": "--batch"}
+FLAGS = {"provider": "--provider", "batch_size": "--batch", "skip_unreadable=True": "--skip-unreadable"}
 
 
 def add_arguments(p):
@@ -53,12 +56,21 @@ def add_arguments(p):
                                                  "(beside the baseline for a NorCal model)")
     p.add_argument("--draw-count", type=int, default=8, metavar="N",
                    help="how many images --draw draws (default 8)")
+    p.add_argument("--skip-unreadable", action="store_true",
+                   help="skip files that cannot be read as images (listed in RESULTS.skipped.json) "
+                        "instead of stopping")
 
 
 def _image_id(path: Path, by_name: dict[str, int] | None):
     if by_name is not None:
         return by_name[path.name]
     return int(path.stem) if path.stem.isdigit() else path.stem
+
+
+def skipped_path(output) -> Path:
+    """``results.json`` -> ``results.skipped.json``: the files --skip-unreadable left out."""
+    p = Path(output)
+    return p.with_name((p.stem if p.suffix == ".json" else p.name) + ".skipped.json")
 
 
 def _category_ids(args, meta, from_annotations):
@@ -99,9 +111,10 @@ def run(args) -> int:
         TimeElapsedColumn
     from rich.text import Text
 
-    from norcal.core.fileio import same_file, write_json
+    from norcal.cli.options import check_outputs
+    from norcal.core.fileio import write_json
     from norcal.core.contract import input_spec
-    from norcal.runtime.images import expand_inputs
+    from norcal.runtime.images import expand_inputs, unreadable_files
     from norcal.runtime.inference import run_images, runner_metadata
     from norcal.runtime.results import category_ids_from_annotations, detections_to_results
     from norcal.runtime.runners import open_runner
@@ -112,8 +125,10 @@ def run(args) -> int:
     paths = expand_inputs(args.inputs)
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(args.inputs))
-    if any(same_file(p, args.output) for p in paths) or same_file(args.model, args.output):
-        raise NorcalError("output path equals an input path; choose another -o")
+    check_outputs([args.model, *paths, args.image_ids, args.table],
+                  files={"-o": args.output,
+                         "skipped list": skipped_path(args.output) if args.skip_unreadable else None},
+                  folders={"--draw": args.draw})
     by_name, ann_cats = None, None
     if args.image_ids:
         ann_cats, by_name = category_ids_from_annotations(args.image_ids)
@@ -122,11 +137,17 @@ def run(args) -> int:
         if not paths:
             raise NorcalError(f"none of the {len(unknown)} image files is in {args.image_ids} "
                               f"(matched by file name, e.g. {unknown[0].name})")
-
     runner = open_runner(args.model, args.provider)
     meta = runner_metadata(runner)
     spec = input_spec(meta, args.min_size, args.max_size)
     cat_ids, cat_source = _category_ids(args, meta, ann_cats)
+    unreadable = unreadable_files(paths, skip=args.skip_unreadable)  # before any work
+    if unreadable:
+        gone = {p for p, _ in unreadable}
+        paths = [p for p in paths if p not in gone]
+        if not paths:
+            raise NorcalError(f"none of the {len(gone)} image files could be read, e.g. "
+                              f"{unreadable[0][0]}: {unreadable[0][1]}")
     with_masks = not args.no_masks and "masks" in runner.output_names
     draw_table, drawn = (_draw_table(args, meta) if args.draw else None), []
     console.print(f"{runner.name}: {len(paths)} images, batch {args.batch}, resize "
@@ -138,17 +159,27 @@ def run(args) -> int:
 
     results, done_images = [], 0
     failed = [(p, f"not in {args.image_ids}") for p in unknown] if args.image_ids else []
+    failed += unreadable
     with Progress(TextColumn("infer"), BarColumn(), MofNCompleteColumn(), Rate(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         task = progress.add_task("infer", total=len(paths))
         for path, det in run_images(runner, paths, args.batch, spec, failed,
-                                    on_done=lambda n: progress.advance(task, n)):
+                                    on_done=lambda n: progress.advance(task, n),
+                                    skip_unreadable=args.skip_unreadable):
             results.extend(detections_to_results(_image_id(path, by_name), det, cat_ids, with_masks))
             done_images += 1
             if draw_table is not None and len(drawn) < args.draw_count:
                 drawn.append((path, det))
+    if not done_images:
+        raise NorcalError(f"none of the {len(paths) + len(unreadable)} image files could be read, "
+                          f"e.g. {failed[-1][0]}: {failed[-1][1]}")
     write_json(args.output, results, indent=None)
     console.print(f"wrote {args.output}: {len(results)} detections on {done_images} images")
+    if args.skip_unreadable:
+        write_json(skipped_path(args.output), {
+            "results": str(args.output), "images_run": done_images,
+            "skipped": [{"file": str(p), "reason": why} for p, why in failed]})
+        console.print(f"wrote {skipped_path(args.output)}: {len(failed)} file(s) skipped")
     if drawn:
         from norcal.workflows.pictures import draw_model_pictures
 

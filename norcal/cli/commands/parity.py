@@ -57,6 +57,13 @@ def add_arguments(p):
                    help="how many synthetic images to use when no IMAGES are given (default 3)")
     p.add_argument("--limit", type=int, metavar="N", help="use only the first N images")
     p.add_argument("--json", metavar="OUT.json", help="also write the comparison as JSON")
+    p.add_argument("--skip-unreadable", action="store_true",
+                   help="leave out files that cannot be read as images (counted, and listed under "
+                        "\"skipped\" in --json) instead of stopping")
+
+
+# parameters named in the library's errors -> the flags here
+FLAGS = {"skip_unreadable=True": "--skip-unreadable"}
 
 
 def _engine_runner(args, console):
@@ -88,7 +95,9 @@ def _engine_runner(args, console):
     return runner
 
 
-def _load_images(args, console):
+def _load_images(args, console, skipped):
+    from rich.markup import escape
+
     from norcal.runtime.images import expand_inputs, read_images
     from norcal.workflows.parity import synthetic_images
 
@@ -105,7 +114,15 @@ def _load_images(args, console):
         paths = paths[: args.limit]
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(args.images))
-    return read_images(paths), paths
+    images = read_images(paths, skipped=skipped if args.skip_unreadable else None)
+    if skipped:
+        console.print(f"[yellow]{len(skipped)} unreadable file(s) skipped[/yellow], e.g. "
+                      f"{escape(str(skipped[0][0]))}: {escape(skipped[0][1])}")
+        gone = {p for p, _ in skipped}
+        paths = [p for p in paths if p not in gone]
+    if not images:
+        raise NorcalError(f"none of the {len(skipped)} image files could be read")
+    return images, paths
 
 
 def run(args) -> int:
@@ -119,8 +136,13 @@ def run(args) -> int:
     from norcal.workflows.parity import (PRESETS, fixed_input_shape, model_score_thresh, report_json,
                                          run_parity, runner_precision, verdict_lines)
     from norcal.export.torch_runner import TorchRunner, onnx_calibration
+    from norcal.cli.options import check_outputs
 
     console = Console(soft_wrap=True)
+    if not Path(args.model).is_file():
+        raise NorcalError(f"{args.model}: no such file")
+    check_outputs([args.model, args.checkpoint, args.config, args.engine, args.gt, *args.images],
+                  files={"--json": args.json})
     if args.batch < 1:
         raise NorcalError(f"--batch must be >= 1, got {args.batch}")
     if args.limit is not None and args.limit < 1:
@@ -129,7 +151,20 @@ def run(args) -> int:
         raise NorcalError("--config goes with --checkpoint")
     if not args.checkpoint and not args.engine:
         raise NorcalError("nothing to compare ONNX Runtime with: give --checkpoint (PyTorch) and/or --engine")
-    images, paths = _load_images(args, console)
+    skipped: list = []
+    images, paths = _load_images(args, console, skipped)
+    gt = image_ids = cat_ids = None
+    if args.gt:  # read before the models load: a bad file fails in a second
+        from norcal.core.fileio import read_json
+        from norcal.core.schemas import GROUND_TRUTH
+        from norcal.runtime.results import category_ids_from_annotations
+
+        gt = read_json(args.gt, "annotations", GROUND_TRUTH)
+        cat_ids, by_name = category_ids_from_annotations(gt, args.gt)
+        unknown = [p.name for p in paths if p.name not in by_name]
+        if unknown:
+            raise NorcalError(f"{len(unknown)} image(s) are not in {args.gt} (by file name), e.g. {unknown[0]}")
+        image_ids = [by_name[p.name] for p in paths]
 
     ort = OnnxRuntimeRunner(args.model, args.provider)
     calibration = onnx_calibration(args.model)
@@ -154,15 +189,6 @@ def run(args) -> int:
     meta = ort.metadata
     spec = input_spec(meta)
     score_thresh = model_score_thresh(meta)
-    gt = image_ids = cat_ids = None
-    if args.gt:
-        from norcal.runtime.results import category_ids_from_annotations
-
-        cat_ids, by_name = category_ids_from_annotations(args.gt)
-        unknown = [p.name for p in paths if p.name not in by_name]
-        if unknown:
-            raise NorcalError(f"{len(unknown)} image(s) are not in {args.gt} (by file name), e.g. {unknown[0]}")
-        gt, image_ids = args.gt, [by_name[p.name] for p in paths]
     tolerances = {r.name: PRESETS[runner_precision(r)] for r in runners}
     fixed = fixed_input_shape(ort)
     if fixed and fixed[0] and fixed[0] != args.batch:
@@ -188,6 +214,9 @@ def run(args) -> int:
         style = "green" if line.startswith("PASS") else "red"
         console.print(f"[{style}]{escape(line)}[/{style}]", highlight=False)
     if args.json:
-        write_json(args.json, report_json(result))
+        report = report_json(result)
+        if args.skip_unreadable:
+            report["skipped"] = [{"file": str(p), "reason": why} for p, why in skipped]
+        write_json(args.json, report)
         console.print(f"wrote {args.json}")
     return 0 if result.passed else 1

@@ -48,7 +48,7 @@ def run(args) -> int:
     from norcal.core.errors import NorcalError
     from norcal.evaluation.simulate import SimConfig, plot_sweep, run_benchmark
     from norcal.core.fileio import write_json
-    from norcal.cli.options import parse_gammas
+    from norcal.cli.options import check_outputs, parse_gammas
     from norcal.core.tables import load_table
 
     gammas = [check_gamma(g) for g in parse_gammas(args.gammas)]
@@ -56,6 +56,7 @@ def run(args) -> int:
         raise NorcalError("--images and --train-images must be >= 1")
     if args.proposals < 8:
         raise NorcalError(f"--proposals must be >= 8, got {args.proposals}")
+    check_outputs([args.table], files={"--json": args.json, "--plot": args.plot})
     table = load_table(args.table)
     config = SimConfig(images=args.images, train_images=args.train_images, seed=args.seed,
                        proposals=args.proposals, bias=args.bias)

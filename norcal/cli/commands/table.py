@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from norcal.core.errors import NorcalError
-from norcal.core.fileio import same_file
 from norcal.core.tables import GROUPS, build_table, builtin_names, load_table
 
 HELP = "build or show a calibration table (per-class training counts)"
@@ -40,8 +38,9 @@ def run(args) -> int:
             console.print(f"{name}\t{t.num_classes} classes\t{t.source}")
         return 0
     if args.table_command == "build":
-        if same_file(args.annotations, args.output):
-            raise NorcalError("output path equals the input path; choose another -o")
+        from norcal.cli.options import check_outputs
+
+        check_outputs([args.annotations], files={"-o": args.output})
         table = build_table(args.annotations, args.count, args.name)
         table.counts()  # refuse a table NorCal cannot use (a class with no training data)
         table.save(args.output)

@@ -47,6 +47,17 @@ FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas":
          "table": "--table"}
 
 
+def _budget(text: str) -> float:
+    """--max-cache-gb as typed (NaN and inf included): run() refuses anything but a finite
+    number > 0 with one message that says so."""
+    import argparse
+
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def add_arguments(p):
     p.add_argument("model", metavar="MODEL", help="detectron2 checkpoint (.pth/.pkl); not ONNX (see above)")
     p.add_argument("--config", help="detectron2 config yaml (default: inferred from the weights)")
@@ -59,7 +70,7 @@ def add_arguments(p):
                                    "(default: the built-in table matching the class count)")
     add_calibration_options(p)
     p.add_argument("--batch", type=int, default=4, help="images per network batch (default 4)")
-    p.add_argument("--max-cache-gb", type=float, default=2.0,
+    p.add_argument("--max-cache-gb", type=_budget, default=2.0,
                    help="memory for cached head outputs; images are processed in chunks that fit "
                         "(default 2; an LVIS model takes ~24 MB per image)")
     p.add_argument("--json", metavar="FILE", help="write the sweep as JSON")
@@ -70,7 +81,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from norcal.cli.options import parse_gammas, progress_bars
+    from norcal.cli.options import check_outputs, parse_gammas, progress_bars
     from norcal.core.fileio import write_json
     from norcal.workflows.tune import tune, write_sweep_plot
 
@@ -88,6 +99,8 @@ def run(args) -> int:
     if not (math.isfinite(args.max_cache_gb) and args.max_cache_gb > 0):
         raise NorcalError(f"--max-cache-gb must be a finite number > 0, got {args.max_cache_gb}")
     gammas = parse_gammas(args.gammas)
+    check_outputs([src, args.config, args.gt, args.table, args.images],
+                  files={"--json": args.json, "--plot": args.plot})
     table = args.table  # None: tune picks the built-in table matching the model's class count
 
     console = Console(soft_wrap=True)

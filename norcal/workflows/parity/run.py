@@ -44,20 +44,24 @@ def _concat(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def _only_images(gt, image_ids):
-    """An annotation file or dict cut down to ``image_ids``: AP over the images that were run,
-    not over a whole validation set most of which was never seen (a prepared LvisGT is kept)."""
+    """An annotation file or dict, validated (:data:`norcal.core.schemas.GROUND_TRUTH`), cut
+    down to ``image_ids``: AP over the images that were run, not over a whole validation set
+    most of which was never seen (a prepared LvisGT is kept)."""
     from pathlib import Path
 
     from norcal.core.fileio import read_json
+    from norcal.core.schemas import GROUND_TRUTH
 
     if isinstance(gt, (str, Path)):
-        gt = read_json(gt, "annotations")
-    if not isinstance(gt, dict) or "images" not in gt:
+        gt = read_json(gt, "annotations", GROUND_TRUTH)
+    elif isinstance(gt, dict):
+        gt = GROUND_TRUTH.validate(gt, "annotations")
+    else:
         return gt
     keep = set(image_ids)
     out = dict(gt)
-    out["images"] = [im for im in gt["images"] if im.get("id") in keep]
-    out["annotations"] = [a for a in gt.get("annotations", []) if a.get("image_id") in keep]
+    out["images"] = [im for im in gt["images"] if im["id"] in keep]
+    out["annotations"] = [a for a in gt["annotations"] if a["image_id"] in keep]
     return out
 
 
