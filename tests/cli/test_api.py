@@ -16,6 +16,8 @@ from norcal.export.surgery import norcal_metadata
 from conftest import SYNTH, TINY
 from onnx_graphs import classifier_graph
 
+pytestmark = pytest.mark.slow  # exports, runs and evaluates the bundled example
+
 README = Path(__file__).parents[2] / "README.md"
 
 

@@ -9,6 +9,8 @@ from conftest import TINY
 from norcal.cli import export_main
 from norcal.export.surgery import norcal_metadata
 
+pytestmark = pytest.mark.slow  # exports a checkpoint end to end, several times
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):

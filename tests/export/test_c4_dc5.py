@@ -28,6 +28,8 @@ from norcal.export.spec import RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEA
 from norcal.export.trt_support import TOPK_K_LIMIT
 from test_onnx_export import run, session
 
+pytestmark = pytest.mark.slow  # exports and golden parity of two more architectures
+
 torch.set_num_threads(2)
 
 ARCHS = {"c4": FIXTURES / "d2_c4_tiny", "dc5": FIXTURES / "d2_dc5_tiny"}

@@ -22,6 +22,8 @@ from norcal.export.modeling.ops import non_max_suppression
 from norcal.export.modeling.poolers import assign_boxes_to_levels
 from norcal.export.spec import ModelSpec
 
+pytestmark = pytest.mark.slow  # the detectron2-compatible model on every golden setting
+
 torch.set_num_threads(2)
 
 

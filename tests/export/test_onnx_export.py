@@ -21,6 +21,8 @@ from norcal.export.spec import ModelSpec
 from conftest import assert_tensorrt_compatible
 from test_modeling_parity import check_detections
 
+pytestmark = pytest.mark.slow  # exports the detector, incl. a full-size LVIS model
+
 torch.set_num_threads(2)
 
 def session(proto: onnx.ModelProto) -> ort.InferenceSession:

@@ -31,6 +31,8 @@ from norcal.export.modeling.layers import GroupNorm, PaddingMasks, get_norm, mas
 from norcal.export.onnx_export import export_onnx
 from norcal.export.spec import ModelSpec
 
+pytestmark = pytest.mark.slow  # three norm types, each exported and run batched
+
 NORMS = ("FrozenBN", "SyncBN", "GN")
 # GN on ResNet-18's basic blocks as well (another masking path), in PyTorch
 MODELS = NORMS + ("GN-R18",)

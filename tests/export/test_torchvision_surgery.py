@@ -15,6 +15,8 @@ from norcal.core.calibration import calibrate, log_prior
 from norcal.cli import export_main
 from norcal.export.surgery import find_classifiers, norcal_metadata
 
+pytestmark = pytest.mark.slow  # runs torchvision's Faster R-CNN
+
 COUNTS = [1.0, 2.0, 5.0, 9.0, 30.0, 60.0, 150.0, 400.0, 900.0, 2500.0]
 
 

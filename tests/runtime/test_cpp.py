@@ -25,8 +25,8 @@ TINY = ROOT / "tests" / "fixtures" / "d2_lvis_tiny"
 # moves some pixels by one level.
 PIL_EXACT = int(PIL.__version__.split(".")[0]) >= 13
 CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-pytestmark = pytest.mark.skipif(not shutil.which("cmake") or not CXX,
-                                reason="needs cmake and a C++17 compiler to build runtime/cpp")
+pytestmark = [pytest.mark.cpp, pytest.mark.skipif(not shutil.which("cmake") or not CXX,
+                                                   reason="needs cmake and a C++17 compiler to build runtime/cpp")]
 
 
 # what `norcal build` records for a model exported with these settings (RGB, a 64 divisor, and a

@@ -174,6 +174,8 @@ def _have_tensorrt_gpu() -> str | None:
     return None
 
 
+@pytest.mark.tensorrt
+@pytest.mark.gpu
 @pytest.mark.skipif(_have_tensorrt_gpu() is not None, reason=str(_have_tensorrt_gpu()))
 @pytest.mark.parametrize("fp16", [False, True])
 def test_real_engine_matches_onnxruntime(tmp_path, fp16, capsys):

@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the whole demo: tune, export, ONNX Runtime on the validation images
+
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 

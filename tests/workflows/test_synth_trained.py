@@ -14,6 +14,8 @@ import pytest
 from conftest import SYNTH, assert_tensorrt_compatible
 from golden import match_detections
 
+pytestmark = pytest.mark.slow  # exports the trained model and runs it at five gammas
+
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 

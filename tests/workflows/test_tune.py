@@ -8,6 +8,8 @@ import pytest
 from conftest import SYNTH
 from golden import match_detections
 
+pytestmark = pytest.mark.slow  # caches head outputs and sweeps gamma on real images
+
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
