@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -123,7 +123,35 @@ def run_demo(data: os.PathLike | None = None, output_dir: os.PathLike = "norcal-
              log: Callable[[str], None] | None = None) -> DemoResult:
     """Tune gamma on the training subset over ``gammas``, export, calibrate, run and evaluate
     on the validation images; write models, results, plot, pictures and summary.json into
-    ``output_dir``. progress: an optional ``rich.progress.Progress``."""
+    ``output_dir``. progress: an optional ``rich.progress.Progress``.
+
+    The folder is built next to ``output_dir`` and replaces it whole only when everything
+    succeeded: a failed run leaves an earlier demo's folder as it was, never a mix.
+    """
+    from norcal.core.fileio import write_json
+    from norcal.core.outputs import check_output_dir, staged_dir
+
+    dest = Path(output_dir)
+    check_output_dir(dest, "output folder")
+    with staged_dir(dest) as out:
+        result = _relocated(_run_demo(data, out, gammas, batch_size, pictures, progress, log), out, dest)
+        write_json(out / "summary.json", result.to_json())
+    return result
+
+
+def _relocated(result: DemoResult, built: Path, dest: Path) -> DemoResult:
+    """``result`` with its paths in ``built`` (the staged folder) moved to ``dest``."""
+    def move(path: Path) -> Path:
+        return dest / Path(path).relative_to(built)
+
+    moved = {id(s): replace(s, model_path=move(s.model_path), results_path=move(s.results_path))
+             for s in result.settings}
+    return replace(result, baseline=moved[id(result.baseline)], tuned=moved[id(result.tuned)],
+                   best_val=moved[id(result.best_val)], output_dir=dest,
+                   plot_path=move(result.plot_path), pictures=[move(p) for p in result.pictures])
+
+
+def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> DemoResult:
     from norcal.core.calibration import check_gamma
     from norcal.core.fileio import read_json, write_json
     from norcal.core.onnx_io import save_onnx
@@ -147,8 +175,6 @@ def run_demo(data: os.PathLike | None = None, output_dir: os.PathLike = "norcal-
     if pictures < 0:
         raise NorcalError(f"the number of pictures must be >= 0, got {pictures}")
     d = check_data_dir(data)
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
     weights, config = d / "model_final.pth", d / "config.yaml"
@@ -228,7 +254,6 @@ def run_demo(data: os.PathLike | None = None, output_dir: os.PathLike = "norcal-
         seconds["pictures"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - t_start
     result.seconds = seconds
-    write_json(out / "summary.json", result.to_json())
     return result
 
 

@@ -92,7 +92,10 @@ def draw_model_pictures(model: str | os.PathLike, drawn: Sequence[tuple[Path, Im
     """Pictures of a model's detections (``drawn``: (image path, detections) pairs); an ONNX
     model with a NorCal node is drawn beside its baseline (the node stripped, run here on the
     same images), any other model alone."""
-    from norcal.core.onnx_io import load_onnx, save_onnx
+    import onnx
+
+    from norcal.core import contract
+    from norcal.core.onnx_io import load_onnx
     from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import run_images
@@ -106,11 +109,11 @@ def draw_model_pictures(model: str | os.PathLike, drawn: Sequence[tuple[Path, Im
     if model.suffix.lower() == ".onnx":
         graph = load_onnx(model)
         if has_norcal(graph):
-            gamma = norcal_metadata(graph).get("norcal.gamma", "?")
+            gamma = norcal_metadata(graph).get(contract.GAMMA, "?")
             name = f"NorCal γ={gamma}"
             with tempfile.TemporaryDirectory(prefix="norcal-draw-") as tmp:
                 plain = Path(tmp) / "baseline.onnx"
-                save_onnx(strip_norcal(graph), plain)
+                onnx.save(strip_norcal(graph), str(plain))  # scratch, not an output: written directly
                 runner = open_runner(plain, provider)
                 base = [d for _, d in run_images(runner, [p for p, _ in drawn])]
                 del runner  # release the session before its file goes

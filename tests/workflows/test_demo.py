@@ -208,3 +208,35 @@ def test_needs_a_norcal_gamma(tmp_path):
         run_demo(None, tmp_path, gammas=[0.0])
     with pytest.raises(NorcalError, match="pictures"):
         run_demo(None, tmp_path, gammas=GRID, pictures=-1)
+
+
+def test_failed_demo_leaves_an_earlier_output_folder_as_it_was(tmp_path, monkeypatch):
+    """The demo's folder is replaced whole or not at all (here the work fails half-way)."""
+    import norcal.workflows.demo as demo_module
+    from norcal.core.errors import NorcalError
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "summary.json").write_text("from an earlier demo")
+
+    def fails_half_way(data, built, *args):
+        (built / "model_baseline.onnx").write_bytes(b"half written")
+        raise NorcalError("the evaluation failed")
+
+    monkeypatch.setattr(demo_module, "_run_demo", fails_half_way)
+    with pytest.raises(NorcalError, match="evaluation failed"):
+        demo_module.run_demo(output_dir=out)
+    assert [p.name for p in out.iterdir()] == ["summary.json"]
+    assert (out / "summary.json").read_text() == "from an earlier demo"
+    assert [p.name for p in tmp_path.iterdir()] == ["demo"]  # no staging folder left
+
+
+def test_cli_demo_output_that_is_a_file_is_refused_first(tmp_path, capsys):
+    from norcal.cli import main
+
+    target = tmp_path / "taken"
+    target.write_text("keep")
+    assert main(["demo", "--output", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a file, not a folder" in err
+    assert target.read_text() == "keep"
