@@ -47,7 +47,7 @@ def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | Calibratio
     if table is None:
         n = classifier_classes(model, background)
         if n is None:
-            raise NorcalError("cannot tell the model's class count; pass --table")
+            raise NorcalError("cannot tell the model's class count; pass table", param="table")
         table = default_table(n)
     elif not isinstance(table, CalibrationTable):
         table = load_table(table)

@@ -1,4 +1,4 @@
-"""Export our GeneralizedRCNN to ONNX with the project's contract (DESIGN.md, runtime/base.py).
+"""Export our GeneralizedRCNN to ONNX with the project's contract (norcal.core.contract, docs/architecture.md).
 
 Inputs ``images`` float32 [B,3,H,W] (BGR 0-255, zero-padded to a multiple of 32) and
 ``image_sizes`` int64 [B,2]; outputs ``num_detections`` int64 [B], ``boxes`` [B,K,4],

@@ -2,7 +2,7 @@
 
 The matrix below is onnx-tensorrt's ``docs/operators.md`` for TensorRT 10.15 (one row per
 operator: ``Name | types | restrictions``, or ``Name | N`` when unsupported), as compiled in
-``shared/reference/tensorrt_onnx_support.md``. The limits after it come from the same file
+``docs/tensorrt_onnx_support.md``. The limits after it come from the same file
 (importer and checker code, TensorRT operator docs); each says where it comes from.
 Keep it as data in code, not a JSON file, so it ships in every wheel without package-data.
 """

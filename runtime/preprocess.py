@@ -2,7 +2,7 @@
 
 detectron2 resizes uint8 images with PIL's bilinear filter (``ResizeTransform.apply_image``),
 so this module does too: the pixels match detectron2 exactly. The graph normalises and zeroes
-the padding itself (see DESIGN.md), so the host pads raw pixels with zeros.
+the padding itself (see docs/architecture.md, "The ONNX contract"), so the host pads raw pixels with zeros.
 """
 
 from __future__ import annotations

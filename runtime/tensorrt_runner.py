@@ -7,12 +7,18 @@ read from the sidecar ``<engine>.json`` written by ``norcal build``.
 
 from __future__ import annotations
 
-import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from norcal.core.errors import NorcalError
+
+
+class NoSidecarWarning(UserWarning):
+    """An engine without its sidecar: the default resize sizes apply."""
+
+    params = ("min_size", "max_size")  # what the message names, for front ends to spell
 from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
 
 
@@ -35,10 +41,10 @@ def engine_metadata(engine_path) -> tuple[dict, dict[str, str]]:
         from norcal.core.contract import DEFAULTS, MAX_SIZE_TEST, MIN_SIZE_TEST
         from norcal.runtime.tensorrt_build import sidecar_path
 
-        print(f"warning: {sidecar_path(engine_path)} not found (norcal build writes it next to the "
-              f"engine): no model metadata, so images are resized to the default "
-              f"{DEFAULTS[MIN_SIZE_TEST]}/{DEFAULTS[MAX_SIZE_TEST]} unless --min-size/--max-size "
-              "are given", file=sys.stderr, flush=True)
+        warnings.warn(f"{sidecar_path(engine_path)} not found (norcal build writes it next to the "
+                      f"engine): no model metadata, so images are resized to the default "
+                      f"{DEFAULTS[MIN_SIZE_TEST]}/{DEFAULTS[MAX_SIZE_TEST]} unless min_size/max_size "
+                      "are given", NoSidecarWarning, stacklevel=3)
         sidecar = {}
     return sidecar, dict(sidecar.get("metadata", {}))
 

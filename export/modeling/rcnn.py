@@ -1,4 +1,4 @@
-"""GeneralizedRCNN: the composition. Input contract (DESIGN.md): images float32 [B,3,H,W]
+"""GeneralizedRCNN: the composition. Input contract (norcal.core.contract): images float32 [B,3,H,W]
 BGR 0-255, resized and zero-padded to a multiple of 32; image_sizes int64 [B,2] (h, w)."""
 
 from __future__ import annotations

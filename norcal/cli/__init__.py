@@ -14,11 +14,12 @@ import importlib
 import pkgutil
 import re
 import sys
+import warnings
 
 import norcal.cli.commands
 from norcal.core.version import __version__
 from norcal.core.errors import NorcalError
-from norcal.cli.options import error_line
+from norcal.cli.options import COMMON_FLAGS, error_line
 from norcal.core.outputs import output_run
 
 
@@ -87,8 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
 _EXTRAS = {"torch": "torch", "torchvision": "torch", "lvis": "eval", "tritonclient": "triton"}
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings as one line each, like errors (the library warns; only the CLI prints)."""
+    params = getattr(message, "params", ())
+    text = error_line(NorcalError(str(message), param=params), COMMON_FLAGS) if params else message
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     """Run a command: all its outputs land together or not at all; errors are one line, exit 2."""
+    warnings.showwarning = _show_warning
     try:
         with output_run():
             return int(args._run(args) or 0)

@@ -35,6 +35,7 @@ COMMON_FLAGS = {
     "min_size": "--min-size",
     "max_size": "--max-size",
     "count": "--count",
+    "table": "--table",
 }
 
 

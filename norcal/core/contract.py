@@ -108,7 +108,8 @@ def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int 
         divisibility=_int(meta, SIZE_DIVISIBILITY),
     )
     if spec.min_size <= 0 or spec.max_size <= 0:
-        raise NorcalError(f"--min-size and --max-size must be positive, got {spec.min_size}, {spec.max_size}")
+        raise NorcalError(f"min_size and max_size must be positive, got {spec.min_size}, {spec.max_size}",
+                          param=("min_size", "max_size"))
     return spec
 
 

@@ -153,7 +153,7 @@ def table_from_annotations(data: Any, path: str | Path, count_type: str = "image
                            name: str | None = None) -> CalibrationTable:
     """:func:`build_table` on an annotation file already loaded (``path`` names it in errors)."""
     if count_type not in COUNT_TYPES:
-        raise NorcalError(f"--count must be one of {', '.join(COUNT_TYPES)}, got {count_type!r}")
+        raise NorcalError(f"count must be one of {', '.join(COUNT_TYPES)}, got {count_type!r}", param="count")
     p = Path(path)
     data = _check_annotations(data, str(p))
     cats = sorted(data["categories"], key=lambda c: c["id"])

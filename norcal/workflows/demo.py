@@ -47,11 +47,12 @@ def check_data_dir(data: os.PathLike | None) -> Path:
         raise NorcalError(
             f"the bundled example is incomplete ({d} lacks {', '.join(missing)}): reinstall "
             f"norcal-deploy, or get norcal/examples/{FIXTURE_NAME}/ from its source repository "
-            "and pass --data DIR")
+            "and pass it as data (norcal demo --data DIR)")
     if not d.is_dir():
-        raise NorcalError(f"--data {d}: no such folder")
+        raise NorcalError(f"data {d}: no such folder", param="data")
     if missing:
-        raise NorcalError(f"--data {d}: missing {', '.join(missing)} (needs {', '.join(NEEDED)})")
+        raise NorcalError(f"data {d}: missing {', '.join(missing)} (needs {', '.join(NEEDED)})",
+                          param="data")
     return d
 
 

@@ -1,5 +1,5 @@
 """The static TensorRT check: expectations come from the TensorRT 10.15 support matrix
-(shared/reference/tensorrt_onnx_support.md), written here by hand."""
+(docs/tensorrt_onnx_support.md), written here by hand."""
 
 from __future__ import annotations
 

@@ -112,14 +112,17 @@ def test_import_tensorrt_message_is_neutral_and_the_runner_adds_context(tmp_path
 
 
 def test_engine_without_sidecar_warns_about_the_default_resize(tmp_path, capsys):
-    from norcal.runtime.tensorrt_runner import engine_metadata
+    from norcal.cli import _show_warning
+    from norcal.runtime.tensorrt_runner import NoSidecarWarning, engine_metadata
 
     engine = tmp_path / "m.engine"
     engine.write_bytes(b"x")
-    assert engine_metadata(engine) == ({}, {})
+    with pytest.warns(NoSidecarWarning) as caught:
+        assert engine_metadata(engine) == ({}, {})
+    _show_warning(caught[0].message, NoSidecarWarning, "", 0)  # what the CLI prints
     err = capsys.readouterr().err
     assert "warning:" in err and "m.engine.json not found" in err and "800/1333" in err
-    assert "--min-size/--max-size" in err
+    assert "--min-size/--max-size" in err and len(err.strip().splitlines()) == 1
 
 
 def test_trtexec_only_writes_the_sidecar(tmp_path, monkeypatch, capsys):
