@@ -120,11 +120,12 @@ def _name(gamma: float | None) -> str:
 
 def run_demo(data: os.PathLike | None = None, output_dir: os.PathLike = "norcal-demo",
              gammas: Sequence[float] = DEFAULT_GAMMAS, batch_size: int = 8,
-             pictures: int = PICTURES, progress=None,
+             pictures: int = PICTURES, progress: Callable[[str, int, int], None] | None = None,
              log: Callable[[str], None] | None = None) -> DemoResult:
     """Tune gamma on the training subset over ``gammas``, export, calibrate, run and evaluate
     on the validation images; write models, results, plot, pictures and summary.json into
-    ``output_dir``. progress: an optional ``rich.progress.Progress``.
+    ``output_dir``. progress: called as ``progress(stage, n, total)`` when n more units of a
+    stage are done (the tuning sweeps' stages, then one per model run on the validation images).
 
     The folder is built next to ``output_dir`` and replaces it whole only when everything
     succeeded: a failed run leaves an earlier demo's folder as it was, never a mix.
@@ -150,6 +151,13 @@ def _relocated(result: DemoResult, built: Path, dest: Path) -> DemoResult:
     return replace(result, baseline=moved[id(result.baseline)], tuned=moved[id(result.tuned)],
                    best_val=moved[id(result.best_val)], output_dir=dest,
                    plot_path=move(result.plot_path), pictures=[move(p) for p in result.pictures])
+
+
+def _stages(progress, prefix: str):
+    """``progress`` with its stage names prefixed (the demo runs two sweeps)."""
+    if progress is None:
+        return None
+    return lambda stage, n, total: progress(f"{prefix}: {stage}", n, total)
 
 
 def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> DemoResult:
@@ -185,14 +193,14 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     # gamma is chosen on training images, exactly as `norcal tune` chooses it
     t0 = time.perf_counter()
     tuning = tune(weights, d / "train_subset.json", d / "train_subset", grid, table, config=config,
-                  progress=progress)
+                  progress=_stages(progress, "train"))
     seconds["tune"] = time.perf_counter() - t0
     say(f"tuned on {tuning.num_images} training images: gamma {tuning.best.gamma:g} "
         f"(train box AP {100 * tuning.best.stats['AP']:.2f}) in {seconds['tune']:.1f} s")
     # the same sweep on the validation images, only to show what tuning there would pick
     t0 = time.perf_counter()
     validation = tune(weights, d / "val.json", d / "val", grid, table, config=config,
-                      progress=progress)
+                      progress=_stages(progress, "val"))
     seconds["validation_sweep"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -218,8 +226,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
         label = "baseline" if g is None else f"NorCal γ={g:g}"
         t1 = time.perf_counter()
         runner = OnnxRuntimeRunner(paths[g])
-        task = progress.add_task(f"{label:>14}", total=len(pairs)) if progress is not None else None
-        step = (lambda n, task=task: progress.advance(task, n)) if progress is not None else None
+        step = (lambda n, label=label: progress(label, n, len(pairs))) if progress is not None else None
         results, kept[g] = [], {}
         for img_path, det in run_images(runner, [p for _, p in pairs], batch_size, on_done=step):
             kept[g][ids[str(img_path)]] = det

@@ -240,3 +240,16 @@ def test_cli_demo_output_that_is_a_file_is_refused_first(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is a file, not a folder" in err
     assert target.read_text() == "keep"
+
+
+def test_cli_demo_runs_end_to_end(tmp_path, capsys):
+    """`norcal demo` itself (progress bars, printing, the staged output folder)."""
+    from norcal.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--output", str(out), "--gammas", "0,1", "--pictures", "0"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tuned_gamma"] in (0.0, 1.0) and Path(summary["plot"]).parent == out
+    assert all(Path(s["model"]).is_file() for s in summary["settings"])
+    text = capsys.readouterr().out
+    assert "baseline" in text and "tuned" in text

@@ -54,13 +54,13 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from norcal.workflows.demo import comparison_table, run_demo
-    from norcal.cli.options import parse_gammas
+    from norcal.cli.options import parse_gammas, progress_bars
 
     console = Console(soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
         result = run_demo(args.data, args.output, parse_gammas(args.gammas), args.batch,
-                          args.pictures, progress=progress, log=console.print)
+                          args.pictures, progress=progress_bars(progress), log=console.print)
     console.print(comparison_table(result))
     b, t, ref = result.baseline, result.tuned, result.best_val
     console.print(f"NorCal γ={t.gamma or 0:g}, tuned on {result.tuning.num_images} training images: "
