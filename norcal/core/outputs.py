@@ -142,8 +142,9 @@ class OutputRun:
         os.umask(umask)
         # mkstemp/mkdtemp make 0600/0700: give the usual modes (a server may read as another user)
         os.chmod(tmp, (0o777 if is_dir else 0o666) & ~umask)
-        self.staged[key] = _Staged(dest, Path(tmp), is_dir)
-        return Path(tmp)
+        tmp = Path(os.path.abspath(tmp))  # absolute, so that writes inside it are recognised
+        self.staged[key] = _Staged(dest, tmp, is_dir)
+        return tmp
 
     def discard(self) -> None:
         """Delete everything staged and every folder this run created."""

@@ -99,3 +99,14 @@ def test_output_dir_that_is_a_file_is_refused(tmp_path):
     f.write_text("")
     with pytest.raises(NorcalError, match="is a file"):
         check_output_dir(f)
+
+
+def test_relative_folder_output(tmp_path, monkeypatch):
+    """A folder given relative to the working directory (the demo's default) stages and lands."""
+    monkeypatch.chdir(tmp_path)
+    with output_run():
+        with staged_dir("rel") as d:
+            write_text(d / "inside.txt", "x")  # inside the staged folder: written directly
+            assert (d / "inside.txt").read_text() == "x"
+    assert (tmp_path / "rel" / "inside.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rel"]
