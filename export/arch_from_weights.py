@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
-from .spec import (FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES,
+from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES,
                    ModelSpec, arch_name)
 
 STEM = "backbone.bottom_up.stem.conv1"
@@ -28,6 +28,8 @@ MASK_HEAD = "roi_heads.mask_head"
 
 # blocks in res2..res5 -> depth (detectron2's build_resnet_backbone table)
 BOTTLENECK_DEPTHS = {(3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
+# detectron2's ROI_BOX_CASCADE_HEAD.BBOX_REG_WEIGHTS default, one per stage
+CASCADE_BBOX_REG_WEIGHTS = ((10.0, 10.0, 5.0, 5.0), (20.0, 20.0, 10.0, 10.0), (30.0, 30.0, 15.0, 15.0))
 BASIC_DEPTHS = {(2, 2, 2, 2): 18, (3, 4, 6, 3): 34}
 
 # test-time settings of detectron2's LVIS configs (configs/LVISv1-InstanceSegmentation/*)
@@ -92,9 +94,9 @@ def _check_supported(sd: Mapping[str, Any]) -> None:
         if "conv2_offset" in k:
             raise NorcalError(f"weight {k}: deformable convolutions (MODEL.RESNETS.DEFORM_ON_PER_STAGE) "
                               f"are not supported; {SUPPORTED_ARCHITECTURES}")
-        if k.startswith((f"{BOX_HEAD}.0.", f"{BOX_PREDICTOR}.0.")):
-            raise NorcalError(f"weight {k}: this is a Cascade R-CNN (CascadeROIHeads), not supported yet; "
-                              f"{SUPPORTED_ARCHITECTURES}")
+        if k.startswith((f"{BOX_HEAD}.0.", f"{BOX_PREDICTOR}.0.")) and f"{BOX_PREDICTOR}.cls_score.weight" in sd:
+            raise NorcalError(f"weight {k}: Cascade R-CNN (CascadeROIHeads) stage weights next to a single "
+                              f"box predictor's; {SUPPORTED_ARCHITECTURES}")
         if k.startswith("roi_heads.keypoint_head."):
             raise NorcalError(f"weight {k}: keypoint heads (MODEL.KEYPOINT_ON) are not supported; "
                               f"{SUPPORTED_ARCHITECTURES}")
@@ -104,7 +106,7 @@ def _check_supported(sd: Mapping[str, Any]) -> None:
             raise NorcalError(f"weight {k}: this is a RetinaNet, not supported yet; {SUPPORTED_ARCHITECTURES}")
     has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd
     has_rpn = f"{RPN_HEAD}.objectness_logits.weight" in sd
-    has_heads = f"{BOX_PREDICTOR}.cls_score.weight" in sd
+    has_heads = f"{BOX_PREDICTOR}.cls_score.weight" in sd or _is_cascade(sd)
     if has_backbone and has_rpn and not has_heads and not any(k.startswith("roi_heads.") for k in sd):
         raise NorcalError(f"no roi_heads weights: this is an RPN-only model (ProposalNetwork), which gives "
                           f"proposals, not detections; {SUPPORTED_ARCHITECTURES}")
@@ -113,6 +115,28 @@ def _check_supported(sd: Mapping[str, Any]) -> None:
                           f"(MODEL.LOAD_PROPOSALS); {SUPPORTED_ARCHITECTURES}")
     if not (has_backbone and has_rpn and has_heads):
         raise _explain_foreign(sd)
+
+
+def _is_cascade(sd: Mapping[str, Any]) -> bool:
+    """CascadeROIHeads: one box head and predictor per stage, numbered from 0."""
+    return f"{BOX_PREDICTOR}.0.cls_score.weight" in sd
+
+
+def _cascade_heads(sd: Mapping[str, Any], channels: int) -> dict:
+    """The stages' box heads (all alike, as detectron2 builds them) and their count."""
+    stages = _count(sd, f"{BOX_PREDICTOR}.{{}}.cls_score.weight", 0)
+    heads = [_box_head(sd, channels, head=f"{BOX_HEAD}.{k}", predictor=f"{BOX_PREDICTOR}.{k}")
+             for k in range(stages)]
+    if any(h != heads[0] for h in heads):
+        raise NorcalError(f"the {stages} cascade stages' box heads differ in shape; detectron2 builds them alike")
+    if not heads[0]["cls_agnostic_bbox_reg"]:
+        raise NorcalError(f"{BOX_PREDICTOR}.0.bbox_pred regresses per class; CascadeROIHeads regress "
+                          "class-agnostic boxes")
+    if stages != len(CASCADE_BBOX_REG_WEIGHTS):
+        raise NorcalError(f"the checkpoint has {stages} cascade stages; only detectron2's default "
+                          f"{len(CASCADE_BBOX_REG_WEIGHTS)} stages can be inferred from weights: pass the "
+                          "model's config.yaml")
+    return dict(heads[0], cascade_bbox_reg_weights=CASCADE_BBOX_REG_WEIGHTS)
 
 
 def weights_layout(sd: Mapping[str, Any]) -> str:
@@ -124,7 +148,8 @@ def weights_layout(sd: Mapping[str, Any]) -> str:
 def _layout(sd: Mapping[str, Any]) -> dict:
     """Which detectron2 layout the names show: FPN, C4 (res5 in the ROI heads) or DC5."""
     if f"{STEM}.weight" in sd:
-        return {"backbone_name": FPN_BACKBONE, "roi_heads_name": STANDARD_ROI_HEADS}
+        return {"backbone_name": FPN_BACKBONE,
+                "roi_heads_name": CASCADE_ROI_HEADS if _is_cascade(sd) else STANDARD_ROI_HEADS}
     if f"{C4_RES5}.0.conv1.weight" in sd:
         return {"backbone_name": RESNET_BACKBONE, "backbone_out_feature": "res4", "roi_heads_name": RES5_ROI_HEADS}
     if "backbone.res5.0.conv1.weight" not in sd:
@@ -212,34 +237,36 @@ def _resolution(features: int, channels: int, what: str) -> int:
     return r
 
 
-def _box_head(sd: Mapping[str, Any], fpn_channels: int, c4: bool = False) -> dict:
-    cls_rows, cls_in = _shape(sd, f"{BOX_PREDICTOR}.cls_score.weight")
+def _box_head(sd: Mapping[str, Any], fpn_channels: int, c4: bool = False, head: str = BOX_HEAD,
+              predictor: str = BOX_PREDICTOR) -> dict:
+    """``head``/``predictor``: the weights' prefixes (one stage's for a cascade)."""
+    cls_rows, cls_in = _shape(sd, f"{predictor}.cls_score.weight")
     num_classes = cls_rows - 1  # background is the last row
-    reg_rows = _shape(sd, f"{BOX_PREDICTOR}.bbox_pred.weight")[0]
+    reg_rows = _shape(sd, f"{predictor}.bbox_pred.weight")[0]
     if reg_rows == 4 * num_classes:
         agnostic = False
     elif reg_rows == 4:
         agnostic = True
     else:
-        raise NorcalError(f"{BOX_PREDICTOR}.bbox_pred has {reg_rows} rows; expected 4 x {num_classes} classes "
+        raise NorcalError(f"{predictor}.bbox_pred has {reg_rows} rows; expected 4 x {num_classes} classes "
                           f"= {4 * num_classes} (class-specific) or 4 (class-agnostic)")
     if c4:  # the predictor reads res5's output averaged over the pooled grid: no box head
         return {"num_classes": num_classes, "cls_agnostic_bbox_reg": agnostic, "box_head_num_conv": 0,
                 "box_head_num_fc": 0, "pooler_resolution": C4_POOLER_RESOLUTION}
-    n_conv = _count(sd, f"{BOX_HEAD}.conv{{}}.weight", 1)
-    n_fc = _count(sd, f"{BOX_HEAD}.fc{{}}.weight", 1)
+    n_conv = _count(sd, f"{head}.conv{{}}.weight", 1)
+    n_fc = _count(sd, f"{head}.fc{{}}.weight", 1)
     out = {"num_classes": num_classes, "cls_agnostic_bbox_reg": agnostic,
            "box_head_num_conv": n_conv, "box_head_num_fc": n_fc}
     channels = fpn_channels
     if n_conv:
-        channels = _shape(sd, f"{BOX_HEAD}.conv1.weight")[0]
-        out.update(box_head_conv_dim=channels, box_head_norm=norm_of(sd, f"{BOX_HEAD}.conv1.norm"))
+        channels = _shape(sd, f"{head}.conv1.weight")[0]
+        out.update(box_head_conv_dim=channels, box_head_norm=norm_of(sd, f"{head}.conv1.norm"))
     if n_fc:
-        fc_dim, flat = _shape(sd, f"{BOX_HEAD}.fc1.weight")
+        fc_dim, flat = _shape(sd, f"{head}.fc1.weight")
         out.update(box_head_fc_dim=fc_dim)
-        out["pooler_resolution"] = _resolution(flat, channels, f"{BOX_HEAD}.fc1")
+        out["pooler_resolution"] = _resolution(flat, channels, f"{head}.fc1")
     else:
-        out["pooler_resolution"] = _resolution(cls_in, channels, f"{BOX_PREDICTOR}.cls_score")
+        out["pooler_resolution"] = _resolution(cls_in, channels, f"{predictor}.cls_score")
     return out
 
 
@@ -287,7 +314,8 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> Mode
         fields.update(_fpn(sd))
     channels = fields["fpn_out_channels"] if fpn else fields.pop("feature_channels")
     fields.update(_rpn(sd, channels, anchor_layout, fpn))
-    fields.update(_box_head(sd, channels, c4))
+    cascade = fields["roi_heads_name"] == CASCADE_ROI_HEADS
+    fields.update(_cascade_heads(sd, channels) if cascade else _box_head(sd, channels, c4))
     fields.update(_mask_head(sd, fields["num_classes"]))
     stats = _pixel_stats(sd)
     fields.update(stats)
@@ -315,6 +343,9 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> Mode
         "mask_pooler_resolution": (("the box pooler's (Res5ROIHeads)" if c4 else f"{assumed}: 14")
                                    if fields.get("mask_on") else "no mask head"),
     }
+    if cascade:
+        provenance["cascade_bbox_reg_weights"] = (f"{assumed}: {CASCADE_BBOX_REG_WEIGHTS} (detectron2's "
+                                                  "ROI_BOX_CASCADE_HEAD defaults, one per stage)")
     if c4:
         provenance["pooler_resolution"] = f"{assumed}: {C4_POOLER_RESOLUTION} (detectron2 Base-RCNN-C4)"
     if not fpn and not c4:

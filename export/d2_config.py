@@ -19,7 +19,7 @@ import yaml
 from norcal.core.errors import NorcalError
 
 from .d2_defaults import d2_defaults
-from .spec import (FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, ConfigCalibration,
+from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, ConfigCalibration,
                    ModelSpec)
 from .spec import SUPPORTED_ARCHITECTURES as SUPPORTED
 
@@ -227,7 +227,7 @@ def _check_supported(c: _Cfg) -> None:
               "only RPN proposals are supported (not precomputed or rotated ones)")
     c.require("MODEL.RPN.HEAD_NAME", "StandardRPNHead")
     c.require("MODEL.ANCHOR_GENERATOR.NAME", "DefaultAnchorGenerator")
-    c.require("MODEL.ROI_HEADS.NAME", (STANDARD_ROI_HEADS, RES5_ROI_HEADS, NORCAL_ROI_HEADS),
+    c.require("MODEL.ROI_HEADS.NAME", (STANDARD_ROI_HEADS, RES5_ROI_HEADS, NORCAL_ROI_HEADS, CASCADE_ROI_HEADS),
               f"not supported; {SUPPORTED}")
     c.require("MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIAlignV2")
     c.require("MODEL.KEYPOINT_ON", False, f"keypoint heads are not supported; {SUPPORTED}")
@@ -255,13 +255,36 @@ def _check_fpn(c: _Cfg) -> None:
     c.require("MODEL.FPN.IN_FEATURES", (FPN_IN_FEATURES,))
     c.require("MODEL.RPN.IN_FEATURES", (RPN_IN_FEATURES,))
     c.require("MODEL.ROI_HEADS.IN_FEATURES", (ROI_IN_FEATURES,))
-    c.require("MODEL.ROI_HEADS.NAME", (STANDARD_ROI_HEADS, NORCAL_ROI_HEADS), "FPN models need StandardROIHeads")
+    c.require("MODEL.ROI_HEADS.NAME", (STANDARD_ROI_HEADS, NORCAL_ROI_HEADS, CASCADE_ROI_HEADS),
+              "FPN models need StandardROIHeads or CascadeROIHeads")
+    if c.str("MODEL.ROI_HEADS.NAME") == CASCADE_ROI_HEADS:
+        _check_cascade(c)
     # FPN needs contiguous power-of-2 strides, which a dilated res5 breaks (detectron2 refuses it too)
     c.require("MODEL.RESNETS.RES5_DILATION", 1, "a dilated res5 is not supported with FPN")
 
 
+def _check_cascade(c: _Cfg) -> None:
+    """CascadeROIHeads: detectron2 asserts class-agnostic regression and one IoU per stage."""
+    c.require("MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG", True,
+              "CascadeROIHeads regress class-agnostic boxes, as detectron2 requires")
+    weights = c.float_lists("MODEL.ROI_BOX_CASCADE_HEAD.BBOX_REG_WEIGHTS")
+    if any(len(w) != 4 for w in weights):
+        raise c.bad("MODEL.ROI_BOX_CASCADE_HEAD.BBOX_REG_WEIGHTS", "expected 4 weights per stage")
+    if len(c.seq("MODEL.ROI_BOX_CASCADE_HEAD.IOUS")) != len(weights):
+        raise c.bad("MODEL.ROI_BOX_CASCADE_HEAD.IOUS", "needs one IoU per stage of BBOX_REG_WEIGHTS")
+
+
+def _cascade_weights(c: _Cfg) -> tuple[tuple[float, ...], ...]:
+    """Each cascade stage's box regression weights; () for other ROI heads."""
+    if c.str("MODEL.ROI_HEADS.NAME") != CASCADE_ROI_HEADS:
+        return ()
+    return c.float_lists("MODEL.ROI_BOX_CASCADE_HEAD.BBOX_REG_WEIGHTS")
+
+
 def _check_single_feature(c: _Cfg) -> None:
     """build_resnet_backbone: one stage feeds the RPN and the ROI heads (C4: res4, DC5: res5)."""
+    if c.str("MODEL.ROI_HEADS.NAME") == CASCADE_ROI_HEADS:
+        raise c.bad("MODEL.ROI_HEADS.NAME", f"supported with FPN only; {SUPPORTED}")
     c.require("MODEL.RESNETS.OUT_FEATURES", tuple([f] for f in SINGLE_FEATURES),
               "a ResNet backbone without FPN must output exactly one of res4 (C4), res5 (DC5)")
     if c.str("MODEL.ROI_HEADS.NAME") == RES5_ROI_HEADS:
@@ -338,7 +361,9 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         meta_architecture=c.str("MODEL.META_ARCHITECTURE"),
         backbone_name=c.str("MODEL.BACKBONE.NAME"),
         backbone_out_feature="res5" if fpn else c.seq("MODEL.RESNETS.OUT_FEATURES")[0],
-        roi_heads_name=RES5_ROI_HEADS if c4 else STANDARD_ROI_HEADS,
+        roi_heads_name=RES5_ROI_HEADS if c4 else (
+            CASCADE_ROI_HEADS if c.str("MODEL.ROI_HEADS.NAME") == CASCADE_ROI_HEADS else STANDARD_ROI_HEADS),
+        cascade_bbox_reg_weights=_cascade_weights(c),
         calibration=calibration,
         pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
         pixel_std=c.floats("MODEL.PIXEL_STD", 3),

@@ -56,6 +56,10 @@ _DEFAULTS = {
             "CLS_AGNOSTIC_BBOX_REG": False,
             "USE_SIGMOID_CE": False,
         },
+        "ROI_BOX_CASCADE_HEAD": {
+            "BBOX_REG_WEIGHTS": [[10.0, 10.0, 5.0, 5.0], [20.0, 20.0, 10.0, 10.0], [30.0, 30.0, 15.0, 15.0]],
+            "IOUS": [0.5, 0.6, 0.7],
+        },
         "ROI_MASK_HEAD": {
             "NAME": "MaskRCNNConvUpsampleHead",
             "POOLER_RESOLUTION": 14,

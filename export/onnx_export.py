@@ -6,7 +6,8 @@ Inputs ``images`` float32 [B,3,H,W] (BGR 0-255, zero-padded to a multiple of 32)
 unless fixed. Uses the TorchScript exporter (``dynamo=False``): the model's NMS and ROIAlign
 carry their own ONNX symbolics, so the graph holds plain NonMaxSuppression / RoiAlign-16.
 The box classifier's logits [B, R, C+1] are named ``cls_logits`` and the name is recorded in
-the metadata (``norcal.classifier_logits``), so surgery needs no search for them.
+the metadata (``norcal.classifier_logits``), so surgery needs no search for them; a cascade's
+stages' logits are ``cls_logits_stage1``, ... and the metadata lists them all.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import warnings
 import onnx
 import torch
 
-from norcal.core.contract import CLASSIFIER_LOGITS, CLS_LOGITS_TENSOR, INPUT_NAMES, OUTPUT_NAMES
+from norcal.core.contract import CLASSIFIER_LOGITS, INPUT_NAMES, LIST_SEP, OUTPUT_NAMES, cls_logits_tensors
 from norcal.core.errors import NorcalError
 
 from .spec import ModelSpec
@@ -80,21 +81,23 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     if width is None:
         dynamic["images"][3] = "width"
     names = [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on]
+    logits = cls_logits_tensors(len(spec.cascade_bbox_reg_weights))
     buf = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
         torch.onnx.export(
             # the logits as one more output get their name; _drop_output makes them internal again
             model, (images, sizes, {"with_cls_logits": True}), buf, input_names=list(INPUT_NAMES),
-            output_names=[*names, CLS_LOGITS_TENSOR],
+            output_names=[*names, *logits],
             dynamic_axes={k: v for k, v in dynamic.items()
                           if v and (k in INPUT_NAMES or k in names)},
             opset_version=opset, dynamo=False, do_constant_folding=True, autograd_inlining=False,
         )
     proto = onnx.load_from_string(buf.getvalue())
     proto.producer_name = "norcal-deploy"
-    _drop_output(proto, CLS_LOGITS_TENSOR)
-    onnx.helper.set_model_props(proto, {CLASSIFIER_LOGITS: CLS_LOGITS_TENSOR})
+    for name in logits:
+        _drop_output(proto, name)
+    onnx.helper.set_model_props(proto, {CLASSIFIER_LOGITS: LIST_SEP.join(logits)})
     _fix_detection_dim(proto, int(spec.detections_per_image))
     onnx.checker.check_model(proto, full_check=True)
     return proto

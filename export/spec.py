@@ -1,10 +1,12 @@
 """ModelSpec: everything about a detectron2 R-CNN that changes inference, in one place.
 
-Three detectron2 layouts (``arch_name``): FPN (``build_resnet_fpn_backbone`` + StandardROIHeads
+Four detectron2 layouts (``arch_name``): FPN (``build_resnet_fpn_backbone`` + StandardROIHeads
 over P2-P5), C4 (``build_resnet_backbone`` up to res4 + ``Res5ROIHeads``, which runs res5 on
-each pooled box) and DC5 (``build_resnet_backbone`` with a dilated, stride-16 res5 +
-StandardROIHeads on it). Built from a detectron2 config (``norcal.export.d2_config``) or inferred from a checkpoint's
-weights (``norcal.export.arch_from_weights``); consumed by ``norcal.export.modeling``.
+each pooled box), DC5 (``build_resnet_backbone`` with a dilated, stride-16 res5 +
+StandardROIHeads on it) and Cascade (FPN + ``CascadeROIHeads``: a box head and predictor per
+stage, ``cascade_bbox_reg_weights``). Built from a detectron2 config
+(``norcal.export.d2_config``) or inferred from a checkpoint's weights
+(``norcal.export.arch_from_weights``); consumed by ``norcal.export.modeling``.
 Field defaults are detectron2's (``detectron2/config/defaults.py``) except the test-time
 settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).
 """
@@ -18,8 +20,9 @@ FPN_BACKBONE = "build_resnet_fpn_backbone"
 RESNET_BACKBONE = "build_resnet_backbone"  # one ResNet stage as the only feature (C4, DC5)
 STANDARD_ROI_HEADS = "StandardROIHeads"
 RES5_ROI_HEADS = "Res5ROIHeads"
+CASCADE_ROI_HEADS = "CascadeROIHeads"  # FPN only; one box head and predictor per stage
 SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt FPN, "
-                           "C4 or DC5 backbone")
+                           "C4 or DC5 backbone, and Cascade (Mask) R-CNN with FPN")
 
 
 class ConfigCalibration(NamedTuple):
@@ -80,6 +83,8 @@ class ModelSpec:
     box_head_norm: str = ""
     bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
     cls_agnostic_bbox_reg: bool = False
+    # CascadeROIHeads: each stage's BBOX_REG_WEIGHTS (ROI_BOX_CASCADE_HEAD), one entry per stage
+    cascade_bbox_reg_weights: tuple[tuple[float, float, float, float], ...] = ()
     use_sigmoid_ce: bool = False
     score_thresh_test: float = 1e-4
     nms_thresh_test: float = 0.5
@@ -99,7 +104,10 @@ class ModelSpec:
 
 
 def arch_name(spec: ModelSpec) -> str:
-    """"FPN", "C4", "DC5" (or "C5": an undilated res5 as the only feature), for messages."""
+    """"FPN", "C4", "DC5" (or "C5": an undilated res5 as the only feature), "Cascade" (FPN with
+    CascadeROIHeads), for messages."""
+    if spec.roi_heads_name == CASCADE_ROI_HEADS:
+        return "Cascade"
     if spec.backbone_name == FPN_BACKBONE:
         return "FPN"
     if spec.roi_heads_name == RES5_ROI_HEADS:

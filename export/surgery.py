@@ -7,8 +7,9 @@ activation's output tensor, so everything downstream (score threshold, NMS, top-
 calibrated scores. Running insertion on a model that already has NorCal replaces it.
 
 The classifier: the tensor ``--logits`` names; else the one a checkpoint export recorded
-(``norcal.classifier_logits``); else, for foreign ONNX, the one Softmax/Sigmoid fed by a
-Gemm/MatMul that :func:`find_classifiers` finds.
+(``norcal.classifier_logits``; a cascade records one per stage, and each gets a node); else,
+for foreign ONNX, the one Softmax/Sigmoid fed by a Gemm/MatMul that :func:`find_classifiers`
+finds.
 """
 
 from __future__ import annotations
@@ -177,12 +178,18 @@ class _View:
             raise NorcalError(f"tensor {logits!r}{origin} feeds {len(acts)} activations; cannot choose")
         return self.candidate(acts[0], search=False)
 
-    def classifier(self, settings: NorCalSettings | None, logits: str | None) -> Candidate:
+    def classifiers(self, settings: NorCalSettings | None, logits: str | None) -> list[Candidate]:
+        """The activations to calibrate: each tensor ``logits`` names (comma-separated), else
+        each one the export recorded (a cascade has one per stage), else the heuristic's one."""
         if logits is not None:
-            return self.named(logits, "")
-        recorded = self.meta.get(contract.CLASSIFIER_LOGITS)
+            return [self.named(name, "") for name in contract.split_names(logits)]
+        recorded = contract.split_names(self.meta.get(contract.CLASSIFIER_LOGITS))
         if recorded:
-            return self.named(recorded, f" (the model's {contract.CLASSIFIER_LOGITS})")
+            return [self.named(name, f" (the model's {contract.CLASSIFIER_LOGITS})") for name in recorded]
+        return [self.classifier(settings)]
+
+    def classifier(self, settings: NorCalSettings | None) -> Candidate:
+        """The one box classifier the heuristic finds (foreign graphs)."""
         found = self.search()
         if not found:
             raise NorcalError("found no box classifier (a Softmax over the last axis or a Sigmoid fed by "
@@ -208,22 +215,24 @@ class _View:
     def strip(self) -> None:
         """Take the NorCal node (or its inlined ops), prior and function out of the graph and
         put the plain activation back; the node keys leave the metadata."""
-        logits, output = self.meta.get(contract.LOGITS), self.meta.get(contract.OUTPUT)
-        if not logits or not output:
+        logits = contract.split_names(self.meta.get(contract.LOGITS))
+        output = contract.split_names(self.meta.get(contract.OUTPUT))
+        if not logits or len(output) != len(logits):
             raise NorcalError(f"the model's NorCal node has no {contract.LOGITS}/{contract.OUTPUT} metadata")
+        sigmoid = self.meta.get(contract.ACTIVATION) == "sigmoid"
+        names = contract.split_names(self.meta.get(contract.NODE))
+        names = names if len(names) == len(logits) else ["Sigmoid" if sigmoid else "Softmax"] * len(logits)
         g = self.graph
         for n in g.nodes:
             if _is_norcal_node(n.op, n.domain, n.name):
                 n.inputs.clear()
                 n.outputs.clear()
         tensors = g.tensors()
-        if self.meta.get(contract.ACTIVATION) == "sigmoid":
-            act = gs.Node("Sigmoid", name=self.meta.get(contract.NODE, "Sigmoid"))
-        else:
-            act = gs.Node("Softmax", name=self.meta.get(contract.NODE, "Softmax"), attrs={"axis": -1})
-        act.inputs.append(tensors[logits])
-        act.outputs.append(tensors[output])
-        g.nodes.append(act)
+        for x, y, name in zip(logits, output, names):
+            act = gs.Node("Sigmoid", name=name) if sigmoid else gs.Node("Softmax", name=name, attrs={"axis": -1})
+            act.inputs.append(tensors[x])
+            act.outputs.append(tensors[y])
+            g.nodes.append(act)
         g.functions = [f for f in g.functions
                        if not (f.domain == contract.NODE_DOMAIN and f.name == contract.NODE_OP_TYPE)]
         g.import_domains = [o for o in g.import_domains if o.domain != contract.NODE_DOMAIN]
@@ -252,7 +261,7 @@ def classifier_candidates(model: onnx.ModelProto) -> list[Candidate]:
     """The classifier a checkpoint export recorded, or else the heuristic's candidates."""
     view = _View(model)
     if view.meta.get(contract.CLASSIFIER_LOGITS):
-        return [view.classifier(None, None)]
+        return view.classifiers(None, None)
     return view.search()
 
 
@@ -287,41 +296,59 @@ def strip_norcal(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def insert_norcal(model: onnx.ModelProto, log_prior: np.ndarray, settings: NorCalSettings,
                   logits: str | None = None, inline: bool = False) -> onnx.ModelProto:
-    """Put a NorCal node on the box classifier (replacing one already there).
+    """Put a NorCal node on the box classifier (replacing any already there); a cascade's
+    recorded stage classifiers get one node each, sharing the prior.
 
     log_prior: [K] from :func:`norcal.core.calibration.log_prior`, K = the classifier's width.
-    logits: the classifier's logits tensor; when None, the one NorCal already sits on, the one
-    a checkpoint export recorded, or the one the heuristic finds.
+    logits: the classifier's logits tensor (comma-separated for several); when None, the ones
+    NorCal already sits on, the ones a checkpoint export recorded, or the one the heuristic finds.
     """
     view = _View(model)
     if has_norcal(model):
         logits = logits or view.meta.get(contract.LOGITS)
         view.strip()
-    cand = view.classifier(settings, logits)
+    cands = view.classifiers(settings, logits)
     lp = np.asarray(log_prior, dtype=np.float64).reshape(-1)
-    if cand.width is not None and cand.width != lp.size:
-        raise NorcalError(f"the classifier {cand.node!r} has {cand.width} outputs but the calibration "
-                          f"has {lp.size} entries ({settings.num_classes} classes + background "
-                          f"{settings.background!r})")
-    settings = dataclasses.replace(settings, activation=cand.op_type.lower())
+    for cand in cands:
+        if cand.width is not None and cand.width != lp.size:
+            raise NorcalError(f"the classifier {cand.node!r} has {cand.width} outputs but the calibration "
+                              f"has {lp.size} entries ({settings.num_classes} classes + background "
+                              f"{settings.background!r})")
+    if len({c.op_type for c in cands}) != 1:
+        raise NorcalError("the classifiers to calibrate mix Softmax and Sigmoid activations")
+    settings = dataclasses.replace(settings, activation=cands[0].op_type.lower())
     settings.validate()
 
     g = view.graph
-    act = next(n for n in g.nodes if n.name == cand.node and n.outputs and n.outputs[0].name == cand.output)
-    logits_t, output_t = act.inputs[0], act.outputs[0]
-    act.inputs.clear()
-    act.outputs.clear()  # cleanup() drops the replaced activation
-    prior = make_prior(lp, view.elem_type(cand.logits))
-    g.nodes.extend(make_nodes(settings, logits_t, prior, output_t, inline))
+    prior = make_prior(lp, view.elem_type(cands[0].logits))
+    for k, cand in enumerate(cands):
+        act = next(n for n in g.nodes if n.name == cand.node and n.outputs and n.outputs[0].name == cand.output)
+        logits_t, output_t = act.inputs[0], act.outputs[0]
+        act.inputs.clear()
+        act.outputs.clear()  # cleanup() drops the replaced activation
+        nodes = make_nodes(settings, logits_t, prior, output_t, inline)
+        if k:
+            _suffix(nodes, f"_{k}", keep={logits_t.name, prior.name, output_t.name})
+        g.nodes.extend(nodes)
     if not inline:
         g.functions.append(make_function(settings, view.opset))
         if not any(o.domain == contract.NODE_DOMAIN for o in g.import_domains):
             g.import_domains.append(onnx.helper.make_opsetid(contract.NODE_DOMAIN, 1))
     view.meta.update(settings.metadata())
+    join = contract.LIST_SEP.join
     view.meta.update({
-        contract.LOGITS: cand.logits, contract.OUTPUT: cand.output, contract.NODE: cand.node,
-        contract.INLINE: str(inline).lower(),
+        contract.LOGITS: join(c.logits for c in cands), contract.OUTPUT: join(c.output for c in cands),
+        contract.NODE: join(c.node for c in cands), contract.INLINE: str(inline).lower(),
         contract.BACKGROUND_INDEX: str({"last": lp.size - 1, "first": 0}.get(settings.background, -1)),
         contract.TOOL_VERSION: __version__,
     })
     return view.export()
+
+
+def _suffix(nodes: list[gs.Node], suffix: str, keep: set[str]) -> None:
+    """Make a further copy's node names and internal tensor names unique in the graph."""
+    for node in nodes:
+        node.name = f"{node.name}{suffix}"
+        for t in node.outputs:
+            if t.name not in keep:
+                t.name = f"{t.name}{suffix}"

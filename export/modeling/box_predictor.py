@@ -72,9 +72,14 @@ class FastRCNNOutputLayers(nn.Module):
     def inference(self, logits, deltas, proposals, valid, image_sizes):
         """logits [B, R, C+1], deltas [B, R, K*4], proposals [B, R, 4], valid bool [B, R]
         -> num_detections int64 [B], boxes [B, N, 4], scores [B, N], classes int64 [B, N]."""
+        return self.inference_from_probs(self.probs(logits), deltas, proposals, valid, image_sizes)
+
+    def inference_from_probs(self, probs, deltas, proposals, valid, image_sizes):
+        """:meth:`inference` from class probabilities [B, R, C+1] (e.g. averaged over cascade
+        stages) instead of logits."""
         b, r = proposals.shape[0], proposals.shape[1]
         c = self.num_classes
-        probs = self.probs(logits)[..., :c] * valid[..., None].to(logits.dtype)
+        probs = probs[..., :c] * valid[..., None].to(probs.dtype)
         boxes = clip_boxes(self.box_coder.decode(deltas, proposals), image_sizes)  # [B,R,K,4]
         scores = probs.permute(0, 2, 1)  # [B, C, R]
         if self.num_reg_classes == 1:

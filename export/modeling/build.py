@@ -10,11 +10,12 @@ import torch
 
 from norcal.core.errors import NorcalError
 
-from ..spec import FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec
+from ..spec import CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec
 from .anchors import AnchorGenerator
 from .backbone import ResNet, ResNetBackbone, res5_head
 from .box_head import FastRCNNConvFCHead
 from .box_predictor import FastRCNNOutputLayers
+from .cascade import CascadeROIHeads
 from .fpn import FPN
 from .mask_head import MaskRCNNConvUpsampleHead
 from .poolers import ROIPooler
@@ -33,9 +34,11 @@ def _check_spec(spec: ModelSpec) -> None:
     if spec.backbone_name not in (FPN_BACKBONE, RESNET_BACKBONE):
         raise NorcalError(f"backbone {spec.backbone_name!r} is not supported "
                           f"({FPN_BACKBONE} or {RESNET_BACKBONE})")
-    if spec.roi_heads_name not in (STANDARD_ROI_HEADS, RES5_ROI_HEADS):
+    if spec.roi_heads_name not in (STANDARD_ROI_HEADS, RES5_ROI_HEADS, CASCADE_ROI_HEADS):
         raise NorcalError(f"ROI heads {spec.roi_heads_name!r} are not supported "
-                          f"({STANDARD_ROI_HEADS} or {RES5_ROI_HEADS})")
+                          f"({STANDARD_ROI_HEADS}, {RES5_ROI_HEADS} or {CASCADE_ROI_HEADS})")
+    if spec.roi_heads_name == CASCADE_ROI_HEADS:
+        _check_cascade(spec)
     if spec.roi_heads_name == RES5_ROI_HEADS and (spec.backbone_name, spec.backbone_out_feature) != \
             (RESNET_BACKBONE, "res4"):
         raise NorcalError(f"{RES5_ROI_HEADS} (C4) needs a ResNet backbone that ends at res4")
@@ -43,6 +46,16 @@ def _check_spec(spec: ModelSpec) -> None:
         raise NorcalError(f"input format {spec.input_format!r} must be BGR or RGB")
     if spec.fpn_fuse_type not in ("sum", "avg"):
         raise NorcalError(f"FPN fuse type {spec.fpn_fuse_type!r} must be 'sum' or 'avg'")
+
+
+def _check_cascade(spec: ModelSpec) -> None:
+    if spec.backbone_name != FPN_BACKBONE:
+        raise NorcalError(f"{CASCADE_ROI_HEADS} are supported with an FPN backbone only")
+    if not spec.cascade_bbox_reg_weights:
+        raise NorcalError(f"{CASCADE_ROI_HEADS} need the stages' box regression weights "
+                          "(cascade_bbox_reg_weights)")
+    if not spec.cls_agnostic_bbox_reg:
+        raise NorcalError(f"{CASCADE_ROI_HEADS} regress class-agnostic boxes (cls_agnostic_bbox_reg)")
 
 
 def _backbone(spec: ModelSpec):
@@ -59,10 +72,10 @@ def _backbone(spec: ModelSpec):
     return backbone, backbone.out_channels[spec.backbone_out_feature], backbone.size_divisibility
 
 
-def _box_predictor(spec: ModelSpec, input_size: int) -> FastRCNNOutputLayers:
+def _box_predictor(spec: ModelSpec, input_size: int, box_weights=None) -> FastRCNNOutputLayers:
     return FastRCNNOutputLayers(
         input_size, spec.num_classes, cls_agnostic_bbox_reg=spec.cls_agnostic_bbox_reg,
-        box_weights=spec.bbox_reg_weights, use_sigmoid=spec.use_sigmoid_ce,
+        box_weights=spec.bbox_reg_weights if box_weights is None else box_weights, use_sigmoid=spec.use_sigmoid_ce,
         score_thresh=spec.score_thresh_test, nms_thresh=spec.nms_thresh_test,
         topk=spec.detections_per_image)
 
@@ -83,18 +96,28 @@ def _roi_heads(spec: ModelSpec, ch: int, roi_strides):
         # one pooler for both branches: ROI_MASK_HEAD's pooler settings play no part
         return Res5ROIHeads(box_pooler, res5, _box_predictor(spec, out),
                             _mask_head(spec, out) if spec.mask_on else None)
-    box_head = FastRCNNConvFCHead(ch, spec.pooler_resolution, num_conv=spec.box_head_num_conv,
-                                  conv_dim=spec.box_head_conv_dim, num_fc=spec.box_head_num_fc,
-                                  fc_dim=spec.box_head_fc_dim, norm=spec.box_head_norm)
-    if box_head.num_fc == 0:
-        raise NorcalError("a box head without fully connected layers is not supported")
     mask_pooler = mask_head = None
     if spec.mask_on:
         mask_pooler = ROIPooler(spec.mask_pooler_resolution, roi_strides,
                                 spec.mask_pooler_sampling_ratio, spec.pooler_type)
         mask_head = _mask_head(spec, ch)
+    if spec.roi_heads_name == CASCADE_ROI_HEADS:
+        heads = [_box_head(spec, ch) for _ in spec.cascade_bbox_reg_weights]
+        predictors = [_box_predictor(spec, h.output_size, w)
+                      for h, w in zip(heads, spec.cascade_bbox_reg_weights)]
+        return CascadeROIHeads(box_pooler, heads, predictors, mask_pooler, mask_head)
+    box_head = _box_head(spec, ch)
     return StandardROIHeads(box_pooler, box_head, _box_predictor(spec, box_head.output_size),
                             mask_pooler, mask_head)
+
+
+def _box_head(spec: ModelSpec, ch: int) -> FastRCNNConvFCHead:
+    box_head = FastRCNNConvFCHead(ch, spec.pooler_resolution, num_conv=spec.box_head_num_conv,
+                                  conv_dim=spec.box_head_conv_dim, num_fc=spec.box_head_num_fc,
+                                  fc_dim=spec.box_head_fc_dim, norm=spec.box_head_norm)
+    if box_head.num_fc == 0:
+        raise NorcalError("a box head without fully connected layers is not supported")
+    return box_head
 
 
 def create_model(spec: ModelSpec) -> GeneralizedRCNN:

@@ -44,7 +44,9 @@ class GeneralizedRCNN(nn.Module):
 
     def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False):
         """The outputs in OUTPUT_NAMES order; ``with_cls_logits`` appends the box classifier's
-        logits (the ONNX export names that tensor)."""
+        logits, one per stage for a cascade (the ONNX export names those tensors)."""
         out = self.inference(images, image_sizes, intermediates=with_cls_logits)
         outputs = tuple(out[k] for k in OUTPUT_NAMES if k in out)
-        return (*outputs, out["cls_logits"]) if with_cls_logits else outputs
+        if not with_cls_logits:
+            return outputs
+        return (*outputs, *out.get("stage_cls_logits", [out["cls_logits"]]))

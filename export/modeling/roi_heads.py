@@ -42,9 +42,13 @@ class _ROIHeads(nn.Module):
             intermediates.update(cls_logits=logits, box_deltas=deltas)
         num, boxes, scores, classes = self.box_predictor.inference(
             logits, deltas, proposals, valid, image_sizes)
+        return self.with_masks(features, num, boxes, scores, classes, masks)
+
+    def with_masks(self, features, num, boxes, scores, classes, masks) -> dict[str, torch.Tensor]:
+        """The graph outputs for these detections, with the mask head's masks where it has one."""
         out = {"num_detections": num, "boxes": boxes, "scores": scores, "classes": classes}
         if self.mask_head is not None:
-            k = boxes.shape[1]
+            b, k = boxes.shape[0], boxes.shape[1]
             m = self.mask_head(self.mask_features(features, boxes, masks), classes.reshape(-1))
             m = m.reshape(b, k, m.shape[-2], m.shape[-1])
             out["masks"] = m * (scores > 0).to(m.dtype)[:, :, None, None]

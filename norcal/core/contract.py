@@ -21,6 +21,20 @@ OUTPUT_NAMES = ("num_detections", "boxes", "scores", "classes", "masks")
 # A checkpoint export names its box classifier's logits [B, R, C+1] (the tensor the classifier's
 # Softmax reads) so that surgery finds it by name; CLASSIFIER_LOGITS (below) records the name.
 CLS_LOGITS_TENSOR = "cls_logits"
+# A cascade has one classifier per stage: its logits are named "cls_logits_stage1", ... and
+# CLASSIFIER_LOGITS (like the node keys LOGITS, OUTPUT and NODE) then holds a comma-separated list.
+LIST_SEP = ","
+
+
+def cls_logits_tensors(stages: int = 1) -> list[str]:
+    """The names a checkpoint export gives its classifiers' logits: one, or one per cascade stage."""
+    return [CLS_LOGITS_TENSOR] if stages <= 1 else [f"{CLS_LOGITS_TENSOR}_stage{k + 1}" for k in range(stages)]
+
+
+def split_names(value: str | None) -> list[str]:
+    """The tensor or node names of a metadata value (one name, or a comma-separated list)."""
+    return [v for v in (value or "").split(LIST_SEP) if v]
+
 
 PREFIX = "norcal."  # every metadata key of ours starts with it
 
@@ -38,7 +52,7 @@ RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVIS
                           TABLE, CATEGORY_IDS, DETECTOR})
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
-CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifier's logits tensor, e.g. "cls_logits"
+CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"
 
 # The NorCal node: ai.norcal::NorCal(logits, norcal.log_prior) backed by a model-local function.
 NODE_DOMAIN = "ai.norcal"
@@ -57,9 +71,9 @@ BACKGROUND = "norcal.background"  # last, first or none
 BACKGROUND_SCALE = "norcal.background_scale"
 COUNT_TYPE = "norcal.count_type"  # image or instance counts
 TABLE_SHA256 = "norcal.table_sha256"  # the calibration table the prior came from
-LOGITS = "norcal.logits"  # tensor the node reads
-OUTPUT = "norcal.output"  # tensor the node writes (the replaced activation's output)
-NODE = "norcal.node"  # name of the replaced activation node (strip restores it)
+LOGITS = "norcal.logits"  # tensor the node reads (comma-separated, one per node, for a cascade)
+OUTPUT = "norcal.output"  # tensor the node writes (the replaced activation's output); likewise
+NODE = "norcal.node"  # name of the replaced activation node (strip restores it); likewise
 INLINE = "norcal.inline"  # "true": the body's ops are written into the graph
 BACKGROUND_INDEX = "norcal.background_index"  # index of the background slot, -1 for none
 TOOL_VERSION = "norcal.tool_version"

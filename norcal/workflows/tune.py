@@ -53,7 +53,8 @@ class HeadCache:
 
     proposals float32 [N, P, 4] (x0, y0, x1, y1); valid bool [N, P]; cls_logits float32
     [N, P, C+1] (background last); box_deltas float32 [N, P, K*4]; image_sizes int64 [N, 2]
-    resized (h, w); original_sizes int64 [N, 2]; image_ids [N].
+    resized (h, w); original_sizes int64 [N, 2]; image_ids [N]. A cascade caches every stage's
+    logits, [N, P, S, C+1], and its last stage's proposals and deltas (the final boxes').
     """
 
     image_ids: list
@@ -77,7 +78,8 @@ def estimate_cache_bytes(spec, num_images: int) -> int:
     """Upper bound of the cache for ``num_images``: P = the RPN's post-NMS top-k proposals,
     each with C+1 logits, K*4 deltas, a box and a valid flag (float32 / bool)."""
     k = 1 if spec.cls_agnostic_bbox_reg else spec.num_classes
-    per_proposal = 4 * (spec.num_classes + 1 + 4 * k + 4) + 1
+    stages = max(len(spec.cascade_bbox_reg_weights), 1)
+    per_proposal = 4 * (stages * (spec.num_classes + 1) + 4 * k + 4) + 1
     return int(num_images) * int(spec.rpn_post_nms_topk_test) * per_proposal
 
 
@@ -86,13 +88,32 @@ def _heads_only(model):
     """Skip work the cache pass does not need: the mask head, and the baseline NMS (a score
     threshold no probability reaches leaves NMS nothing to do). Restored on exit."""
     heads = model.roi_heads
-    predictor = heads.box_predictor
+    predictor = final_predictor(heads.box_predictor)
     mask_head, thresh = heads.mask_head, predictor.score_thresh
     heads.mask_head, predictor.score_thresh = None, 2.0
     try:
         yield
     finally:
         heads.mask_head, predictor.score_thresh = mask_head, thresh
+
+
+def final_predictor(predictor):
+    """The predictor whose inference gives the detections: a cascade's last stage's."""
+    from torch import nn
+
+    return predictor[-1] if isinstance(predictor, nn.ModuleList) else predictor
+
+
+def _head_inputs(out: dict) -> dict:
+    """The cached tensors from one batch's intermediates (a cascade: all stages' logits, stacked
+    on axis 2, with the last stage's proposals and deltas)."""
+    import torch
+
+    keys = ("proposals", "proposal_valid", "cls_logits", "box_deltas")
+    if "stage_cls_logits" not in out:
+        return {k: out[k] for k in keys}
+    return {"proposals": out["stage_proposals"][-1], "proposal_valid": out["proposal_valid"],
+            "cls_logits": torch.stack(out["stage_cls_logits"], dim=2), "box_deltas": out["box_deltas"]}
 
 
 def _pad_to(t, p: int, value=0):
@@ -132,8 +153,8 @@ def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], b
                               spec.size_divisibility)
             out = model.inference(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes),
                                   intermediates=True)
-            for k in parts:
-                parts[k].append(out[k].detach().cpu())
+            for k, v in _head_inputs(out).items():
+                parts[k].append(v.detach().cpu())
             sizes.append(b.image_sizes)
             originals.append(b.original_sizes)
             ids.extend(i for i, _ in chunk)
@@ -186,8 +207,14 @@ def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: st
                 if prior is not None:
                     logits = calibrated_logits(logits, prior, mechanism,
                                                "sigmoid" if predictor.use_sigmoid else "softmax")
-                num, boxes, scores, classes = predictor.inference(
-                    logits, cache.box_deltas[sl], cache.proposals[sl], cache.valid[sl],
+                final = final_predictor(predictor)
+                if logits.dim() == 4:  # a cascade: the mean of its stages' probabilities
+                    probs = [final.probs(logits[:, :, k]) for k in range(logits.shape[2])]
+                    probs = sum(probs[1:], probs[0]) * (1.0 / len(probs))
+                else:
+                    probs = final.probs(logits)
+                num, boxes, scores, classes = final.inference_from_probs(
+                    probs, cache.box_deltas[sl], cache.proposals[sl], cache.valid[sl],
                     torch.from_numpy(cache.image_sizes[sl]))
                 outputs = {"num_detections": num.numpy(), "boxes": boxes.numpy(),
                            "scores": scores.numpy(), "classes": classes.numpy()}
@@ -304,7 +331,7 @@ class _Accumulator:
             ev = _concat(self.parts[k])
             if len(ev) == 0:
                 raise NorcalError(f"gamma {g:g}: no detections on any image")
-            res = evaluate(gt, ev, "bbox", self.predictor.topk)
+            res = evaluate(gt, ev, "bbox", final_predictor(self.predictor).topk)
             self.parts[k] = []  # free as we go
             point = SweepPoint(g, dict(res.stats), len(ev), self.seconds[k] + time.perf_counter() - t0)
             points.append(point)

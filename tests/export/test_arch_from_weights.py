@@ -209,6 +209,9 @@ ERRORS = {
     "deformable": (_edit(backbone__bottom_up__res3__0__conv2_offset__weight=torch.empty(18, 16, 3, 3)),
                    "DEFORM_ON_PER_STAGE"),
     "cascade": (_edit(**{"roi_heads__box_predictor__0__cls_score__weight": torch.empty(6, 32)}), "Cascade"),
+    "cascade_stages": (lambda: {k: v for k, v in _fixture_weights("cascade").items()
+                                if not k.startswith(("roi_heads.box_head.2.", "roi_heads.box_predictor.2."))},
+                       "2 cascade stages; only detectron2's default 3"),
     "keypoint": (_edit(roi_heads__keypoint_head__score_lowres__weight=torch.empty(512, 17, 4, 4)), "KEYPOINT"),
     "odd_blocks": (lambda: make_d2_state_dict(blocks=(3, 4, 5, 3)), "(3, 4, 5, 3)"),
     "no_fpn": (_edit(backbone__fpn_lateral3__weight=None), "backbone.fpn_lateral3.weight"),
@@ -391,7 +394,6 @@ def test_c4_depth_counts_res5_in_the_heads():
 
 
 NAMED = {
-    "cascade": (lambda: _fixture_weights("cascade"), "Cascade R-CNN (CascadeROIHeads), not supported yet"),
     "retinanet": (lambda: _fixture_weights("retinanet"), "RetinaNet, not supported yet"),
     "rpn_only": (lambda: {k: v for k, v in make_d2_state_dict().items() if not k.startswith("roi_heads.")},
                  "RPN-only model (ProposalNetwork)"),

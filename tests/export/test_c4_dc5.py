@@ -53,9 +53,9 @@ def manifest_table(fixture: Path) -> CalibrationTable:
 class Arch:
     """One fixture's model, exported graph and cached outputs (each computed once)."""
 
-    def __init__(self, arch: str):
-        self.fixture = ARCHS[arch]
-        self.spec, state = load_detector_spec(*_paths(arch))
+    def __init__(self, fixture: Path):
+        self.fixture = fixture
+        self.spec, state = load_detector_spec(fixture / "model_final.pth", fixture / "config.yaml")
         self.model = model_from_state(self.spec, state)
         self.images, self.sizes = G.batch(IMAGES, fixture=self.fixture)
         self.eager: dict[str, dict] = {}
@@ -80,7 +80,9 @@ class Arch:
                                                intermediates=setting == "baseline")
             finally:
                 predictor.set_log_prior(None)
-            self.eager[setting] = {k: v.numpy() for k, v in out.items()}
+            # a cascade's per-stage intermediates are lists
+            self.eager[setting] = {k: [t.numpy() for t in v] if isinstance(v, list) else v.numpy()
+                                   for k, v in out.items()}
         return self.eager[setting]
 
     def calibrated(self, setting: str) -> onnx.ModelProto:
@@ -101,7 +103,7 @@ _ARCHS: dict[str, Arch] = {}
 @pytest.fixture(scope="module", params=list(ARCHS))
 def arch(request) -> Arch:
     if request.param not in _ARCHS:
-        _ARCHS[request.param] = Arch(request.param)
+        _ARCHS[request.param] = Arch(ARCHS[request.param])
     return _ARCHS[request.param]
 
 

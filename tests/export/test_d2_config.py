@@ -243,7 +243,9 @@ UNSUPPORTED = [
     ("MODEL:\n  META_ARCHITECTURE: RetinaNet\n", "MODEL.META_ARCHITECTURE", "RetinaNet"),
     ("MODEL:\n  RESNETS:\n    DEFORM_ON_PER_STAGE: [false, true, true, true]\n",
      "MODEL.RESNETS.DEFORM_ON_PER_STAGE", "True"),
-    ("MODEL:\n  ROI_HEADS:\n    NAME: CascadeROIHeads\n", "MODEL.ROI_HEADS.NAME", "CascadeROIHeads"),
+    ("MODEL:\n  ROI_HEADS:\n    NAME: CascadeROIHeads\n", "MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG", "False"),
+    ("MODEL:\n  ROI_HEADS:\n    NAME: CascadeROIHeads\n  ROI_BOX_HEAD:\n    CLS_AGNOSTIC_BBOX_REG: true\n"
+     "  ROI_BOX_CASCADE_HEAD:\n    IOUS: [0.5, 0.6]\n", "MODEL.ROI_BOX_CASCADE_HEAD.IOUS", "one IoU per stage"),
     ("MODEL:\n  KEYPOINT_ON: true\n", "MODEL.KEYPOINT_ON", "True"),
     ("TEST:\n  AUG:\n    ENABLED: true\n", "TEST.AUG.ENABLED", "True"),
     ("MODEL:\n  RPN:\n    HEAD_NAME: CustomRPNHead\n", "MODEL.RPN.HEAD_NAME", "CustomRPNHead"),
@@ -401,7 +403,9 @@ STILL_REFUSED = [
     ("MODEL:\n  META_ARCHITECTURE: PanopticFPN\n", "MODEL.META_ARCHITECTURE"),
     ("MODEL:\n  META_ARCHITECTURE: ProposalNetwork\n", "MODEL.META_ARCHITECTURE"),
     ("MODEL:\n  META_ARCHITECTURE: RetinaNet\n", "MODEL.META_ARCHITECTURE"),
-    ("MODEL:\n  ROI_HEADS:\n    NAME: CascadeROIHeads\n", "MODEL.ROI_HEADS.NAME"),
+    ("MODEL:\n  BACKBONE:\n    NAME: build_resnet_backbone\n  RESNETS:\n    OUT_FEATURES: [res5]\n"
+     "  RPN:\n    IN_FEATURES: [res5]\n  ROI_HEADS:\n    NAME: CascadeROIHeads\n    IN_FEATURES: [res5]\n",
+     "MODEL.ROI_HEADS.NAME"),
     ("MODEL:\n  KEYPOINT_ON: true\n", "MODEL.KEYPOINT_ON"),
     ("MODEL:\n  LOAD_PROPOSALS: true\n  PROPOSAL_GENERATOR:\n    NAME: PrecomputedProposals\n",
      "MODEL.LOAD_PROPOSALS"),
