@@ -17,10 +17,11 @@ import warnings
 import onnx
 import torch
 
-from norcal.core.contract import CLASSIFIER_LOGITS, CLS_LOGITS_TENSOR, INPUT_NAMES, OUTPUT_NAMES
+from norcal.core.contract import (CLASSIFIER_BACKGROUND, CLASSIFIER_LOGITS, CLS_LOGITS_TENSOR, INPUT_NAMES,
+                                  OUTPUT_NAMES)
 from norcal.core.errors import NorcalError
 
-from .spec import ModelSpec
+from .spec import RETINANET, ModelSpec
 
 MIN_OPSET = 17  # RoiAlign-16 (half_pixel) and Softmax-13 on the last axis
 
@@ -94,7 +95,10 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     proto = onnx.load_from_string(buf.getvalue())
     proto.producer_name = "norcal-deploy"
     _drop_output(proto, CLS_LOGITS_TENSOR)
-    onnx.helper.set_model_props(proto, {CLASSIFIER_LOGITS: CLS_LOGITS_TENSOR})
+    props = {CLASSIFIER_LOGITS: CLS_LOGITS_TENSOR}
+    if spec.meta_architecture == RETINANET:  # one sigmoid over all levels' logits, no background
+        props[CLASSIFIER_BACKGROUND] = "none"
+    onnx.helper.set_model_props(proto, props)
     _fix_detection_dim(proto, int(spec.detections_per_image))
     onnx.checker.check_model(proto, full_check=True)
     return proto
