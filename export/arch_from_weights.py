@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
-from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES,
-                   ModelSpec, arch_name)
+from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
+                   STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES, ModelSpec, arch_name)
 
 STEM = "backbone.bottom_up.stem.conv1"
 BOTTOM_UP = "backbone.bottom_up"
@@ -102,8 +102,6 @@ def _check_supported(sd: Mapping[str, Any]) -> None:
                               f"{SUPPORTED_ARCHITECTURES}")
         if k.startswith("sem_seg_head."):
             raise NorcalError(f"weight {k}: PanopticFPN is not supported; {SUPPORTED_ARCHITECTURES}")
-        if k.startswith("head.cls_subnet."):
-            raise NorcalError(f"weight {k}: this is a RetinaNet, not supported yet; {SUPPORTED_ARCHITECTURES}")
     has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd
     has_rpn = f"{RPN_HEAD}.objectness_logits.weight" in sd
     has_heads = f"{BOX_PREDICTOR}.cls_score.weight" in sd or _is_cascade(sd)
@@ -140,7 +138,11 @@ def _cascade_heads(sd: Mapping[str, Any], channels: int) -> dict:
 
 
 def weights_layout(sd: Mapping[str, Any]) -> str:
-    """"FPN", "C4" or "DC5": the layout a supported detectron2 state dict's names show."""
+    """"FPN", "C4", "DC5" or "RetinaNet": the layout a supported detectron2 state dict's names show."""
+    from .retinanet_weights import is_retinanet
+
+    if is_retinanet(sd):
+        return RETINANET
     _check_supported(sd)
     return arch_name(ModelSpec(**_layout(sd)))
 
@@ -304,7 +306,11 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> Mode
     (sizes, aspect ratios) when a config gives them (weights only tell the anchor count).
     Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
     """
+    from .retinanet_weights import is_retinanet, retinanet_spec_from_weights
+
     sd = state_dict
+    if is_retinanet(sd):
+        return retinanet_spec_from_weights(sd, anchor_layout)
     _check_supported(sd)
     fields: dict = _layout(sd)
     fpn = fields["backbone_name"] == FPN_BACKBONE
@@ -361,6 +367,11 @@ def architecture(spec: ModelSpec) -> dict:
     BN flavours are one family (they compute the same thing at inference); widths of layers
     that do not exist are left out; the RPN's -1 conv widths are resolved to channels.
     """
+    from .retinanet_weights import retinanet_architecture
+
+    if spec.meta_architecture == RETINANET:
+        return retinanet_architecture(spec)
+
     def family(norm: str) -> str:
         return "BN" if norm in ("BN", "FrozenBN", "SyncBN") else norm
 

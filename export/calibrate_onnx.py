@@ -35,15 +35,19 @@ def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:
 
 def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | CalibrationTable | None = None,
                    *, factor: str = "cdt", mechanism: str = "exp", renormalize: bool | None = None,
-                   background: str = "last", background_scale: float = 1.0,
+                   background: str | None = None, background_scale: float = 1.0,
                    count_type: str | None = None, logits: str | None = None,
                    inline: bool = False, min_count: float | None = None) -> onnx.ModelProto:
     """Return a copy of ``model`` whose box classifier is NorCal-calibrated with ``table``'s counts.
 
+    background None: the model's ``norcal.classifier_background``, else "last".
     renormalize None: the classifier's own form (softmax renormalised, sigmoid not). min_count:
     counts below it are raised to it; the metadata records it and how many classes it raised.
     """
     gamma = check_gamma(gamma, factor)
+    if background is None:  # what the export recorded (a RetinaNet: none), else detectron2's last
+        meta = {p.key: p.value for p in model.metadata_props}
+        background = meta.get(contract.CLASSIFIER_BACKGROUND, "last")
     if table is None:
         n = classifier_classes(model, background)
         if n is None:

@@ -19,8 +19,8 @@ import yaml
 from norcal.core.errors import NorcalError
 
 from .d2_defaults import d2_defaults
-from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, ConfigCalibration,
-                   ModelSpec)
+from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
+                   RETINANET_BACKBONE, STANDARD_ROI_HEADS, ConfigCalibration, ModelSpec)
 from .spec import SUPPORTED_ARCHITECTURES as SUPPORTED
 
 BASE_KEY = "_BASE_"
@@ -343,6 +343,8 @@ def _anchors(c: _Cfg) -> tuple[tuple, tuple]:
 def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
     """Map a merged detectron2 config (nested dict, defaults filled) to a :class:`ModelSpec`."""
     c = _Cfg(cfg, source)
+    if c.get("MODEL.META_ARCHITECTURE") == RETINANET:
+        return retinanet_spec_from_cfg(c)
     _check_supported(c)
     sizes, ratios = _anchors(c)
     conv_dims = c.seq("MODEL.RPN.CONV_DIMS")
@@ -414,6 +416,57 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         mask_pooler_sampling_ratio=c.int(mask_pooler[1], 0),
         cls_agnostic_mask=c.bool("MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK"),
         provenance=provenance,
+    )
+
+
+def retinanet_spec_from_cfg(c: _Cfg) -> ModelSpec:
+    """A RetinaNet config (``meta_arch/retinanet.py`` on ``build_retinanet_resnet_fpn_backbone``)."""
+    c.require("VERSION", 2, "only version-2 detectron2 configs are supported")
+    c.require("MODEL.BACKBONE.NAME", RETINANET_BACKBONE, f"not supported for RetinaNet; {SUPPORTED}")
+    c.require("MODEL.RESNETS.DEPTH", RESNET_DEPTHS)
+    c.require("MODEL.RESNETS.OUT_FEATURES", (["res3", "res4", "res5"],), f"RetinaNet reads res3-res5; {SUPPORTED}")
+    c.require("MODEL.RESNETS.RES5_DILATION", 1, "a dilated res5 is not supported with FPN")
+    c.require("MODEL.FPN.IN_FEATURES", (["res3", "res4", "res5"],), f"RetinaNet reads res3-res5; {SUPPORTED}")
+    c.require("MODEL.FPN.FUSE_TYPE", "sum")
+    c.require("MODEL.RETINANET.IN_FEATURES", (["p3", "p4", "p5", "p6", "p7"],), f"not supported; {SUPPORTED}")
+    c.require("MODEL.RETINANET.NORM", "", f"normalisation in the RetinaNet head is not supported; {SUPPORTED}")
+    c.require("MODEL.ANCHOR_GENERATOR.NAME", "DefaultAnchorGenerator")
+    c.require("MODEL.KEYPOINT_ON", False, f"keypoint heads are not supported; {SUPPORTED}")
+    c.require("MODEL.MASK_ON", False, f"RetinaNet has no mask head; {SUPPORTED}")
+    c.require("TEST.AUG.ENABLED", False, "test-time augmentation is not supported")
+    c.require("INPUT.FORMAT", ("BGR", "RGB"))
+    if any(bool(x) for x in c.seq("MODEL.RESNETS.DEFORM_ON_PER_STAGE")):
+        raise c.bad("MODEL.RESNETS.DEFORM_ON_PER_STAGE", f"deformable convolutions are not supported; {SUPPORTED}")
+    sizes = c.float_lists("MODEL.ANCHOR_GENERATOR.SIZES")
+    ratios = c.float_lists("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS")
+    for key, v in (("MODEL.ANCHOR_GENERATOR.SIZES", sizes), ("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS", ratios)):
+        if len(v) not in (1, 5):
+            raise c.bad(key, "needs 1 entry or one per level (p3-p7)")
+    if len({len(sizes[i % len(sizes)]) * len(ratios[i % len(ratios)]) for i in range(5)}) != 1:
+        raise c.bad("MODEL.ANCHOR_GENERATOR.SIZES", "every level needs the same number of anchors")
+    return ModelSpec(
+        meta_architecture=RETINANET, backbone_name=RETINANET_BACKBONE, mask_on=False,
+        pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3), pixel_std=c.floats("MODEL.PIXEL_STD", 3),
+        input_format=c.str("INPUT.FORMAT"), min_size_test=c.int("INPUT.MIN_SIZE_TEST", 1),
+        max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
+        depth=c.int("MODEL.RESNETS.DEPTH"), norm=c.norm("MODEL.RESNETS.NORM"),
+        stem_out_channels=c.int("MODEL.RESNETS.STEM_OUT_CHANNELS", 1),
+        res2_out_channels=c.int("MODEL.RESNETS.RES2_OUT_CHANNELS", 1),
+        num_groups=c.int("MODEL.RESNETS.NUM_GROUPS", 1),
+        width_per_group=c.int("MODEL.RESNETS.WIDTH_PER_GROUP", 1),
+        stride_in_1x1=c.bool("MODEL.RESNETS.STRIDE_IN_1X1"),
+        fpn_out_channels=c.int("MODEL.FPN.OUT_CHANNELS", 1), fpn_norm=c.norm("MODEL.FPN.NORM"),
+        anchor_sizes=sizes, anchor_aspect_ratios=ratios,
+        anchor_offset=c.float("MODEL.ANCHOR_GENERATOR.OFFSET"),
+        num_classes=c.int("MODEL.RETINANET.NUM_CLASSES", 1),
+        bbox_reg_weights=c.floats("MODEL.RETINANET.BBOX_REG_WEIGHTS", 4),
+        use_sigmoid_ce=True,
+        score_thresh_test=c.float("MODEL.RETINANET.SCORE_THRESH_TEST"),
+        nms_thresh_test=c.float("MODEL.RETINANET.NMS_THRESH_TEST"),
+        detections_per_image=c.int("TEST.DETECTIONS_PER_IMAGE", 1),
+        retinanet_num_convs=c.int("MODEL.RETINANET.NUM_CONVS", 0),
+        retinanet_topk_candidates=c.int("MODEL.RETINANET.TOPK_CANDIDATES_TEST", 1),
+        provenance={"source": c.source},
     )
 
 

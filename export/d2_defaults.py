@@ -26,6 +26,11 @@ _DEFAULTS = {
             "ASPECT_RATIOS": [[0.5, 1.0, 2.0]],
             "OFFSET": 0.0,
         },
+        "RETINANET": {
+            "NUM_CLASSES": 80, "IN_FEATURES": ["p3", "p4", "p5", "p6", "p7"], "NUM_CONVS": 4,
+            "SCORE_THRESH_TEST": 0.05, "TOPK_CANDIDATES_TEST": 1000, "NMS_THRESH_TEST": 0.5,
+            "BBOX_REG_WEIGHTS": [1.0, 1.0, 1.0, 1.0], "NORM": "",
+        },
         "RPN": {
             "HEAD_NAME": "StandardRPNHead",
             "IN_FEATURES": ["res4"],

@@ -18,10 +18,11 @@ import warnings
 import onnx
 import torch
 
-from norcal.core.contract import CLASSIFIER_LOGITS, INPUT_NAMES, LIST_SEP, OUTPUT_NAMES, cls_logits_tensors
+from norcal.core.contract import (CLASSIFIER_BACKGROUND, CLASSIFIER_LOGITS, INPUT_NAMES, LIST_SEP, OUTPUT_NAMES,
+                                  cls_logits_tensors)
 from norcal.core.errors import NorcalError
 
-from .spec import ModelSpec
+from .spec import RETINANET, ModelSpec
 
 MIN_OPSET = 17  # RoiAlign-16 (half_pixel) and Softmax-13 on the last axis
 
@@ -97,7 +98,10 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     proto.producer_name = "norcal-deploy"
     for name in logits:
         _drop_output(proto, name)
-    onnx.helper.set_model_props(proto, {CLASSIFIER_LOGITS: LIST_SEP.join(logits)})
+    props = {CLASSIFIER_LOGITS: LIST_SEP.join(logits)}
+    if spec.meta_architecture == RETINANET:  # one sigmoid over all levels' logits, no background
+        props[CLASSIFIER_BACKGROUND] = "none"
+    onnx.helper.set_model_props(proto, props)
     _fix_detection_dim(proto, int(spec.detections_per_image))
     onnx.checker.check_model(proto, full_check=True)
     return proto

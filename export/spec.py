@@ -3,10 +3,11 @@
 Four detectron2 layouts (``arch_name``): FPN (``build_resnet_fpn_backbone`` + StandardROIHeads
 over P2-P5), C4 (``build_resnet_backbone`` up to res4 + ``Res5ROIHeads``, which runs res5 on
 each pooled box), DC5 (``build_resnet_backbone`` with a dilated, stride-16 res5 +
-StandardROIHeads on it) and Cascade (FPN + ``CascadeROIHeads``: a box head and predictor per
-stage, ``cascade_bbox_reg_weights``). Built from a detectron2 config
-(``norcal.export.d2_config``) or inferred from a checkpoint's weights
-(``norcal.export.arch_from_weights``); consumed by ``norcal.export.modeling``.
+StandardROIHeads on it), Cascade (FPN + ``CascadeROIHeads``: a box head and predictor per
+stage, ``cascade_bbox_reg_weights``) and RetinaNet (``meta_architecture`` RETINANET: FPN P3-P7,
+a sigmoid head, no ROI heads). Built from a detectron2 config (``norcal.export.d2_config``) or
+inferred from a checkpoint's weights (``norcal.export.arch_from_weights``); consumed by
+``norcal.export.modeling``.
 Field defaults are detectron2's (``detectron2/config/defaults.py``) except the test-time
 settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).
 """
@@ -21,8 +22,11 @@ RESNET_BACKBONE = "build_resnet_backbone"  # one ResNet stage as the only featur
 STANDARD_ROI_HEADS = "StandardROIHeads"
 RES5_ROI_HEADS = "Res5ROIHeads"
 CASCADE_ROI_HEADS = "CascadeROIHeads"  # FPN only; one box head and predictor per stage
+RETINANET_BACKBONE = "build_retinanet_resnet_fpn_backbone"  # FPN over res3-res5 + P6/P7 from res5
+RETINANET = "RetinaNet"  # meta architecture: dense sigmoid head on FPN P3-P7, no ROI heads
 SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt FPN, "
-                           "C4 or DC5 backbone, and Cascade (Mask) R-CNN with FPN")
+                           "C4 or DC5 backbone, Cascade (Mask) R-CNN with FPN, and RetinaNet with a "
+                           "ResNet/ResNeXt FPN")
 
 
 class ConfigCalibration(NamedTuple):
@@ -97,6 +101,10 @@ class ModelSpec:
     mask_pooler_resolution: int = 14
     mask_pooler_sampling_ratio: int = 0
     cls_agnostic_mask: bool = False
+    # RetinaNet (meta_architecture RETINANET): MODEL.RETINANET.*; its score/NMS thresholds,
+    # box weights and class count use the fields above
+    retinanet_num_convs: int = 4
+    retinanet_topk_candidates: int = 1000  # per level, before NMS
     # NorCal settings from the config, used when the user gives none; None: the config has none
     calibration: ConfigCalibration | None = None
     # free-form notes on where values came from (config file, inferred from weights)
@@ -105,7 +113,9 @@ class ModelSpec:
 
 def arch_name(spec: ModelSpec) -> str:
     """"FPN", "C4", "DC5" (or "C5": an undilated res5 as the only feature), "Cascade" (FPN with
-    CascadeROIHeads), for messages."""
+    CascadeROIHeads), "RetinaNet", for messages."""
+    if spec.meta_architecture == RETINANET:
+        return RETINANET
     if spec.roi_heads_name == CASCADE_ROI_HEADS:
         return "Cascade"
     if spec.backbone_name == FPN_BACKBONE:

@@ -75,6 +75,8 @@ def onnx_calibration(model) -> OnnxCalibration | None:
 def box_predictor(model):
     """The model's FastRCNNOutputLayers (``roi_heads.box_predictor``)."""
     pred = getattr(getattr(model, "roi_heads", None), "box_predictor", None)
+    if pred is None and hasattr(model, "set_log_prior"):
+        pred = model  # RetinaNet: the model's own sigmoid head
     if pred is None or not hasattr(pred, "set_log_prior"):
         raise NorcalError("the PyTorch model has no NorCal-capable box predictor (roi_heads.box_predictor)")
     return pred

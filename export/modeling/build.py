@@ -10,7 +10,8 @@ import torch
 
 from norcal.core.errors import NorcalError
 
-from ..spec import CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec
+from ..spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
+                    STANDARD_ROI_HEADS, ModelSpec)
 from .anchors import AnchorGenerator
 from .backbone import ResNet, ResNetBackbone, res5_head
 from .box_head import FastRCNNConvFCHead
@@ -20,6 +21,7 @@ from .fpn import FPN
 from .mask_head import MaskRCNNConvUpsampleHead
 from .poolers import ROIPooler
 from .rcnn import GeneralizedRCNN
+from .retinanet import RetinaFPN, RetinaNet, RetinaNetHead
 from .roi_heads import Res5ROIHeads, StandardROIHeads
 from .rpn import RPN, StandardRPNHead
 
@@ -120,8 +122,42 @@ def _box_head(spec: ModelSpec, ch: int) -> FastRCNNConvFCHead:
     return box_head
 
 
-def create_model(spec: ModelSpec) -> GeneralizedRCNN:
+def _pixel_stats(spec: ModelSpec) -> tuple[list[float], list[float]]:
+    mean, std = list(spec.pixel_mean), list(spec.pixel_std)
+    if spec.input_format == "RGB":
+        # the graph's contract is BGR input: flip the statistics, and the first conv (model_from_state)
+        mean, std = mean[::-1], std[::-1]
+    return mean, std
+
+
+def create_retinanet(spec: ModelSpec) -> RetinaNet:
+    """detectron2's RetinaNet for ``spec`` (FPN backbone, no norm in the head), in eval mode."""
+    if spec.input_format not in ("BGR", "RGB"):
+        raise NorcalError(f"input format {spec.input_format!r} must be BGR or RGB")
+    resnet = ResNet(depth=spec.depth, norm=spec.norm, stem_out_channels=spec.stem_out_channels,
+                    res2_out_channels=spec.res2_out_channels, num_groups=spec.num_groups,
+                    width_per_group=spec.width_per_group, stride_in_1x1=spec.stride_in_1x1)
+    backbone = RetinaFPN(resnet, spec.fpn_out_channels, spec.fpn_norm)
+    anchors = AnchorGenerator(spec.anchor_sizes, spec.anchor_aspect_ratios, backbone.strides,
+                              spec.anchor_offset)
+    head = RetinaNetHead(spec.fpn_out_channels, anchors.num_anchors, spec.num_classes,
+                         spec.retinanet_num_convs)
+    mean, std = _pixel_stats(spec)
+    model = RetinaNet(backbone, head, anchors, num_classes=spec.num_classes, pixel_mean=mean,
+                      pixel_std=std, box_weights=spec.bbox_reg_weights,
+                      score_thresh=spec.score_thresh_test,
+                      topk_candidates=spec.retinanet_topk_candidates,
+                      nms_thresh=spec.nms_thresh_test,
+                      detections_per_image=spec.detections_per_image,
+                      # detectron2 pads each image to FPN's largest input stride (res5's)
+                      size_divisibility=backbone.in_strides[-1])
+    return model.eval()
+
+
+def create_model(spec: ModelSpec) -> GeneralizedRCNN | RetinaNet:
     """The model for ``spec`` with default-initialised weights, in eval mode."""
+    if spec.meta_architecture == RETINANET:
+        return create_retinanet(spec)
     _check_spec(spec)
     backbone, ch, per_image_divisibility = _backbone(spec)
     anchors = AnchorGenerator(spec.anchor_sizes, spec.anchor_aspect_ratios, backbone.strides,
@@ -133,10 +169,7 @@ def create_model(spec: ModelSpec) -> GeneralizedRCNN:
     # FPN: the heads pool from P2-P5 (P6 is the RPN's only); C4/DC5: the one map
     roi_strides = backbone.in_strides if spec.backbone_name == FPN_BACKBONE else backbone.strides
     roi_heads = _roi_heads(spec, ch, roi_strides)
-    mean, std = list(spec.pixel_mean), list(spec.pixel_std)
-    if spec.input_format == "RGB":
-        # the graph's contract is BGR input: flip the statistics, and the first conv below
-        mean, std = mean[::-1], std[::-1]
+    mean, std = _pixel_stats(spec)
     model = GeneralizedRCNN(backbone, rpn, roi_heads, pixel_mean=mean, pixel_std=std,
                             size_divisibility=per_image_divisibility)
     return model.eval()

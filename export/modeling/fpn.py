@@ -20,12 +20,13 @@ class FPN(nn.Module):
     """Returns features ``[p2, p3, p4, p5, p6]``, each [B, out_channels, H/s, W/s]."""
 
     def __init__(self, bottom_up: nn.Module, out_channels: int = 256, norm: str = "",
-                 fuse_type: str = "sum"):
+                 fuse_type: str = "sum", in_features: list[str] | None = None):
+        """``in_features``: the ResNet stages FPN reads (default all; RetinaNet: res3-res5)."""
         super().__init__()
         if fuse_type not in ("sum", "avg"):
             raise NorcalError(f"FPN fuse type must be 'sum' or 'avg', got {fuse_type!r}")
         self.bottom_up = bottom_up
-        self.in_features = list(bottom_up.stage_names)
+        self.in_features = list(in_features or bottom_up.stage_names)
         self.fuse_type = fuse_type
         self.in_strides = [bottom_up.out_strides[n] for n in self.in_features]
         if any(b != 2 * a for a, b in zip(self.in_strides, self.in_strides[1:])):
@@ -43,7 +44,12 @@ class FPN(nn.Module):
         self.strides = self.in_strides + [self.in_strides[-1] * 2]
 
     def forward(self, x: torch.Tensor, masks: PaddingMasks) -> list[torch.Tensor]:
-        feats = self.bottom_up(x, masks)
+        results = self.top_down(self.bottom_up(x, masks), masks)
+        results.append(F.max_pool2d(results[-1], kernel_size=1, stride=2, padding=0))
+        return results
+
+    def top_down(self, feats: dict[str, torch.Tensor], masks: PaddingMasks) -> list[torch.Tensor]:
+        """The FPN outputs of the bottom-up features, finest first (no extra top level)."""
         levels = [int(math.log2(s)) for s in self.in_strides]
         prev = None
         results: list[torch.Tensor] = []
@@ -57,5 +63,4 @@ class FPN(nn.Module):
                     prev = prev / 2
             out = getattr(self, f"fpn_output{level}")(masks.apply(prev, stride), masks, stride)
             results.insert(0, out)
-        results.append(F.max_pool2d(results[-1], kernel_size=1, stride=2, padding=0))
         return results

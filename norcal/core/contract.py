@@ -53,6 +53,9 @@ RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVIS
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
 CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"
+# where the classifier's background slot is (last, first, none); absent: last. A RetinaNet export
+# writes "none": its cls_logits are every level's anchors concatenated, [B, sum(H*W*A), C], sigmoid.
+CLASSIFIER_BACKGROUND = "norcal.classifier_background"
 
 # The NorCal node: ai.norcal::NorCal(logits, norcal.log_prior) backed by a model-local function.
 NODE_DOMAIN = "ai.norcal"

@@ -46,7 +46,8 @@ class NorCal:
     the built-in table matching the class count. factor: "cdt" (a_c = N_c^gamma) or "ens";
     mechanism: "exp", "prob" or "logit" (see :mod:`norcal.core.calibration`). count: which
     counts are N_c, "image" or "instance" (None: the table's). background: where the background
-    logit is, "last" (detectron2), "first" (torchvision) or "none" (None: last). logits: ONNX
+    logit is, "last" (detectron2), "first" (torchvision) or "none" (None: what the export
+    recorded, a RetinaNet none, else last). logits: ONNX
     input only, the classifier logits tensor when it is not found automatically. inline: plain
     ops instead of the ``ai.norcal::NorCal`` function node.
     """
@@ -104,7 +105,7 @@ def calibrate_onnx(model: onnx.ModelProto | PathLike, norcal: NorCal) -> onnx.Mo
         model = load_onnx(model)
     return _insert_norcal(model, norcal.gamma, norcal.table, factor=norcal.factor,
                           mechanism=norcal.mechanism, renormalize=norcal.renormalize,
-                          background=norcal.background or "last",
+                          background=norcal.background,
                           background_scale=norcal.background_scale, count_type=norcal.count,
                           logits=norcal.logits, inline=norcal.inline, min_count=norcal.min_count)
 

@@ -35,6 +35,7 @@ from norcal.core import calibration
 from norcal.core.calibration import check_gamma, log_prior
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
+from norcal.export.spec import RETINANET
 
 
 def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable:
@@ -415,6 +416,9 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     pairs = images_from_gt(gt_data, images, str(gt))
     unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
     spec, model = load_detector(weights, config)
+    if spec.meta_architecture == RETINANET:
+        raise NorcalError("tune does not support RetinaNet yet (its candidates per level change with "
+                          "gamma); export it at each gamma and compare with norcal eval")
     if table is None:
         from norcal.export.calibrate_onnx import default_table
 

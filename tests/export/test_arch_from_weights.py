@@ -394,7 +394,8 @@ def test_c4_depth_counts_res5_in_the_heads():
 
 
 NAMED = {
-    "retinanet": (lambda: _fixture_weights("retinanet"), "RetinaNet, not supported yet"),
+    "retinanet_head_norm": (lambda: dict(_fixture_weights("retinanet"), **{
+        "head.cls_subnet.1.weight": torch.ones(16)}), "normalisation in the RetinaNet head"),
     "rpn_only": (lambda: {k: v for k, v in make_d2_state_dict().items() if not k.startswith("roi_heads.")},
                  "RPN-only model (ProposalNetwork)"),
     "proposal_files": (lambda: {k: v for k, v in make_d2_state_dict().items()

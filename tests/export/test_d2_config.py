@@ -240,7 +240,7 @@ def test_training_only_keys_are_ignored(tmp_path):
 
 
 UNSUPPORTED = [
-    ("MODEL:\n  META_ARCHITECTURE: RetinaNet\n", "MODEL.META_ARCHITECTURE", "RetinaNet"),
+    ("MODEL:\n  META_ARCHITECTURE: RetinaNet\n", "MODEL.BACKBONE.NAME", "build_resnet_fpn_backbone"),
     ("MODEL:\n  RESNETS:\n    DEFORM_ON_PER_STAGE: [false, true, true, true]\n",
      "MODEL.RESNETS.DEFORM_ON_PER_STAGE", "True"),
     ("MODEL:\n  ROI_HEADS:\n    NAME: CascadeROIHeads\n", "MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG", "False"),
@@ -402,7 +402,8 @@ def test_inconsistent_c4_dc5_configs_are_refused(tmp_path, base, snippet, key, w
 STILL_REFUSED = [
     ("MODEL:\n  META_ARCHITECTURE: PanopticFPN\n", "MODEL.META_ARCHITECTURE"),
     ("MODEL:\n  META_ARCHITECTURE: ProposalNetwork\n", "MODEL.META_ARCHITECTURE"),
-    ("MODEL:\n  META_ARCHITECTURE: RetinaNet\n", "MODEL.META_ARCHITECTURE"),
+    ("MODEL:\n  META_ARCHITECTURE: RetinaNet\n  BACKBONE:\n    NAME: build_retinanet_resnet_fpn_backbone\n",
+     "MODEL.RESNETS.OUT_FEATURES"),
     ("MODEL:\n  BACKBONE:\n    NAME: build_resnet_backbone\n  RESNETS:\n    OUT_FEATURES: [res5]\n"
      "  RPN:\n    IN_FEATURES: [res5]\n  ROI_HEADS:\n    NAME: CascadeROIHeads\n    IN_FEATURES: [res5]\n",
      "MODEL.ROI_HEADS.NAME"),
