@@ -56,6 +56,8 @@ CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits te
 # where the classifier's background slot is (last, first, none); absent: last. A RetinaNet export
 # writes "none": its cls_logits are every level's anchors concatenated, [B, sum(H*W*A), C], sigmoid.
 CLASSIFIER_BACKGROUND = "norcal.classifier_background"
+# what the export says about the graph itself (kept by --strip, like the runtime keys)
+GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND})
 
 # The NorCal node: ai.norcal::NorCal(logits, norcal.log_prior) backed by a model-local function.
 NODE_DOMAIN = "ai.norcal"

@@ -15,10 +15,10 @@ def test_every_key_is_defined_once_and_grouped():
     keys = _keys()
     values = [v for name, v in keys.items() if name != "PRIOR_NAME"]
     assert len(values) == len(set(values))  # no two constants share a key
-    grouped = contract.NODE_KEYS | contract.RUNTIME_KEYS | {contract.CLASSIFIER_LOGITS}
+    grouped = contract.NODE_KEYS | contract.RUNTIME_KEYS | contract.GRAPH_KEYS
     assert set(values) == grouped  # every key belongs to exactly one group
     assert not contract.NODE_KEYS & contract.RUNTIME_KEYS
-    assert contract.CLASSIFIER_LOGITS not in contract.NODE_KEYS | contract.RUNTIME_KEYS
+    assert not contract.GRAPH_KEYS & (contract.NODE_KEYS | contract.RUNTIME_KEYS)
 
 
 def test_runtime_keys_are_the_runners_contract():
