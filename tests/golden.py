@@ -146,3 +146,17 @@ def reference_fast_rcnn_inference(cls_logits, box_deltas, proposals, image_size,
     keep = torch.cat(keep)
     keep = keep[torch.argsort(sel_scores[keep], descending=True)][:topk]
     return sel_boxes[keep].numpy(), sel_scores[keep].numpy(), cls[keep].numpy()
+
+
+def assert_same_first_image(alone: dict, batched: dict, masks: bool = False) -> None:
+    """Graph outputs for image 0 run alone vs inside a larger padded batch: the same number of
+    detections, >= 99% matched (class, IoU, score), and mask probabilities within 1e-3."""
+    n = int(alone["num_detections"][0])
+    assert n == int(batched["num_detections"][0])
+    frac, pairs = match_detections(
+        alone["boxes"][0, :n], alone["scores"][0, :n], alone["classes"][0, :n],
+        batched["boxes"][0, :n], batched["scores"][0, :n], batched["classes"][0, :n])
+    assert frac >= 0.99
+    if masks:
+        ai, bi = zip(*pairs)
+        assert np.abs(alone["masks"][0][list(ai)] - batched["masks"][0][list(bi)]).mean() <= 1e-3

@@ -160,15 +160,7 @@ def test_image_alone_equals_image_in_a_larger_batch(cascade):
     batched = cascade.ort_outputs("baseline")
     images, sizes = G.batch([0], fixture=FIXTURE)
     assert images.shape[-2:] != cascade.images.shape[-2:]
-    alone = run(session(cascade.onnx), images, sizes)
-    n = int(alone["num_detections"][0])
-    assert n == int(batched["num_detections"][0])
-    frac, pairs = G.match_detections(
-        alone["boxes"][0, :n], alone["scores"][0, :n], alone["classes"][0, :n],
-        batched["boxes"][0, :n], batched["scores"][0, :n], batched["classes"][0, :n])
-    assert frac >= 0.99
-    ai, bi = zip(*pairs)
-    assert np.abs(alone["masks"][0][list(ai)] - batched["masks"][0][list(bi)]).mean() <= 1e-3
+    G.assert_same_first_image(run(session(cascade.onnx), images, sizes), batched, masks=True)
 
 
 def test_weights_only_export_matches_golden_img0():
