@@ -26,6 +26,8 @@ from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
 from test_c4_dc5 import Arch, check_detections, manifest_table
 from test_onnx_export import run, session
 
+pytestmark = pytest.mark.slow  # Cascade exports and golden parity at every setting
+
 torch.set_num_threads(2)
 
 FIXTURE = FIXTURES / "d2_cascade_tiny"

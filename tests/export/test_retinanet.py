@@ -29,6 +29,8 @@ from norcal.export.trt_support import NMS_BOXES_PER_BATCH_ITEM, TOPK_K_LIMIT
 from test_c4_dc5 import HOST_ONLY, Arch, check_detections, manifest_table
 from test_onnx_export import run
 
+pytestmark = pytest.mark.slow  # RetinaNet exports and golden parity at every setting
+
 torch.set_num_threads(2)
 
 FIXTURE = FIXTURES / "d2_retinanet_tiny"

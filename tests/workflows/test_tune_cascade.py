@@ -10,6 +10,8 @@ import pytest
 from conftest import FIXTURES
 from golden import match_detections
 
+pytestmark = pytest.mark.slow  # caches a Cascade model's stage outputs and sweeps gamma
+
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
