@@ -7,13 +7,15 @@ models, ``segmentation``: compressed RLE with ``counts`` as str, like detectron2
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, TextIO
 
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import read_json
+from norcal.core.fileio import atomic_path, read_json
 from norcal.core.schemas import ANNOTATIONS, ids_of
 from norcal.runtime.postprocess import ImageDetections, paste_mask_regions
 
@@ -111,3 +113,43 @@ def category_ids_from_annotations(path: str | Path | dict,
         if ref:
             names[Path(str(ref)).name] = iid
     return sorted(ids.tolist()), names
+
+
+def results_fragment(image_id: int | str, det: ImageDetections, category_ids: list[int] | None,
+                     with_masks: bool = True) -> tuple[str, int]:
+    """One image's results as JSON text, the items of the results list separated as
+    ``json.dumps`` separates them (empty when none), and how many (for
+    :class:`ResultsStream`; workers send text, not objects)."""
+    results = detections_to_results(image_id, det, category_ids, with_masks)
+    return ", ".join(json.dumps(r) for r in results), len(results)
+
+
+class ResultsStream:
+    """A results JSON list written one image at a time: the same bytes as
+    ``json.dumps(all_results) + "\\n"``, without holding the results in memory."""
+
+    def __init__(self, f: TextIO):
+        self.f = f
+        self.count = 0
+        f.write("[")
+
+    def add(self, fragment: str, count: int) -> None:
+        """Append one image's :func:`results_fragment`."""
+        if not count:
+            return
+        if self.count:
+            self.f.write(", ")
+        self.f.write(fragment)
+        self.count += count
+
+    def close(self) -> None:
+        self.f.write("]\n")
+
+
+@contextlib.contextmanager
+def results_writer(path: str | Path) -> Iterator[ResultsStream]:
+    """Stream a results JSON to ``path`` (atomic: :func:`norcal.core.fileio.atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        stream = ResultsStream(f)
+        yield stream
+        stream.close()

@@ -11,14 +11,16 @@ from norcal.core.runner import Runner
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 
 
-def open_runner(path: str | os.PathLike, provider: str | None = None) -> Runner:
-    """.onnx -> OnnxRuntimeRunner(provider or 'cpu'); .engine/.plan -> TensorRTRunner."""
+def open_runner(path: str | os.PathLike, provider: str | None = None, threads: int | None = None) -> Runner:
+    """.onnx -> OnnxRuntimeRunner(provider or 'cpu', threads); .engine/.plan -> TensorRTRunner.
+
+    threads: ONNX Runtime's intra-op threads (None: its default, one per core)."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".onnx":
         from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
 
-        return OnnxRuntimeRunner(p, provider or "cpu")
+        return OnnxRuntimeRunner(p, provider or "cpu", threads)
     if suffix in ENGINE_SUFFIXES:
         if provider not in (None, "tensorrt"):
             raise NorcalError(f"{p.name} is a TensorRT engine; provider {provider} applies to .onnx models",

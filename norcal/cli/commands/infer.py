@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from norcal.core.errors import NorcalError
@@ -33,10 +34,20 @@ else i + 1 (detectron2's LVIS convention).
 mask, class and score, coloured by frequency group), beside those of the same model with its
 NorCal node stripped when it has one (the baseline). Class names and groups come from --table
 or the model's built-in table.
+
+--ray [ADDRESS] runs on a Ray cluster (pip install 'norcal-deploy[ray]'): Ray Data reads and
+prepares the batches, --num-workers actors (each one runner, --gpus-per-worker GPUs,
+--threads ONNX Runtime threads, default 1) run them, and the results stream to -o in image
+order: the same file as without --ray. No ADDRESS starts Ray on this machine; `auto` joins
+the cluster of `ray start`; ray://HOST:10001 connects through Ray Client. The model and the
+images must be readable at the same paths on every node. A batch whose worker dies or
+raises is retried (--max-retries, default 3); --draw is not available with --ray.
 """
 
 # parameters of the runtime named in its errors -> the flags here
-FLAGS = {"provider": "--provider", "batch_size": "--batch", "skip_unreadable=True": "--skip-unreadable"}
+FLAGS = {"provider": "--provider", "batch_size": "--batch", "skip_unreadable=True": "--skip-unreadable",
+         "address": "--ray", "num_workers": "--num-workers", "gpus_per_worker": "--gpus-per-worker",
+         "threads": "--threads", "max_retries": "--max-retries"}
 
 
 def add_arguments(p):
@@ -59,6 +70,41 @@ def add_arguments(p):
     p.add_argument("--skip-unreadable", action="store_true",
                    help="skip files that cannot be read as images (listed in RESULTS.skipped.json) "
                         "instead of stopping")
+    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: one per core; "
+                                               "with --ray: 1 per worker)")
+    add_ray_arguments(p)
+
+
+def add_ray_arguments(p):
+    g = p.add_argument_group("Ray (pip install 'norcal-deploy[ray]')")
+    g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run on Ray: no ADDRESS starts it on this machine; 'auto' or ray://HOST:10001 "
+                        "joins a cluster")
+    g.add_argument("--num-workers", type=int, default=1, help="Ray workers, one runner each (default 1)")
+    g.add_argument("--gpus-per-worker", type=float, help="GPUs Ray reserves per worker (default: 1 for "
+                                                         "--provider cuda/tensorrt and engines, else 0)")
+    g.add_argument("--max-retries", type=int, default=3,
+                   help="times a batch whose worker failed is run again (default 3)")
+
+
+def ray_options(args, gpu: bool):
+    """--ray and its flags -> RayOptions (None without --ray); refuses them without --ray."""
+    from norcal.runtime.ray_inference import RayOptions  # imports no Ray
+
+    if args.ray is None:
+        given = [f for f, v in (("--num-workers", args.num_workers != 1),
+                                ("--gpus-per-worker", args.gpus_per_worker is not None),
+                                ("--max-retries", args.max_retries != 3)) if v]
+        if given:
+            raise NorcalError(f"{', '.join(given)} only apply with --ray")
+        return None
+    gpus = args.gpus_per_worker if args.gpus_per_worker is not None else (1.0 if gpu else 0.0)
+    threads = getattr(args, "threads", None) or 1
+    options = RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.num_workers,
+                         gpus_per_worker=gpus, cpus_per_worker=1.0 if gpu else float(threads),
+                         threads=threads, max_retries=args.max_retries)
+    options.check()
+    return options
 
 
 def _image_id(path: Path, by_name: dict[str, int] | None):
@@ -116,12 +162,18 @@ def run(args) -> int:
     from norcal.core.contract import input_spec
     from norcal.runtime.images import expand_inputs, unreadable_files
     from norcal.runtime.inference import run_images, runner_metadata
-    from norcal.runtime.results import category_ids_from_annotations, detections_to_results
-    from norcal.runtime.runners import open_runner
+    from norcal.runtime.results import category_ids_from_annotations, results_fragment, results_writer
+    from norcal.runtime.runners import ENGINE_SUFFIXES, open_runner
 
     console = Console(stderr=True, soft_wrap=True)
     if args.batch < 1:
         raise NorcalError(f"--batch must be >= 1, got {args.batch}")
+    if args.threads is not None and args.threads < 1:
+        raise NorcalError(f"--threads must be >= 1, got {args.threads}")
+    gpu = args.provider in ("cuda", "tensorrt") or Path(args.model).suffix.lower() in ENGINE_SUFFIXES
+    ray = ray_options(args, gpu)
+    if ray is not None and args.draw:
+        raise NorcalError("--draw is not available with --ray: draw with a run on this machine")
     paths = expand_inputs(args.inputs)
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(args.inputs))
@@ -137,7 +189,10 @@ def run(args) -> int:
         if not paths:
             raise NorcalError(f"none of the {len(unknown)} image files is in {args.image_ids} "
                               f"(matched by file name, e.g. {unknown[0].name})")
-    runner = open_runner(args.model, args.provider)
+    if ray is None:
+        runner = open_runner(args.model, args.provider, args.threads)
+    else:  # only for the metadata here: the workers, maybe on GPU nodes, open their own
+        runner = open_runner(args.model, "cpu" if Path(args.model).suffix.lower() == ".onnx" else None, 1)
     meta = runner_metadata(runner)
     spec = input_spec(meta, args.min_size, args.max_size)
     cat_ids, cat_source = _category_ids(args, meta, ann_cats)
@@ -150,31 +205,49 @@ def run(args) -> int:
                               f"{unreadable[0][0]}: {unreadable[0][1]}")
     with_masks = not args.no_masks and "masks" in runner.output_names
     draw_table, drawn = (_draw_table(args, meta) if args.draw else None), []
-    console.print(f"{runner.name}: {len(paths)} images, batch {args.batch}, resize "
+    where = "" if ray is None else (f" on Ray ({ray.address or 'this machine'}, {ray.num_workers} "
+                                    f"worker{'s' if ray.num_workers > 1 else ''})")
+    name = runner.name if ray is None or not runner.name.startswith("onnxruntime") else \
+        f"onnxruntime-{args.provider or 'cpu'}"
+    console.print(f"{name}{where}: {len(paths)} images, batch {args.batch}, resize "
                   f"{spec.min_size}/{spec.max_size} {spec.input_format}, categories from {cat_source}")
+    if ray is not None:
+        del runner  # the workers open their own
 
     class Rate(ProgressColumn):
         def render(self, task):
             return Text(f"{task.speed:.1f} images/s" if task.speed else "- images/s")
 
-    results, done_images = [], 0
+    done_images = 0
     failed = [(p, f"not in {args.image_ids}") for p in unknown] if args.image_ids else []
     failed += unreadable
+    skipped = failed if args.skip_unreadable else None
     with Progress(TextColumn("infer"), BarColumn(), MofNCompleteColumn(), Rate(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
+                  console=console, transient=False) as progress, results_writer(args.output) as out:
         task = progress.add_task("infer", total=len(paths))
-        for path, det in run_images(runner, paths, args.batch, spec, failed,
-                                    on_done=lambda n: progress.advance(task, n),
-                                    skip_unreadable=args.skip_unreadable):
-            results.extend(detections_to_results(_image_id(path, by_name), det, cat_ids, with_masks))
-            done_images += 1
-            if draw_table is not None and len(drawn) < args.draw_count:
-                drawn.append((path, det))
-    if not done_images:
-        raise NorcalError(f"none of the {len(paths) + len(unreadable)} image files could be read, "
-                          f"e.g. {failed[-1][0]}: {failed[-1][1]}")
-    write_json(args.output, results, indent=None)
-    console.print(f"wrote {args.output}: {len(results)} detections on {done_images} images")
+        step = lambda n: progress.advance(task, n)  # noqa: E731
+        if ray is None:
+            for path, det in run_images(runner, paths, args.batch, spec, failed, on_done=step,
+                                        skip_unreadable=args.skip_unreadable):
+                out.add(*results_fragment(_image_id(path, by_name), det, cat_ids, with_masks))
+                done_images += 1
+                if draw_table is not None and len(drawn) < args.draw_count:
+                    drawn.append((path, det))
+        else:
+            from norcal.runtime.ray_inference import ResultsFormat, run_images_ray
+
+            make_runner = functools.partial(open_runner, Path(args.model).resolve(), args.provider,
+                                            ray.threads)
+            ids = [_image_id(p, by_name) for p in paths]
+            for image in run_images_ray(make_runner, [p.resolve() for p in paths], ids, spec,
+                                        ResultsFormat(cat_ids, with_masks), args.batch, ray,
+                                        failed=skipped, on_done=step):
+                out.add(image.text, image.count)
+                done_images += 1
+        if not done_images:
+            raise NorcalError(f"none of the {len(paths) + len(unreadable)} image files could be read, "
+                              f"e.g. {failed[-1][0]}: {failed[-1][1]}")
+    console.print(f"wrote {args.output}: {out.count} detections on {done_images} images")
     if args.skip_unreadable:
         write_json(skipped_path(args.output), {
             "results": str(args.output), "images_run": done_images,
