@@ -83,9 +83,9 @@ def require_ray():
     try:
         import ray
         import ray.data  # noqa: F401 - Ray Data is a separate extra of ray
-    except ImportError as e:
-        raise NorcalError(f"running on Ray needs the optional package ray[data] ({e}): "
-                          f"{INSTALL_HINT}", param="ray") from None
+    except ImportError:
+        raise NorcalError(f"running on Ray needs the optional package ray[data], which is not "
+                          f"installed: {INSTALL_HINT}") from None
     return ray
 
 
@@ -314,14 +314,22 @@ def _emit(row: dict, failed, on_done) -> Iterator[ImageResults]:
 
 
 def _worker_error(e: BaseException, retries: int) -> NorcalError:
-    """Ray's wrapped exception -> one line naming the batch (our BatchFailed) when it is ours."""
-    seen, cause = set(), e
+    """Ray's wrapped exception -> one line: our BatchFailed (the batch's first image and the
+    cause) or a NorcalError raised in a worker. Ray passes the worker's exception on as the
+    text of its traceback (the exception object itself does not survive), so it is read there."""
+    import re
+
+    texts, seen, cause = [], set(), e
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        if isinstance(cause, NorcalError):  # e.g. a worker could not open the model
-            return NorcalError(str(cause), cause.params)
-        if isinstance(cause, BatchFailed):
-            tries = f"after {retries} retr{'y' if retries == 1 else 'ies'}" if retries else "(no retries)"
-            return NorcalError(f"a Ray worker failed on {cause} {tries}", param="max_retries")
+        texts.append(str(cause))
         cause = getattr(cause, "cause", None) or cause.__cause__
+    text = "\n".join(texts)
+    batch = re.search(rf"^{re.escape(BatchFailed.__module__)}\.BatchFailed: (.*)$", text, re.M)
+    if batch:
+        tries = f"after {retries} retr{'y' if retries == 1 else 'ies'}" if retries else "(no retries)"
+        return NorcalError(f"a Ray worker failed on {batch.group(1)} {tries}", param="max_retries")
+    ours = re.search(r"^norcal\.core\.errors\.NorcalError: (.*)$", text, re.M)
+    if ours:  # e.g. a worker could not open the model
+        return NorcalError(f"a Ray worker: {ours.group(1)}")
     return NorcalError(f"the Ray run failed: {type(e).__name__}: {_first_line(e)}")

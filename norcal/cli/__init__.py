@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # optional dependencies -> the extra that installs them
-_EXTRAS = {"torch": "torch", "torchvision": "torch", "lvis": "eval", "tritonclient": "triton"}
+_EXTRAS = {"torch": "torch", "torchvision": "torch", "lvis": "eval", "tritonclient": "triton", "ray": "ray"}
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):

@@ -89,7 +89,7 @@ def add_ray_arguments(p):
 
 def ray_options(args, gpu: bool):
     """--ray and its flags -> RayOptions (None without --ray); refuses them without --ray."""
-    from norcal.runtime.ray_inference import RayOptions  # imports no Ray
+    from norcal.runtime.ray_inference import RayOptions, require_ray  # the module imports no Ray
 
     if args.ray is None:
         given = [f for f, v in (("--num-workers", args.num_workers != 1),
@@ -104,6 +104,7 @@ def ray_options(args, gpu: bool):
                          gpus_per_worker=gpus, cpus_per_worker=1.0 if gpu else float(threads),
                          threads=threads, max_retries=args.max_retries)
     options.check()
+    require_ray()  # installed? before any work
     return options
 
 
