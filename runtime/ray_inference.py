@@ -39,9 +39,10 @@ INSTALL_HINT = "pip install 'norcal-deploy[ray]'"
 class RayOptions:
     """Where and how wide to run.
 
-    address: None starts a local Ray instance on this machine; "auto" joins the cluster this
-    machine is part of (``ray start``); "ray://host:10001" connects through Ray Client. When
-    Ray is already initialised in this process, that instance is used as it is.
+    address: None joins the cluster in $RAY_ADDRESS or one started on this machine by
+    ``ray start``, else starts a local Ray instance; "auto" joins such a cluster and fails
+    without one; "host:6379" or "ray://host:10001" (Ray Client) a given one. When Ray is
+    already initialised in this process, that instance is used as it is.
     num_workers: runner actors (each holds one model). gpus_per_worker / cpus_per_worker: the
     resources Ray reserves for each. threads: ONNX Runtime intra-op threads per worker.
     read_tasks: concurrent read-and-prepare tasks (they reserve no CPU: they would otherwise

@@ -38,8 +38,9 @@ or the model's built-in table.
 --ray [ADDRESS] runs on a Ray cluster (pip install 'norcal-deploy[ray]'): Ray Data reads and
 prepares the batches, --num-workers actors (each one runner, --gpus-per-worker GPUs,
 --threads ONNX Runtime threads, default 1) run them, and the results stream to -o in image
-order: the same file as without --ray. No ADDRESS starts Ray on this machine; `auto` joins
-the cluster of `ray start`; ray://HOST:10001 connects through Ray Client. The model and the
+order: the same file as without --ray. No ADDRESS joins the cluster of $RAY_ADDRESS or of
+`ray start` on this machine, else starts Ray here; `auto` joins such a cluster;
+ray://HOST:10001 connects through Ray Client. The model and the
 images must be readable at the same paths on every node. A batch whose worker dies or
 raises is retried (--max-retries, default 3); --draw is not available with --ray.
 """
@@ -78,8 +79,8 @@ def add_arguments(p):
 def add_ray_arguments(p):
     g = p.add_argument_group("Ray (pip install 'norcal-deploy[ray]')")
     g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run on Ray: no ADDRESS starts it on this machine; 'auto' or ray://HOST:10001 "
-                        "joins a cluster")
+                   help="run on Ray: no ADDRESS joins $RAY_ADDRESS or `ray start`'s cluster, else starts "
+                        "Ray here; 'auto', HOST:6379 or ray://HOST:10001 joins a given one")
     g.add_argument("--num-workers", type=int, default=1, help="Ray workers, one runner each (default 1)")
     g.add_argument("--gpus-per-worker", type=float, help="GPUs Ray reserves per worker (default: 1 for "
                                                          "--provider cuda/tensorrt and engines, else 0)")
