@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from norcal.cli.options import add_ray_arguments, ray_options
 from norcal.core.errors import NorcalError
 
 HELP = "run a model (.onnx or TensorRT engine) on images; write LVIS/COCO results JSON"
@@ -73,40 +74,7 @@ def add_arguments(p):
                         "instead of stopping")
     p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: one per core; "
                                                "with --ray: 1 per worker)")
-    add_ray_arguments(p)
-
-
-def add_ray_arguments(p):
-    g = p.add_argument_group("Ray (pip install 'norcal-deploy[ray]')")
-    g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run on Ray: no ADDRESS joins $RAY_ADDRESS or `ray start`'s cluster, else starts "
-                        "Ray here; 'auto', HOST:6379 or ray://HOST:10001 joins a given one")
-    g.add_argument("--num-workers", type=int, default=1, help="Ray workers, one runner each (default 1)")
-    g.add_argument("--gpus-per-worker", type=float, help="GPUs Ray reserves per worker (default: 1 for "
-                                                         "--provider cuda/tensorrt and engines, else 0)")
-    g.add_argument("--max-retries", type=int, default=3,
-                   help="times a batch whose worker failed is run again (default 3)")
-
-
-def ray_options(args, gpu: bool):
-    """--ray and its flags -> RayOptions (None without --ray); refuses them without --ray."""
-    from norcal.runtime.ray_inference import RayOptions, require_ray  # the module imports no Ray
-
-    if args.ray is None:
-        given = [f for f, v in (("--num-workers", args.num_workers != 1),
-                                ("--gpus-per-worker", args.gpus_per_worker is not None),
-                                ("--max-retries", args.max_retries != 3)) if v]
-        if given:
-            raise NorcalError(f"{', '.join(given)} only apply with --ray")
-        return None
-    gpus = args.gpus_per_worker if args.gpus_per_worker is not None else (1.0 if gpu else 0.0)
-    threads = getattr(args, "threads", None) or 1
-    options = RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.num_workers,
-                         gpus_per_worker=gpus, cpus_per_worker=1.0 if gpu else float(threads),
-                         threads=threads, max_retries=args.max_retries)
-    options.check()
-    require_ray()  # installed? before any work
-    return options
+    add_ray_arguments(p, gpus=True)
 
 
 def _image_id(path: Path, by_name: dict[str, int] | None):
