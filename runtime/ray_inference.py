@@ -278,7 +278,7 @@ def run_images_ray(make_runner: Callable[[], Runner], paths: Sequence[os.PathLik
         except NorcalError:
             raise
         except Exception as e:  # noqa: BLE001 - Ray wraps the worker's error in its own types
-            raise _worker_error(e, options.max_retries) from None
+            raise worker_error(e, options.max_retries) from None
     if next_batch != len(rows):  # Ray returned fewer batches than planned: never silently
         raise NorcalError(f"Ray returned {next_batch} of {len(rows)} batches")
 
@@ -314,7 +314,7 @@ def _emit(row: dict, failed, on_done) -> Iterator[ImageResults]:
         on_done(len(paths) + len(skipped))
 
 
-def _worker_error(e: BaseException, retries: int) -> NorcalError:
+def worker_error(e: BaseException, retries: int) -> NorcalError:
     """Ray's wrapped exception -> one line: our BatchFailed (the batch's first image and the
     cause) or a NorcalError raised in a worker. Ray passes the worker's exception on as the
     text of its traceback (the exception object itself does not survive), so it is read there."""
