@@ -33,6 +33,7 @@ from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
 
 INSTALL_HINT = "pip install 'norcal-deploy[ray]'"
+BATCHES_PER_BLOCK = 4  # planned batches per Ray Data block (one read task)
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,9 @@ def run_images_ray(make_runner: Callable[[], Runner], paths: Sequence[os.PathLik
     if not rows:
         return
     with ray_session(options) as ray, _quiet_data_context(options.max_retries):
-        ds = ray.data.from_items(rows, override_num_blocks=min(len(rows), 200))
+        # small blocks: a read task's batches reach the workers, and the driver, in order
+        # soon, so few finished batches wait for an earlier one
+        ds = ray.data.from_items(rows, override_num_blocks=-(-len(rows) // BATCHES_PER_BLOCK))
         ds = ds.map(_read_and_prepare, fn_kwargs={"spec": spec}, num_cpus=0,
                     compute=ray.data.TaskPoolStrategy(size=options.read_tasks))
         ds = _runner_pool(ray, ds, (make_runner, fmt), options)
