@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from norcal.cli.options import add_calibration_options, min_count_line
+from norcal.cli.options import add_calibration_options, add_ray_arguments, min_count_line, ray_options
 from norcal.cli.commands.export import CHECKPOINT_SUFFIXES
 from norcal.core.errors import NorcalError
 
@@ -40,11 +40,18 @@ The rows print in %; --json writes {"factor", "mechanism", "table", "num_images"
 "network_seconds", "cache_bytes", "best": {"gamma", "AP"}, "sweep": [{"gamma",
 "num_detections", "seconds", "stats": {AP, AP50, AP75, APs, APm, APl, APr, APc, APf, AR, ...}}]}
 (fractions in [0, 1], -1 where undefined); --plot writes AP, APr, APc, APf against gamma.
+
+--ray [ADDRESS] runs on a Ray cluster (pip install 'norcal-deploy[ray]'): --num-workers
+workers (one detector each, 1 torch thread) run the network pass and keep the cached head
+outputs in Ray's object store; for each chunk, one task per gamma re-scores them, and one task
+per gamma evaluates. The sweep equals the single-process one. ADDRESS as for `norcal infer`;
+the checkpoint, config and images must be readable at the same paths on every node.
 """
 
 # parameters of norcal.workflows.tune named in its errors -> the flags here
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
-         "table": "--table"}
+         "table": "--table", "address": "--ray", "num_workers": "--num-workers",
+         "max_retries": "--max-retries"}
 
 
 def _budget(text: str) -> float:
@@ -75,6 +82,7 @@ def add_arguments(p):
                         "(default 2; an LVIS model takes ~24 MB per image)")
     p.add_argument("--json", metavar="FILE", help="write the sweep as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write AP / APr / APc / APf against gamma")
+    add_ray_arguments(p, gpus=False)
 
 
 def run(args) -> int:
@@ -99,6 +107,7 @@ def run(args) -> int:
     if not (math.isfinite(args.max_cache_gb) and args.max_cache_gb > 0):
         raise NorcalError(f"--max-cache-gb must be a finite number > 0, got {args.max_cache_gb}")
     gammas = parse_gammas(args.gammas)
+    ray = ray_options(args)
     check_outputs([src, args.config, args.gt, args.table, args.images],
                   files={"--json": args.json, "--plot": args.plot})
     table = args.table  # None: tune picks the built-in table matching the model's class count
@@ -106,10 +115,17 @@ def run(args) -> int:
     console = Console(soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
-        result = tune(src, args.gt, args.images, gammas, table, config=args.config,
-                      factor=args.factor, mechanism=args.mechanism, batch_size=args.batch,
-                      max_cache_bytes=int(args.max_cache_gb * 2**30),
+        kwargs = dict(config=args.config, factor=args.factor, mechanism=args.mechanism,
+                      batch_size=args.batch, max_cache_bytes=int(args.max_cache_gb * 2**30),
                       progress=progress_bars(progress), min_count=args.min_count)
+        if ray is None:
+            result = tune(src, args.gt, args.images, gammas, table, **kwargs)
+        else:
+            from norcal.workflows.ray_tune import tune_ray
+
+            console.print(f"on Ray ({ray.address or 'default address'}, {ray.num_workers} "
+                          f"worker{'s' if ray.num_workers > 1 else ''})")
+            result = tune_ray(src, args.gt, args.images, gammas, table, options=ray, **kwargs)
     if args.min_count is not None:
         console.print(min_count_line(args.min_count, result.min_count_clamped))
     console.print(sweep_table(result))
