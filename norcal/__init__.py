@@ -30,6 +30,7 @@ _API = {
     "tune": "norcal.workflows.tune",
     "TuneResult": "norcal.workflows.tune",
     "SweepPoint": "norcal.workflows.tune",
+    "tune_ray": "norcal.workflows.ray_tune",
     # calibration tables
     "CalibrationTable": "norcal.core.tables",
     "load_table": "norcal.core.tables",
@@ -39,6 +40,9 @@ _API = {
     "ImageDetections": "norcal.runtime.postprocess",
     "detections_to_results": "norcal.runtime.results",
     "category_ids_from_annotations": "norcal.runtime.results",
+    # on a Ray cluster (the `ray` extra; Ray itself is imported only when these run)
+    "RayOptions": "norcal.runtime.ray_inference",
+    "run_images_ray": "norcal.runtime.ray_inference",
     # TensorRT and Triton
     "BuildOptions": "norcal.runtime.tensorrt_build",
     "build_engine": "norcal.workflows.build",
@@ -75,6 +79,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
     from norcal.evaluation import EvalResult, evaluate, evaluate_fixed, from_results, prepare_gt
     from norcal.runtime.inference import run_images
     from norcal.runtime.postprocess import ImageDetections
+    from norcal.runtime.ray_inference import RayOptions, run_images_ray
     from norcal.runtime.results import category_ids_from_annotations, detections_to_results
     from norcal.runtime.runners import open_runner
     from norcal.runtime.tensorrt_build import BuildOptions
@@ -82,4 +87,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
     from norcal.workflows.build import build_engine
     from norcal.workflows.export_job import (CheckpointExport, ExportResult, NorCal, calibrate_onnx,
                                              export_checkpoint, export_onnx_file)
+    from norcal.workflows.ray_tune import tune_ray
     from norcal.workflows.tune import SweepPoint, TuneResult, tune
