@@ -33,7 +33,10 @@ from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
 
 INSTALL_HINT = "pip install 'norcal-deploy[ray]'"
-BATCHES_PER_BLOCK = 4  # planned batches per Ray Data block (one read task)
+# Ray Data hands a worker a whole block at a time: one planned batch per block spreads the
+# batches over the pool and keeps finished batches close to input order; past this many
+# blocks (a backfill of millions of images), blocks hold several batches
+MAX_BLOCKS = 10_000
 
 
 @dataclass(frozen=True)
@@ -264,9 +267,7 @@ def run_images_ray(make_runner: Callable[[], Runner], paths: Sequence[os.PathLik
     if not rows:
         return
     with ray_session(options) as ray, _quiet_data_context(options.max_retries):
-        # small blocks: a read task's batches reach the workers, and the driver, in order
-        # soon, so few finished batches wait for an earlier one
-        ds = ray.data.from_items(rows, override_num_blocks=-(-len(rows) // BATCHES_PER_BLOCK))
+        ds = ray.data.from_items(rows, override_num_blocks=min(len(rows), MAX_BLOCKS))
         ds = ds.map(_read_and_prepare, fn_kwargs={"spec": spec}, num_cpus=0,
                     compute=ray.data.TaskPoolStrategy(size=options.read_tasks))
         ds = _runner_pool(ray, ds, (make_runner, fmt), options)
