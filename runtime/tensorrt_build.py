@@ -263,11 +263,11 @@ def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[s
         config.set_flag(trt.BuilderFlag.FP16)
     if options.int8:
         check_int8_model(model, options)
-        # explicit quantization: the Q/DQ scales are the ranges; no int8_calibrator is set
-        if not hasattr(trt.BuilderFlag, "INT8"):
-            raise NorcalError(f"TensorRT {trt.__version__} has no INT8 builder flag: build the Q/DQ model "
-                              f"as a strongly typed network (trtexec --stronglyTyped)", param="int8")
-        config.set_flag(trt.BuilderFlag.INT8)
+        # explicit quantization: the Q/DQ scales are the ranges, no int8_calibrator is set.
+        # TensorRT 10's weakly typed networks take the INT8 flag with Q/DQ; TensorRT 11 removed
+        # it (networks are strongly typed, the Q/DQ nodes alone make the layers int8)
+        if hasattr(trt.BuilderFlag, "INT8"):
+            config.set_flag(trt.BuilderFlag.INT8)
     profile, dynamic = builder.create_optimization_profile(), 0
     for i in range(network.num_inputs):
         tensor = network.get_input(i)

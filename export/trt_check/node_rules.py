@@ -295,7 +295,8 @@ def _rule_zero_point(idx, what):
 
 def _rule_qdq(zero_point: str):
     """Explicit quantization as TensorRT imports it: a constant scale, zero point 0 of a signed
-    type, per-channel scales only on constant (weight) inputs, one scale per channel of ``axis``."""
+    type, one scale per channel of ``axis``; per-channel scales on a computed (activation)
+    input are warned."""
     check_zero = _rule_zero_point(2, zero_point)
 
     def rule(n, facts, err, warn):
@@ -321,8 +322,10 @@ def _rule_qdq(zero_point: str):
         if get_attr(p, "block_size", 0):
             return  # blocked (INT4 weight) quantization: TensorRT's own rules, not checked here
         if not facts.is_const(p.input[0]):
-            err(f"per-channel scale ({size} values) on '{p.input[0]}', which is computed: TensorRT "
-                f"quantizes activations per tensor (one scale), weights per channel")
+            # TensorRT's INT8 scheme scales activations per tensor and weights per channel;
+            # a warning, as the parser's own message for the other case is not documented
+            warn(f"per-channel scale ({size} values) on '{p.input[0]}', which is computed: TensorRT "
+                 f"quantizes activations per tensor (one scale), weights per channel")
         dims = facts.shapes.get(p.input[0])
         axis = get_attr(p, "axis", 1)
         if dims is not None and -len(dims) <= axis < len(dims) and isinstance(dims[axis], int) \

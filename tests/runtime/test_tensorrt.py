@@ -432,9 +432,10 @@ def test_int8_builder_sets_the_int8_flag_and_no_calibrator(tmp_path, monkeypatch
         class BuilderFlag:
             FP16 = "FP16"
 
-    monkeypatch.setitem(sys.modules, "tensorrt", NoInt8())
-    with pytest.raises(NorcalError, match="no INT8 builder flag"):
-        build_engine(opts, *prepare(opts))
+    fake = NoInt8()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    assert build_engine(opts, *prepare(opts))["precision"] == "int8"  # the Q/DQ nodes suffice
+    assert not [c for c in fake.calls if c[0] == "flag"]
 
 
 @pytest.mark.tensorrt
