@@ -7,8 +7,8 @@ activations per tensor, biases left in float (TensorRT has no int32 Q/DQ), no Q/
 layers' outputs (TensorRT fuses the pair into the next layer). The activation ranges come from
 calibration images the caller feeds (:func:`quantize_int8`); ONNX Runtime's static quantizer
 does the work. fp16 converts the same layers (and the elementwise ops between them) to
-float16 with Casts at the boundary. Both keep :func:`norcal.export.fp32_region.fp32_nodes` in fp32: the
-NorCal node, the box predictor, decoding, NMS, TopK and the mask branch.
+float16 with Casts at the boundary. Both keep :func:`norcal.export.fp32_region.fp32_nodes`
+in fp32: the NorCal node, the box predictor, decoding, NMS, TopK and the mask branch.
 
 NVIDIA Model Optimizer (nvidia-modelopt) was tried first and is not used: its ONNX int8 path
 pins onnx below this project's version, replaces onnxruntime by onnxruntime-gpu and cupy, and

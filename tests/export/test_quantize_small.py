@@ -21,11 +21,14 @@ C = 4  # classes; logits have C + 1 entries (background last)
 
 
 def head_model(metadata=True) -> onnx.ModelProto:
-    """images [B,3,8,8] -> conv -> relu -> flatten -> fc -> relu -> {cls (logits) -> softmax -> top
-    score, bbox deltas -> box = deltas * 2}: a backbone, a box head, a box predictor, and
-    what follows the classifier."""
+    """images [B,3,8,8] -> conv -> relu -> flatten -> fc -> relu -> {cls (logits) -> softmax,
+    bbox deltas -> boxes = deltas * 2}: a backbone, a box head, a box predictor, and what
+    follows the classifier."""
     rng = np.random.default_rng(0)
-    w = lambda *s: numpy_helper.from_array(rng.normal(size=s).astype(np.float32) * 0.3, f"w{len(s)}_{s[0]}")  # noqa: E731
+
+    def w(*shape):
+        return numpy_helper.from_array(rng.normal(size=shape).astype(np.float32) * 0.3, f"w{len(shape)}_{shape[0]}")
+
     inits = [w(8, 3, 3, 3), w(16, 8 * 36), w(C + 1, 16), w(4, 16),
              numpy_helper.from_array(np.zeros(16, np.float32), "fc_b"),
              numpy_helper.from_array(np.array([2.0], np.float32), "two")]
