@@ -37,6 +37,9 @@ class QuantizeOptions:
 
 @dataclass
 class QuantizeResult:
+    """What was written: the model, its precision, how many images calibrated it (0 for fp16),
+    the calibration files left out as unreadable (path, reason), its Q/DQ node count, time."""
+
     output: Path
     precision: str
     calibration_images: int  # 0 for fp16
