@@ -11,6 +11,7 @@ survive quantization?
 
   .venv/bin/python bench/bench_quantize.py
   .venv/bin/python bench/bench_quantize.py --gamma 0.8 --calibration-images 120 --json q.json
+  .venv/bin/python bench/bench_quantize.py --calibration-images 8 --profile   # where the time goes
 """
 
 from __future__ import annotations
@@ -98,6 +99,40 @@ def run(models, d, table, spec, out_dir: Path, say):
     return rows
 
 
+def op_shares(models, d, images: int = 6) -> dict[str, list[tuple[str, float]]]:
+    """ONNX Runtime's profiler on the baseline's models: each op type's share of kernel time."""
+    import collections
+    import tempfile
+
+    import onnxruntime as ort
+
+    from norcal.core.contract import input_spec
+    from norcal.core.onnx_io import save_onnx
+    from norcal.runtime.images import read_rgb
+    from norcal.runtime.inference import prepare
+
+    out = {}
+    paths = sorted((d / "val").glob("*.png"))[:images]
+    with tempfile.TemporaryDirectory() as tmp:
+        for prec, model in next(iter(models.values())).items():
+            path = Path(tmp) / f"{prec}.onnx"
+            save_onnx(model, path)
+            opts = ort.SessionOptions()
+            opts.enable_profiling, opts.profile_file_prefix = True, str(Path(tmp) / prec)
+            sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            spec = input_spec({p.key: p.value for p in model.metadata_props})
+            for p in paths:
+                sess.run(None, prepare([read_rgb(p)], spec).feeds())
+            events = json.loads(Path(sess.end_profiling()).read_text())
+            per_op = collections.Counter()
+            for e in events:
+                if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+                    per_op[e["args"]["op_name"]] += e["dur"]
+            total = sum(per_op.values())
+            out[prec] = [(op, t / total) for op, t in per_op.most_common(6)]
+    return out
+
+
 def main(argv=None) -> int:
     import tempfile
 
@@ -105,6 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--gamma", type=float, default=0.8, help="NorCal gamma (default 0.8, the demo's tuned one)")
     p.add_argument("--calibration-images", type=int, default=120,
                    help="int8: the first N training-subset images calibrate (default all 120)")
+    p.add_argument("--profile", action="store_true",
+                   help="also print each op type's share of ONNX Runtime's kernel time (baseline models)")
     p.add_argument("--json", help="write the rows as JSON")
     args = p.parse_args(argv)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -122,6 +159,9 @@ def main(argv=None) -> int:
     print("NorCal's APr gain: " + ", ".join(f"{prec} {g:+.2f}" for prec, g in gains.items()))
     print(f"(box AP in %, LVIS evaluation of the validation images; latency: median per-image ratio "
           f"to the same setting's fp32 model, ONNX Runtime CPU, batch 1; {time.perf_counter() - t0:.0f} s)")
+    if args.profile:
+        for prec, shares in op_shares(models, d).items():
+            print(f"{prec} kernel time: " + ", ".join(f"{op} {100 * f:.0f}%" for op, f in shares))
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"gamma": args.gamma, "calibration_images": args.calibration_images, "apr_gain": gains,
