@@ -43,6 +43,10 @@ _API = {
     "BuildOptions": "norcal.runtime.tensorrt_build",
     "build_engine": "norcal.workflows.build",
     "write_triton_repo": "norcal.runtime.triton",
+    # int8 (Q/DQ) and fp16 variants
+    "QuantizeOptions": "norcal.workflows.quantize",
+    "QuantizeResult": "norcal.workflows.quantize",
+    "quantize_model": "norcal.workflows.quantize",
     # LVIS evaluation
     "evaluate": "norcal.evaluation",
     "evaluate_fixed": "norcal.evaluation",
@@ -82,4 +86,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
     from norcal.workflows.build import build_engine
     from norcal.workflows.export_job import (CheckpointExport, ExportResult, NorCal, calibrate_onnx,
                                              export_checkpoint, export_onnx_file)
+    from norcal.workflows.quantize import QuantizeOptions, QuantizeResult, quantize_model
     from norcal.workflows.tune import SweepPoint, TuneResult, tune
