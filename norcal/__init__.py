@@ -47,6 +47,10 @@ _API = {
     "BuildOptions": "norcal.runtime.tensorrt_build",
     "build_engine": "norcal.workflows.build",
     "write_triton_repo": "norcal.runtime.triton",
+    # int8 (Q/DQ) and fp16 variants
+    "QuantizeOptions": "norcal.workflows.quantize",
+    "QuantizeResult": "norcal.workflows.quantize",
+    "quantize_model": "norcal.workflows.quantize",
     # LVIS evaluation
     "evaluate": "norcal.evaluation",
     "evaluate_fixed": "norcal.evaluation",
@@ -87,5 +91,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
     from norcal.workflows.build import build_engine
     from norcal.workflows.export_job import (CheckpointExport, ExportResult, NorCal, calibrate_onnx,
                                              export_checkpoint, export_onnx_file)
+    from norcal.workflows.quantize import QuantizeOptions, QuantizeResult, quantize_model
     from norcal.workflows.ray_tune import tune_ray
     from norcal.workflows.tune import SweepPoint, TuneResult, tune

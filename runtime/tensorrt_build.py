@@ -47,6 +47,7 @@ class BuildOptions:
     onnx_path: Path
     engine_path: Path
     fp16: bool = False
+    int8: bool = False  # explicit quantization: the model must carry Q/DQ nodes (norcal quantize)
     batch: tuple[int, int, int] | None = None  # None: 1:4:8 where the model's batch is dynamic
     hw: tuple | None = None  # (min, opt, max) (H, W); None: the model's resize metadata
     workspace_gb: float | None = None  # None: TensorRT's default (the device's memory)
@@ -81,7 +82,7 @@ def _shapes_arg(profiles: dict[str, Profile], which: str) -> str:
 
 
 def trtexec_command(onnx_path, engine_path, profiles: dict[str, Profile], fp16: bool = False,
-                    workspace_gb: float | None = None, timing_cache=None) -> str:
+                    workspace_gb: float | None = None, timing_cache=None, int8: bool = False) -> str:
     """The trtexec command line that builds the same engine (for machines without Python TensorRT)."""
     args = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}"]
     if profiles:
@@ -90,6 +91,8 @@ def trtexec_command(onnx_path, engine_path, profiles: dict[str, Profile], fp16: 
                  f"--maxShapes={_shapes_arg(profiles, 'max')}"]
     if fp16:
         args.append("--fp16")
+    if int8:
+        args.append("--int8")  # with Q/DQ in the model: explicit quantization, no calibration
     if workspace_gb is not None:
         args.append(f"--memPoolSize=workspace:{workspace_mib(workspace_gb)}M")
     if timing_cache is not None:
@@ -139,7 +142,7 @@ def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dic
         "inputs": inputs,
         "outputs": outputs,
         "profile": {n: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)} for n, p in profiles.items()},
-        "precision": "fp16" if options.fp16 else "fp32",
+        "precision": precision_name(options),
         "workspace_gb": options.workspace_gb,
         "timing_cache": str(options.timing_cache) if options.timing_cache else None,
         "built_by": built_by,
@@ -165,14 +168,32 @@ def read_sidecar(engine_path) -> dict | None:
 
 # ----------------------------------------------------------------------------- build
 
+def precision_name(options: BuildOptions) -> str:
+    """What the sidecar records: fp32, fp16, int8 or int8+fp16 (int8 layers, fp16 for the rest)."""
+    if options.int8:
+        return "int8+fp16" if options.fp16 else "int8"
+    return "fp16" if options.fp16 else "fp32"
+
+
+def check_int8_model(model: onnx.ModelProto, options: BuildOptions) -> None:
+    """An int8 build takes an explicitly quantized model: TensorRT 10 deprecates the implicit
+    calibrator, so the ranges must be in the graph (norcal quantize writes them)."""
+    if not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
+        raise NorcalError(f"{options.onnx_path} has no QuantizeLinear nodes: int8 builds take an explicitly "
+                          f"quantized (Q/DQ) model; run norcal quantize {options.onnx_path} --images DIR "
+                          f"first and build its output", param="int8")
+
+
 def prepare(options: BuildOptions) -> tuple[onnx.ModelProto, dict[str, Profile], str]:
     """Load the model; return it, its profiles and the trtexec line (the TensorRT check is the caller's)."""
     from norcal.core.onnx_io import load_onnx
 
     model = load_onnx(options.onnx_path)
+    if options.int8:
+        check_int8_model(model, options)
     profiles = engine_profiles(model, options)
     cmd = trtexec_command(options.onnx_path, options.engine_path, profiles, options.fp16,
-                          options.workspace_gb, options.timing_cache)
+                          options.workspace_gb, options.timing_cache, int8=options.int8)
     return model, profiles, cmd
 
 
@@ -240,6 +261,13 @@ def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[s
             raise NorcalError(f"TensorRT {trt.__version__} has no FP16 builder flag: convert the ONNX "
                               f"model to mixed precision first and build without fp16", param="fp16")
         config.set_flag(trt.BuilderFlag.FP16)
+    if options.int8:
+        check_int8_model(model, options)
+        # explicit quantization: the Q/DQ scales are the ranges, no int8_calibrator is set.
+        # TensorRT 10's weakly typed networks take the INT8 flag with Q/DQ; TensorRT 11 removed
+        # it (networks are strongly typed, the Q/DQ nodes alone make the layers int8)
+        if hasattr(trt.BuilderFlag, "INT8"):
+            config.set_flag(trt.BuilderFlag.INT8)
     profile, dynamic = builder.create_optimization_profile(), 0
     for i in range(network.num_inputs):
         tensor = network.get_input(i)

@@ -8,6 +8,7 @@ runtime's own pre-processing.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,16 @@ def batch(indices, divisibility: int = 32, fixture: Path = FIXTURE):
         out[n, :, :im.shape[0], :im.shape[1]] = im.transpose(2, 0, 1)
     sizes = np.array([i.shape[:2] for i in imgs], np.int64)
     return out, sizes
+
+
+def manifest_table(fixture: Path):
+    """The counts a fixture's NorCal settings used (its manifest), as a calibration table."""
+    from norcal.core.tables import CalibrationTable, frequency_group
+
+    counts = json.loads((fixture / "manifest.json").read_text())["lvis_v1_image_counts"]
+    cats = [{"id": i + 1, "name": f"class{i}", "image_count": n, "frequency": frequency_group(n)}
+            for i, n in enumerate(counts)]
+    return CalibrationTable(name=fixture.name, source="manifest.json", count_type="image", categories=cats)
 
 
 def lvis_counts() -> np.ndarray:

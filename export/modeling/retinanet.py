@@ -132,29 +132,29 @@ class RetinaNet(nn.Module):
         return calibrate(logits, self.log_prior.to(logits.device), mechanism=self.mechanism,
                          renormalize=self.renormalize, activation="sigmoid", background="none")
 
-    def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
-                  intermediates: bool = False) -> dict[str, torch.Tensor]:
-        """Detections by name; with ``intermediates`` also ``cls_logits`` [B, N, C] and
-        ``box_deltas`` [B, N, 4] over all levels' anchors (N = sum of H*W*A)."""
+    def head_outputs(self, images: torch.Tensor, image_sizes: torch.Tensor) -> list[tuple]:
+        """Backbone and head: per level (logits [B, n, C], deltas [B, n, 4], anchors [n, 4],
+        inside [B, n]) with n = H*W*A; ``inside`` is 0 for anchors on another image's padding."""
         masks = PaddingMasks(image_sizes, self.size_divisibility)
         x = masks.apply_image((images - self.pixel_mean) / self.pixel_std)
         features = self.backbone(x, masks)
         anchors = self.anchor_generator(features)
         a = self.anchor_generator.num_anchors
-        logits, deltas, inside = [], [], []
-        for f, stride in zip(features, self.anchor_generator.strides):
+        levels = []
+        for f, stride, anc in zip(features, self.anchor_generator.strides, anchors):
             m = masks.mask(stride, f)
             lg, dl = self.head(f, m)
-            logits.append(lg)
-            deltas.append(dl)
-            b = lg.shape[0]
             # anchors on another image's padding do not exist for this image in detectron2
-            inside.append(m[:, 0, :, :, None].expand(-1, -1, -1, a).reshape(b, -1))
-        cls_logits = torch.cat(logits, dim=1)
-        scores = self.probs(cls_logits)
+            inside = m[:, 0, :, :, None].expand(-1, -1, -1, a).reshape(lg.shape[0], -1)
+            levels.append((lg, dl, anc, inside))
+        return levels
+
+    def candidates(self, levels: list[tuple], scores: torch.Tensor):
+        """Every level's top candidates from ``scores`` [B, sum(n), C] (the levels' logits'
+        activations): boxes [B, R, 4], scores [B, R], classes [B, R], R = levels x top-k."""
         boxes, top_scores, classes = [], [], []
         start = 0
-        for lg, dl, anc, ins in zip(logits, deltas, anchors, inside):
+        for lg, dl, anc, ins in levels:
             n = lg.shape[1]
             s = scores[:, start:start + n] * ins[:, :, None]
             start = start + n
@@ -162,9 +162,17 @@ class RetinaNet(nn.Module):
             boxes.append(bx)
             top_scores.append(sc)
             classes.append(cl)
-        out = self._nms(torch.cat(boxes, 1), torch.cat(top_scores, 1), torch.cat(classes, 1))
+        return torch.cat(boxes, 1), torch.cat(top_scores, 1), torch.cat(classes, 1)
+
+    def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
+                  intermediates: bool = False) -> dict[str, torch.Tensor]:
+        """Detections by name; with ``intermediates`` also ``cls_logits`` [B, N, C] and
+        ``box_deltas`` [B, N, 4] over all levels' anchors (N = sum of H*W*A)."""
+        levels = self.head_outputs(images, image_sizes)
+        cls_logits = torch.cat([lv[0] for lv in levels], dim=1)
+        out = self.nms(*self.candidates(levels, self.probs(cls_logits)))
         if intermediates:
-            out.update(cls_logits=cls_logits, box_deltas=torch.cat(deltas, dim=1))
+            out.update(cls_logits=cls_logits, box_deltas=torch.cat([lv[1] for lv in levels], dim=1))
         return out
 
     def _candidates(self, scores: torch.Tensor, deltas: torch.Tensor, anchors: torch.Tensor):
@@ -184,7 +192,7 @@ class RetinaNet(nn.Module):
         top = torch.where(top > self.score_thresh, top, torch.zeros_like(top))
         return boxes, top, cls
 
-    def _nms(self, boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor) -> dict:
+    def nms(self, boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor) -> dict:
         """Class-wise NMS over the candidates [B, R, ...] of all levels, then the top K."""
         b, r = boxes.shape[0], boxes.shape[1]
         dense = scores.new_zeros((b, self.num_classes, r))

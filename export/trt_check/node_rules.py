@@ -293,6 +293,47 @@ def _rule_zero_point(idx, what):
     return rule
 
 
+def _rule_qdq(zero_point: str):
+    """Explicit quantization as TensorRT imports it: a constant scale, zero point 0 of a signed
+    type, one scale per channel of ``axis``; per-channel scales on a computed (activation)
+    input are warned."""
+    check_zero = _rule_zero_point(2, zero_point)
+
+    def rule(n, facts, err, warn):
+        p = n.proto
+        check_zero(n, facts, err, warn)
+        zp = _const_input(p, 2)
+        if zp is not None and facts.types.get(zp) in (TensorProto.UINT8, TensorProto.UINT16):
+            err(f"{zero_point} is {type_name(facts.types[zp])}: TensorRT quantizes to signed INT8 "
+                f"(symmetric, zero point 0), not to unsigned types")
+        scale = _const_input(p, 1)
+        if scale is None:
+            return
+        if not facts.is_const(scale):
+            err(f"scale '{scale}' must be a build-time constant for TensorRT")
+            return
+        v = facts.value(scale)
+        size = int(np.asarray(v).size) if v is not None else None
+        if size is None:
+            dims = facts.static_shape(scale)
+            size = int(np.prod(dims)) if dims is not None else None
+        if size is None or size <= 1:
+            return
+        if get_attr(p, "block_size", 0):
+            return  # blocked (INT4 weight) quantization: TensorRT's own rules, not checked here
+        if not facts.is_const(p.input[0]):
+            # TensorRT's INT8 scheme scales activations per tensor and weights per channel;
+            # a warning, as the parser's own message for the other case is not documented
+            warn(f"per-channel scale ({size} values) on '{p.input[0]}', which is computed: TensorRT "
+                 f"quantizes activations per tensor (one scale), weights per channel")
+        dims = facts.shapes.get(p.input[0])
+        axis = get_attr(p, "axis", 1)
+        if dims is not None and -len(dims) <= axis < len(dims) and isinstance(dims[axis], int) \
+                and dims[axis] != size:
+            err(f"axis={axis} has {dims[axis]} channels but the scale has {size} values")
+    return rule
+
+
 _RULES = {
     "TopK": _rule_topk,
     "RoiAlign": _rule_roialign,
@@ -313,6 +354,6 @@ _RULES = {
     "CumSum": _rule_build_time_input(1, "axis"),
     "OneHot": _rule_build_time_input(1, "depth"),
     "LayerNormalization": _rule_layernorm,
-    "QuantizeLinear": _rule_zero_point(2, "y_zero_point"),
-    "DequantizeLinear": _rule_zero_point(2, "x_zero_point"),
+    "QuantizeLinear": _rule_qdq("y_zero_point"),
+    "DequantizeLinear": _rule_qdq("x_zero_point"),
 }

@@ -59,6 +59,13 @@ CLASSIFIER_BACKGROUND = "norcal.classifier_background"
 # what the export says about the graph itself (kept by --strip, like the runtime keys)
 GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND})
 
+# Precision keys: what `norcal quantize` did to the graph (absent: an fp32 graph). They describe
+# the graph, not the NorCal node, so stripping keeps them.
+PRECISION = "norcal.precision"  # int8 (explicit Q/DQ) or fp16 (mixed: NorCal, NMS, decoding in fp32)
+QUANTIZATION = "norcal.quantization"  # how: tool, version, method, e.g. "onnxruntime 1.32.0 quantize_static ..."
+CALIBRATION_IMAGES = "norcal.calibration_images"  # int8: how many images calibrated the activation ranges
+PRECISION_KEYS = frozenset({PRECISION, QUANTIZATION, CALIBRATION_IMAGES})
+
 # The NorCal node: ai.norcal::NorCal(logits, norcal.log_prior) backed by a model-local function.
 NODE_DOMAIN = "ai.norcal"
 NODE_OP_TYPE = "NorCal"

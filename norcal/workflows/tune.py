@@ -17,6 +17,12 @@ The cache holds per image P x (C+1) logits and P x 4C deltas (float32): 48 image
 ``tune`` therefore streams: images go through in chunks that fit a memory budget, each chunk
 is re-scored at every gamma and dropped, and only the detections (<= 300 per image and
 gamma) are kept for the evaluation at the end.
+
+RetinaNet has no box predictor to re-run: its per-level candidates (the top-k (anchor, class)
+pairs above the score threshold, per level) are chosen by the calibrated scores themselves, so
+they change with gamma. Its cache (:class:`CandidateCache`) holds, per image and per gamma of
+the sweep, those candidates (boxes, scores, classes: levels x top-k, ~120 kB per image and
+gamma); re-scoring is then the class-wise NMS and the top-K cut.
 """
 
 from __future__ import annotations
@@ -75,9 +81,36 @@ class HeadCache:
                    (self.proposals, self.valid, self.cls_logits, self.box_deltas))
 
 
-def estimate_cache_bytes(spec, num_images: int) -> int:
+@dataclass
+class CandidateCache:
+    """RetinaNet's per-level candidates for N images at each gamma of a sweep (resized-image
+    coordinates): boxes float32 [N, G, R, 4], scores float32 [N, G, R] (0: none), classes int64
+    [N, G, R], R = levels x top-k; ``priors`` the G log priors they were chosen with."""
+
+    image_ids: list
+    boxes: Any
+    scores: Any
+    classes: Any
+    image_sizes: np.ndarray
+    original_sizes: np.ndarray
+    priors: list
+    mechanism: str
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.numel() * t.element_size()) for t in (self.boxes, self.scores, self.classes))
+
+
+def estimate_cache_bytes(spec, num_images: int, num_gammas: int = 1) -> int:
     """Upper bound of the cache for ``num_images``: P = the RPN's post-NMS top-k proposals,
-    each with C+1 logits, K*4 deltas, a box and a valid flag (float32 / bool)."""
+    each with C+1 logits, K*4 deltas, a box and a valid flag (float32 / bool). RetinaNet: per
+    gamma, levels x top-k candidates, each a box, a score and a class (float32 / int64)."""
+    if spec.meta_architecture == RETINANET:
+        levels = 5  # P3-P7
+        return int(num_images) * int(num_gammas) * levels * spec.retinanet_topk_candidates * (16 + 4 + 8)
     k = 1 if spec.cls_agnostic_bbox_reg else spec.num_classes
     stages = max(len(spec.cascade_bbox_reg_weights), 1)
     per_proposal = 4 * (stages * (spec.num_classes + 1) + 4 * k + 4) + 1
@@ -127,48 +160,85 @@ def _pad_to(t, p: int, value=0):
     return torch.cat([t, pad], dim=1)
 
 
-def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], batch_size: int = 4,
-                       on_done: Callable[[int], None] | None = None) -> HeadCache:
-    """Run ``model`` (our PyTorch detector, eval mode) once over ``images`` ((image_id, path)
-    pairs) in padded batches prepared as the exported graph's host code does
-    (:func:`norcal.runtime.preprocess.prepare_batch`) and cache the box predictor's inputs."""
-    import torch
-
+def _batches(spec, images: Sequence[tuple[Any, os.PathLike]], batch_size: int):
+    """(image ids, prepared batch) for ``images`` ((image_id, path) pairs), padded and batched
+    as the exported graph's host code does (:func:`norcal.runtime.preprocess.prepare_batch`)."""
     from norcal.runtime.images import read_images, unreadable_error
     from norcal.runtime.preprocess import prepare_batch
 
     if batch_size < 1:
         raise NorcalError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
+    if not images:
+        raise NorcalError("no images to cache")
+    for s in range(0, len(images), batch_size):
+        chunk = images[s:s + batch_size]
+        bad: list = []
+        arrays = read_images([path for _, path in chunk], skipped=bad)
+        if bad:  # name the first, count the unreadable ones in the whole rest
+            rest = [Path(p) for _, p in images[s:]]
+            rest = rest[rest.index(bad[0][0]) + 1:]
+            raise unreadable_error(bad[0][0], bad[0][1], rest, skippable=False)
+        yield [i for i, _ in chunk], prepare_batch(arrays, spec.min_size_test, spec.max_size_test,
+                                                   "BGR", spec.size_divisibility)
+
+
+def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], batch_size: int = 4,
+                       on_done: Callable[[int], None] | None = None) -> HeadCache:
+    """Run ``model`` (our PyTorch R-CNN, eval mode) once over ``images`` ((image_id, path)
+    pairs) in padded batches and cache the box predictor's inputs."""
+    import torch
+
     parts: dict[str, list] = {k: [] for k in ("proposals", "proposal_valid", "cls_logits", "box_deltas")}
     sizes, originals, ids = [], [], []
     with torch.no_grad(), _heads_only(model):
-        for s in range(0, len(images), batch_size):
-            chunk = images[s:s + batch_size]
-            bad: list = []
-            arrays = read_images([path for _, path in chunk], skipped=bad)
-            if bad:  # name the first, count the unreadable ones in the whole rest
-                rest = [Path(p) for _, p in images[s:]]
-                rest = rest[rest.index(bad[0][0]) + 1:]
-                raise unreadable_error(bad[0][0], bad[0][1], rest, skippable=False)
-            b = prepare_batch(arrays, spec.min_size_test, spec.max_size_test, "BGR",
-                              spec.size_divisibility)
+        for chunk_ids, b in _batches(spec, images, batch_size):
             out = model.inference(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes),
                                   intermediates=True)
             for k, v in _head_inputs(out).items():
                 parts[k].append(v.detach().cpu())
             sizes.append(b.image_sizes)
             originals.append(b.original_sizes)
-            ids.extend(i for i, _ in chunk)
+            ids.extend(chunk_ids)
             if on_done:
-                on_done(len(chunk))
-    if not ids:
-        raise NorcalError("no images to cache")
+                on_done(len(chunk_ids))
     p = max(t.shape[1] for t in parts["proposals"])
     cat = {k: torch.cat([_pad_to(t, p, False if k == "proposal_valid" else 0) for t in v])
            for k, v in parts.items()}
     return HeadCache(image_ids=ids, proposals=cat["proposals"], valid=cat["proposal_valid"],
                      cls_logits=cat["cls_logits"], box_deltas=cat["box_deltas"],
                      image_sizes=np.concatenate(sizes), original_sizes=np.concatenate(originals))
+
+
+def cache_candidates(model, spec, images: Sequence[tuple[Any, os.PathLike]], priors: Sequence,
+                     mechanism: str = "exp", batch_size: int = 4,
+                     on_done: Callable[[int], None] | None = None) -> CandidateCache:
+    """Run a RetinaNet (our PyTorch model, eval mode) once over ``images`` and keep, for each
+    of ``priors`` ([C] log a_c, background none; None: the plain sigmoid), the levels'
+    candidates chosen by the scores NorCal gives at that prior, as the graph's NorCal node
+    (in place of the one Sigmoid) gives them."""
+    import torch
+
+    parts: dict[str, list] = {"boxes": [], "scores": [], "classes": []}
+    sizes, originals, ids = [], [], []
+    with torch.no_grad():
+        for chunk_ids, b in _batches(spec, images, batch_size):
+            levels = model.head_outputs(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes))
+            logits = torch.cat([lv[0] for lv in levels], dim=1)
+            per_prior = [model.candidates(levels, torch.sigmoid(logits) if prior is None else
+                                          calibration.calibrate(logits, prior, mechanism, False,
+                                                                "sigmoid", "none"))
+                         for prior in priors]
+            for k, key in enumerate(("boxes", "scores", "classes")):
+                parts[key].append(torch.stack([c[k] for c in per_prior], dim=1))
+            sizes.append(b.image_sizes)
+            originals.append(b.original_sizes)
+            ids.extend(chunk_ids)
+            if on_done:
+                on_done(len(chunk_ids))
+    cat = {k: torch.cat(v) for k, v in parts.items()}
+    return CandidateCache(image_ids=ids, boxes=cat["boxes"], scores=cat["scores"], classes=cat["classes"],
+                          image_sizes=np.concatenate(sizes), original_sizes=np.concatenate(originals),
+                          priors=list(priors), mechanism=mechanism)
 
 
 # ----------------------------------------------------------------------------- re-scoring
@@ -219,6 +289,31 @@ def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: st
                     torch.from_numpy(cache.image_sizes[sl]))
                 outputs = {"num_detections": num.numpy(), "boxes": boxes.numpy(),
                            "scores": scores.numpy(), "classes": classes.numpy()}
+                out.extend(split_outputs(outputs, cache.image_sizes[sl], cache.original_sizes[sl]))
+    finally:
+        torch.set_num_threads(saved_threads)
+    return out
+
+
+def rescore_candidates(model, cache: CandidateCache, index: int, batch_size: int = 16,
+                       threads: int | None = 1):
+    """RetinaNet's detections at the ``index``-th prior of ``cache``: class-wise NMS over the
+    cached candidates and the top K, as the model's own; a list of
+    :class:`norcal.runtime.postprocess.ImageDetections` in original image coordinates."""
+    import torch
+
+    from norcal.runtime.postprocess import split_outputs
+
+    saved_threads = torch.get_num_threads()
+    out = []
+    try:
+        if threads:
+            torch.set_num_threads(int(threads))
+        with torch.no_grad():
+            for s in range(0, len(cache), batch_size):
+                sl = slice(s, s + batch_size)
+                det = model.nms(cache.boxes[sl, index], cache.scores[sl, index], cache.classes[sl, index])
+                outputs = {k: det[k].numpy() for k in ("num_detections", "boxes", "scores", "classes")}
                 out.extend(split_outputs(outputs, cache.image_sizes[sl], cache.original_sizes[sl]))
     finally:
         torch.set_num_threads(saved_threads)
@@ -285,10 +380,16 @@ class TuneResult:
 
 
 def _priors(table: CalibrationTable, gammas: Sequence[float], factor: str,
-            min_count: float | None = None) -> tuple[list, int]:
+            min_count: float | None = None, background: str = "last") -> tuple[list, int]:
     counts, clamped = table.clamped_counts(None, min_count)
-    return [None if g == 0 else log_prior(counts, check_gamma(g, factor), factor, "last",
+    return [None if g == 0 else log_prior(counts, check_gamma(g, factor), factor, background,
                                           names=table.names) for g in gammas], clamped
+
+
+def _same_priors(a: Sequence, b: Sequence) -> bool:
+    return len(a) == len(b) and all(
+        (x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
+        for x, y in zip(a, b))
 
 
 def _concat(parts: list):
@@ -309,15 +410,24 @@ class _Accumulator:
                               f"{table.name!r} has {table.num_classes}")
         self.predictor, self.table, self.mechanism = predictor, table, mechanism
         self.gammas = [float(g) for g in gammas]
-        self.priors, self.clamped = _priors(table, gammas, factor, min_count)
+        # a sigmoid detector without a background slot (RetinaNet) takes a [C] prior
+        background = "none" if hasattr(predictor, "candidates") else "last"
+        self.priors, self.clamped = _priors(table, gammas, factor, min_count, background)
         self.batch_size = batch_size
         self.parts: list[list] = [[] for _ in self.gammas]
         self.seconds = [0.0] * len(self.gammas)
 
-    def add(self, cache: HeadCache, on_step: Callable[[int], None] | None = None) -> None:
+    def add(self, cache: HeadCache | CandidateCache, on_step: Callable[[int], None] | None = None) -> None:
+        if isinstance(cache, CandidateCache) and not (
+                cache.mechanism == self.mechanism and _same_priors(cache.priors, self.priors)):
+            raise NorcalError("the candidate cache was made for other gammas, counts or mechanism "
+                              "than this sweep's")
         for k, prior in enumerate(self.priors):
             t0 = time.perf_counter()
-            dets = rescore(self.predictor, cache, prior, self.mechanism, self.batch_size)
+            if isinstance(cache, CandidateCache):
+                dets = rescore_candidates(self.predictor, cache, k, self.batch_size)
+            else:
+                dets = rescore(self.predictor, cache, prior, self.mechanism, self.batch_size)
             self.parts[k].append(to_eval_detections(cache.image_ids, dets, self.table.category_ids))
             self.seconds[k] += time.perf_counter() - t0
             if on_step:
@@ -341,14 +451,15 @@ class _Accumulator:
         return points
 
 
-def sweep(predictor, cache: HeadCache, gt, table: CalibrationTable, gammas: Sequence[float],
+def sweep(predictor, cache: HeadCache | CandidateCache, gt, table: CalibrationTable, gammas: Sequence[float],
           factor: str = "cdt", mechanism: str = "exp", batch_size: int = 16,
           on_gamma: Callable[[SweepPoint], None] | None = None,
           min_count: float | None = None) -> list[SweepPoint]:
     """Evaluate (LVIS bbox AP, top 300 per image) NorCal at each gamma on cached images.
 
     gt: a prepared GT (:func:`norcal.evaluation.prepare_gt`) or its path; table: N_c and the
-    class -> category id map (the model's class order)."""
+    class -> category id map (the model's class order). predictor: the box predictor (a
+    RetinaNet: the model, with a :class:`CandidateCache` made for these gammas)."""
     from norcal.evaluation import prepare_gt
 
     acc = _Accumulator(predictor, table, gammas, factor, mechanism, batch_size, min_count)
@@ -416,9 +527,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     pairs = images_from_gt(gt_data, images, str(gt))
     unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
     spec, model = load_detector(weights, config)
-    if spec.meta_architecture == RETINANET:
-        raise NorcalError("tune does not support RetinaNet yet (its candidates per level change with "
-                          "gamma); export it at each gamma and compare with norcal eval")
+    retina = spec.meta_architecture == RETINANET
     if table is None:
         from norcal.export.calibrate_onnx import default_table
 
@@ -428,7 +537,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
                           f"has {table.num_classes}")
     prepared = prepare_gt(gt_data, table, where=str(gt))
     check_table_matches(table, prepared)
-    per_image = estimate_cache_bytes(spec, 1)
+    per_image = estimate_cache_bytes(spec, 1, len(gammas))
     chunk = max(1, int(max_cache_bytes // per_image))
     if chunk < batch_size:
         raise NorcalError(f"one batch of {batch_size} images needs up to "
@@ -444,12 +553,16 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
 
     net_step = bar("network pass", len(pairs))
     sweep_step = bar("re-scoring", len(pairs) * len(gammas))
-    acc = _Accumulator(model.roi_heads.box_predictor, table, gammas, factor, mechanism,
-                       max(batch_size, 8), min_count)
+    acc = _Accumulator(model if retina else model.roi_heads.box_predictor, table, gammas, factor,
+                       mechanism, max(batch_size, 8), min_count)
     network, peak = 0.0, 0
     for s in range(0, len(pairs), chunk):
         t0 = time.perf_counter()
-        cache = cache_head_outputs(model, spec, pairs[s:s + chunk], batch_size, net_step)
+        if retina:
+            cache = cache_candidates(model, spec, pairs[s:s + chunk], acc.priors, mechanism,
+                                     batch_size, net_step)
+        else:
+            cache = cache_head_outputs(model, spec, pairs[s:s + chunk], batch_size, net_step)
         network += time.perf_counter() - t0
         peak = max(peak, cache.nbytes)
         acc.add(cache, sweep_step)

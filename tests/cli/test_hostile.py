@@ -409,6 +409,38 @@ case("parity-json-folder")(lambda w, t: (_parity(w, t)[:-2] + ["--json", str(t)]
 case("parity-batch-negative")(lambda w, t: (_parity(w, t, extra=["--batch", "-1"]), "--batch", [t / "p.json"]))
 
 
+
+# ---------------------------------------------------------------- quantize / build --int8
+def _quantize(w, t, model=None, images=None, extra=()):
+    imgs = images if images is not None else w / "images"
+    return ["quantize", str(model or w / "tiny.onnx"), "--images", str(imgs), *extra, "-o", str(t / "o.onnx")]
+
+
+for k in FILE_KINDS:
+    case(f"quantize-model-{k}")(lambda w, t, k=k: (
+        _quantize(w, t, model=bad(t, k, "m.onnx", (w / "tiny.onnx").read_bytes())), "m.onnx", [t / "o.onnx"]))
+    if k != "missing":
+        case(f"quantize-image-{k}")(lambda w, t, k=k: (
+            _quantize(w, t, images=_imgs(t, k)), "x.png", [t / "o.onnx"]))
+case("quantize-model-without-metadata")(lambda w, t: (
+    _quantize(w, t, model=w / "cls.onnx"), "no norcal.min_size_test, norcal.max_size_test, "
+                                           "norcal.classifier_logits metadata", [t / "o.onnx"]))
+case("quantize-images-missing")(lambda w, t: (
+    _quantize(w, t, images=t / "nope"), "--images", [t / "o.onnx"]))
+case("quantize-images-empty")(lambda w, t: (
+    _quantize(w, t, images=(t / "empty").mkdir() or t / "empty"), "no image files", [t / "o.onnx"]))
+case("quantize-images-none")(lambda w, t: (
+    _quantize(w, t)[:2] + ["-o", str(t / "o.onnx")], "--images", [t / "o.onnx"]))
+case("quantize-fp16-with-images")(lambda w, t: (
+    _quantize(w, t, extra=["--precision", "fp16"]), "--images", [t / "o.onnx"]))
+case("quantize-num-images-zero")(lambda w, t: (
+    _quantize(w, t, extra=["--num-images", "0"]), "--num-images", [t / "o.onnx"]))
+case("quantize-output-is-model")(lambda w, t: (
+    _quantize(w, t)[:-2] + ["-o", str(w / "tiny.onnx")], "-o", []))
+case("build-int8-without-qdq")(lambda w, t: (
+    ["build", str(w / "tiny.onnx"), "--int8", "--trtexec-only", "-o", str(t / "e.engine")],
+    "run norcal quantize", [t / "e.engine", t / "e.engine.json"]))
+
 def _run(argv):
     if argv[0] == "norcal-export":
         return export_main(argv[1:])

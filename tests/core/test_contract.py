@@ -15,10 +15,11 @@ def test_every_key_is_defined_once_and_grouped():
     keys = _keys()
     values = [v for name, v in keys.items() if name != "PRIOR_NAME"]
     assert len(values) == len(set(values))  # no two constants share a key
-    grouped = contract.NODE_KEYS | contract.RUNTIME_KEYS | contract.GRAPH_KEYS
+    grouped = contract.NODE_KEYS | contract.RUNTIME_KEYS | contract.GRAPH_KEYS | contract.PRECISION_KEYS
     assert set(values) == grouped  # every key belongs to exactly one group
     assert not contract.NODE_KEYS & contract.RUNTIME_KEYS
     assert not contract.GRAPH_KEYS & (contract.NODE_KEYS | contract.RUNTIME_KEYS)
+    assert not contract.PRECISION_KEYS & (contract.NODE_KEYS | contract.RUNTIME_KEYS | contract.GRAPH_KEYS)
 
 
 def test_runtime_keys_are_the_runners_contract():

@@ -8,7 +8,6 @@ so the batch also tests that the graph masks each image back to its own extent.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +16,9 @@ import pytest
 import torch
 
 import golden as G
+from golden import manifest_table
 from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core.calibration import log_prior
-from norcal.core.tables import CalibrationTable, frequency_group
 from norcal.export.calibrate_onnx import calibrate_onnx
 from norcal.export.loader import load_detector_spec
 from norcal.export.modeling.build import model_from_state
@@ -40,14 +39,6 @@ HOST_ONLY = {"min_size_test", "max_size_test", "provenance"}
 
 def _paths(arch: str) -> tuple[Path, Path]:
     return ARCHS[arch] / "model_final.pth", ARCHS[arch] / "config.yaml"
-
-
-def manifest_table(fixture: Path) -> CalibrationTable:
-    """The counts the fixture's NorCal settings used (its manifest), as a calibration table."""
-    counts = json.loads((fixture / "manifest.json").read_text())["lvis_v1_image_counts"]
-    cats = [{"id": i + 1, "name": f"class{i}", "image_count": n, "frequency": frequency_group(n)}
-            for i, n in enumerate(counts)]
-    return CalibrationTable(name=fixture.name, source="manifest.json", count_type="image", categories=cats)
 
 
 class Arch:

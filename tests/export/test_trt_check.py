@@ -320,3 +320,52 @@ def test_custom_domains_and_function_name_clash():
     assert set(_errors(r)) == {("function ai.norcal.Softmax", "Softmax"), ("frob", "Frobnicate")}
     assert {(w.node, w.op_type) for w in r.warnings} == {("custom_softmax", "Softmax"),
                                                          ("nms_plugin", "EfficientNMS_TRT")}
+
+
+def _qdq_conv_model(act_scale, w_scale, w_axis=0, zp_type=T.INT8, scale_from_input=False):
+    """x -Q/DQ-> Conv(DQ(int8 weight)): explicit quantization as TensorRT takes it, with the
+    scales and zero point's type given."""
+    w = h.make_tensor("w_q", T.INT8, [4, 3, 3, 3], np.ones(108, np.int8))
+    inits = [w, h.make_tensor("w_scale", T.FLOAT, [len(w_scale)], w_scale),
+             h.make_tensor("w_zp", T.INT8, [len(w_scale)], [0] * len(w_scale)),
+             h.make_tensor("x_zp", zp_type, [len(act_scale)] if len(act_scale) > 1 else [], [0] * len(act_scale))]
+    if scale_from_input:
+        nodes = [h.make_node("Identity", ["s"], ["x_scale"], name="computed_scale")]
+    else:
+        inits.append(h.make_tensor("x_scale", T.FLOAT, [len(act_scale)] if len(act_scale) > 1 else [], act_scale))
+        nodes = []
+    axis = {"axis": 1} if len(act_scale) > 1 else {}
+    nodes += [h.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"], name="q_x", **axis),
+              h.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"], name="dq_x", **axis),
+              h.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w"], name="dq_w", axis=w_axis),
+              h.make_node("Conv", ["xd", "w"], ["y"], name="conv")]
+    inputs = [_vi("x", T.FLOAT, [1, 3, 8, 8])] + ([_vi("s", T.FLOAT, [])] if scale_from_input else [])
+    return _model(nodes, inputs, [_vi("y", T.FLOAT, [1, 4, 6, 6])], inits, opset=17)
+
+
+def test_qdq_as_tensorrt_wants_passes_and_each_departure_fails():
+    good = _qdq_conv_model([0.1], [0.5, 0.25, 0.125, 1.0])
+    _runs_in_ort(good, {"x": np.ones((1, 3, 8, 8), np.float32)})
+    assert check_model(good).compatible, [str(f) for f in check_model(good).findings]
+    # uint8 activations (asymmetric ONNX Runtime default for CPUs): TensorRT quantizes to INT8
+    assert ("q_x", "QuantizeLinear") in _errors(check_model(_qdq_conv_model([0.1], [0.5] * 4, zp_type=T.UINT8)))
+    # one scale per channel of an activation: TensorRT's INT8 scales activations per tensor (warned)
+    per_channel_act = check_model(_qdq_conv_model([0.1, 0.2, 0.3], [0.5] * 4))
+    assert per_channel_act.compatible
+    assert {(f.node, f.op_type) for f in per_channel_act.warnings} == {("q_x", "QuantizeLinear"),
+                                                                       ("dq_x", "DequantizeLinear")}
+    # a scale computed in the graph: TensorRT needs it at build time
+    computed = check_model(_qdq_conv_model([0.1], [0.5] * 4, scale_from_input=True))
+    assert {("q_x", "QuantizeLinear"), ("dq_x", "DequantizeLinear")} <= set(_errors(computed))
+    assert "build-time constant" in computed.errors[0].reason
+
+
+def test_qdq_per_channel_scale_must_match_the_axis():
+    w = h.make_tensor("w_q", T.INT8, [4, 3], np.ones(12, np.int8))
+    inits = [w, h.make_tensor("s", T.FLOAT, [3], [0.5, 0.25, 0.125]), h.make_tensor("zp", T.INT8, [3], [0, 0, 0])]
+    nodes = [h.make_node("DequantizeLinear", ["w_q", "s", "zp"], ["w"], name="dq_w", axis=0)]
+    g = h.make_graph(nodes, "g", [], [_vi("w", T.FLOAT, [4, 3])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])  # ONNX's checker does not catch it
+    r = check_model(m)
+    assert _errors(r) == [("dq_w", "DequantizeLinear")]
+    assert "axis=0 has 4 channels but the scale has 3 values" in r.errors[0].reason

@@ -248,6 +248,7 @@ class _RecordingTensorRT:
 
     class BuilderFlag:
         FP16 = "FP16"
+        INT8 = "INT8"
 
     def __init__(self, parse_ok=True):
         self.calls = []
@@ -368,3 +369,96 @@ def test_builder_api_calls(tmp_path, monkeypatch, capsys):
     with pytest.raises(NorcalError, match=r"node 'topk_scores' \(TopK\): K exceeds the limit"):
         build_engine(opts2, *prepare(opts2))
     assert not (tmp_path / "fail.engine").exists()
+
+
+def tiny_qdq_detector(metadata=None) -> onnx.ModelProto:
+    """tiny_detector with its images through an int8 QuantizeLinear/DequantizeLinear pair (scale
+    1, zero point 0): an explicitly quantized model as norcal quantize writes them."""
+    m = tiny_detector(metadata)
+    g = m.graph
+    g.initializer.extend([h.make_tensor("q_scale", T.FLOAT, [], [1.0]), h.make_tensor("q_zp", T.INT8, [], [0])])
+    mean = next(n for n in g.node if n.name == "mean")
+    mean.input[0] = "images_dq"
+    nodes = [h.make_node("QuantizeLinear", ["images", "q_scale", "q_zp"], ["images_q"], name="q"),
+             h.make_node("DequantizeLinear", ["images_q", "q_scale", "q_zp"], ["images_dq"], name="dq")]
+    rest = list(g.node)
+    del g.node[:]
+    g.node.extend(nodes + rest)
+    onnx.checker.check_model(m)
+    return m
+
+
+def test_int8_refuses_a_model_without_qdq_in_one_line(tmp_path, monkeypatch, capsys):
+    _hide_tensorrt(monkeypatch)
+    model = tmp_path / "tiny.onnx"
+    onnx.save(tiny_detector(), model)
+    engine = tmp_path / "tiny.engine"
+    assert main(["build", str(model), "--int8", "--trtexec-only", "-o", str(engine)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no QuantizeLinear nodes" in err and "run norcal quantize" in err, err
+    assert not engine.exists() and not sidecar_path(engine).exists()
+
+
+def test_int8_trtexec_line_and_sidecar(tmp_path, monkeypatch, capsys):
+    _hide_tensorrt(monkeypatch)
+    model = tmp_path / "tiny.int8.onnx"
+    onnx.save(tiny_qdq_detector({"norcal.precision": "int8"}), model)
+    engine = tmp_path / "tiny.engine"
+    assert main(["build", str(model), "--int8", "--trtexec-only", "-o", str(engine)]) == 0
+    side = json.loads(sidecar_path(engine).read_text())
+    assert side["precision"] == "int8"
+    assert "--int8" in side["trtexec"].split()
+    assert "--calib" not in side["trtexec"]  # explicit quantization: no calibration cache
+    assert side["trtexec"] in capsys.readouterr().out
+    assert main(["build", str(model), "--int8", "--fp16", "--trtexec-only", "-o", str(engine)]) == 0
+    side = json.loads(sidecar_path(engine).read_text())
+    assert side["precision"] == "int8+fp16" and {"--int8", "--fp16"} <= set(side["trtexec"].split())
+
+
+def test_int8_builder_sets_the_int8_flag_and_no_calibrator(tmp_path, monkeypatch):
+    from norcal.runtime.tensorrt_build import build_engine, prepare
+
+    fake = _RecordingTensorRT()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    model_path = tmp_path / "tiny.int8.onnx"
+    onnx.save(tiny_qdq_detector(), model_path)
+    opts = BuildOptions(model_path, tmp_path / "tiny.engine", int8=True, batch=(1, 2, 4),
+                        hw=((32, 32), (64, 96), (128, 128)))
+    side = build_engine(opts, *prepare(opts))
+    assert ("flag", "INT8") in fake.calls and ("flag", "FP16") not in fake.calls
+    assert side["precision"] == "int8"
+
+    class NoInt8(_RecordingTensorRT):  # TensorRT 11 drops the weak-typing flags
+        class BuilderFlag:
+            FP16 = "FP16"
+
+    fake = NoInt8()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    assert build_engine(opts, *prepare(opts))["precision"] == "int8"  # the Q/DQ nodes suffice
+    assert not [c for c in fake.calls if c[0] == "flag"]
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.skipif(_have_tensorrt_gpu() is not None, reason=str(_have_tensorrt_gpu()))
+def test_real_int8_engine_from_qdq_matches_onnxruntime(tmp_path, capsys):
+    import onnxruntime as ort
+
+    from norcal.runtime.tensorrt_build import build_engine, prepare
+    from norcal.runtime.tensorrt_runner import TensorRTRunner
+
+    model_path = tmp_path / "tiny.int8.onnx"
+    onnx.save(tiny_qdq_detector(), model_path)
+    opts = BuildOptions(model_path, tmp_path / "tiny.engine", int8=True, batch=(1, 2, 4),
+                        hw=((32, 32), (64, 96), (128, 128)))
+    model, profiles, cmd = prepare(opts)
+    assert build_engine(opts, model, profiles, cmd)["precision"] == "int8"
+    runner = TensorRTRunner(opts.engine_path)
+    rng = np.random.default_rng(0)
+    # integer pixel values: the scale-1 Q/DQ pair is exact on them (no rounding to compare)
+    feeds = {"images": rng.integers(-100, 100, size=(2, 3, 64, 96)).astype(np.float32),
+             "image_sizes": np.array([[64, 96], [60, 90]], np.int64)}
+    want = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = runner.infer(feeds)
+    for o, ref in zip(model.graph.output, want):
+        np.testing.assert_allclose(got[o.name].astype(np.float64), ref.astype(np.float64), rtol=1e-4, atol=1e-4)

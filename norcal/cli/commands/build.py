@@ -7,7 +7,7 @@ from pathlib import Path
 from norcal.core.errors import NorcalError
 from norcal.core.profiles import DEFAULT_BATCH
 
-HELP = "build a TensorRT engine (fp32/fp16) from an exported ONNX detector"
+HELP = "build a TensorRT engine (fp32/fp16/int8) from an exported ONNX detector"
 DESCRIPTION = f"""Build a TensorRT 10 engine from an exported detector with one optimization profile
 over its inputs images [B,3,H,W] and image_sizes [B,2]. The model's NorCal metadata goes into
 a sidecar ENGINE.json that the TensorRT runner reads.
@@ -19,6 +19,10 @@ prints it and writes just the sidecar, for use next to the engine trtexec makes.
   norcal build model.onnx -o model.engine
   norcal build model.onnx --fp16 --batch 1:4:8 --shapes 320x320:800x1088:1344x1344 -o model.engine
   norcal build model.onnx --shape 800x1088 --workspace 4 --timing-cache trt.cache -o model.engine
+  norcal quantize model.onnx --images train/ && norcal build model.int8.onnx --int8 -o model.engine
+
+--int8 takes the Q/DQ model norcal quantize writes (explicit quantization, as TensorRT 10
+wants: its implicit calibrator is deprecated) and refuses a model without QuantizeLinear nodes.
 
 Defaults: batch {DEFAULT_BATCH[0]}:{DEFAULT_BATCH[1]}:{DEFAULT_BATCH[2]}; H and W from the model's resize metadata
 (short edge 800, long edge 1333, padded to 32 when absent: 32x32 to 1344x1344, opt 800x1088).
@@ -27,13 +31,16 @@ The model is checked first (norcal check) unless --skip-check.
 
 # parameters of the engine build named in its errors -> the flags here
 FLAGS = {"check=False": "--skip-check", "workspace_gb": "--workspace", "fp16": "--fp16",
-         "batch": "--batch"}
+         "batch": "--batch", "int8": "--int8"}
 
 
 def add_arguments(p):
     p.add_argument("model", help="exported ONNX detector")
     p.add_argument("-o", "--output", required=True, help="engine file to write (e.g. model.engine)")
     p.add_argument("--fp16", action="store_true", help="let TensorRT use FP16 kernels (I/O stays as in the ONNX)")
+    p.add_argument("--int8", action="store_true",
+                   help="int8 engine from an explicitly quantized (Q/DQ) model written by norcal quantize "
+                        "(no calibrator: the ranges are in the model)")
     p.add_argument("--batch", default=None, metavar="MIN:OPT:MAX",
                    help=f"batch sizes of the profile (default {':'.join(map(str, DEFAULT_BATCH))}; N means N:N:N)")
     shape = p.add_mutually_exclusive_group()
@@ -68,7 +75,7 @@ def run(args) -> int:
     elif args.shapes:
         hw = parse_hw_range(args.shapes)
     options = BuildOptions(
-        onnx_path=Path(args.model), engine_path=Path(args.output), fp16=args.fp16,
+        onnx_path=Path(args.model), engine_path=Path(args.output), fp16=args.fp16, int8=args.int8,
         batch=parse_range(args.batch) if args.batch else None, hw=hw,
         workspace_gb=args.workspace, timing_cache=Path(args.timing_cache) if args.timing_cache else None,
     )

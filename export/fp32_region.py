@@ -1,0 +1,102 @@
+"""Which nodes of a detector stay in fp32 when the rest goes to int8 or fp16.
+
+The NorCal node subtracts ``gamma * log N_c`` from logits whose rare-class entries differ by
+small amounts; box decoding works in pixels up to the image size; NMS and TopK compare scores.
+So everything from the box classifier's logits on (the NorCal node, the softmax, box decoding,
+NMS, TopK, the mask branch that the kept boxes select) stays fp32, and so does the box
+predictor itself (the layers that write the classifier logits and, beside them, the box
+deltas). What is left for lower precision is the backbone, the FPN, the RPN head and the box
+head: the convolutions and fully connected layers that do nearly all the arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import onnx
+
+from norcal.core import contract
+from norcal.core.errors import NorcalError
+
+COMPUTE_OPS = ("Conv", "Gemm", "MatMul")  # the ops int8 quantizes
+# ops that only move or reshape values: walking back from the logits through them reaches the
+# layer that computed them
+LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Concat", "Identity", "Squeeze", "Unsqueeze"})
+
+
+def classifier_logits(model: onnx.ModelProto, where: str = "model") -> list[str]:
+    """The box classifiers' logits tensors the export recorded (the NorCal node's input for a
+    calibrated graph); a NorcalError when the model carries neither key."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    names = (contract.split_names(meta.get(contract.CLASSIFIER_LOGITS))
+             or contract.split_names(meta.get(contract.LOGITS)))
+    if not names:
+        raise NorcalError(f"{where}: no {contract.CLASSIFIER_LOGITS} metadata: the model was not exported by "
+                          f"norcal export (or lost its metadata), so its classifier cannot be found to keep "
+                          f"NorCal, box decoding and NMS in fp32", param="model")
+    produced = {o for n in model.graph.node for o in n.output}
+    missing = [t for t in names if t not in produced]
+    if missing:
+        raise NorcalError(f"{where}: {contract.CLASSIFIER_LOGITS} names {', '.join(missing)}, which no node "
+                          f"of the graph writes", param="model")
+    return names
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give every unnamed node of the main graph a unique name (the quantizers select by name)."""
+    taken = {n.name for n in model.graph.node if n.name}
+    for i, n in enumerate(model.graph.node):
+        if not n.name:
+            name = f"{n.op_type}_{i}"
+            while name in taken:
+                name += "_"
+            n.name = name
+            taken.add(name)
+
+
+def fp32_nodes(model: onnx.ModelProto, where: str = "model") -> set[str]:
+    """Names of the nodes that stay fp32: the box predictor and everything downstream of the
+    classifier logits. Nodes must be named (:func:`name_nodes`)."""
+    logits = classifier_logits(model, where)
+    nodes = list(model.graph.node)
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    producer: dict[str, onnx.NodeProto] = {}
+    for n in nodes:
+        for t in n.input:
+            consumers[t].append(n)
+        for t in n.output:
+            producer[t] = n
+    keep: set[str] = set()
+
+    # downstream of the logits: the NorCal node(s), activation, decoding, NMS, TopK, masks
+    todo = list(logits)
+    seen_tensors: set[str] = set()
+    while todo:
+        t = todo.pop()
+        if t in seen_tensors:
+            continue
+        seen_tensors.add(t)
+        for n in consumers.get(t, ()):
+            if n.name not in keep:
+                keep.add(n.name)
+                todo.extend(o for o in n.output if o)
+
+    # upstream, through layout ops, to the layers that compute the logits; their siblings
+    # (the box regression layer reading the same features) feed box decoding and stay too
+    predictors: list[onnx.NodeProto] = []
+    todo, seen_tensors = list(logits), set()
+    while todo:
+        t = todo.pop()
+        n = producer.get(t)
+        if n is None or t in seen_tensors:
+            continue
+        seen_tensors.add(t)
+        if n.op_type in COMPUTE_OPS:
+            predictors.append(n)
+        elif n.op_type in LAYOUT_OPS:
+            keep.add(n.name)
+            todo.extend(i for i in n.input[:1 if n.op_type != "Concat" else None] if i)
+    for p in predictors:
+        keep.add(p.name)
+        keep.update(s.name for s in consumers.get(p.input[0], ()) if s.op_type in COMPUTE_OPS)
+    return keep

@@ -1,0 +1,240 @@
+"""Lower-precision variants of an exported detector: int8 with explicit Q/DQ, and fp16.
+
+int8 is written the way TensorRT 10 consumes explicit quantization: QuantizeLinear /
+DequantizeLinear pairs on the inputs of the convolutions and fully connected layers, signed
+int8, zero point 0 (symmetric), weights per output channel (the DequantizeLinear ``axis``),
+activations per tensor, biases left in float (TensorRT has no int32 Q/DQ), no Q/DQ on the
+layers' outputs (TensorRT fuses the pair into the next layer). The activation ranges come from
+calibration images the caller feeds (:func:`quantize_int8`); ONNX Runtime's static quantizer
+does the work. fp16 converts the same layers (and the elementwise ops between them) to
+float16 with Casts at the boundary. Both keep :func:`norcal.export.fp32_region.fp32_nodes`
+in fp32: the NorCal node, the box predictor, decoding, NMS, TopK and the mask branch.
+
+NVIDIA Model Optimizer (nvidia-modelopt) was tried first and is not used: its ONNX int8 path
+pins onnx below this project's version, replaces onnxruntime by onnxruntime-gpu and cupy, and
+its calibration rebuilds the graph without model-local functions, so ONNX Runtime then fails
+on ``ai.norcal:NorCal`` ("is not a registered function/op").
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Literal
+
+import numpy as np
+import onnx
+
+from norcal.core import contract
+from norcal.core.errors import NorcalError
+from norcal.export.fp32_region import COMPUTE_OPS, fp32_nodes, name_nodes
+
+CalibrationMethod = Literal["minmax", "entropy", "percentile"]
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+# elementwise ops that run in fp16 when a value they read comes from an fp16 layer: the ReLUs,
+# residual adds, padding masks and pools between the convolutions
+FP16_FOLLOWERS = frozenset({"Relu", "Add", "Mul", "Sub", "MaxPool", "AveragePool", "Clip", "LeakyRelu"})
+
+
+def check_fp32_model(model: onnx.ModelProto, where: str = "model") -> None:
+    """Refuse a model that is already int8 or fp16: quantize the fp32 export."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    done = meta.get(contract.PRECISION)
+    if done is None and any(n.op_type in QDQ_OPS for n in model.graph.node):
+        done = "quantized (it has QuantizeLinear/DequantizeLinear nodes)"
+    if done is not None:
+        raise NorcalError(f"{where} is already {done}: quantize the fp32 model it came from", param="model")
+    if any(i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for i in model.graph.input):
+        raise NorcalError(f"{where} has float16 inputs: quantize the fp32 model it came from", param="model")
+
+
+def _set_meta(model: onnx.ModelProto, values: dict[str, str]) -> None:
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key not in values]
+    del model.metadata_props[:]
+    for k, v in kept + list(values.items()):
+        model.metadata_props.add(key=k, value=v)
+
+
+@contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """ONNX Runtime's quantizer warns through the root logger (pre-processing hints, biases
+    that are not initializers); the library reports through its own return values."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.ndarray]],
+                  method: CalibrationMethod = "minmax", where: str = "model",
+                  on_batch: Callable[[int], None] | None = None) -> tuple[onnx.ModelProto, int]:
+    """The explicit-quantization (Q/DQ) int8 model and the number of calibration images used.
+
+    calibration: input feeds (``images``, ``image_sizes`` as the runners get them), each one
+    batch, prepared exactly as at inference; on_batch(n) is called after each batch of n
+    images. method: how activation ranges are taken from the calibration outputs (minmax:
+    the observed range; entropy / percentile: clipped, ONNX Runtime's calibrators).
+    """
+    import onnxruntime
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod as OrtMethod,
+                                          QuantFormat, QuantType, quantize_static)
+
+    if method not in CALIBRATION_METHODS:
+        raise NorcalError(f"calibration method {method!r}: choose one of {', '.join(CALIBRATION_METHODS)}",
+                          param="method")
+    check_fp32_model(model, where)
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    name_nodes(work)
+    keep = fp32_nodes(work, where)
+    count = [0]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(calibration)
+
+        def get_next(self):
+            feeds = next(self.it, None)
+            if feeds is None:
+                return None
+            n = len(feeds["images"])
+            count[0] += n
+            if on_batch:
+                on_batch(n)
+            return feeds
+
+    ort_method = {"minmax": OrtMethod.MinMax, "entropy": OrtMethod.Entropy,
+                  "percentile": OrtMethod.Percentile}[method]
+    with tempfile.TemporaryDirectory(prefix="norcal-quantize-") as tmp, _quiet_root_logger():
+        out = Path(tmp) / "int8.onnx"
+        try:
+            quantize_static(
+                work, str(out), Reader(), quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=list(COMPUTE_OPS), nodes_to_exclude=sorted(keep),
+                per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                calibrate_method=ort_method,
+                extra_options={
+                    "ActivationSymmetric": True, "WeightSymmetric": True,  # zero point 0
+                    "QuantizeBias": False,  # TensorRT dequantizes no int32
+                    "OpTypesToExcludeOutputQuantization": list(COMPUTE_OPS),
+                },
+            )
+        except ValueError as e:
+            if count[0] == 0:
+                raise NorcalError(f"{where}: no calibration images were given", param="images") from None
+            raise NorcalError(f"{where}: ONNX Runtime could not quantize it ({str(e).splitlines()[0]})") from None
+        quantized = onnx.load(str(out))
+    if count[0] == 0:
+        raise NorcalError(f"{where}: no calibration images were given", param="images")
+    _set_meta(quantized, {
+        contract.PRECISION: "int8",
+        contract.QUANTIZATION: (f"onnxruntime {onnxruntime.__version__} quantize_static: QDQ int8 symmetric, "
+                                f"weights per channel, activations per tensor, {method} calibration; "
+                                f"{len(keep)} nodes kept fp32 (box predictor, NorCal, decoding, NMS, masks)"),
+        contract.CALIBRATION_IMAGES: str(count[0]),
+    })
+    return quantized, count[0]
+
+
+def fp16_nodes(model: onnx.ModelProto, keep: set[str]) -> set[str]:
+    """The nodes an fp16 model computes in fp16: every Conv/Gemm/MatMul (and ConvTranspose) not
+    in ``keep``, and the elementwise ops (:data:`FP16_FOLLOWERS`) that read their results."""
+    half: set[str] = set()
+    half_tensors: set[str] = set()
+    for n in model.graph.node:  # ONNX graphs are topologically sorted
+        if n.name in keep:
+            continue
+        if n.op_type in COMPUTE_OPS + ("ConvTranspose",) or \
+                (n.op_type in FP16_FOLLOWERS and any(i in half_tensors for i in n.input)):
+            half.add(n.name)
+            half_tensors.update(n.output)
+    return half
+
+
+def convert_fp16(model: onnx.ModelProto, where: str = "model") -> onnx.ModelProto:
+    """The mixed-precision model: the backbone, FPN, RPN and box head in fp16, the fp32 region
+    (:func:`norcal.export.fp32_region.fp32_nodes`) and the graph inputs and outputs in fp32.
+
+    Written here rather than with onnxconverter-common: its node block list assumes blocked
+    nodes are islands in an fp16 graph, while here fp16 is the island (it left the stem
+    convolution with an fp32 weight and an fp16 input). The rule is simple: an fp16 node reads
+    fp16 initializers (converted, clipped to fp16's range) or fp16 values (a Cast inserted
+    where an fp32 node wrote them), and a Cast back to fp32 sits before every fp32 reader.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    check_fp32_model(model, where)
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    name_nodes(work)
+    g = work.graph
+    half = fp16_nodes(work, fp32_nodes(work, where))
+    inits = {t.name: t for t in g.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    half_out = {o for n in g.node if n.name in half for o in n.output if o}
+    graph_outputs = {o.name for o in g.output}
+    finfo = np.finfo(np.float16)
+
+    new_nodes: list[onnx.NodeProto] = []
+    to_half: dict[str, str] = {}  # fp32 tensor -> its fp16 cast
+    converted: set[str] = set()
+    for n in g.node:
+        if n.name in half:
+            for k, t in enumerate(n.input):
+                if not t or t in half_out:
+                    continue
+                if t in inits and all(r.name in half for r in readers[t]):
+                    if t not in converted:
+                        arr = np.clip(numpy_helper.to_array(inits[t]), finfo.min, finfo.max)
+                        inits[t].CopyFrom(numpy_helper.from_array(arr.astype(np.float16), t))
+                        converted.add(t)
+                    continue
+                if t not in to_half:
+                    to_half[t] = f"{t}__fp16"
+                    new_nodes.append(helper.make_node("Cast", [t], [to_half[t]], to=TensorProto.FLOAT16,
+                                                      name=f"{t}__cast_fp16"))
+                n.input[k] = to_half[t]
+        new_nodes.append(n)
+    # fp32 readers of fp16 values (and graph outputs) get the value cast back
+    back: dict[str, str] = {}
+    for t in sorted(half_out):
+        fp32_readers = [r for r in readers.get(t, []) if r.name not in half]
+        if not fp32_readers and t not in graph_outputs:
+            continue
+        half_name = f"{t}__fp16out"
+        for n in g.node:
+            if n.name in half:
+                n.output[:] = [half_name if o == t else o for o in n.output]
+        for r in readers.get(t, []):
+            if r.name in half:
+                r.input[:] = [half_name if i == t else i for i in r.input]
+        back[half_name] = t
+    order = []
+    for n in new_nodes:
+        order.append(n)
+        for o in n.output:
+            if o in back:
+                order.append(helper.make_node("Cast", [o], [back[o]], to=TensorProto.FLOAT,
+                                              name=f"{back[o]}__cast_fp32"))
+    del g.node[:]
+    g.node.extend(order)
+    stale = half_out | set(converted)
+    kept_info = [v for v in g.value_info if v.name not in stale]
+    del g.value_info[:]
+    g.value_info.extend(kept_info)
+    _set_meta(work, {
+        contract.PRECISION: "fp16",
+        contract.QUANTIZATION: (f"fp16: {len(half)} nodes (convolutions, fully connected layers and the "
+                                f"elementwise ops between them); box predictor, NorCal, decoding, NMS, "
+                                f"masks and the graph I/O fp32"),
+    })
+    return work

@@ -1,0 +1,140 @@
+"""int8 (Q/DQ, calibrated on images) or fp16 variants of an exported detector.
+
+The quantizer lives in export (:mod:`norcal.export.quantize`), the image reading and
+preprocessing in runtime: the calibration images are read and prepared exactly as the runners
+prepare them (ResizeShortestEdge and padding from the model's metadata), so the activation
+ranges are the ones the deployed graph sees.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+from norcal.core import contract
+from norcal.core.errors import NorcalError
+
+PRECISIONS = ("int8", "fp16")
+
+
+@dataclass
+class QuantizeOptions:
+    """One quantization: the fp32 model, where to write, which precision; for int8 the folder
+    of calibration images (all of them, or the first ``num_images`` in name order), the batch
+    they are run in, the range method and whether unreadable files are left out."""
+
+    model: Path
+    output: Path
+    precision: Literal["int8", "fp16"] = "int8"
+    images: Path | None = None
+    num_images: int | None = None
+    batch_size: int = 1
+    method: str = "minmax"
+    skip_unreadable: bool = False
+
+
+@dataclass
+class QuantizeResult:
+    """What was written: the model, its precision, how many images calibrated it (0 for fp16),
+    the calibration files left out as unreadable (path, reason), its Q/DQ node count, time."""
+
+    output: Path
+    precision: str
+    calibration_images: int  # 0 for fp16
+    skipped: list[tuple[Path, str]]
+    qdq_nodes: int
+    seconds: float
+
+
+def default_output(model: Path, precision: str) -> Path:
+    """``model.norcal.onnx`` -> ``model.norcal.int8.onnx``."""
+    name = model.name[:-len(".onnx")] if model.name.endswith(".onnx") else model.name
+    return model.with_name(f"{name}.{precision}.onnx")
+
+
+def calibration_paths(images: Path | None, num_images: int | None) -> list[Path]:
+    """The calibration images: the image files in the folder ``images`` (and below), in name
+    order, the first ``num_images`` of them; a NorcalError when there are none."""
+    from norcal.runtime.images import IMAGE_SUFFIXES, expand_inputs
+
+    if images is None:
+        raise NorcalError("int8 needs calibration images: give a folder of images like the ones the "
+                          "model will see (e.g. training images)", param="images")
+    images = Path(images)
+    if not images.is_dir():
+        raise NorcalError(f"images {images}: {'is not a folder' if images.exists() else 'no such folder'}",
+                          param="images")
+    paths = expand_inputs([images])
+    if not paths:
+        raise NorcalError(f"images {images}: no image files in it (looked for {', '.join(IMAGE_SUFFIXES)})",
+                          param="images")
+    return paths[:num_images] if num_images else paths
+
+
+def _check_metadata(model, where: str) -> None:
+    """The runtime keys the calibration preprocessing reads and the classifier the fp32 region
+    starts from must be there: a graph without them was not exported by norcal."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    missing = [k for k in (contract.MIN_SIZE_TEST, contract.MAX_SIZE_TEST) if not meta.get(k)]
+    if not (meta.get(contract.CLASSIFIER_LOGITS) or meta.get(contract.LOGITS)):
+        missing.append(contract.CLASSIFIER_LOGITS)
+    if missing:
+        raise NorcalError(f"{where}: no {', '.join(missing)} metadata: quantize takes a model exported by "
+                          f"norcal export (its metadata says how to prepare images and where the "
+                          f"classifier is)", param="model")
+
+
+def quantize_model(options: QuantizeOptions,
+                   progress: Callable[[str, int, int], None] | None = None) -> QuantizeResult:
+    """Write the int8 or fp16 variant of ``options.model`` to ``options.output`` (atomically;
+    the output location is checked before any work). progress(stage, n, total): n more
+    calibration images done."""
+    from norcal.core.fileio import same_file
+    from norcal.core.onnx_io import load_onnx, save_onnx
+    from norcal.core.outputs import check_output_file
+    from norcal.export.quantize import check_fp32_model, convert_fp16, quantize_int8
+
+    t0 = time.perf_counter()
+    if options.precision not in PRECISIONS:
+        raise NorcalError(f"precision {options.precision!r}: choose int8 or fp16", param="precision")
+    if options.num_images is not None and options.num_images < 1:
+        raise NorcalError(f"num_images must be >= 1, got {options.num_images}", param="num_images")
+    if options.batch_size < 1:
+        raise NorcalError(f"batch_size must be >= 1, got {options.batch_size}", param="batch_size")
+    src, dest = Path(options.model), Path(options.output)
+    if src.exists() and same_file(src, dest):
+        raise NorcalError(f"output {dest} is the input model; choose another (inputs are never modified)",
+                          param="output")
+    check_output_file(dest, "output")
+    where = str(src)
+    model = load_onnx(src)
+    _check_metadata(model, where)
+    check_fp32_model(model, where)
+    skipped: list[tuple[Path, str]] = []
+    if options.precision == "fp16":
+        out, n_images = convert_fp16(model, where), 0
+    else:
+        from norcal.runtime.images import iter_images, unreadable_files
+        from norcal.runtime.inference import prepared_batches
+
+        paths = calibration_paths(options.images, options.num_images)
+        skipped = unreadable_files(paths, skip=options.skip_unreadable, context="calibration image ")
+        bad = {p for p, _ in skipped}
+        paths = [p for p in paths if p not in bad]
+        if not paths:
+            raise NorcalError(f"images {options.images}: none of its {len(bad)} image files can be read",
+                              param="images")
+        spec = contract.input_spec({p.key: p.value for p in model.metadata_props})
+        batches = prepared_batches(iter_images(paths, context="calibration image ", skipped=skipped
+                                               if options.skip_unreadable else None),
+                                   spec, options.batch_size)
+        step = (lambda n: progress("calibrate", n, len(paths))) if progress is not None else None
+        out, n_images = quantize_int8(model, (b.feeds() for b in batches), options.method, where, step)
+    save_onnx(out, dest)
+    return QuantizeResult(
+        output=dest, precision=options.precision, calibration_images=n_images, skipped=skipped,
+        qdq_nodes=sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in out.graph.node),
+        seconds=time.perf_counter() - t0)
+

@@ -1,0 +1,121 @@
+"""int8 / fp16 on a hand-built detector head (fast): which nodes stay fp32, and the quantized
+graphs computed by ONNX Runtime against the fp32 graph (the slow module does the trained model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+from conftest import assert_tensorrt_compatible
+from norcal.core import contract
+from norcal.core.errors import NorcalError
+from norcal.export.fp32_region import fp32_nodes, name_nodes
+from norcal.export.quantize import convert_fp16, quantize_int8
+
+C = 4  # classes; logits have C + 1 entries (background last)
+
+
+def head_model(metadata=True) -> onnx.ModelProto:
+    """images [B,3,8,8] -> conv -> relu -> flatten -> fc -> relu -> {cls (logits) -> softmax,
+    bbox deltas -> boxes = deltas * 2}: a backbone, a box head, a box predictor, and what
+    follows the classifier."""
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return numpy_helper.from_array(rng.normal(size=shape).astype(np.float32) * 0.3, f"w{len(shape)}_{shape[0]}")
+
+    inits = [w(8, 3, 3, 3), w(16, 8 * 36), w(C + 1, 16), w(4, 16),
+             numpy_helper.from_array(np.zeros(16, np.float32), "fc_b"),
+             numpy_helper.from_array(np.array([2.0], np.float32), "two")]
+    conv_w, fc_w, cls_w, box_w = (i.name for i in inits[:4])
+    nodes = [
+        h.make_node("Conv", ["images", conv_w], ["c"], name="backbone/conv"),
+        h.make_node("Relu", ["c"], ["r"], name="backbone/relu"),
+        h.make_node("Flatten", ["r"], ["f"], name="head/flatten"),
+        h.make_node("Gemm", ["f", fc_w, "fc_b"], ["fc"], name="head/fc", transB=1),
+        h.make_node("Relu", ["fc"], ["fr"], name="head/relu"),
+        h.make_node("Gemm", ["fr", cls_w], ["cls_logits"], name="predictor/cls", transB=1),
+        h.make_node("Gemm", ["fr", box_w], ["deltas"], name="predictor/bbox", transB=1),
+        h.make_node("Softmax", ["cls_logits"], ["probs"], name="post/softmax", axis=-1),
+        h.make_node("Mul", ["deltas", "two"], ["boxes"], name="post/decode"),
+    ]
+    g = h.make_graph(nodes, "head", [h.make_tensor_value_info("images", T.FLOAT, ["B", 3, 8, 8])],
+                     [h.make_tensor_value_info("probs", T.FLOAT, ["B", C + 1]),
+                      h.make_tensor_value_info("boxes", T.FLOAT, ["B", 4])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 9
+    if metadata:
+        h.set_model_props(m, {contract.CLASSIFIER_LOGITS: "cls_logits", contract.MIN_SIZE_TEST: "8",
+                              contract.MAX_SIZE_TEST: "8"})
+    onnx.checker.check_model(m)
+    return m
+
+
+def _run(model, x):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"images": x})
+
+
+def _batches(n=8, seed=1):
+    rng = np.random.default_rng(seed)
+    return [{"images": rng.uniform(0, 1, size=(2, 3, 8, 8)).astype(np.float32)} for _ in range(n)]
+
+
+def test_fp32_region_is_the_predictor_and_everything_after_the_logits():
+    m = head_model()
+    name_nodes(m)
+    # the bbox layer reads the classifier's features: kept with it (its decoding Mul is no
+    # layer int8 quantizes, and fp16 converts only what reads fp16 values)
+    assert fp32_nodes(m) == {"predictor/cls", "predictor/bbox", "post/softmax"}
+
+
+def test_a_model_without_the_contract_metadata_is_refused():
+    with pytest.raises(NorcalError, match="no norcal.classifier_logits metadata"):
+        fp32_nodes(head_model(metadata=False))
+    m = head_model()
+    m.metadata_props[0].value = "nowhere"
+    with pytest.raises(NorcalError, match="names nowhere, which no node"):
+        fp32_nodes(m)
+
+
+def test_int8_quantizes_the_backbone_and_head_only_and_stays_close():
+    m = head_model()
+    q, n = quantize_int8(m, iter(_batches()))
+    assert n == 16  # 8 batches of 2 images
+    nodes = {x.name: x for x in q.graph.node}
+    producer = {o: x for x in q.graph.node for o in x.output}
+    for name in ("backbone/conv", "head/fc"):
+        assert [producer[i].op_type for i in nodes[name].input[:2]] == ["DequantizeLinear"] * 2, name
+    for name in ("predictor/cls", "predictor/bbox"):
+        assert all(i not in producer or producer[i].op_type != "DequantizeLinear" for i in nodes[name].input)
+    assert_tensorrt_compatible(q)
+    x = _batches(1, seed=7)[0]["images"]
+    (p32, b32), (p8, b8) = _run(m, x), _run(q, x)
+    # int8 activations and weights over a 0..1 input: within a few percent of the range
+    np.testing.assert_allclose(p8, p32, atol=0.05)
+    np.testing.assert_allclose(b8, b32, atol=0.05 * np.abs(b32).max())
+
+
+def test_int8_without_calibration_images_is_one_error():
+    with pytest.raises(NorcalError, match="no calibration images"):
+        quantize_int8(head_model(), iter([]))
+
+
+def test_fp16_converts_the_layers_and_keeps_io_and_the_predictor_fp32():
+    m = head_model()
+    half = convert_fp16(m)
+    inits = {i.name: i.data_type for i in half.graph.initializer}
+    nodes = {x.name: x for x in half.graph.node}
+    assert inits[nodes["backbone/conv"].input[1]] == T.FLOAT16 and inits[nodes["head/fc"].input[1]] == T.FLOAT16
+    assert inits[nodes["predictor/cls"].input[1]] == T.FLOAT and inits["two"] == T.FLOAT
+    assert [o.type.tensor_type.elem_type for o in half.graph.output] == [T.FLOAT, T.FLOAT]
+    assert_tensorrt_compatible(half)
+    x = _batches(1, seed=7)[0]["images"]
+    for got, want in zip(_run(half, x), _run(m, x)):
+        np.testing.assert_allclose(got, want, rtol=5e-3, atol=5e-3)
+    assert {p.key: p.value for p in half.metadata_props}[contract.PRECISION] == "fp16"

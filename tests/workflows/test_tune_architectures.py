@@ -1,0 +1,237 @@
+"""norcal tune beyond the FPN Mask R-CNN: Cascade, C4, DC5 and RetinaNet.
+
+The cached re-scoring must give what the deployed graph gives at each gamma: checked against
+full ONNX Runtime runs of each architecture's export calibrated at that gamma, against
+detectron2's own NorCal detections (the fixtures' goldens), and end to end (the sweep's AP
+at each gamma is the AP of the exported model at that gamma, run and scored separately).
+A Cascade caches every stage's logits and averages the stages' calibrated probabilities, as
+the graph's three NorCal nodes do; a RetinaNet caches, per gamma, the levels' candidates that
+the calibrated scores select.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import golden as G
+from conftest import FIXTURES
+from golden import match_detections, manifest_table
+
+pytestmark = pytest.mark.slow  # caches four architectures' head outputs and sweeps gamma
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+ARCHS = {"cascade": "d2_cascade_tiny", "c4": "d2_c4_tiny", "dc5": "d2_dc5_tiny",
+         "retinanet": "d2_retinanet_tiny"}
+IMAGES = range(3)
+# (gamma, mechanism, factor) compared with the calibrated export
+VARIANTS = [(0.0, "exp", "cdt"), (0.5, "exp", "cdt"), (0.1, "logit", "cdt"), (0.999, "exp", "ens")]
+
+
+class Arch:
+    """One fixture: the detector, its plain export, the cache and the re-scored detections."""
+
+    def __init__(self, name: str):
+        from norcal.export.detector import export_detector, load_detector
+
+        self.name, self.fixture = name, FIXTURES / ARCHS[name]
+        self.pairs = [(k, self.fixture / "images" / f"img{k}.png") for k in IMAGES]
+        self.spec, self.model = load_detector(self.fixture / "model_final.pth", self.fixture / "config.yaml")
+        self.table = manifest_table(self.fixture)
+        self.retina = name == "retinanet"
+        self.plain = export_detector(self.model, self.spec)
+        self._caches: dict = {}
+        self._onnx: dict = {}
+        self._rescored: dict = {}
+
+    def prior(self, gamma: float, factor: str):
+        from norcal.core.calibration import log_prior
+
+        if gamma == 0:
+            return None
+        return log_prior(self.table.counts(), gamma, factor, background="none" if self.retina else "last")
+
+    def cache(self, mechanism: str = "exp"):
+        """R-CNNs: one cache for every gamma; RetinaNet: one per mechanism, holding the
+        candidates of every variant's prior."""
+        from norcal.workflows.tune import cache_candidates, cache_head_outputs
+
+        key = mechanism if self.retina else "all"
+        if key not in self._caches:
+            if self.retina:
+                priors = [self.prior(g, f) for g, m, f in VARIANTS if m == mechanism]
+                self._caches[key] = cache_candidates(self.model, self.spec, self.pairs, priors, mechanism,
+                                                     batch_size=2)  # a partial last batch
+            else:
+                self._caches[key] = cache_head_outputs(self.model, self.spec, self.pairs, batch_size=2)
+        return self._caches[key]
+
+    def rescored(self, gamma: float, mechanism: str = "exp", factor: str = "cdt"):
+        from norcal.workflows.tune import rescore, rescore_candidates
+
+        key = (gamma, mechanism, factor)
+        if key not in self._rescored:
+            cache = self.cache(mechanism)
+            if self.retina:
+                index = [(g, f) for g, m, f in VARIANTS if m == mechanism].index((gamma, factor))
+                self._rescored[key] = rescore_candidates(self.model, cache, index, batch_size=2)
+            else:
+                self._rescored[key] = rescore(self.model.roi_heads.box_predictor, cache,
+                                              self.prior(gamma, factor), mechanism, batch_size=2)
+        return self._rescored[key]
+
+    def onnx_detections(self, gamma: float, mechanism: str, factor: str, tmp_path):
+        key = (gamma, mechanism, factor)
+        if key not in self._onnx:
+            self._onnx[key] = self._run_onnx(gamma, mechanism, factor, tmp_path)
+        return self._onnx[key]
+
+    def _run_onnx(self, gamma: float, mechanism: str, factor: str, tmp_path):
+        from norcal.core.onnx_io import save_onnx
+        from norcal.export.calibrate_onnx import calibrate_onnx
+        from norcal.runtime.inference import run_images
+        from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+
+        model = self.plain if gamma == 0 else calibrate_onnx(self.plain, gamma, self.table, factor=factor,
+                                                              mechanism=mechanism)
+        path = tmp_path / f"{self.name}.onnx"
+        save_onnx(model, path)
+        return [d for _, d in run_images(OnnxRuntimeRunner(path), [p for _, p in self.pairs], 2)]
+
+
+_ARCHS: dict[str, Arch] = {}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def arch(request) -> Arch:
+    if request.param not in _ARCHS:
+        _ARCHS[request.param] = Arch(request.param)
+    return _ARCHS[request.param]
+
+
+@pytest.mark.parametrize("gamma, mechanism, factor", VARIANTS)
+def test_rescoring_equals_exported_model(gamma, mechanism, factor, arch, tmp_path):
+    full = arch.onnx_detections(gamma, mechanism, factor, tmp_path)
+    ours = arch.rescored(gamma, mechanism, factor)
+    for k, a, b in zip(IMAGES, full, ours):
+        assert len(a) > 50
+        frac, _ = match_detections(a.boxes, a.scores, a.classes, b.boxes, b.scores, b.classes)
+        assert frac >= 0.99, f"{arch.name} gamma {gamma} {mechanism} {factor} img{k}: {frac:.3f}"
+        assert abs(len(a) - len(b)) <= max(1, len(a) // 100)
+
+
+@pytest.mark.parametrize("setting", ["baseline", "cdt_g0.5", "ens_g0.999"])
+def test_rescoring_matches_detectron2(setting, arch):
+    """At the fixture's NorCal settings the re-scored detections are detectron2's (original
+    image coordinates)."""
+    factor, gamma = G.GAMMAS[setting]
+    for k, det in zip(IMAGES, arch.rescored(gamma, factor=factor)):
+        g = G.golden(k, arch.fixture)
+        frac, _ = match_detections(g[f"{setting}/boxes_orig"], g[f"{setting}/scores"],
+                                   g[f"{setting}/classes"], det.boxes, det.scores, det.classes)
+        assert frac >= 0.99, f"{arch.name} {setting} img{k}: {frac:.3f}"
+
+
+def test_rescoring_differs_between_gammas(arch):
+    a = arch.rescored(0.0)[0]
+    b = arch.rescored(0.5)[0]
+    frac, _ = match_detections(a.boxes, a.scores, a.classes, b.boxes, b.scores, b.classes)
+    assert frac < 0.9
+
+
+def test_cache_estimate_bounds_the_real_cache(arch):
+    from norcal.workflows.tune import estimate_cache_bytes
+
+    cache = arch.cache()
+    gammas = sum(m == "exp" for _, m, _ in VARIANTS) if arch.retina else 1
+    assert 0 < cache.nbytes <= estimate_cache_bytes(arch.spec, len(IMAGES), gammas)
+
+
+# --------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def gt_files(tmp_path_factory):
+    """Per fixture, a GT made from detectron2's baseline detections (top 15 per image, in
+    original coordinates), categories from the fixture's manifest counts: LVIS fields."""
+    from PIL import Image
+
+    out = {}
+    d = tmp_path_factory.mktemp("gt")
+    for name, folder in ARCHS.items():
+        fixture = FIXTURES / folder
+        table = manifest_table(fixture)
+        images, anns = [], []
+        for k in IMAGES:
+            w, h = Image.open(fixture / "images" / f"img{k}.png").size
+            images.append({"id": k + 1, "file_name": f"img{k}.png", "height": h, "width": w,
+                           "neg_category_ids": [], "not_exhaustive_category_ids": []})
+            g = G.golden(k, fixture)
+            for box, cls in zip(g["baseline/boxes_orig"][:15], g["baseline/classes"][:15]):
+                x0, y0, x1, y1 = (float(v) for v in box)
+                anns.append({"id": len(anns) + 1, "image_id": k + 1, "category_id": int(cls) + 1,
+                             "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)})
+        cats = [{"id": c["id"], "name": c["name"], "frequency": c["frequency"],
+                 "image_count": c["image_count"], "instance_count": c["image_count"]}
+                for c in table.categories]
+        out[name] = d / f"{name}.json"
+        out[name].write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
+    return out
+
+
+def test_sweep_ap_is_the_exported_models_ap(arch, gt_files, tmp_path):
+    """tune()'s AP at each gamma equals the AP of the export calibrated at that gamma, run by
+    ONNX Runtime and scored by the evaluation on its own."""
+    from norcal.evaluation import evaluate, prepare_gt
+    from norcal.workflows.tune import to_eval_detections, tune
+
+    gammas = [0.0, 0.5]  # the ONNX runs of test_rescoring_equals_exported_model
+    result = tune(arch.fixture / "model_final.pth", gt_files[arch.name], arch.fixture / "images", gammas,
+                  arch.table, config=arch.fixture / "config.yaml", batch_size=2)
+    assert [p.gamma for p in result.points] == gammas and result.num_images == len(IMAGES)
+    gt = prepare_gt(gt_files[arch.name], arch.table)
+    for point in result.points:
+        dets = arch.onnx_detections(point.gamma, "exp", "cdt", tmp_path)
+        ev = to_eval_detections([k + 1 for k in IMAGES], dets, arch.table.category_ids)
+        stats = evaluate(gt, ev, "bbox", 300).stats
+        for key in ("AP", "AP50", "APr", "APc", "APf"):
+            assert point.stats[key] == pytest.approx(stats[key], abs=2e-3), (arch.name, point.gamma, key)
+    assert len({round(p.stats["AP"], 6) for p in result.points}) > 1  # gamma moves the AP
+
+
+# --------------------------------------------------------------------------- Cascade only
+
+@pytest.fixture(scope="module")
+def cascade() -> Arch:
+    if "cascade" not in _ARCHS:
+        _ARCHS["cascade"] = Arch("cascade")
+    return _ARCHS["cascade"]
+
+
+def test_cascade_cache_holds_every_stage(cascade):
+    spec, cache = cascade.spec, cascade.cache()
+    p = cache.proposals.shape[1]
+    assert cache.cls_logits.shape == (3, p, 3, spec.num_classes + 1)
+    assert cache.box_deltas.shape == (3, p, 4)
+
+
+def test_cascade_cached_stage_logits_are_the_models(cascade):
+    """img0's three stages' logits and the last stage's boxes, against detectron2's goldens."""
+    g, cache = G.golden(0, cascade.fixture), cascade.cache()
+    valid = cache.valid[0].numpy()
+    j = G.box_iou(g["stage2/proposal_boxes"], cache.proposals[0].numpy()[valid]).argmax(1)
+    for k in range(3):
+        assert np.abs(cache.cls_logits[0, :, k].numpy()[valid][j] - g[f"stage{k}/cls_logits"]).max() <= 1e-3
+
+
+# --------------------------------------------------------------------------- RetinaNet only
+
+def test_retinanet_candidate_cache_refuses_another_sweep():
+    """A candidate cache is tied to the priors (gammas, counts) and mechanism it was made with."""
+    from norcal.core.errors import NorcalError
+    from norcal.workflows.tune import sweep
+
+    retina = _ARCHS.get("retinanet") or Arch("retinanet")
+    with pytest.raises(NorcalError, match="other gammas"):
+        sweep(retina.model, retina.cache("exp"), {}, retina.table, [0.0, 0.7])
