@@ -27,8 +27,9 @@ from typing import Any, Callable, Sequence
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
 from norcal.runtime.ray_inference import BatchFailed, RayOptions, ray_session, worker_error
-from norcal.workflows.tune import (HeadCache, SweepPoint, TuneResult, cache_head_outputs,
-                                   rescore, to_eval_detections)
+from norcal.workflows.tune import (CandidateCache, HeadCache, SweepPoint, TunePlan, TuneResult,
+                                   cache_images, concat_caches, evaluate_gamma, plan_tune,
+                                   progress_step, rescore_gamma, sweep_predictor)
 
 
 class _TuneWorker:
@@ -45,23 +46,25 @@ class _TuneWorker:
             torch.set_num_threads(int(threads))
         self.spec, self.model = load_detector(weights, config)
 
-    def cache(self, pairs: list, batch_size: int) -> tuple[HeadCache, int]:
+    def cache(self, pairs: list, batch_size: int, priors: list,
+              mechanism: str) -> tuple[HeadCache | CandidateCache, int]:
         try:
-            cache = cache_head_outputs(self.model, self.spec, pairs, batch_size)
+            cache = cache_images(self.model, self.spec, pairs, priors, mechanism, batch_size)
         except Exception as e:  # noqa: BLE001 - retried by Ray, then reported by the driver
             more = f" (and {len(pairs) - 1} more images of its batch)" if len(pairs) > 1 else ""
             raise BatchFailed(f"{pairs[0][1]}{more}: {type(e).__name__}: {e}") from None
         return cache, cache.nbytes
 
-    def rescore(self, caches: list, prior, mechanism: str, batch_size: int, category_ids: list[int]):
-        """One gamma over one chunk: the chunk's caches joined as tune() holds them, re-scored
-        -> (Detections, seconds)."""
+    def rescore(self, caches: list, index: int, prior, mechanism: str, batch_size: int,
+                category_ids: list[int]):
+        """The sweep's ``index``-th gamma over one chunk: the chunk's caches joined as tune()
+        holds them, re-scored -> (Detections, seconds)."""
         import ray
 
         t0 = time.perf_counter()
-        cache = concat_caches(ray.get(caches))
-        dets = rescore(self.model.roi_heads.box_predictor, cache, prior, mechanism, batch_size)
-        return to_eval_detections(cache.image_ids, dets, category_ids), time.perf_counter() - t0
+        dets = rescore_gamma(sweep_predictor(self.spec, self.model), concat_caches(ray.get(caches)),
+                             index, prior, mechanism, batch_size, category_ids)
+        return dets, time.perf_counter() - t0
 
     def evaluate(self, gt, parts: list, gamma: float, topk: int, seconds: float) -> SweepPoint:
         import ray
@@ -83,26 +86,21 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas:
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
                      min_count=min_count)
 
-    def bar(stage, total):
-        if progress is None:
-            return lambda n=1: None
-        return lambda n=1: progress(stage, n, total)
-
     pairs = [(i, str(p)) for i, p in plan.pairs]
     gammas = plan.gammas
-    net_step = bar("network pass", len(pairs))
-    sweep_step = bar("re-scoring", len(pairs) * len(gammas))
+    net_step = progress_step(progress, "network pass", len(pairs))
+    sweep_step = progress_step(progress, "re-scoring", len(pairs) * len(gammas))
     with ray_session(options) as ray:
         try:
             return _run(ray, plan, pairs, gammas, options, net_step, sweep_step,
-                        bar("evaluation", len(gammas)))
+                        progress_step(progress, "evaluation", len(gammas)))
         except NorcalError:
             raise
         except Exception as e:  # noqa: BLE001 - Ray wraps a worker's error in its own types
             raise worker_error(e, options.max_retries) from None
 
 
-def _run(ray, plan, pairs, gammas, options: RayOptions, net_step, sweep_step, eval_step) -> TuneResult:
+def _run(ray, plan: TunePlan, pairs, gammas, options: RayOptions, net_step, sweep_step, eval_step) -> TuneResult:
     retries = options.max_retries
     worker = ray.remote(_TuneWorker).options(
         num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker or None,
@@ -115,6 +113,7 @@ def _run(ray, plan, pairs, gammas, options: RayOptions, net_step, sweep_step, ev
         w = workers[next(turn) % len(workers)]
         return getattr(w, method).options(num_returns=num_returns, retry_exceptions=retries > 0).remote(*args)
 
+    acc = plan.acc  # the sweep's priors, re-scoring batch and top K; its detections stay unused
     gt = ray.put(plan.gt)
     category_ids = plan.table.category_ids
     # per gamma, in chunk order: refs of the detections (kept in the object store) and seconds
@@ -125,7 +124,8 @@ def _run(ray, plan, pairs, gammas, options: RayOptions, net_step, sweep_step, ev
         chunk = pairs[s:s + plan.chunk]
         t0 = time.perf_counter()
         batches = [chunk[b:b + plan.batch_size] for b in range(0, len(chunk), plan.batch_size)]
-        calls = [call("cache", b, plan.batch_size, num_returns=2) for b in batches]
+        calls = [call("cache", b, plan.batch_size, acc.priors, plan.mechanism, num_returns=2)
+                 for b in batches]
         caches, sizes = [c for c, _ in calls], [n for _, n in calls]
         waiting = {n: len(b) for n, b in zip(sizes, batches)}
         while waiting:  # progress as batches finish, in whatever order
@@ -133,8 +133,8 @@ def _run(ray, plan, pairs, gammas, options: RayOptions, net_step, sweep_step, ev
             net_step(waiting.pop(done[0]))
         network += time.perf_counter() - t0
         peak = max(peak, sum(ray.get(sizes)))
-        for k, prior in enumerate(plan.priors):
-            d, sec = call("rescore", caches, prior, plan.mechanism, plan.rescore_batch, category_ids,
+        for k, prior in enumerate(acc.priors):
+            d, sec = call("rescore", caches, k, prior, plan.mechanism, acc.batch_size, category_ids,
                           num_returns=2)
             dets[k].append(d)
             secs[k].append(sec)
@@ -144,100 +144,12 @@ def _run(ray, plan, pairs, gammas, options: RayOptions, net_step, sweep_step, ev
             pending.discard(done[0])
             sweep_step(len(chunk))
         del caches, calls
-    points_refs = [call("evaluate", gt, d, g, plan.topk, sum(ray.get(sec)))
+    points_refs = [call("evaluate", gt, d, g, acc.topk, sum(ray.get(sec)))
                    for d, g, sec in zip(dets, gammas, secs)]
     points = []
     for ref in points_refs:  # in gamma order
         points.append(ray.get(ref))
         eval_step()
     return TuneResult(points, plan.factor, plan.mechanism, plan.table.name, len(pairs), network, peak,
-                      plan.min_count, plan.clamped)
+                      plan.min_count, acc.clamped)
 
-
-# ----------------------------------------------------------------------------- TEMPORARY: to move into tune.py
-
-from dataclasses import dataclass as _dc
-import math as _math
-import numpy as _np
-
-
-@_dc
-class TunePlan:
-    weights: Any
-    config: Any
-    gammas: list
-    factor: str
-    mechanism: str
-    table: Any
-    pairs: list
-    spec: Any
-    model: Any
-    gt: Any
-    chunk: int
-    batch_size: int
-    rescore_batch: int
-    priors: list
-    clamped: int
-    min_count: Any
-
-    @property
-    def predictor(self):
-        return self.model.roi_heads.box_predictor
-
-    @property
-    def topk(self):
-        from norcal.workflows.tune import final_predictor
-        return final_predictor(self.predictor).topk
-
-
-def plan_tune(weights, gt, images, gammas, table=None, *, config=None, factor="cdt", mechanism="exp",
-              batch_size=4, max_cache_bytes=2 << 30, min_count=None):
-    from norcal.core.calibration import check_gamma
-    from norcal.core.fileio import read_json
-    from norcal.core.schemas import GROUND_TRUTH
-    from norcal.evaluation import prepare_gt
-    from norcal.evaluation.ground_truth import check_table_matches
-    from norcal.export.detector import load_detector
-    from norcal.export.spec import RETINANET
-    from norcal.runtime.images import unreadable_files
-    from norcal.workflows.tune import _priors, estimate_cache_bytes, images_from_gt, resolve_table
-
-    gammas = [check_gamma(g, factor) for g in gammas]
-    if table is not None:
-        table = resolve_table(table)
-    gt_data = read_json(gt, "GT", GROUND_TRUTH)
-    pairs = images_from_gt(gt_data, images, str(gt))
-    unreadable_files([p for _, p in pairs], skippable=False)
-    spec, model = load_detector(weights, config)
-    prepared = prepare_gt(gt_data, table, where=str(gt))
-    check_table_matches(table, prepared)
-    per_image = estimate_cache_bytes(spec, 1)
-    chunk = max(1, int(max_cache_bytes // per_image))
-    chunk -= chunk % batch_size
-    priors, clamped = _priors(table, gammas, factor, min_count)
-    return TunePlan(weights, config, [float(g) for g in gammas], factor, mechanism, table, pairs, spec, model,
-                    prepared, chunk, batch_size, max(batch_size, 8), priors, clamped, min_count)
-
-
-def concat_caches(parts):
-    import torch
-    from norcal.workflows.tune import _pad_to
-
-    p = max(c.proposals.shape[1] for c in parts)
-    cat = lambda name, fill: torch.cat([_pad_to(getattr(c, name), p, fill) for c in parts])  # noqa: E731
-    return HeadCache(image_ids=[i for c in parts for i in c.image_ids], proposals=cat("proposals", 0),
-                     valid=cat("valid", False), cls_logits=cat("cls_logits", 0), box_deltas=cat("box_deltas", 0),
-                     image_sizes=_np.concatenate([c.image_sizes for c in parts]),
-                     original_sizes=_np.concatenate([c.original_sizes for c in parts]))
-
-
-def evaluate_gamma(gt, parts, gamma, topk, seconds=0.0):
-    from norcal.evaluation import evaluate
-    from norcal.workflows.tune import _concat
-
-    t0 = time.perf_counter()
-    ev = _concat(parts)
-    if len(ev) == 0:
-        raise NorcalError(f"gamma {gamma:g}: no detections on any image")
-    res = evaluate(gt, ev, "bbox", topk)
-    return SweepPoint(gamma, dict(res.stats), len(ev), seconds + time.perf_counter() - t0)

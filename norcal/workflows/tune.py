@@ -241,6 +241,36 @@ def cache_candidates(model, spec, images: Sequence[tuple[Any, os.PathLike]], pri
                           priors=list(priors), mechanism=mechanism)
 
 
+def cache_images(model, spec, images: Sequence[tuple[Any, os.PathLike]], priors: Sequence,
+                 mechanism: str = "exp", batch_size: int = 4,
+                 on_done: Callable[[int], None] | None = None) -> HeadCache | CandidateCache:
+    """What the sweep re-scores for ``images``: a RetinaNet's candidates at each of ``priors``
+    (:func:`cache_candidates`), an R-CNN's head outputs (:func:`cache_head_outputs`)."""
+    if spec.meta_architecture == RETINANET:
+        return cache_candidates(model, spec, images, priors, mechanism, batch_size, on_done)
+    return cache_head_outputs(model, spec, images, batch_size, on_done)
+
+
+def concat_caches(parts: Sequence[HeadCache | CandidateCache]) -> HeadCache | CandidateCache:
+    """Caches of consecutive batches as one, as :func:`cache_images` would have made it for
+    all their images (head outputs padded to the most proposals)."""
+    import torch
+
+    first = parts[0]
+    ids = [i for c in parts for i in c.image_ids]
+    sizes = np.concatenate([c.image_sizes for c in parts])
+    originals = np.concatenate([c.original_sizes for c in parts])
+    if isinstance(first, CandidateCache):
+        return CandidateCache(ids, *(torch.cat([getattr(c, k) for c in parts]) for k in
+                                     ("boxes", "scores", "classes")),
+                              sizes, originals, first.priors, first.mechanism)
+    p = max(c.proposals.shape[1] for c in parts)
+    cat = {k: torch.cat([_pad_to(getattr(c, k), p, False if k == "valid" else 0) for c in parts])
+           for k in ("proposals", "valid", "cls_logits", "box_deltas")}
+    return HeadCache(ids, cat["proposals"], cat["valid"], cat["cls_logits"], cat["box_deltas"], sizes,
+                     originals)
+
+
 # ----------------------------------------------------------------------------- re-scoring
 
 def calibrated_logits(logits, prior: np.ndarray, mechanism: str = "exp", activation: str = "softmax"):
@@ -400,6 +430,35 @@ def _concat(parts: list):
                         for k in ("image_ids", "category_ids", "scores", "boxes")))
 
 
+def sweep_predictor(spec, model):
+    """What re-scores the cache: an R-CNN's box predictor, a RetinaNet itself."""
+    return model if spec.meta_architecture == RETINANET else model.roi_heads.box_predictor
+
+
+def rescore_gamma(predictor, cache: HeadCache | CandidateCache, index: int, prior, mechanism: str,
+                  batch_size: int, category_ids: Sequence[int]):
+    """The sweep's ``index``-th gamma (log prior ``prior``) on one cache -> its
+    :class:`norcal.evaluation.Detections`."""
+    if isinstance(cache, CandidateCache):
+        dets = rescore_candidates(predictor, cache, index, batch_size)
+    else:
+        dets = rescore(predictor, cache, prior, mechanism, batch_size)
+    return to_eval_detections(cache.image_ids, dets, category_ids)
+
+
+def evaluate_gamma(gt, parts: list, gamma: float, topk: int, seconds: float = 0.0) -> SweepPoint:
+    """One gamma's detections (chunks of :class:`norcal.evaluation.Detections`) -> its
+    :class:`SweepPoint` (LVIS box AP); ``seconds`` already spent on it are added."""
+    from norcal.evaluation import evaluate
+
+    t0 = time.perf_counter()
+    ev = _concat(parts)
+    if len(ev) == 0:
+        raise NorcalError(f"gamma {gamma:g}: no detections on any image")
+    res = evaluate(gt, ev, "bbox", topk)
+    return SweepPoint(gamma, dict(res.stats), len(ev), seconds + time.perf_counter() - t0)
+
+
 class _Accumulator:
     """Per-gamma detections gathered chunk by chunk, then evaluated; seconds per gamma."""
 
@@ -424,27 +483,21 @@ class _Accumulator:
                               "than this sweep's")
         for k, prior in enumerate(self.priors):
             t0 = time.perf_counter()
-            if isinstance(cache, CandidateCache):
-                dets = rescore_candidates(self.predictor, cache, k, self.batch_size)
-            else:
-                dets = rescore(self.predictor, cache, prior, self.mechanism, self.batch_size)
-            self.parts[k].append(to_eval_detections(cache.image_ids, dets, self.table.category_ids))
+            self.parts[k].append(rescore_gamma(self.predictor, cache, k, prior, self.mechanism,
+                                               self.batch_size, self.table.category_ids))
             self.seconds[k] += time.perf_counter() - t0
             if on_step:
                 on_step(len(cache))
 
-    def evaluate(self, gt, on_gamma: Callable[[SweepPoint], None] | None = None) -> list[SweepPoint]:
-        from norcal.evaluation import evaluate
+    @property
+    def topk(self) -> int:
+        return final_predictor(self.predictor).topk
 
+    def evaluate(self, gt, on_gamma: Callable[[SweepPoint], None] | None = None) -> list[SweepPoint]:
         points = []
         for k, g in enumerate(self.gammas):
-            t0 = time.perf_counter()
-            ev = _concat(self.parts[k])
-            if len(ev) == 0:
-                raise NorcalError(f"gamma {g:g}: no detections on any image")
-            res = evaluate(gt, ev, "bbox", final_predictor(self.predictor).topk)
+            point = evaluate_gamma(gt, self.parts[k], g, self.topk, self.seconds[k])
             self.parts[k] = []  # free as we go
-            point = SweepPoint(g, dict(res.stats), len(ev), self.seconds[k] + time.perf_counter() - t0)
             points.append(point)
             if on_gamma:
                 on_gamma(point)
@@ -489,24 +542,37 @@ def images_from_gt(gt_path: os.PathLike | dict, image_dir: os.PathLike,
     return found
 
 
-def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
-         table: str | os.PathLike | CalibrationTable | None = None, *, config: os.PathLike | None = None,
-         factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
-         max_cache_bytes: int = 2 << 30,
-         progress: Callable[[str, int, int], None] | None = None,
-         min_count: float | None = None) -> TuneResult:
-    """The whole job: build the detector, run it once over the GT's images, sweep gammas.
+@dataclass
+class TunePlan:
+    """What :func:`tune` settles before the network pass, checked: the images, the detector,
+    the prepared GT, the chunks, and the accumulator holding the sweep's priors.
+    :func:`norcal.workflows.ray_tune.tune_ray` carries out the same plan on Ray."""
 
-    table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
-    count. The checkpoint and the GT file are each read once.
-    The images go through in chunks whose cache fits ``max_cache_bytes``; each chunk is
-    re-scored at every gamma before the next is computed, so memory holds one chunk's cache
-    plus the (small) detections of every gamma, whatever the number of images.
-    progress: called as ``progress(stage, n, total)`` when n more units of a stage are done
-    (stages "network pass" and "re-scoring" count images, "evaluation" gammas; ``total`` is
-    the stage's total).
-    min_count: counts below it are raised to it (the result says how many classes).
-    """
+    weights: Path
+    config: Path | None
+    pairs: list[tuple[Any, Path]]
+    spec: Any
+    model: Any
+    table: CalibrationTable
+    gt: Any  # prepared (norcal.evaluation.prepare_gt)
+    chunk: int  # images per chunk: a multiple of batch_size
+    batch_size: int
+    factor: str
+    mechanism: str
+    min_count: float | None
+    acc: _Accumulator
+
+    @property
+    def gammas(self) -> list[float]:
+        return self.acc.gammas
+
+
+def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
+              table: str | os.PathLike | CalibrationTable | None = None, *,
+              config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
+              batch_size: int = 4, max_cache_bytes: int = 2 << 30,
+              min_count: float | None = None) -> TunePlan:
+    """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
     from norcal.core.fileio import read_json
     from norcal.core.schemas import GROUND_TRUTH
     from norcal.evaluation import prepare_gt
@@ -527,7 +593,6 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     pairs = images_from_gt(gt_data, images, str(gt))
     unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
     spec, model = load_detector(weights, config)
-    retina = spec.meta_architecture == RETINANET
     if table is None:
         from norcal.export.calibrate_onnx import default_table
 
@@ -545,32 +610,57 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
                           f"{max_cache_bytes / 2**20:.0f} MiB limit: lower batch_size or raise "
                           f"max_cache_bytes", param=("batch_size", "max_cache_bytes"))
     chunk -= chunk % batch_size  # whole batches only: chunking then changes nothing
+    acc = _Accumulator(sweep_predictor(spec, model), table, gammas, factor, mechanism,
+                       max(batch_size, 8), min_count)
+    return TunePlan(Path(weights), None if config is None else Path(config), pairs, spec, model, table,
+                    prepared, chunk, batch_size, factor, mechanism, min_count, acc)
 
-    def bar(stage, total):
-        if progress is None:
-            return lambda n=1: None
-        return lambda n=1: progress(stage, n, total)
 
-    net_step = bar("network pass", len(pairs))
-    sweep_step = bar("re-scoring", len(pairs) * len(gammas))
-    acc = _Accumulator(model if retina else model.roi_heads.box_predictor, table, gammas, factor,
-                       mechanism, max(batch_size, 8), min_count)
+def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
+         table: str | os.PathLike | CalibrationTable | None = None, *, config: os.PathLike | None = None,
+         factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
+         max_cache_bytes: int = 2 << 30,
+         progress: Callable[[str, int, int], None] | None = None,
+         min_count: float | None = None) -> TuneResult:
+    """The whole job: build the detector, run it once over the GT's images, sweep gammas.
+
+    table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
+    count. The checkpoint and the GT file are each read once.
+    The images go through in chunks whose cache fits ``max_cache_bytes``; each chunk is
+    re-scored at every gamma before the next is computed, so memory holds one chunk's cache
+    plus the (small) detections of every gamma, whatever the number of images.
+    progress: called as ``progress(stage, n, total)`` when n more units of a stage are done
+    (stages "network pass" and "re-scoring" count images, "evaluation" gammas; ``total`` is
+    the stage's total).
+    min_count: counts below it are raised to it (the result says how many classes).
+    """
+    plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
+                     mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
+                     min_count=min_count)
+    pairs, acc = plan.pairs, plan.acc
+    net_step = progress_step(progress, "network pass", len(pairs))
+    sweep_step = progress_step(progress, "re-scoring", len(pairs) * len(acc.gammas))
     network, peak = 0.0, 0
-    for s in range(0, len(pairs), chunk):
+    for s in range(0, len(pairs), plan.chunk):
         t0 = time.perf_counter()
-        if retina:
-            cache = cache_candidates(model, spec, pairs[s:s + chunk], acc.priors, mechanism,
-                                     batch_size, net_step)
-        else:
-            cache = cache_head_outputs(model, spec, pairs[s:s + chunk], batch_size, net_step)
+        cache = cache_images(plan.model, plan.spec, pairs[s:s + plan.chunk], acc.priors, mechanism,
+                             batch_size, net_step)
         network += time.perf_counter() - t0
         peak = max(peak, cache.nbytes)
         acc.add(cache, sweep_step)
         del cache
-    eval_step = bar("evaluation", len(gammas))
-    points = acc.evaluate(prepared, lambda p: eval_step())
-    return TuneResult(points, factor, mechanism, table.name, len(pairs), network, peak,
+    eval_step = progress_step(progress, "evaluation", len(acc.gammas))
+    points = acc.evaluate(plan.gt, lambda p: eval_step())
+    return TuneResult(points, factor, mechanism, plan.table.name, len(pairs), network, peak,
                       min_count, acc.clamped)
+
+
+def progress_step(progress: Callable[[str, int, int], None] | None, stage: str, total: int):
+    """``step(n=1)``: report n more units of ``stage`` to a ``progress(stage, n, total)``
+    callback (nothing without one)."""
+    if progress is None:
+        return lambda n=1: None
+    return lambda n=1: progress(stage, n, total)
 
 
 # ----------------------------------------------------------------------------- output

@@ -11,7 +11,7 @@ from conftest import SYNTH
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'norcal-deploy[ray]'")
 pytest.importorskip("torch")
 
-pytestmark = pytest.mark.slow  # two detectors load on Ray workers; ~1 min on 2 shared cores
+pytestmark = pytest.mark.slow  # detectors load on Ray workers; ~1 min on 2 shared cores
 
 IDS = list(range(100001, 100009))
 GAMMAS = [0.0, 0.5, 1.0]
@@ -79,3 +79,54 @@ def test_two_workers_give_the_single_process_sweep(local_ray, subset_gt, budget,
         assert a["gamma"] == b["gamma"] and a["num_detections"] == b["num_detections"]
         assert a["stats"] == b["stats"]  # every number, exactly
     assert "on Ray" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def retina_gt(tmp_path_factory):
+    """RetinaNet fixture: a GT from detectron2's baseline detections (top 15 per image), the
+    table from the fixture's manifest counts."""
+    from PIL import Image
+
+    import golden as G
+    from conftest import FIXTURES
+
+    fixture = FIXTURES / "d2_retinanet_tiny"
+    table = G.manifest_table(fixture)
+    images, anns = [], []
+    for k in range(3):
+        w, h = Image.open(fixture / "images" / f"img{k}.png").size
+        images.append({"id": k + 1, "file_name": f"img{k}.png", "height": h, "width": w,
+                       "neg_category_ids": [], "not_exhaustive_category_ids": []})
+        g = G.golden(k, fixture)
+        for box, cls in zip(g["baseline/boxes_orig"][:15], g["baseline/classes"][:15]):
+            x0, y0, x1, y1 = (float(v) for v in box)
+            anns.append({"id": len(anns) + 1, "image_id": k + 1, "category_id": int(cls) + 1,
+                         "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)})
+    cats = [{"id": c["id"], "name": c["name"], "frequency": c["frequency"],
+             "image_count": c["image_count"], "instance_count": c["image_count"]} for c in table.categories]
+    path = tmp_path_factory.mktemp("retina") / "gt.json"
+    path.write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
+    return fixture, table, path
+
+
+def test_retinanet_candidates_on_two_workers_give_the_single_process_sweep(local_ray, retina_gt):
+    """RetinaNet caches each gamma's candidates in the network pass: the workers do that too."""
+    import torch
+
+    from norcal.runtime.ray_inference import RayOptions
+    from norcal.workflows.ray_tune import tune_ray
+    from norcal.workflows.tune import tune
+
+    fixture, table, gt = retina_gt
+    args = (fixture / "model_final.pth", gt, fixture / "images", [0.0, 0.5, 1.0], table)
+    kwargs = dict(config=fixture / "config.yaml", batch_size=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = tune(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+    got = tune_ray(*args, **kwargs, options=RayOptions(num_workers=2))
+    assert [(p.gamma, p.num_detections, p.stats) for p in got.points] == \
+        [(p.gamma, p.num_detections, p.stats) for p in want.points]
+    assert got.best.gamma == want.best.gamma and len({p.stats["AP"] for p in got.points}) > 1
