@@ -3,6 +3,9 @@ distributed over the gammas give the single-process sweep, number for number (a 
 instance started here, 2 CPUs, no external service)."""
 
 import json
+import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,10 @@ pytestmark = pytest.mark.slow  # detectors load on Ray workers; ~1 min on 2 shar
 
 IDS = list(range(100001, 100009))
 GAMMAS = [0.0, 0.5, 1.0]
+
+
+# the dying worker below travels to Ray by value (tests/ is not on the workers' path)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +86,37 @@ def test_two_workers_give_the_single_process_sweep(local_ray, subset_gt, budget,
         assert a["gamma"] == b["gamma"] and a["num_detections"] == b["num_detections"]
         assert a["stats"] == b["stats"]  # every number, exactly
     assert "on Ray" in capsys.readouterr().out
+
+
+
+def dying_worker(marker: Path, image_id: int):
+    """A tune worker whose process exits on the network batch holding ``image_id``, once over
+    all workers (a marker file says it happened)."""
+    from norcal.workflows.ray_tune import _TuneWorker
+
+    class DyingWorker(_TuneWorker):
+        def cache(self, pairs, *args):
+            if any(i == image_id for i, _ in pairs) and not marker.exists():
+                marker.touch()
+                os._exit(1)
+            return super().cache(pairs, *args)
+
+    return DyingWorker
+
+
+def test_a_worker_killed_in_the_network_pass_is_replaced_and_the_sweep_unchanged(
+        local_ray, subset_gt, budget, single, tmp_path, monkeypatch):
+    from norcal.runtime.ray_inference import RayOptions
+    from norcal.workflows import ray_tune
+
+    marker = tmp_path / "died"
+    monkeypatch.setattr(ray_tune, "_TuneWorker", dying_worker(marker, IDS[5]))
+    got = ray_tune.tune_ray(SYNTH / "model_final.pth", subset_gt, SYNTH / "val", GAMMAS,
+                            SYNTH / "train_annotations.json", config=SYNTH / "config.yaml", batch_size=2,
+                            max_cache_bytes=budget, options=RayOptions(num_workers=2))
+    assert marker.exists()  # the worker did die
+    assert [(p.gamma, p.num_detections, p.stats) for p in got.points] == \
+        [(p.gamma, p.num_detections, p.stats) for p in single.points]
 
 
 @pytest.fixture(scope="module")
