@@ -52,7 +52,8 @@ class _TuneWorker:
             cache = cache_images(self.model, self.spec, pairs, priors, mechanism, batch_size)
         except Exception as e:  # noqa: BLE001 - retried by Ray, then reported by the driver
             more = f" (and {len(pairs) - 1} more images of its batch)" if len(pairs) > 1 else ""
-            raise BatchFailed(f"{pairs[0][1]}{more}: {type(e).__name__}: {e}") from None
+            why = (str(e).splitlines() or [""])[0]
+            raise BatchFailed(f"{pairs[0][1]}{more}: {type(e).__name__}: {why}") from None
         return cache, cache.nbytes
 
     def rescore(self, caches: list, index: int, prior, mechanism: str, batch_size: int,
@@ -100,7 +101,8 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas:
             raise worker_error(e, options.max_retries) from None
 
 
-def _run(ray, plan: TunePlan, pairs, gammas, options: RayOptions, net_step, sweep_step, eval_step) -> TuneResult:
+def _run(ray, plan: TunePlan, pairs: list, gammas: list[float], options: RayOptions, net_step, sweep_step,
+         eval_step) -> TuneResult:
     retries = options.max_retries
     worker = ray.remote(_TuneWorker).options(
         num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker or None,
@@ -111,7 +113,8 @@ def _run(ray, plan: TunePlan, pairs, gammas, options: RayOptions, net_step, swee
 
     def call(method: str, *args, num_returns: int = 1):
         w = workers[next(turn) % len(workers)]
-        return getattr(w, method).options(num_returns=num_returns, retry_exceptions=retries > 0).remote(*args)
+        return getattr(w, method).options(num_returns=num_returns,
+                                          retry_exceptions=retries > 0).remote(*args)
 
     acc = plan.acc  # the sweep's priors, re-scoring batch and top K; its detections stay unused
     gt = ray.put(plan.gt)

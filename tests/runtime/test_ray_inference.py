@@ -181,7 +181,8 @@ def test_an_undecodable_image_is_named_in_one_line_and_nothing_is_written(local_
 
 def test_without_ray_nothing_imports_ray(synth_onnx, tmp_path):
     code = ("import sys; from norcal.cli import main; "
-            f"rc = main(['infer', {str(synth_onnx)!r}, {str(IMAGES[0])!r}, '-o', {str(tmp_path / 'r.json')!r}]); "
+            f"rc = main(['infer', {str(synth_onnx)!r}, {str(IMAGES[0])!r}, "
+            f"'-o', {str(tmp_path / 'r.json')!r}]); "
             "assert rc == 0, rc; assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 

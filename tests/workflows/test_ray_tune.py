@@ -119,6 +119,36 @@ def test_a_worker_killed_in_the_network_pass_is_replaced_and_the_sweep_unchanged
         [(p.gamma, p.num_detections, p.stats) for p in single.points]
 
 
+
+def test_a_batch_that_always_fails_is_one_line_naming_its_first_image(local_ray, subset_gt, budget,
+                                                                       monkeypatch):
+    from norcal.core.errors import NorcalError
+    from norcal.runtime.ray_inference import RayOptions
+    from norcal.workflows import ray_tune
+
+    class FailingWorker(ray_tune._TuneWorker):
+        """The detector itself fails on the batch holding IDS[2], every time."""
+
+        def cache(self, pairs, *args):
+            def fail(*a, **k):
+                raise RuntimeError("injected fault")
+
+            if any(i == IDS[2] for i, _ in pairs):
+                self.model.inference = fail
+            try:
+                return super().cache(pairs, *args)
+            finally:
+                self.model.__dict__.pop("inference", None)
+
+    monkeypatch.setattr(ray_tune, "_TuneWorker", FailingWorker)
+    with pytest.raises(NorcalError) as e:
+        ray_tune.tune_ray(SYNTH / "model_final.pth", subset_gt, SYNTH / "val", GAMMAS,
+                          SYNTH / "train_annotations.json", config=SYNTH / "config.yaml", batch_size=2,
+                          max_cache_bytes=budget, options=RayOptions(num_workers=2, max_retries=1))
+    assert str(e.value) == (f"a Ray worker failed on {SYNTH / 'val' / f'{IDS[2]}.png'} (and 1 more images "
+                            "of its batch): RuntimeError: injected fault after 1 retry")
+
+
 @pytest.fixture(scope="module")
 def retina_gt(tmp_path_factory):
     """RetinaNet fixture: a GT from detectron2's baseline detections (top 15 per image), the
