@@ -80,8 +80,9 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas:
              progress: Callable[[str, int, int], None] | None = None,
              min_count: float | None = None, options: RayOptions = RayOptions()) -> TuneResult:
     """:func:`norcal.workflows.tune.tune` on Ray; the same arguments, plus ``options`` (where
-    and how many workers; ``options.threads``: torch threads per worker). The weights, the
-    config and the images must be readable at the same paths on every node."""
+    and how many workers; ``options.threads``: torch threads per worker; the detector runs on
+    CPU, as in tune()). The weights, the config and the images must be readable at the same
+    paths on every node."""
     options.check()
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,

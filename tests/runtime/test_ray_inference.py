@@ -123,7 +123,7 @@ def test_two_workers_equal_single_process_byte_for_byte(local_ray, synth_onnx, s
     out = tmp_path / "ray.json"
     assert main(["infer", str(synth_onnx), *map(str, IMAGES), "--batch", str(BATCH), "--ray",
                  "--num-workers", "2", "-o", str(out)]) == 0
-    assert "on Ray (this machine, 2 workers)" in capsys.readouterr().err
+    assert "on Ray (default address, 2 workers)" in capsys.readouterr().err
     assert out.read_bytes() == single.read_bytes()
     res = json.loads(out.read_text())
     assert len(res) == 8 * 300 and [r["image_id"] for r in res[::300]] == [int(p.stem) for p in IMAGES]

@@ -175,7 +175,7 @@ def run(args) -> int:
                               f"{unreadable[0][0]}: {unreadable[0][1]}")
     with_masks = not args.no_masks and "masks" in runner.output_names
     draw_table, drawn = (_draw_table(args, meta) if args.draw else None), []
-    where = "" if ray is None else (f" on Ray ({ray.address or 'this machine'}, {ray.num_workers} "
+    where = "" if ray is None else (f" on Ray ({ray.address or 'default address'}, {ray.num_workers} "
                                     f"worker{'s' if ray.num_workers > 1 else ''})")
     name = runner.name if ray is None or not runner.name.startswith("onnxruntime") else \
         f"onnxruntime-{args.provider or 'cpu'}"
