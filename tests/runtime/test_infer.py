@@ -355,3 +355,24 @@ def test_cli_infer_exported_model_matches_detectron2(exported_tiny, tmp_path):
             union = (m | m_ref).sum()
             ious.append((m & m_ref).sum() / union if union else 1.0)
         assert np.mean(ious) >= 0.95
+
+
+def test_results_stream_writes_the_bytes_of_one_json_dump(toy, tmp_path):
+    """`norcal infer` streams the results file image by image: the same bytes as dumping the
+    whole list at once (images without detections included)."""
+    from norcal.runtime.postprocess import ImageDetections
+    from norcal.runtime.results import results_fragment, results_writer
+
+    dets = run_arrays(open_runner(toy), [solid(40, 60, (255, 0, 0)), solid(64, 64, (0, 9, 200))])
+    empty = ImageDetections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64),
+                            None, (10, 10))
+    images = [(1, empty), (2, dets[0]), (3, empty), (4, dets[1])]
+    out = tmp_path / "r.json"
+    with results_writer(out) as w:
+        for i, d in images:
+            w.add(*results_fragment(i, d, [5, 7, 9]))
+    expected = [r for i, d in images for r in detections_to_results(i, d, [5, 7, 9])]
+    assert out.read_text() == json.dumps(expected) + "\n" and w.count == len(expected) == 4
+    with results_writer(tmp_path / "none.json") as w:
+        w.add(*results_fragment(1, empty, None))
+    assert (tmp_path / "none.json").read_text() == "[]\n"
