@@ -58,18 +58,21 @@ def d2_out(image) -> dict[str, np.ndarray]:
     return {"boxes": boxes, "classes": classes, "masks": masks[:, 0], "scores": scores}
 
 
-@pytest.mark.parametrize("fixed_size", [True, False], ids=["800x1216", "dynamic-size"])
-def test_our_graph_matches_detectron2s_export(image, d2_out, fixed_size):
+@pytest.mark.parametrize("fixed_size, rois", [(True, "valid"), (False, "valid"), (True, "static")],
+                         ids=["800x1216", "dynamic-size", "800x1216-static-mask-head"])
+def test_our_graph_matches_detectron2s_export(image, d2_out, fixed_size, rois):
     """Fixed 800x1216: the graph masks padding (a smaller image could be padded up to it);
-    dynamic size, batch 1: no padding masks at all. Both must give detectron2's detections."""
+    dynamic size, batch 1: no padding masks at all; the mask head on the detections only or
+    on all K slots. Each must give detectron2's detections and masks."""
     spec = dataclasses.replace(G.tiny_spec(), score_thresh_test=THRESH)
     model = model_from_state(spec, G.tiny_state_dict()).eval()
     size = {"height": H, "width": W} if fixed_size else {}
-    proto = export_detector(model, spec, batch=1, **size)
+    proto = export_detector(model, spec, batch=1, mask_head_rois=rois, **size)
     meta = {p.key: p.value for p in proto.metadata_props}
     assert meta[contract.PADDING_MASKS] == ("true" if fixed_size else "false")
-    assert meta[contract.MASK_HEAD_ROIS] == "valid"
-    assert "NonZero" in {n.op_type for n in proto.graph.node}
+    assert meta[contract.MASK_HEAD_ROIS] == rois
+    mask_ops = {n.op_type for n in proto.graph.node if n.name.startswith("/roi_heads/")}
+    assert ("ScatterND" in mask_ops) == (rois == "valid")
     assert_tensorrt_compatible(proto)
     num, boxes, scores, classes, masks = session(proto).run(
         None, {"images": image[None], "image_sizes": np.array([[H, W]], np.int64)})
