@@ -37,11 +37,15 @@ def _dummy_size(value: int | None, default: int, div: int) -> int:
     return v
 
 
-def _fix_detection_dim(proto: onnx.ModelProto, k: int) -> None:
+def _fix_detection_dim(proto: onnx.ModelProto, k: int, batch: int | None = None) -> None:
     """Outputs are padded to K detections (like EfficientNMS): say so in their shapes, so
-    TensorRT, Triton and users see [B, K, ...] instead of a traced symbol."""
+    TensorRT, Triton and users see [B, K, ...] instead of a traced symbol; likewise B when the
+    batch is fixed."""
     for out in proto.graph.output:
         dims = out.type.tensor_type.shape.dim
+        if batch is not None and len(dims) >= 1:
+            dims[0].Clear()
+            dims[0].dim_value = batch
         if out.name != "num_detections" and len(dims) >= 2:
             dims[1].Clear()
             dims[1].dim_value = k
@@ -150,7 +154,7 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     if spec.meta_architecture == RETINANET:  # one sigmoid over all levels' logits, no background
         props[CLASSIFIER_BACKGROUND] = "none"
     onnx.helper.set_model_props(proto, props)
-    _fix_detection_dim(proto, int(spec.detections_per_image))
+    _fix_detection_dim(proto, int(spec.detections_per_image), batch)
     if check:
         onnx.checker.check_model(proto, full_check=True)
     return proto

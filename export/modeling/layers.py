@@ -125,7 +125,7 @@ class PaddingMasks:
     ``enabled`` False: the caller knows no map holds padding beyond each image's own multiple
     of ``divisibility`` (one image per batch, padded by the host to that multiple only), so
     every mask would be all ones: :meth:`apply` passes maps through, :meth:`mask` returns None
-    and the graph keeps no masking ops (which would also split ORT's Conv+Relu fusions).
+    and the graph keeps no masking ops.
     The pixel padding (:meth:`apply_image`) is zeroed either way.
     """
 
