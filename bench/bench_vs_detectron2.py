@@ -16,7 +16,7 @@ them (class offsets) and takes more than 10 minutes. 0.02 keeps ~4000 candidates
 300 detections. Target: ratio ours / detectron2 <= 1.0 in both regimes. ``--profile`` adds
 each graph's time per op type (ONNX Runtime profiling).
 
-    python bench/bench_vs_detectron2.py [--threads 2] [--repeats 5] [--profile]
+    python bench/bench_vs_detectron2.py [--threads 2] [--repeats 7] [--profile]
 """
 
 from __future__ import annotations
