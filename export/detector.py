@@ -11,12 +11,18 @@ from norcal.export.spec import ModelSpec
 from norcal.core import contract
 
 
-def load_detector(weights: str | Path, config: str | Path | None = None):
-    """(spec, model in eval mode) from a detectron2 checkpoint and optional config."""
+def load_detector(weights: str | Path, config: str | Path | None = None, *,
+                  detections_per_image: int | None = None):
+    """(spec, model in eval mode) from a detectron2 checkpoint and optional config;
+    ``detections_per_image`` replaces the config's K (TEST.DETECTIONS_PER_IMAGE)."""
+    import dataclasses
+
     from norcal.export.loader import load_detector_spec
     from norcal.export.modeling.build import model_from_state
 
     spec, state = load_detector_spec(weights, config)
+    if detections_per_image is not None:
+        spec = dataclasses.replace(spec, detections_per_image=int(detections_per_image))
     model = model_from_state(spec, state).eval()
     return spec, model
 
@@ -37,11 +43,14 @@ def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
 
 
 def export_detector(model, spec: ModelSpec, *, batch: int | None = None, height: int | None = None,
-                    width: int | None = None, opset: int = 17) -> onnx.ModelProto:
-    """The batched ONNX graph (plain softmax classifier) with runtime metadata set."""
+                    width: int | None = None, opset: int = 17, mask_head_rois: str = "valid",
+                    padding_masks: bool | None = None, check: bool = True) -> onnx.ModelProto:
+    """The batched ONNX graph (plain softmax classifier) with runtime metadata set; the
+    options are :func:`norcal.export.onnx_export.export_onnx`'s."""
     from norcal.export.onnx_export import export_onnx
 
-    graph = export_onnx(model, spec, batch=batch, height=height, width=width, opset=opset)
+    graph = export_onnx(model, spec, batch=batch, height=height, width=width, opset=opset,
+                        mask_head_rois=mask_head_rois, padding_masks=padding_masks, check=check)
     props = {p.key: p.value for p in graph.metadata_props}
     props.update(runtime_metadata(spec))
     onnx.helper.set_model_props(graph, props)

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import io
 import warnings
+from contextlib import contextmanager
 
 import onnx
 import torch
 
-from norcal.core.contract import (CLASSIFIER_BACKGROUND, CLASSIFIER_LOGITS, INPUT_NAMES, LIST_SEP, OUTPUT_NAMES,
-                                  cls_logits_tensors)
+from norcal.core.contract import (CLASSIFIER_BACKGROUND, CLASSIFIER_LOGITS, INPUT_NAMES, LIST_SEP,
+                                  MASK_HEAD_ROIS, OUTPUT_NAMES, PADDING_MASKS, cls_logits_tensors)
 from norcal.core.errors import NorcalError
 
+from .modeling.folding import frozen_bn_folded
+from .modeling.roi_heads import MASK_ROIS, MASK_ROIS_VALID
 from .spec import RETINANET, ModelSpec
 
 MIN_OPSET = 17  # RoiAlign-16 (half_pixel) and Softmax-13 on the last axis
@@ -34,11 +37,15 @@ def _dummy_size(value: int | None, default: int, div: int) -> int:
     return v
 
 
-def _fix_detection_dim(proto: onnx.ModelProto, k: int) -> None:
+def _fix_detection_dim(proto: onnx.ModelProto, k: int, batch: int | None = None) -> None:
     """Outputs are padded to K detections (like EfficientNMS): say so in their shapes, so
-    TensorRT, Triton and users see [B, K, ...] instead of a traced symbol."""
+    TensorRT, Triton and users see [B, K, ...] instead of a traced symbol; likewise B when the
+    batch is fixed."""
     for out in proto.graph.output:
         dims = out.type.tensor_type.shape.dim
+        if batch is not None and len(dims) >= 1:
+            dims[0].Clear()
+            dims[0].dim_value = batch
         if out.name != "num_detections" and len(dims) >= 2:
             dims[1].Clear()
             dims[1].dim_value = k
@@ -51,24 +58,64 @@ def _drop_output(proto: onnx.ModelProto, name: str) -> None:
     proto.graph.output.extend(kept)
 
 
+def needs_padding_masks(batch: int | None, height: int | None, width: int | None) -> bool:
+    """Can padding beyond an image's own size-divisibility multiple reach the graph? Yes with
+    more than one image per batch (padded to the largest) or a fixed input size (padded up to
+    it); a batch of one at a dynamic size is padded by the host to its own multiple only."""
+    return batch != 1 or height is not None or width is not None
+
+
+@contextmanager
+def _graph_choices(model: torch.nn.Module, padding_masks: bool, mask_head_rois: str):
+    """Set the export's choices on ``model`` for the trace; the model gets its own back."""
+    heads = getattr(model, "roi_heads", None)
+    saved = (getattr(model, "padding_masks", None), getattr(heads, "mask_rois", None))
+    if saved[0] is not None:
+        model.padding_masks = padding_masks
+    if saved[1] is not None:
+        heads.mask_rois = mask_head_rois
+    try:
+        yield
+    finally:
+        if saved[0] is not None:
+            model.padding_masks = saved[0]
+        if saved[1] is not None:
+            heads.mask_rois = saved[1]
+
+
 def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = None,
                 height: int | None = None, width: int | None = None,
-                opset: int = 17) -> onnx.ModelProto:
+                opset: int = 17, mask_head_rois: str = MASK_ROIS_VALID,
+                padding_masks: bool | None = None, check: bool = True) -> onnx.ModelProto:
     """Trace ``model`` (from ``modeling.model_from_state``) to an ONNX model in memory.
 
     ``batch``/``height``/``width``: fix that dimension (height/width a multiple of the spec's
-    size divisibility); left None it stays dynamic. The graph is checked with
-    ``onnx.checker.check_model(full_check=True)`` before it is returned.
+    size divisibility); left None it stays dynamic. ``mask_head_rois``: "valid" runs the mask
+    head on the detections only (NonZero: data-dependent shapes), "static" on all K slots.
+    ``padding_masks``: mask batch padding in the feature maps; None: where padding can reach
+    (:func:`needs_padding_masks`). False with a fixed size promises images that fill it.
+    FrozenBN is folded into the convolutions. With ``check`` the graph is checked with
+    ``onnx.checker.check_model(full_check=True)`` before it is returned (a caller that checks
+    the final graph anyway, like the export job, passes False: a full check of a full-size
+    model costs a second).
     """
     if opset < MIN_OPSET:
         raise NorcalError(f"opset {opset} is too old: the export needs opset >= {MIN_OPSET}")
+    if mask_head_rois not in MASK_ROIS:
+        raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, "
+                          f"got {mask_head_rois!r}")
+    if padding_masks is None:
+        padding_masks = needs_padding_masks(batch, height, width)
+    elif not padding_masks and (batch is None or batch > 1):
+        raise NorcalError("padding_masks=False needs batch=1: a batch pads its images to the "
+                          "largest")
     div = max(int(spec.size_divisibility), 1)
     b = 1 if batch is None else int(batch)
     if b <= 0:
         raise NorcalError(f"export batch must be positive, got {b}")
     # the trace is valid for any size; a small default keeps it quick
-    h = _dummy_size(height, 320, div)
-    w = _dummy_size(width, 320, div)
+    h = _dummy_size(height, 128, div)
+    w = _dummy_size(width, 128, div)
     gen = torch.Generator().manual_seed(0)
     images = torch.rand((b, 3, h, w), generator=gen) * 255.0
     sizes = torch.tensor([[h, w]] * b, dtype=torch.int64)
@@ -84,7 +131,8 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     names = [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on]
     logits = cls_logits_tensors(len(spec.cascade_bbox_reg_weights))
     buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), frozen_bn_folded(model), \
+            _graph_choices(model, padding_masks, mask_head_rois):
         warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
         torch.onnx.export(
             # the logits as one more output get their name; _drop_output makes them internal again
@@ -99,9 +147,14 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     for name in logits:
         _drop_output(proto, name)
     props = {CLASSIFIER_LOGITS: LIST_SEP.join(logits)}
+    if spec.meta_architecture != RETINANET:  # RetinaNet always masks padding, has no mask head
+        props[PADDING_MASKS] = "true" if padding_masks else "false"
+        if spec.mask_on:
+            props[MASK_HEAD_ROIS] = mask_head_rois
     if spec.meta_architecture == RETINANET:  # one sigmoid over all levels' logits, no background
         props[CLASSIFIER_BACKGROUND] = "none"
     onnx.helper.set_model_props(proto, props)
-    _fix_detection_dim(proto, int(spec.detections_per_image))
-    onnx.checker.check_model(proto, full_check=True)
+    _fix_detection_dim(proto, int(spec.detections_per_image), batch)
+    if check:
+        onnx.checker.check_model(proto, full_check=True)
     return proto

@@ -66,6 +66,7 @@ class CascadeROIHeads(StandardROIHeads):
         """As ``StandardROIHeads.forward``; ``intermediates`` also gets each stage's
         ``stage_proposals``, ``stage_cls_logits`` and ``stage_box_deltas`` (lists, [B, R, ...])."""
         b, r = proposals.shape[0], proposals.shape[1]
+        features = self.edge_replicated(features, masks)
         boxes, deltas = proposals, None
         stage = {"stage_proposals": [], "stage_cls_logits": [], "stage_box_deltas": []}
         probs = []
@@ -74,7 +75,7 @@ class CascadeROIHeads(StandardROIHeads):
                 # the previous stage's regressed boxes, clipped (detectron2's _create_proposals_from_boxes)
                 prev = self.box_predictor[k - 1]
                 boxes = clip_boxes(prev.box_coder.decode(deltas, boxes)[:, :, 0, :], image_sizes)
-            logits, deltas = pred(head(self.box_pooler(features, boxes, masks)))
+            logits, deltas = pred(head(self.box_pooler(features, boxes)))
             logits = logits.reshape(b, r, -1)
             deltas = deltas.reshape(b, r, -1)
             probs.append(pred.probs(logits))
@@ -86,4 +87,4 @@ class CascadeROIHeads(StandardROIHeads):
             intermediates.update(stage, cls_logits=logits, box_deltas=deltas)
         last = self.box_predictor[-1]
         num, det, scores, classes = last.inference_from_probs(mean, deltas, boxes, valid, image_sizes)
-        return self.with_masks(features, num, det, scores, classes, masks)
+        return self.with_masks(features, num, det, scores, classes)

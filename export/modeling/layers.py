@@ -108,7 +108,7 @@ class Conv2d(nn.Conv2d):
         if isinstance(self.norm, GroupNorm) and masks is not None:
             if stride <= 0:
                 raise NorcalError("a GroupNorm on a padded map needs the map's stride")
-            x = self.norm(x, masks.mask(stride, x))
+            x = self.norm(x, masks.mask(stride, x))  # None when disabled: stock GroupNorm
         elif self.norm is not None:
             x = self.norm(x)
         return F.relu(x) if self.relu else x
@@ -121,10 +121,17 @@ class PaddingMasks:
     the largest image, so a 3x3 convolution at an image's right/bottom edge would read the
     neighbour's padding (non-zero after the first conv) instead of the zero padding it saw in
     detectron2. Multiplying a conv's input by ``mask(stride)`` restores exactly that.
+
+    ``enabled`` False: the caller knows no map holds padding beyond each image's own multiple
+    of ``divisibility`` (one image per batch, padded by the host to that multiple only), so
+    every mask would be all ones: :meth:`apply` passes maps through, :meth:`mask` returns None
+    and the graph keeps no masking ops.
+    The pixel padding (:meth:`apply_image`) is zeroed either way.
     """
 
-    def __init__(self, image_sizes: torch.Tensor, divisibility: int):
+    def __init__(self, image_sizes: torch.Tensor, divisibility: int, enabled: bool = True):
         d = max(int(divisibility), 1)
+        self.enabled = bool(enabled)
         self.image_sizes = image_sizes
         # each image's padded extent in input pixels, int64 [B, 2]
         # sizes are >= 0, so truncating division is floor division (and a plain ONNX Div)
@@ -135,8 +142,11 @@ class PaddingMasks:
         """Valid rows/cols of a stride-``stride`` map per image, int64 [B, 2] (ceil division)."""
         return torch.div(self.padded + (stride - 1), stride, rounding_mode="trunc")
 
-    def mask(self, stride: int, like: torch.Tensor) -> torch.Tensor:
-        """Float mask [B, 1, H, W] of ``like``'s spatial size: 1 inside each image's extent."""
+    def mask(self, stride: int, like: torch.Tensor) -> torch.Tensor | None:
+        """Float mask [B, 1, H, W] of ``like``'s spatial size: 1 inside each image's extent
+        (None when disabled: all ones)."""
+        if not self.enabled:
+            return None
         # one map size per stride within a forward, so the stride is the cache key
         if stride in self._cache:
             return self._cache[stride]
@@ -149,7 +159,8 @@ class PaddingMasks:
         return m
 
     def apply(self, x: torch.Tensor, stride: int) -> torch.Tensor:
-        return x * self.mask(stride, x)
+        m = self.mask(stride, x)
+        return x if m is None else x * m
 
     def apply_image(self, x: torch.Tensor) -> torch.Tensor:
         """Zero x [B, C, H, W] outside each image's own (h, w), e.g. the host's pixel padding."""

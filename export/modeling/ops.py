@@ -18,6 +18,12 @@ class _NonMaxSuppression(torch.autograd.Function):
     def forward(ctx, boxes, scores, max_per_class: int, iou_threshold: float,
                 score_threshold: float):
         n, c, r = scores.shape
+        if torch.onnx.is_in_onnx_export():
+            # the trace records the NonMaxSuppression node whatever this returns, and nothing
+            # downstream turns the selection's values or count into constants: a stand-in (the
+            # first candidate) spares the export the real NMS, seconds for 1.2M candidates,
+            # and the mask head on hundreds of detections
+            return torch.zeros((1, 3), dtype=torch.int64, device=scores.device)
         # nonzero is row-major, so candidates come grouped by (n, c) with r ascending
         ni, ci, ri = torch.nonzero(scores > score_threshold, as_tuple=True)
         if ni.numel() == 0:

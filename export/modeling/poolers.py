@@ -69,20 +69,24 @@ class ROIPooler(nn.Module):
     def forward(self, features: list[torch.Tensor], boxes: torch.Tensor,
                 masks: PaddingMasks | None = None) -> torch.Tensor:
         b, r = boxes.shape[0], boxes.shape[1]
-        if masks is not None:
+        batch_idx = torch.arange(b, device=boxes.device)[:, None].expand(b, r).reshape(-1)
+        return self.pool(features, boxes.reshape(-1, 4), batch_idx, masks)
+
+    def pool(self, features: list[torch.Tensor], boxes: torch.Tensor, batch_idx: torch.Tensor,
+             masks: PaddingMasks | None = None) -> torch.Tensor:
+        """Pool boxes [M, 4] of images ``batch_idx`` int64 [M] -> [M, C, S, S]."""
+        if masks is not None and masks.enabled:
             features = [replicate_edge(f, masks.extent(s))
                         for f, s in zip(features, self.strides)]
-        flat = boxes.reshape(-1, 4)
-        batch_idx = torch.arange(b, device=boxes.device)[:, None].expand(b, r).reshape(-1)
         if len(features) == 1:
-            return roi_align(features[0], flat, batch_idx, self.output_size, self.scales[0],
+            return roi_align(features[0], boxes, batch_idx, self.output_size, self.scales[0],
                              self.sampling_ratio, self.aligned)
-        levels = assign_boxes_to_levels(flat, self.min_level, self.max_level,
+        levels = assign_boxes_to_levels(boxes, self.min_level, self.max_level,
                                         self.canonical_box_size, self.canonical_level)
         out = None
         for i, (f, scale) in enumerate(zip(features, self.scales)):
             on = (levels == i)[:, None]
-            lvl_boxes = torch.where(on, flat, torch.zeros_like(flat))
+            lvl_boxes = torch.where(on, boxes, torch.zeros_like(boxes))
             pooled = roi_align(f, lvl_boxes, batch_idx, self.output_size, scale,
                                self.sampling_ratio, self.aligned)
             pooled = pooled * on.to(pooled.dtype)[:, :, None, None]

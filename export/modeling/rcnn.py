@@ -23,13 +23,16 @@ class GeneralizedRCNN(nn.Module):
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean).view(1, -1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std).view(1, -1, 1, 1), False)
         self.size_divisibility = size_divisibility
+        # False: every image arrives padded to its own multiple of size_divisibility only (one
+        # image per batch), so no map needs masking (see PaddingMasks); the export decides
+        self.padding_masks = True
 
     def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
                   intermediates: bool = False) -> dict[str, torch.Tensor]:
         """Detections by name (see OUTPUT_NAMES); with ``intermediates`` also ``proposals``
         [B, P, 4], ``proposal_logits`` / ``proposal_valid`` [B, P], ``cls_logits`` [B, P, C+1]
         and ``box_deltas`` [B, P, K*4]."""
-        masks = PaddingMasks(image_sizes, self.size_divisibility)
+        masks = PaddingMasks(image_sizes, self.size_divisibility, self.padding_masks)
         # detectron2 pads after normalising: the padded area must be 0, not -mean/std
         x = masks.apply_image((images - self.pixel_mean) / self.pixel_std)
         features = self.backbone(x, masks)

@@ -94,8 +94,10 @@ class RPN(nn.Module):
             logits, deltas = self.rpn_head(f)
             b = logits.shape[0]
             a = self.anchor_generator.num_anchors
-            inside = masks.mask(stride, f)[:, 0, :, :, None].expand(-1, -1, -1, a).reshape(b, -1)
-            logits = torch.where(inside > 0, logits, torch.full_like(logits, NEG_INF))
+            m = masks.mask(stride, f)
+            if m is not None:
+                inside = m[:, 0, :, :, None].expand(-1, -1, -1, a).reshape(b, -1)
+                logits = torch.where(inside > 0, logits, torch.full_like(logits, NEG_INF))
             # pad with k dummies so top-k needs no min(k, H*W*A) and works for any input size
             logits = torch.cat([logits, logits.new_full((b, k), NEG_INF)], dim=1)
             deltas = torch.cat([deltas, deltas.new_zeros((b, k, 4))], dim=1)

@@ -56,8 +56,15 @@ CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits te
 # where the classifier's background slot is (last, first, none); absent: last. A RetinaNet export
 # writes "none": its cls_logits are every level's anchors concatenated, [B, sum(H*W*A), C], sigmoid.
 CLASSIFIER_BACKGROUND = "norcal.classifier_background"
+# which ROIs the mask head runs on: "valid" (the detections only; NonZero, data-dependent
+# shapes) or "static" (all K slots, padding included; fixed shapes). Mask models only.
+MASK_HEAD_ROIS = "norcal.mask_head_rois"
+MASK_HEAD_ROIS_VALUES = ("valid", "static")  # the first is the export's default
+# "true": the graph masks batch padding in its feature maps (any batch / padded size);
+# "false": exported for one image padded to its own size divisibility only
+PADDING_MASKS = "norcal.padding_masks"
 # what the export says about the graph itself (kept by --strip, like the runtime keys)
-GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND})
+GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND, MASK_HEAD_ROIS, PADDING_MASKS})
 
 # Precision keys: what `norcal quantize` did to the graph (absent: an fp32 graph). They describe
 # the graph, not the NorCal node, so stripping keeps them.

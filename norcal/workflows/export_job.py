@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 
+from norcal.core.contract import MASK_HEAD_ROIS_VALUES as MASK_ROIS
 from norcal.core.errors import NorcalError
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
 from norcal.core.outputs import check_output_dir, check_output_file, current_path, output_run
@@ -68,14 +69,18 @@ class NorCal:
 @dataclass(frozen=True)
 class CheckpointExport:
     """How a detectron2 checkpoint becomes a graph: its config (None: inferred from the weights
-    with detectron2's LVIS test settings), fixed batch / padded height / width (None: dynamic)
-    and the ONNX opset."""
+    with detectron2's LVIS test settings), fixed batch / padded height / width (None: dynamic),
+    the ONNX opset, K = detections per image (None: the config's TEST.DETECTIONS_PER_IMAGE)
+    and which ROIs the mask head runs on ("valid": the detections only; "static": all K slots,
+    no data-dependent shapes)."""
 
     config: PathLike | None = None
     batch: int | None = None
     height: int | None = None
     width: int | None = None
     opset: int = 17
+    detections_per_image: int | None = None
+    mask_head_rois: str = "valid"
 
 
 @dataclass
@@ -222,6 +227,13 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         raise NorcalError("logits applies to ONNX input; a checkpoint export knows its classifier",
                           param="logits")
     src, out = Path(src), Path(out)
+    k = options.detections_per_image
+    if k is not None and k <= 0:
+        raise NorcalError(f"detections_per_image must be positive, got {k}",
+                          param="detections_per_image")
+    if options.mask_head_rois not in MASK_ROIS:
+        raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, got "
+                          f"{options.mask_head_rois!r}", param="mask_head_rois")
     _check_outputs(out, triton_repo, force)
     if verify:  # bad images fail now, not after the export
         from norcal.workflows.verify import check_images
@@ -229,12 +241,14 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         check_images(verify, skip_unreadable)
     t0 = time.perf_counter()
     step("loading checkpoint")
-    spec, model = load_detector(src, options.config)
+    spec, model = load_detector(src, options.config, detections_per_image=k)
     norcal, from_config = _calibration_for(norcal, spec)
     norcal = _with_model_table(norcal, spec.num_classes)
     step("exporting to ONNX")
     graph = export_detector(model, spec, batch=options.batch, height=options.height,
-                            width=options.width, opset=options.opset)
+                            width=options.width, opset=options.opset,
+                            mask_head_rois=options.mask_head_rois,
+                            check=False)  # _finish checks the calibrated graph
     step("inserting the NorCal node")
     graph = calibrate_onnx(graph, norcal)
     with output_run():  # the model, its verification and the Triton folder: all, or nothing written

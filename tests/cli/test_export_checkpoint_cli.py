@@ -67,6 +67,33 @@ def test_checkpoint_refuses_onnx_only_options(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_detections_per_image_and_static_mask_head(tmp_path, capsys, monkeypatch):
+    """--detections-per-image K sets the outputs' K (the PyTorch model's too: --verify agrees);
+    --mask-head-rois static is recorded and keeps the graph free of NonZero in the mask head."""
+    monkeypatch.setenv("COLUMNS", "200")
+    out = tmp_path / "k50.onnx"
+    assert export_main([str(TINY / "model_final.pth"), "--config", str(TINY / "config.yaml"), "--gamma", "0.5",
+                        "--detections-per-image", "50", "--mask-head-rois", "static", "--batch", "1",
+                        "--verify", str(TINY / "images" / "img0.png"), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "50 detections" in text and "boxes: float [1, 50, 4]" in text and "NOT compatible" not in text
+    model = onnx.load(str(out))
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["norcal.mask_head_rois"] == "static" and meta["norcal.padding_masks"] == "false"
+    assert not any(n.op_type == "NonZero" and "mask" in n.name for n in model.graph.node)
+
+
+@pytest.mark.parametrize("flag, message", [
+    (["--detections-per-image", "0"], "--detections-per-image"),
+])
+def test_bad_detections_per_image_is_refused_before_work(tmp_path, capsys, flag, message):
+    out = tmp_path / "o.onnx"
+    rc = export_main([str(TINY / "model_final.pth"), "--gamma", "0.5", *flag, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def _authors_config(tmp_path, calibration: str | None):
     """The checkpoint's config with the NorCal authors' head name and, optionally, their keys."""
     text = (TINY / "config.yaml").read_text().replace("StandardROIHeads", "CalibrationROIHeads")

@@ -133,7 +133,8 @@ def test_missing_torch_is_one_clear_line(tmp_path):
     assert not (tmp_path / "o.onnx").exists()
 
 
-@pytest.mark.parametrize("flag", [["--batch", "2"], ["--opset", "18"], ["--config", "c.yaml"]])
+@pytest.mark.parametrize("flag", [["--batch", "2"], ["--opset", "18"], ["--config", "c.yaml"],
+                                  ["--detections-per-image", "50"], ["--mask-head-rois", "static"]])
 def test_checkpoint_only_options_refused_for_onnx(tmp_path, model_path, capsys, flag):
     out = tmp_path / "out.onnx"
     call_fails(capsys, [model_path, "--gamma", "0.5", "--table", write_table(tmp_path, [1, 2, 3, 4]), *flag,

@@ -34,7 +34,8 @@ CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 
 # parameters of norcal.workflows.export_job named in its errors -> the flags here
 FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table",
-         "gamma": "--gamma", "verify": "--verify", "skip_unreadable=True": "--skip-unreadable"}
+         "gamma": "--gamma", "verify": "--verify", "skip_unreadable=True": "--skip-unreadable",
+         "detections_per_image": "--detections-per-image", "mask_head_rois": "--mask-head-rois"}
 
 
 def add_arguments(p):
@@ -65,6 +66,13 @@ def add_arguments(p):
     g.add_argument("--height", type=int, help="fix the padded input height (default dynamic)")
     g.add_argument("--width", type=int, help="fix the padded input width (default dynamic)")
     g.add_argument("--opset", type=int, help="ONNX opset (default 17)")
+    g.add_argument("--detections-per-image", type=int, metavar="K",
+                   help="K, the detections per image the outputs hold (default: the config's "
+                        "TEST.DETECTIONS_PER_IMAGE)")
+    g.add_argument("--mask-head-rois", choices=("valid", "static"), default=None,
+                   help="run the mask head on the detections only (valid, default: data-dependent "
+                        "shapes) or on all K slots (static: fixed shapes, e.g. for TensorRT "
+                        "profiles where data-dependent shapes cost more)")
     g.add_argument("--verify", nargs="+", metavar="IMAGE",
                    help="run ONNX Runtime against the PyTorch model on these images and print differences")
     g.add_argument("--skip-unreadable", action="store_true",
@@ -101,7 +109,8 @@ def run(args) -> int:
         # a checkpoint's config may carry the NorCal authors' TEST.CALIBRATION settings
         raise NorcalError("--gamma is required (0 gives the plain softmax)")
     if not is_checkpoint:
-        given = [f"--{k}" for k in ("config", "verify", "batch", "height", "width", "opset")
+        given = [f"--{k.replace('_', '-')}" for k in ("config", "verify", "batch", "height", "width",
+                                                      "opset", "detections_per_image", "mask_head_rois")
                  if getattr(args, k) is not None] + (["--skip-unreadable"] if args.skip_unreadable else [])
         if given:
             raise NorcalError(f"{', '.join(given)} apply to detectron2 checkpoints, not ONNX input")
@@ -139,7 +148,9 @@ def _export_checkpoint(src: Path, out: Path, args):
     if args.strip:
         raise NorcalError("--strip applies to ONNX models; a checkpoint export has no node to strip")
     options = CheckpointExport(config=args.config, batch=args.batch, height=args.height,
-                               width=args.width, opset=args.opset or 17)
+                               width=args.width, opset=args.opset or 17,
+                               detections_per_image=args.detections_per_image,
+                               mask_head_rois=args.mask_head_rois or "valid")
     status = Console(stderr=True).status("")
 
     def step(name: str) -> None:
