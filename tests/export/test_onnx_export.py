@@ -249,3 +249,28 @@ def test_strip_keeps_every_runtime_key(tiny_model):
     assert not set(after) & contract.NODE_KEYS
     assert after[contract.CLASSIFIER_LOGITS] == contract.CLS_LOGITS_TENSOR
     assert not [n for n in plain.graph.node if n.domain == contract.NODE_DOMAIN] and not plain.functions
+
+
+def test_mask_head_on_detections_only_handles_images_without_any(tiny_model):
+    """The mask head runs on the detections only (NonZero): a batch where one image has no
+    detection, and one where none has, are valid graphs, and their masks are those of the
+    graph that runs the head on all K slots (static), zero in every empty slot."""
+    pred = tiny_model.roi_heads.box_predictor
+    top = sorted(float(G.golden(k)["baseline/scores"].max()) for k in (0, 1))
+    assert top[1] - top[0] > 1e-3  # a threshold between the two images' best scores
+    images, sizes = G.batch([0, 1])
+    saved = pred.score_thresh
+    try:
+        for thresh, expect_empty in (((top[0] + top[1]) / 2, 1), (1.0, 2)):
+            pred.score_thresh = thresh
+            graphs = {rois: export_onnx(tiny_model, G.tiny_spec(), mask_head_rois=rois)
+                      for rois in ("valid", "static")}
+            out = {rois: run(session(g), images, sizes) for rois, g in graphs.items()}
+            num = out["valid"]["num_detections"]
+            assert int((num == 0).sum()) == expect_empty
+            np.testing.assert_array_equal(num, out["static"]["num_detections"])
+            np.testing.assert_allclose(out["valid"]["masks"], out["static"]["masks"], atol=1e-5)
+            for b, n in enumerate(num):
+                assert not out["valid"]["masks"][b, n:].any()
+    finally:
+        pred.score_thresh = saved
