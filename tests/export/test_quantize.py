@@ -185,6 +185,37 @@ def test_detections_agree_with_the_fp32_model(fp32, int8, fp16, tmp_path):
     assert int8_agree >= 0.85, int8_agree
 
 
+def test_parity_judges_the_int8_model_by_the_int8_preset(fp32, int8, tmp_path, capsys):
+    """norcal parity reads the model's precision from its metadata: the int8 model against the
+    PyTorch model passes at the int8 preset, and the same outputs fail the fp32 preset."""
+    import json
+
+    from norcal.cli import main
+    from norcal.core.onnx_io import save_onnx
+
+    save_onnx(int8, tmp_path / "int8.onnx")
+    report = tmp_path / "parity.json"
+    rc = main(["parity", str(tmp_path / "int8.onnx"), *map(str, VAL), "--checkpoint",
+               str(SYNTH / "model_final.pth"), "--config", str(SYNTH / "config.yaml"),
+               "--json", str(report)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert "PASS  onnxruntime-cpu vs pytorch (int8)" in printed
+    rep = json.loads(report.read_text())["comparisons"][0]
+    assert rep["passed"] and rep["detections"]["reference_count"] >= 50
+    # the same comparison at fp32 tolerances fails: the preset is what lets int8 pass
+    from norcal.export.torch_runner import TorchRunner, onnx_calibration
+    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.workflows.parity.compare import compare
+
+    feeds = next(_feeds(VAL[:1]))
+    ref = TorchRunner.from_checkpoint(SYNTH / "model_final.pth", SYNTH / "config.yaml",
+                                      calibration=onnx_calibration(fp32)).infer(feeds)
+    cand = OnnxRuntimeRunner(tmp_path / "int8.onnx").infer(feeds)
+    keys = ("num_detections", "boxes", "scores", "classes")
+    assert not compare({k: ref[k] for k in keys}, {k: cand[k] for k in keys}, "fp32").passed
+
+
 def test_quantized_models_are_refused_as_input(int8, fp16):
     from norcal.export.quantize import convert_fp16, quantize_int8
 

@@ -190,6 +190,10 @@ def test_presets_and_runner_precision():
     assert runner_precision(named("onnxruntime-cpu")) == "fp32"
     assert runner_precision(named("tensorrt-fp16")) == "fp16"
     assert runner_precision(named("tensorrt-fp32")) == "tf32"  # TensorRT enables TF32 by default
+    assert runner_precision(named("tensorrt-int8+fp16")) == "int8"
+    quantized = types.SimpleNamespace(name="onnxruntime-cpu", metadata={"norcal.precision": "int8"})
+    assert runner_precision(quantized) == "int8"  # what norcal quantize recorded
+    assert PRESETS["int8"].match_iou < PRESETS["fp16"].match_iou
 
 
 class EchoRunner:

@@ -28,6 +28,8 @@ How outputs are judged (norcal.workflows.parity):
       per-level top-1000, can swap one proposal and so one detection); AP within 0.001;
     tf32 (TensorRT fp32 engines: TF32 is TensorRT's default) and fp16: detection level only,
       >= 95% / 90% paired at IoU >= 0.9 / 0.8, scores within 1e-2 / 2e-2, AP within 0.005 / 0.01.
+    int8 (a `norcal quantize` model, from its metadata, or an int8 engine): >= 80% paired at
+      IoU >= 0.5, scores within 0.15, AP within 0.03.
 IMAGES come right after MODEL (argparse takes positionals in one run).
 Exit status: 0 when every comparison passes, 1 when one fails, 2 on bad input.
 
@@ -46,8 +48,9 @@ def add_arguments(p):
                                                              "(adds PyTorch, the reference)")
     p.add_argument("--config", help="its detectron2 config yaml (default: inferred, as norcal export does)")
     p.add_argument("--engine", help="a TensorRT engine built from MODEL.onnx (norcal build)")
-    p.add_argument("--engine-precision", choices=("fp32", "tf32", "fp16"),
-                   help="tolerance preset for the engine (default: fp16 engines fp16, others tf32)")
+    p.add_argument("--engine-precision", choices=("fp32", "tf32", "fp16", "int8"),
+                   help="tolerance preset for the engine (default: int8 engines int8, fp16 engines fp16, "
+                        "others tf32)")
     p.add_argument("--provider", choices=("cpu", "cuda", "tensorrt"), default="cpu",
                    help="ONNX Runtime execution provider (default cpu)")
     p.add_argument("--gt", metavar="ANNOTATIONS.json",
