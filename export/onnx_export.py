@@ -24,7 +24,7 @@ from norcal.core.contract import (CLASSIFIER_BACKGROUND, CLASSIFIER_LOGITS, INPU
 from norcal.core.errors import NorcalError
 
 from .modeling.folding import frozen_bn_folded
-from .modeling.roi_heads import MASK_ROIS, MASK_ROIS_VALID
+from .modeling.roi_heads import MASK_ROIS, MASK_ROIS_STATIC, MASK_ROIS_VALID
 from .spec import RETINANET, ModelSpec
 
 MIN_OPSET = 17  # RoiAlign-16 (half_pixel) and Softmax-13 on the last axis
@@ -67,13 +67,20 @@ def needs_padding_masks(batch: int | None, height: int | None, width: int | None
 
 @contextmanager
 def _graph_choices(model: torch.nn.Module, padding_masks: bool, mask_head_rois: str):
-    """Set the export's choices on ``model`` for the trace; the model gets its own back."""
+    """Set the export's choices on ``model`` for the trace; the model gets its own back. The
+    static form (no data-dependent shapes) also pools every box at every FPN level."""
+    from .modeling.poolers import ROIPooler
+
     heads = getattr(model, "roi_heads", None)
     saved = (getattr(model, "padding_masks", None), getattr(heads, "mask_rois", None))
+    poolers = [m for m in model.modules() if isinstance(m, ROIPooler)]
+    saved_select = [m.select_rois for m in poolers]
     if saved[0] is not None:
         model.padding_masks = padding_masks
     if saved[1] is not None:
         heads.mask_rois = mask_head_rois
+    for m in poolers:
+        m.select_rois = mask_head_rois != MASK_ROIS_STATIC
     try:
         yield
     finally:
@@ -81,6 +88,8 @@ def _graph_choices(model: torch.nn.Module, padding_masks: bool, mask_head_rois: 
             model.padding_masks = saved[0]
         if saved[1] is not None:
             heads.mask_rois = saved[1]
+        for m, v in zip(poolers, saved_select):
+            m.select_rois = v
 
 
 def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = None,

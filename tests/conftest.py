@@ -24,3 +24,12 @@ def assert_tensorrt_compatible(model) -> None:
 
     report = check_model(model)
     assert report.compatible, [f"{f.node} ({f.op_type}): {f.reason}" for f in report.errors]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance for one test module: 2 CPUs, a small object store, no dashboard."""
+    ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'norcal-deploy[ray]'")
+    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False)
+    yield ray
+    ray.shutdown()

@@ -42,10 +42,15 @@ def assign_boxes_to_levels(boxes: torch.Tensor, min_level: int, max_level: int,
 class ROIPooler(nn.Module):
     """Pool boxes [B, R, 4] from features [p_min .. p_max] -> [B*R, C, S, S].
 
-    Every level runs on every box, but a box that belongs to another level is replaced by an
-    empty box, for which ROIAlign's adaptive sampling takes no samples: the cost stays one
-    level's worth and the graph needs no data-dependent shapes (NonZero/ScatterND).
+    ``select_rois`` (default): each level pools only its own boxes (NonZero, Gather: data-
+    dependent shapes, as detectron2), and one Gather puts them back in box order. False (the
+    export's static form): every level runs on every box, a box of another level replaced by
+    an empty box, for which ROIAlign's adaptive sampling takes no samples, and the levels'
+    results are masked and summed: no data-dependent shapes, but four times the elementwise
+    work on [B*R, C, S, S].
     """
+
+    select_rois: bool = True
 
     def __init__(self, output_size: int, strides, sampling_ratio: int = 0,
                  pooler_type: str = "ROIAlignV2", canonical_box_size: float = 224.0,
@@ -83,6 +88,17 @@ class ROIPooler(nn.Module):
                              self.sampling_ratio, self.aligned)
         levels = assign_boxes_to_levels(boxes, self.min_level, self.max_level,
                                         self.canonical_box_size, self.canonical_level)
+        if self.select_rois:
+            parts, order = [], []
+            for i, (f, scale) in enumerate(zip(features, self.scales)):
+                idx = torch.nonzero(levels == i).reshape(-1)
+                parts.append(roi_align(f, boxes[idx], batch_idx[idx], self.output_size, scale,
+                                       self.sampling_ratio, self.aligned))
+                order.append(idx)
+            perm = torch.cat(order)
+            # where each box's row landed: the inverse of perm (a 1-D scatter, not an argsort)
+            inverse = torch.zeros_like(perm).scatter(0, perm, torch.arange(perm.shape[0], device=perm.device))
+            return torch.cat(parts)[inverse]
         out = None
         for i, (f, scale) in enumerate(zip(features, self.scales)):
             on = (levels == i)[:, None]

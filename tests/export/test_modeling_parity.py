@@ -253,3 +253,29 @@ def test_batched_postprocess_equals_detectron2_per_image_algorithm(model, fixtur
         frac, _ = G.match_detections(*ref, out["boxes"][b, :n], out["scores"][b, :n],
                                      out["classes"][b, :n], min_iou=0.9999, max_score_diff=1e-6)
         assert frac >= 0.995
+
+
+@pytest.mark.parametrize("select_rois", [True, False], ids=["own-level-boxes", "every-box-every-level"])
+def test_roi_pooler_equals_torchvision_per_box(select_rois):
+    """Both pooling forms (each level pools its own boxes; every level pools every box, the
+    others emptied) equal torchvision's roi_align of each box on the level detectron2 assigns
+    it, in box order, with one level (stride 32) left without boxes."""
+    from norcal.export.modeling.poolers import ROIPooler
+
+    gen = torch.Generator().manual_seed(0)
+    strides = [4, 8, 16, 32]
+    feats = [torch.randn(2, 8, 512 // s, 640 // s, generator=gen) for s in strides]
+    sizes = [20, 40, 150, 300, 35, 170, 280, 25]  # levels 0-2 only
+    boxes = torch.tensor([[5.0 + i, 7.0 + 2 * i, 5.0 + i + w, 7.0 + 2 * i + 0.8 * w]
+                          for i, w in enumerate(sizes)])
+    batch_idx = torch.tensor([0, 1, 0, 1, 1, 0, 0, 1])
+    pooler = ROIPooler(7, strides, sampling_ratio=0, pooler_type="ROIAlignV2")
+    pooler.select_rois = select_rois
+    levels = assign_boxes_to_levels(boxes, 2, 5)
+    assert sorted(set(levels.tolist())) == [0, 1, 2]
+    got = pooler.pool(feats, boxes, batch_idx)
+    for j in range(len(boxes)):
+        lv = int(levels[j])
+        ref = torchvision.ops.roi_align(feats[lv], torch.cat([batch_idx[j:j + 1, None].float(), boxes[j:j + 1]], 1),
+                                        7, 1.0 / strides[lv], 0, aligned=True)
+        torch.testing.assert_close(got[j:j + 1], ref, rtol=1e-5, atol=1e-5)

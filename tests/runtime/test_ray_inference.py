@@ -39,13 +39,6 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def synth_onnx(tmp_path_factory):
     """The bundled example's checkpoint exported as `norcal demo` exports it (plain softmax)."""
     pytest.importorskip("torch", reason="exporting a checkpoint needs torch")

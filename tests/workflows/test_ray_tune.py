@@ -25,13 +25,6 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def subset_gt(tmp_path_factory):
     """val.json restricted to 8 images (LVIS fields kept)."""
     data = json.loads((SYNTH / "val.json").read_text())
@@ -153,28 +146,12 @@ def test_a_batch_that_always_fails_is_one_line_naming_its_first_image(local_ray,
 def retina_gt(tmp_path_factory):
     """RetinaNet fixture: a GT from detectron2's baseline detections (top 15 per image), the
     table from the fixture's manifest counts."""
-    from PIL import Image
-
     import golden as G
     from conftest import FIXTURES
 
     fixture = FIXTURES / "d2_retinanet_tiny"
-    table = G.manifest_table(fixture)
-    images, anns = [], []
-    for k in range(3):
-        w, h = Image.open(fixture / "images" / f"img{k}.png").size
-        images.append({"id": k + 1, "file_name": f"img{k}.png", "height": h, "width": w,
-                       "neg_category_ids": [], "not_exhaustive_category_ids": []})
-        g = G.golden(k, fixture)
-        for box, cls in zip(g["baseline/boxes_orig"][:15], g["baseline/classes"][:15]):
-            x0, y0, x1, y1 = (float(v) for v in box)
-            anns.append({"id": len(anns) + 1, "image_id": k + 1, "category_id": int(cls) + 1,
-                         "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)})
-    cats = [{"id": c["id"], "name": c["name"], "frequency": c["frequency"],
-             "image_count": c["image_count"], "instance_count": c["image_count"]} for c in table.categories]
-    path = tmp_path_factory.mktemp("retina") / "gt.json"
-    path.write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
-    return fixture, table, path
+    path = G.gt_from_golden(fixture, tmp_path_factory.mktemp("retina") / "gt.json")
+    return fixture, G.manifest_table(fixture), path
 
 
 def test_retinanet_candidates_on_two_workers_give_the_single_process_sweep(local_ray, retina_gt):

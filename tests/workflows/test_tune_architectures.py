@@ -9,8 +9,6 @@ the graph's three NorCal nodes do; a RetinaNet caches, per gamma, the levels' ca
 the calibrated scores select.
 """
 
-import json
-
 import numpy as np
 import pytest
 
@@ -153,31 +151,9 @@ def test_cache_estimate_bounds_the_real_cache(arch):
 
 @pytest.fixture(scope="module")
 def gt_files(tmp_path_factory):
-    """Per fixture, a GT made from detectron2's baseline detections (top 15 per image, in
-    original coordinates), categories from the fixture's manifest counts: LVIS fields."""
-    from PIL import Image
-
-    out = {}
+    """Per fixture, a GT made from detectron2's baseline detections (top 15 per image)."""
     d = tmp_path_factory.mktemp("gt")
-    for name, folder in ARCHS.items():
-        fixture = FIXTURES / folder
-        table = manifest_table(fixture)
-        images, anns = [], []
-        for k in IMAGES:
-            w, h = Image.open(fixture / "images" / f"img{k}.png").size
-            images.append({"id": k + 1, "file_name": f"img{k}.png", "height": h, "width": w,
-                           "neg_category_ids": [], "not_exhaustive_category_ids": []})
-            g = G.golden(k, fixture)
-            for box, cls in zip(g["baseline/boxes_orig"][:15], g["baseline/classes"][:15]):
-                x0, y0, x1, y1 = (float(v) for v in box)
-                anns.append({"id": len(anns) + 1, "image_id": k + 1, "category_id": int(cls) + 1,
-                             "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)})
-        cats = [{"id": c["id"], "name": c["name"], "frequency": c["frequency"],
-                 "image_count": c["image_count"], "instance_count": c["image_count"]}
-                for c in table.categories]
-        out[name] = d / f"{name}.json"
-        out[name].write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
-    return out
+    return {name: G.gt_from_golden(FIXTURES / folder, d / f"{name}.json") for name, folder in ARCHS.items()}
 
 
 def test_sweep_ap_is_the_exported_models_ap(arch, gt_files, tmp_path):

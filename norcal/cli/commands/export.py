@@ -70,9 +70,10 @@ def add_arguments(p):
                    help="K, the detections per image the outputs hold (default: the config's "
                         "TEST.DETECTIONS_PER_IMAGE)")
     g.add_argument("--mask-head-rois", choices=("valid", "static"), default=None,
-                   help="run the mask head on the detections only (valid, default: data-dependent "
-                        "shapes) or on all K slots (static: fixed shapes, e.g. for TensorRT "
-                        "profiles where data-dependent shapes cost more)")
+                   help="run the mask head on the detections only and pool each FPN level's own "
+                        "proposals (valid, default: data-dependent shapes), or the mask head on all "
+                        "K slots and every proposal at every level (static: fixed shapes, e.g. for "
+                        "TensorRT profiles where data-dependent shapes cost more)")
     g.add_argument("--verify", nargs="+", metavar="IMAGE",
                    help="run ONNX Runtime against the PyTorch model on these images and print differences")
     g.add_argument("--skip-unreadable", action="store_true",
