@@ -211,3 +211,23 @@ def test_retinanet_candidate_cache_refuses_another_sweep():
     retina = _ARCHS.get("retinanet") or Arch("retinanet")
     with pytest.raises(NorcalError, match="other gammas"):
         sweep(retina.model, retina.cache("exp"), {}, retina.table, [0.0, 0.7])
+
+
+def test_cli_tune_on_retinanet(gt_files, tmp_path, capsys):
+    """`norcal tune` end to end on RetinaNet, with the prob mechanism (its candidates come from
+    the calibrated probabilities themselves); an undefined AP prints as "-", not -100."""
+    import json
+
+    from norcal.cli import main
+
+    fixture = FIXTURES / ARCHS["retinanet"]
+    manifest_table(fixture).save(tmp_path / "table.json")
+    rc = main(["tune", str(fixture / "model_final.pth"), "--config", str(fixture / "config.yaml"),
+               "--gt", str(gt_files["retinanet"]), "--images", str(fixture / "images"),
+               "--table", str(tmp_path / "table.json"), "--mechanism", "prob", "--gammas", "0:1:0.5",
+               "--json", str(tmp_path / "sweep.json")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "recommended gamma" in out and "-100" not in out
+    doc = json.loads((tmp_path / "sweep.json").read_text())
+    assert doc["mechanism"] == "prob" and [p["gamma"] for p in doc["sweep"]] == [0.0, 0.5, 1.0]

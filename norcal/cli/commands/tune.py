@@ -132,11 +132,13 @@ def run(args) -> int:
     per_gamma = sum(p.seconds for p in result.points) / len(result.points)
     console.print(f"network pass {result.network_seconds:.1f} s ({result.num_images} images, cache "
                   f"{result.cache_bytes / 2**20:.1f} MiB at most); {per_gamma:.2f} s per gamma")
+    from norcal.evaluation.report import percent
+
     best = result.best
-    console.print(f"recommended gamma: [bold]{best.gamma:g}[/bold] (AP {100 * best.stats['AP']:.2f}, "
-                  f"APr {100 * best.stats['APr']:.2f}; gamma 0: AP "
-                  f"{100 * result.points[0].stats['AP']:.2f})" if result.points[0].gamma == 0 else
-                  f"recommended gamma: [bold]{best.gamma:g}[/bold] (AP {100 * best.stats['AP']:.2f})")
+    console.print(f"recommended gamma: [bold]{best.gamma:g}[/bold] (AP {percent(best.stats['AP'])}, "
+                  f"APr {percent(best.stats['APr'])}; gamma 0: AP "
+                  f"{percent(result.points[0].stats['AP'])})" if result.points[0].gamma == 0 else
+                  f"recommended gamma: [bold]{best.gamma:g}[/bold] (AP {percent(best.stats['AP'])})")
     if args.json:
         write_json(args.json, result.to_json())
         console.print(f"wrote {args.json}")
