@@ -35,7 +35,8 @@ import numpy as np
 from norcal.core import contract
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "d2_lvis_tiny"
+from fixture_files import fixture_dir  # noqa: E402
+FIXTURE = fixture_dir("d2_lvis_tiny")
 
 
 def export_models(out: Path, full: bool, gammas: list[float]) -> tuple[dict[str, Path], object]:

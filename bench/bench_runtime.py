@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "d2_lvis_tiny"
+from fixture_files import fixture_dir  # noqa: E402
+FIXTURE = fixture_dir("d2_lvis_tiny")
 
 
 def export_fixture(out: Path) -> Path:

@@ -42,7 +42,8 @@ from norcal.export.detector import export_detector
 from norcal.export.loader import load_detector_spec
 from norcal.export.modeling.build import model_from_state
 
-FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "d2_lvis_tiny"
+from fixture_files import fixture_dir  # noqa: E402
+FIXTURE = fixture_dir("d2_lvis_tiny")
 D2_ONNX = FIXTURE / "detectron2_export_800x1216.onnx"
 H, W = 800, 1216
 

@@ -21,7 +21,8 @@ import onnx
 import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "d2_lvis_tiny"
+from fixture_files import fixture_dir  # noqa: E402
+FIXTURE = fixture_dir("d2_lvis_tiny")
 FORMS = {
     "dynamic batch, padding masks (default)": {},
     "batch 1, dynamic size, no padding masks": {"batch": 1},

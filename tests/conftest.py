@@ -2,10 +2,17 @@ from pathlib import Path
 
 import pytest
 
+import fixture_store
+
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = FIXTURES / "d2_lvis_tiny"
 # the bundled example (package data), shared by the demo and the tests
 SYNTH = Path(__file__).parents[1] / "norcal" / "examples" / "d2_synth_trained"
+
+
+def pytest_configure(config):
+    """Rebuild the fixture files from their compact form before any test module is collected."""
+    fixture_store.materialize()
 
 
 @pytest.fixture
