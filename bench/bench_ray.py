@@ -31,7 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "norcal" / "examples" / "d2_synth_trained"
+from norcal.examples import example_dir  # noqa: E402
+
+EXAMPLE = example_dir()  # images drawn on first use
 
 
 def export_example(out: Path) -> Path:

@@ -22,7 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-SYNTH = Path(__file__).resolve().parent.parent / "norcal" / "examples" / "d2_synth_trained"
+from norcal.examples import example_dir  # noqa: E402
+
+SYNTH = example_dir()  # images drawn on first use
 
 
 def main() -> int:

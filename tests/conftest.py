@@ -3,11 +3,12 @@ from pathlib import Path
 import pytest
 
 import fixture_store
+from norcal.examples import example_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = FIXTURES / "d2_lvis_tiny"
-# the bundled example (package data), shared by the demo and the tests
-SYNTH = Path(__file__).parents[1] / "norcal" / "examples" / "d2_synth_trained"
+# the bundled example (package data; its images drawn on first use), shared by the demo and the tests
+SYNTH = example_dir()
 
 
 def pytest_configure(config):

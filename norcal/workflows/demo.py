@@ -32,16 +32,26 @@ PICTURES = 4  # validation images drawn, baseline beside NorCal
 DRAW = DrawOptions()
 
 
-def default_data_dir() -> Path:
-    """The bundled example: package data ``norcal/examples/d2_synth_trained``."""
-    from norcal.examples import ROOT
+def default_data_dir(progress: Callable[[str, int, int], None] | None = None) -> Path:
+    """The bundled example: package data ``norcal/examples/d2_synth_trained``, its images drawn
+    from the dataset's seed the first time (``progress`` stage "example images")."""
+    from norcal.examples import ExampleError, example_dir
 
-    return ROOT / FIXTURE_NAME
+    done = [0]
+
+    def step(n: int, total: int) -> None:
+        progress("example images", n - done[0], total)
+        done[0] = n
+
+    try:
+        return example_dir(step if progress is not None else None)
+    except ExampleError as e:
+        raise NorcalError(str(e)) from None
 
 
-def check_data_dir(data: os.PathLike | None) -> Path:
+def check_data_dir(data: os.PathLike | None, progress: Callable[[str, int, int], None] | None = None) -> Path:
     """The data folder, with every file the demo needs; a NorcalError says what is missing."""
-    d = default_data_dir() if data is None else Path(data)
+    d = default_data_dir(progress) if data is None else Path(data)
     missing = [n for n in NEEDED if not (d / n).exists()]
     if data is None and missing:
         raise NorcalError(
@@ -183,7 +193,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
         raise NorcalError(f"batch size must be >= 1, got {batch_size}")
     if pictures < 0:
         raise NorcalError(f"the number of pictures must be >= 0, got {pictures}")
-    d = check_data_dir(data)
+    d = check_data_dir(data, progress)
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
     weights, config = d / "model_final.pth", d / "config.yaml"

@@ -23,3 +23,16 @@ def test_every_package_is_listed():
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     missing = _source_packages() - set(conf["packages"])
     assert not missing, f"add to [tool.setuptools] packages: {sorted(missing)}"
+
+
+def test_tracked_tree_travels():
+    """The checkout stays small enough to clone quickly and to copy to a GPU machine (64 MiB)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        import pytest
+        pytest.skip("not a git checkout (an installed package has no tracked tree)")
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    size = sum((ROOT / n).stat().st_size for n in names.decode().split("\0") if n and (ROOT / n).is_file())
+    assert size <= 60 * 2**20, f"tracked files take {size / 2**20:.1f} MiB (limit 60)"

@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'norca
 # each Ray Data run starts its actors (~10-20 s on 2 shared cores); the module takes ~2 min
 pytestmark = pytest.mark.slow
 
+from conftest import SYNTH  # noqa: E402
 from norcal.cli import main  # noqa: E402
 from norcal.core.contract import input_spec  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
@@ -29,7 +30,7 @@ from norcal.runtime.images import read_rgb  # noqa: E402
 from norcal.runtime.ray_inference import RayOptions, ResultsFormat, run_images_ray  # noqa: E402
 from norcal.runtime.runners import open_runner  # noqa: E402
 
-SYNTH_VAL = Path(__file__).parents[2] / "norcal" / "examples" / "d2_synth_trained" / "val"
+SYNTH_VAL = SYNTH / "val"
 IMAGES = sorted(SYNTH_VAL.glob("*.png"))[:8]
 BATCH = 2
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow  # runs the whole demo: tune, export, ONNX Runtime
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-SYNTH = Path(__file__).parents[2] / "norcal" / "examples" / "d2_synth_trained"
+from conftest import SYNTH  # noqa: E402
 GRID = (0.0, 0.4, 0.8)
 GAMMA = 0.8  # what tuning on the 120 training images picks from GRID (asserted below)
 VAL_GAMMA = 0.4  # what the same sweep on the validation images would pick
@@ -47,7 +47,7 @@ def test_missing_bundled_data_says_where_to_get_it(tmp_path, monkeypatch):
     from norcal.core.errors import NorcalError
     from norcal.workflows import demo
 
-    monkeypatch.setattr(demo, "default_data_dir", lambda: tmp_path / "gone")
+    monkeypatch.setattr(demo, "default_data_dir", lambda progress=None: tmp_path / "gone")
     with pytest.raises(NorcalError) as e:
         demo.check_data_dir(None)
     msg = str(e.value)
