@@ -202,6 +202,8 @@ class _TorchOps:
     @staticmethod
     def const(v, like):
         import torch
+        if isinstance(v, torch.Tensor):  # may live on a GPU: numpy cannot read it there
+            return v.to(dtype=like.dtype, device=like.device)
         return torch.as_tensor(np.asarray(v, dtype=np.float64), dtype=like.dtype, device=like.device)
 
     @staticmethod

@@ -142,3 +142,17 @@ def test_bad_gamma(gamma, factor, msg):
 def test_bad_count_names_the_class(bad):
     with pytest.raises(NorcalError, match="'zebra'"):
         log_prior([5.0, bad], 0.5, names=["cat", "zebra"])
+
+
+def test_torch_prior_stays_on_its_device():
+    """A prior held as a tensor on the logits' device (a CUDA model's buffer) is used there, not
+    read through numpy (which cannot read GPU memory); "meta" tensors stand in for CUDA here."""
+    import torch
+
+    from norcal.core.calibration import calibrate
+
+    logits = torch.randn(6, 5, dtype=torch.float32)
+    prior = torch.tensor([0.3, -0.2, 0.1, 0.0, 0.0], dtype=torch.float64)
+    assert torch.equal(calibrate(logits, prior), calibrate(logits, prior.numpy()))
+    out = calibrate(logits.to("meta"), prior.to("meta"))
+    assert out.device.type == "meta" and out.shape == (6, 5)
