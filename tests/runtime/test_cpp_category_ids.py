@@ -76,3 +76,15 @@ def test_sidecar_with_wrong_ids_is_refused(build, tmp_path, ids, message):  # no
     for args in (("categories", engine), ("sidecar", engine)):
         r = _host(build, *args)
         assert r.returncode == 2 and r.stderr == f"error: {side}: {message}\n", r.stderr
+
+
+def test_given_ids_override_the_sidecars_and_must_fit_the_class_count(build, tmp_path):  # noqa: F811
+    # what norcal-trt-infer's --category-ids does: another list of C ids wins, a shorter one is refused
+    engine = python_sidecar(tmp_path, {NUM_CLASSES: str(C), CATEGORY_IDS: json.dumps(IDS)})
+    other = np.arange(C, dtype=np.int64) * 7 + 5
+    np.save(tmp_path / "other.npy", other)
+    assert _host(build, "categories", engine, tmp_path / "other.npy").stdout.split() == [str(i) for i in other]
+    np.save(tmp_path / "short.npy", other[:10])
+    r = _host(build, "categories", engine, tmp_path / "short.npy")
+    assert r.returncode == 2 and r.stderr == (f"error: {tmp_path / 'short.npy'}: lists 10 categories but "
+                                              f"{engine}.json says the model has {C} classes\n"), r.stderr

@@ -9,7 +9,8 @@
 //   norcal-host results OUT.json IMAGE_ID RH RW OH OW NUM BOXES.npy SCORES.npy CLASSES.npy
 //                       [MASKS.npy|-] [CATEGORY_IDS.npy|ENGINE]   (ENGINE: its sidecar's ids)
 //   norcal-host sidecar ENGINE                         -> prints "MIN MAX FORMAT DIV" from ENGINE.json
-//   norcal-host categories ENGINE                      -> prints the sidecar's category ids
+//   norcal-host categories ENGINE [IDS.npy]            -> prints the category ids results use:
+//                                                         IDS (checked against the sidecar) or the sidecar's
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -102,10 +103,13 @@ static int run(int argc, char** argv) {
     const EngineSidecar s = read_engine_sidecar(argv[2]);
     if (!s.found) throw std::runtime_error(s.path + ": no such file");
     std::printf("%d %d %s %d\n", s.min_size, s.max_size, s.input_format.c_str(), s.divisibility);
-  } else if (cmd == "categories" && argc == 3) {
+  } else if (cmd == "categories" && (argc == 3 || argc == 4)) {
     const EngineSidecar s = read_engine_sidecar(argv[2]);
     if (!s.found) throw std::runtime_error(s.path + ": no such file");
-    for (size_t i = 0; i < s.category_ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)s.category_ids[i]);
+    const std::vector<int64_t> ids =
+        results_category_ids(s, argc == 4 ? read_npy(argv[3]).to_int64() : std::vector<int64_t>{},
+                             argc == 4 ? argv[3] : "");
+    for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)ids[i]);
     std::printf("\n");
   } else {
     return usage();
