@@ -192,7 +192,7 @@ int run(int argc, char** argv) {
     std::ifstream f(cat_path);
     if (!f) throw std::runtime_error(cat_path + ": cannot open");
     for (int64_t v; f >> v;) cats.push_back(v);
-    if (!f.eof()) throw std::runtime_error(cat_path + ": not a list of integer category ids");
+    if (!f.eof() || cats.empty()) throw std::runtime_error(cat_path + ": not a list of integer category ids");
   }
   cats = results_category_ids(sidecar, cats, cat_path);
 
