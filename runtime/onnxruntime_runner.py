@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +16,24 @@ PROVIDERS = {
     "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
 }
 
+AUTO = "auto"
+
+
+def choose_provider(requested: str, available: Sequence[str]) -> str:
+    """``requested``, with 'auto' resolved: 'cuda' where ONNX Runtime has its CUDA provider
+    (an onnxruntime-gpu install), else 'cpu'. The TensorRT provider is never chosen for the
+    user: it builds an engine whenever a session starts."""
+    if requested != AUTO:
+        return requested
+    return "cuda" if PROVIDERS["cuda"][0] in available else "cpu"
+
 
 class OnnxRuntimeRunner:
     """An ONNX model in an ``onnxruntime.InferenceSession``.
 
     provider: 'cpu', 'cuda' or 'tensorrt' (ONNX Runtime's execution provider, with the usual
-    fallbacks for nodes it cannot take). ``metadata`` holds the model's metadata_props.
+    fallbacks for nodes it cannot take), or 'auto' (:func:`choose_provider`). ``name`` says the
+    provider the session runs on. ``metadata`` holds the model's metadata_props.
     """
 
     def __init__(self, path: str | os.PathLike, provider: str = "cpu", threads: int | None = None):
@@ -29,9 +42,10 @@ class OnnxRuntimeRunner:
         path = Path(path)
         if not path.is_file():
             raise NorcalError(f"{path}: no such model file")
-        if provider not in PROVIDERS:
-            raise NorcalError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
         available = ort.get_available_providers()
+        provider = choose_provider(provider, available)
+        if provider not in PROVIDERS:
+            raise NorcalError(f"unknown provider {provider!r}; choose one of {', '.join([*PROVIDERS, AUTO])}")
         wanted = PROVIDERS[provider][0]
         if wanted not in available:
             usable = [k for k, v in PROVIDERS.items() if v[0] in available]
@@ -46,7 +60,9 @@ class OnnxRuntimeRunner:
         except Exception as e:  # onnxruntime raises its own exception types for a bad file
             raise NorcalError(f"{path}: ONNX Runtime cannot load the model ({str(e).splitlines()[0]})") from None
         self.path = path
-        self.name = f"onnxruntime-{provider}"
+        # ONNX Runtime falls back to CPU (with a warning) where CUDA cannot start: say what runs
+        ran = self.session.get_providers()[0]
+        self.name = "onnxruntime-" + next((k for k, v in PROVIDERS.items() if v[0] == ran), provider)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)

@@ -12,7 +12,8 @@ ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 
 
 def open_runner(path: str | os.PathLike, provider: str | None = None, threads: int | None = None) -> Runner:
-    """.onnx -> OnnxRuntimeRunner(provider or 'cpu', threads); .engine/.plan -> TensorRTRunner.
+    """.onnx -> OnnxRuntimeRunner(provider or 'cpu', threads); .engine/.plan -> TensorRTRunner
+    (provider None, 'auto' or 'tensorrt').
 
     threads: ONNX Runtime's intra-op threads (None: its default, one per core)."""
     p = Path(path)
@@ -22,7 +23,7 @@ def open_runner(path: str | os.PathLike, provider: str | None = None, threads: i
 
         return OnnxRuntimeRunner(p, provider or "cpu", threads)
     if suffix in ENGINE_SUFFIXES:
-        if provider not in (None, "tensorrt"):
+        if provider not in (None, "auto", "tensorrt"):
             raise NorcalError(f"{p.name} is a TensorRT engine; provider {provider} applies to .onnx models",
                               param="provider")
         try:

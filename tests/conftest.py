@@ -37,7 +37,8 @@ def assert_tensorrt_compatible(model) -> None:
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray instance for one test module: 2 CPUs, a small object store, no dashboard."""
-    ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'norcal-deploy[ray]'")
+    import ray
+
     ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False)
     yield ray
     ray.shutdown()

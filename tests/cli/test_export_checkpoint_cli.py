@@ -39,8 +39,8 @@ def test_export_verify_and_triton(exported, capsys, monkeypatch):
     assert meta["norcal.min_size_test"] == "320" and meta["norcal.max_size_test"] == "512"
     config = tmp / "triton" / "tiny" / "config.pbtxt"
     assert config.is_file() and (tmp / "triton" / "tiny" / "1" / "model.onnx").is_file()
-    pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
     from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as pb
 
     cfg = text_format.Parse(config.read_text(), pb.ModelConfig())
     assert cfg.platform == "onnxruntime_onnx" and cfg.HasField("dynamic_batching")

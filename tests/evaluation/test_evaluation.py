@@ -24,7 +24,6 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def lvis_api():
-    pytest.importorskip("lvis")
     if not hasattr(np, "float"):
         np.float = float  # lvis 0.5.3 uses the alias removed in numpy 1.24
     import lvis

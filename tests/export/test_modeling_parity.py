@@ -141,7 +141,8 @@ def test_numpy_state_dict_loads_like_a_model_zoo_pkl(model):
 
 
 def test_d2_config_spec_builds_the_fixture():
-    d2_config = pytest.importorskip("norcal.export.d2_config")
+    from norcal.export import d2_config
+
     spec = d2_config.load_config(G.FIXTURE / "config.yaml")
     model_from_state(spec, G.tiny_state_dict())  # strict: any architecture mismatch raises
 

@@ -112,7 +112,7 @@ def test_onnxruntime_batch_matches_golden_baseline(tiny_onnx, fixture_batch):
 def test_onnxruntime_norcal_matches_golden(tiny_onnx, fixture_batch, setting):
     factor, gamma = G.GAMMAS[setting]
     lp = log_prior(G.lvis_counts(), gamma, factor)
-    surgery = pytest.importorskip("norcal.export.surgery")
+    from norcal.export import surgery
     from norcal.export.norcal_node import NorCalSettings
     calibrated = surgery.insert_norcal(
         tiny_onnx, lp, NorCalSettings(gamma=gamma, factor=factor, num_classes=1203,

@@ -305,7 +305,6 @@ def test_region_rle_equals_full_mask_rle():
 @pytest.fixture(scope="module")
 def exported_tiny(tmp_path_factory):
     """The d2_lvis_tiny checkpoint exported by norcal.export (plain softmax, dynamic batch)."""
-    pytest.importorskip("torch", reason="exporting a checkpoint needs torch")
     from norcal.export.detector import load_detector, export_detector
 
     tiny = Path(__file__).parents[1] / "fixtures" / "d2_lvis_tiny"

@@ -48,7 +48,8 @@ def test_padded_shape_matches_detectron2(name):
 
 def _torch_antialiased_bilinear(img, h, w):
     """torch's antialiased bilinear on uint8: an independent implementation of PIL's filter."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     t = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))[None]
     out = torch.nn.functional.interpolate(t, size=(h, w), mode="bilinear", antialias=True,
                                           align_corners=False)

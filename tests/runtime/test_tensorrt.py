@@ -168,10 +168,8 @@ def test_build_refuses_a_model_tensorrt_cannot_parse(tmp_path, monkeypatch, caps
 def _have_tensorrt_gpu() -> str | None:
     if importlib.util.find_spec("tensorrt") is None:
         return "the tensorrt Python package is not installed"
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
+    import torch
+
     if not torch.cuda.is_available():
         return "no CUDA GPU"
     return None

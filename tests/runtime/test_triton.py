@@ -10,9 +10,9 @@ from onnx import helper as h
 from norcal.core.errors import NorcalError
 from norcal.runtime.triton import write_triton_repo
 
-model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",
-                                       reason="tritonclient[grpc] provides Triton's ModelConfig schema")
-from google.protobuf import text_format  # noqa: E402  (after the importorskip)
+# tritonclient[grpc] provides Triton's ModelConfig schema
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 
 def contract_model(batch="B", k=300) -> onnx.ModelProto:

@@ -322,7 +322,6 @@ CKPT, CFG = TINY / "model_final.pth", TINY / "config.yaml"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny detector exported once: plain and NorCal gamma 0.5 (ONNX files) + the model."""
-    pytest.importorskip("onnxruntime")
     from norcal.export.calibrate_onnx import calibrate_onnx
     from norcal.export.detector import load_detector, export_detector
     from norcal.core.onnx_io import save_onnx

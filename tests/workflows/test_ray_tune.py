@@ -8,11 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray
 
 from conftest import SYNTH
-
-ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'norcal-deploy[ray]'")
-pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow  # detectors load on Ray workers; ~1 min on 2 shared cores
 

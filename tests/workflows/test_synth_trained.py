@@ -16,8 +16,6 @@ from golden import match_detections
 
 pytestmark = pytest.mark.slow  # exports the trained model and runs it at five gammas
 
-pytest.importorskip("torch")
-pytest.importorskip("onnxruntime")
 
 SETTINGS = {"baseline": 0.0, "cdt_g0.25": 0.25, "cdt_g0.5": 0.5, "cdt_g0.75": 0.75, "cdt_g1.0": 1.0}
 IMAGE_IDS = sorted(int(p.stem) for p in (SYNTH / "golden").glob("*.npz"))

@@ -10,8 +10,6 @@ from golden import match_detections
 
 pytestmark = pytest.mark.slow  # caches head outputs and sweeps gamma on real images
 
-pytest.importorskip("torch")
-pytest.importorskip("onnxruntime")
 
 GOLDEN_IDS = list(range(100001, 100009))
 GOLDEN_SETTINGS = {"baseline": 0.0, "cdt_g0.25": 0.25, "cdt_g0.5": 0.5, "cdt_g0.75": 0.75,

@@ -18,8 +18,6 @@ from golden import match_detections, manifest_table
 
 pytestmark = pytest.mark.slow  # caches four architectures' head outputs and sweeps gamma
 
-pytest.importorskip("torch")
-pytest.importorskip("onnxruntime")
 
 ARCHS = {"cascade": "d2_cascade_tiny", "c4": "d2_c4_tiny", "dc5": "d2_dc5_tiny",
          "retinanet": "d2_retinanet_tiny"}

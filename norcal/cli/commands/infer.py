@@ -57,8 +57,9 @@ def add_arguments(p):
     p.add_argument("inputs", nargs="+", metavar="IMAGES_OR_DIRS", help="image files and/or folders")
     p.add_argument("-o", "--output", required=True, help="results JSON to write")
     p.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
-    p.add_argument("--provider", choices=("cpu", "cuda", "tensorrt"),
-                   help="ONNX Runtime execution provider for .onnx models (default cpu)")
+    p.add_argument("--provider", choices=("auto", "cpu", "cuda", "tensorrt"), default="auto",
+                   help="ONNX Runtime execution provider for .onnx models (default auto: cuda where "
+                        "the installed onnxruntime has it, else cpu)")
     p.add_argument("--min-size", type=int, help="override the resize short edge (norcal.min_size_test)")
     p.add_argument("--max-size", type=int, help="override the resize long-edge cap (norcal.max_size_test)")
     p.add_argument("--image-ids", metavar="ANNOTATIONS.json",

@@ -208,6 +208,28 @@ int positive_int(const std::map<std::string, std::string>& meta, const std::stri
   return n;
 }
 
+// norcal.category_ids as norcal.core.contract.metadata_category_ids reads it: a JSON list of
+// integers (written by json.dumps, so integral numbers).
+std::vector<int64_t> category_ids(const std::string& raw, const std::string& key, const std::string& where) {
+  const std::string bad = where + ": metadata " + key + " is not a JSON list of integers";
+  Json doc;
+  try {
+    doc = Parser(raw).document();
+  } catch (const std::runtime_error&) {
+    throw std::runtime_error(bad);
+  }
+  if (doc.kind != Json::kArray) throw std::runtime_error(bad);
+  std::vector<int64_t> ids;
+  ids.reserve(doc.items.size());
+  for (const Json& v : doc.items) {
+    // 2^53: beyond it a double no longer holds every integer exactly
+    if (v.kind != Json::kNumber || v.number != std::floor(v.number) || std::fabs(v.number) > 9007199254740992.0)
+      throw std::runtime_error(bad);
+    ids.push_back(int64_t(v.number));
+  }
+  return ids;
+}
+
 }  // namespace
 
 std::string sidecar_path(const std::string& engine_path) { return engine_path + ".json"; }
@@ -247,7 +269,27 @@ EngineSidecar parse_engine_sidecar(const std::string& text, const std::string& w
       throw std::runtime_error(where + ": metadata norcal.input_format='" + fmt->second + "' must be BGR or RGB");
     out.input_format = f;
   }
+  out.num_classes = positive_int(out.metadata, "norcal.num_classes", 0, where);
+  const auto ids = out.metadata.find("norcal.category_ids");
+  if (ids != out.metadata.end() && !ids->second.empty()) {
+    out.category_ids = category_ids(ids->second, ids->first, where);
+    // a list of another length maps classes to the wrong categories (or past its end)
+    if (out.num_classes && out.category_ids.size() != size_t(out.num_classes))
+      throw std::runtime_error(where + ": metadata norcal.category_ids lists " +
+                               std::to_string(out.category_ids.size()) + " categories but norcal.num_classes is " +
+                               std::to_string(out.num_classes));
+  }
   return out;
+}
+
+std::vector<int64_t> results_category_ids(const EngineSidecar& sidecar, const std::vector<int64_t>& given,
+                                          const std::string& given_name) {
+  if (given.empty()) return sidecar.category_ids;  // checked against num_classes when parsed
+  if (sidecar.num_classes && given.size() != size_t(sidecar.num_classes))
+    throw std::runtime_error(given_name + ": lists " + std::to_string(given.size()) + " categories but " +
+                             sidecar.path + " says the model has " + std::to_string(sidecar.num_classes) +
+                             " classes");
+  return given;
 }
 
 EngineSidecar read_engine_sidecar(const std::string& engine_path) {

@@ -7,8 +7,10 @@
 //   norcal-host rescale BOXES.npy RH RW OH OW OUT.npy KEEP.npy
 //   norcal-host paste MASKS.npy BOXES.npy H W OUT.npy  masks [N,M,M], boxes [N,4] -> uint8 [N,H,W]
 //   norcal-host results OUT.json IMAGE_ID RH RW OH OW NUM BOXES.npy SCORES.npy CLASSES.npy
-//                       [MASKS.npy|-] [CATEGORY_IDS.npy]
+//                       [MASKS.npy|-] [CATEGORY_IDS.npy|ENGINE]   (ENGINE: its sidecar's ids)
 //   norcal-host sidecar ENGINE                         -> prints "MIN MAX FORMAT DIV" from ENGINE.json
+//   norcal-host categories ENGINE [IDS.npy]            -> prints the category ids results use:
+//                                                         IDS (checked against the sidecar) or the sidecar's
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -33,7 +35,7 @@ static Image load_image(const std::string& path) {
 }
 
 static int usage() {
-  std::cerr << "usage: norcal-host size|resize|batch|rescale|paste|results|sidecar ... (see the source header)\n";
+  std::cerr << "usage: norcal-host size|resize|batch|rescale|paste|results|sidecar|categories ... (see the source header)\n";
   return 2;
 }
 
@@ -81,7 +83,14 @@ static int run(int argc, char** argv) {
       m = int(ma.shape.back());
     }
     std::vector<int64_t> cats;
-    if (argc == 14) cats = read_npy(argv[13]).to_int64();
+    const std::string ids = argc == 14 ? argv[13] : "";
+    if (ids.size() > 4 && ids.compare(ids.size() - 4, 4, ".npy") == 0) {
+      cats = read_npy(ids).to_int64();
+    } else if (!ids.empty()) {
+      const EngineSidecar s = read_engine_sidecar(ids);
+      if (!s.found) throw std::runtime_error(s.path + ": no such file");
+      cats = results_category_ids(s, {}, "");
+    }
     const Detections d = postprocess_one(std::stoll(argv[8]), boxes.data(), scores.data(), classes.data(),
                                          masks.empty() ? nullptr : masks.data(), m, {arg_i(4), arg_i(5)},
                                          {arg_i(6), arg_i(7)}, argv[3]);
@@ -94,6 +103,14 @@ static int run(int argc, char** argv) {
     const EngineSidecar s = read_engine_sidecar(argv[2]);
     if (!s.found) throw std::runtime_error(s.path + ": no such file");
     std::printf("%d %d %s %d\n", s.min_size, s.max_size, s.input_format.c_str(), s.divisibility);
+  } else if (cmd == "categories" && (argc == 3 || argc == 4)) {
+    const EngineSidecar s = read_engine_sidecar(argv[2]);
+    if (!s.found) throw std::runtime_error(s.path + ": no such file");
+    const std::vector<int64_t> ids =
+        results_category_ids(s, argc == 4 ? read_npy(argv[3]).to_int64() : std::vector<int64_t>{},
+                             argc == 4 ? argv[3] : "");
+    for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)ids[i]);
+    std::printf("\n");
   } else {
     return usage();
   }

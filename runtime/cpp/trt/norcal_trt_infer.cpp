@@ -8,7 +8,9 @@
 // by `norcal build`, the ONNX model's metadata); the flags override it. Without a sidecar a
 // warning says detectron2's defaults (800/1333, BGR, 32) apply, as the Python runner does.
 // Images: .npy (RGB uint8 [H,W,3]) or binary .ppm (P6, 8-bit). Image ids are file stems.
-// ids.txt: the dataset category id of class index i on line i (whitespace separated is fine).
+// Category ids: the sidecar's norcal.category_ids (class index -> dataset category id), as the
+// Python runner uses them; --category-ids ids.txt (the id of class index i on line i, whitespace
+// separated is fine) overrides them. Without either, class index + 1.
 #include <NvInfer.h>
 #include <cuda_runtime_api.h>
 
@@ -190,7 +192,9 @@ int run(int argc, char** argv) {
     std::ifstream f(cat_path);
     if (!f) throw std::runtime_error(cat_path + ": cannot open");
     for (int64_t v; f >> v;) cats.push_back(v);
+    if (!f.eof() || cats.empty()) throw std::runtime_error(cat_path + ": not a list of integer category ids");
   }
+  cats = results_category_ids(sidecar, cats, cat_path);
 
   std::ifstream ef(engine_path, std::ios::binary);
   if (!ef) throw std::runtime_error(engine_path + ": cannot open");

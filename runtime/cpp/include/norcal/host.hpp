@@ -77,7 +77,8 @@ Detections postprocess_one(int64_t num, const float* boxes, const float* scores,
                            Size2 resized, Size2 original, std::string image_id);
 
 // Results JSON entries (no surrounding brackets), comma-separated, appended to out.
-// category_ids: class index -> category id (empty: index + 1). Throws on an out-of-range class.
+// category_ids: class index -> category id (empty: index + 1; an engine's come from its sidecar,
+// results_category_ids in sidecar.hpp). Throws on an out-of-range class.
 void append_results_json(const Detections& det, const std::vector<int64_t>& category_ids,
                          std::string& out, bool with_masks = true);
 
