@@ -232,7 +232,7 @@ class OutputRun:
                 return
             # the held signal's handler returned without raising: the run goes on, so commit again
 
-    def _commit_once(self, held: list[int]) -> None:
+    def _commit_once(self, held: _Held) -> None:
         journal: list[tuple[Path, Path]] = []
         try:
             backups = self._move_all(journal)
@@ -245,6 +245,8 @@ class OutputRun:
             raise
         if held:  # a signal came before the last move: its handler must find the old outputs
             self._undo(journal)
+            if held.fatal():  # the process ends with it: nothing staged may stay behind
+                self.discard()
             return
         # past the point of no return: a signal from here on is delivered after the commit
         self.committed = True
@@ -278,8 +280,18 @@ class OutputRun:
                     os.replace(dst, src)
 
 
+class _Held(list):
+    """The signals that arrived while held, and the handlers they will be delivered to."""
+
+    handlers: dict[int, object]
+
+    def fatal(self) -> bool:
+        """True when delivering one will end the process (its default action)."""
+        return any(self.handlers.get(sig) is signal.SIG_DFL for sig in self)
+
+
 @contextlib.contextmanager
-def _signals_held() -> Iterator[list[int]]:
+def _signals_held() -> Iterator[_Held]:
     """Hold SIGINT and SIGTERM back for the block: yield the list of those that arrived, and
     deliver them to their own handlers at its end, also when the block raised (a handler's
     exception then takes the place of the block's).
@@ -287,20 +299,20 @@ def _signals_held() -> Iterator[list[int]]:
     Handlers run in the main thread only; elsewhere no signal can interrupt the block, and
     nothing is changed. An ignored signal stays ignored.
     """
-    held: list[int] = []
+    held = _Held()
+    held.handlers = {}
     if threading.current_thread() is not threading.main_thread():
         yield held
         return
-    old = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         handler = signal.getsignal(sig)
         if handler is signal.SIG_IGN or handler is None:  # None: set outside Python; leave it
             continue
-        old[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
+        held.handlers[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
     try:
         yield held
     finally:
-        for sig, handler in old.items():
+        for sig, handler in held.handlers.items():
             signal.signal(sig, handler)
         for sig in dict.fromkeys(held):
             signal.raise_signal(sig)  # its handler runs now (raises, exits, or returns)

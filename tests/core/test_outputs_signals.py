@@ -178,3 +178,44 @@ def test_second_signal_during_the_clean_up_of_a_failed_run(tmp_path, monkeypatch
             monkeypatch.setattr(outputs, "_remove", remove_with_signal)
             raise ValueError("the run fails")
     assert _tree(root) == old
+
+
+_SCRIPT = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[3])
+from pathlib import Path
+from test_outputs_signals import _write_new
+from norcal.core.outputs import output_run
+
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no handler: SIGTERM ends the process
+root, k = Path(sys.argv[1]), int(sys.argv[2])
+real, n = os.replace, [0]
+
+def replace(src, dst):
+    real(src, dst)
+    n[0] += 1
+    if n[0] == k:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+with output_run():
+    _write_new(root)
+    os.replace = replace
+"""
+
+
+def test_sigterm_without_handler_ends_the_process_with_the_old_outputs(tmp_path, states):
+    """No handler (a library caller's process): SIGTERM during the commit still ends the
+    process, after the commit has been undone and its staged files deleted."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    old, _new, steps = states
+    for k in range(1, steps + 1):
+        root = tmp_path / f"k{k}"
+        root.mkdir()
+        _old_state(root)
+        proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(root), str(k), str(Path(__file__).parent)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == -signal.SIGTERM, proc.stderr
+        assert _tree(root) == old, f"SIGTERM at rename {k} of {steps}"
