@@ -230,3 +230,24 @@ def test_sigterm_after_the_outputs_are_in_place_says_so(tmp_path, monkeypatch, c
     assert err.splitlines() == ["terminated (the outputs were written)"]
     assert json.loads(out.read_text())["gammas"] and [p.name for p in tmp_path.iterdir()] == ["sim.json"]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_library_refuses_outputs_over_its_inputs(world, tmp_path):  # noqa: F811
+    """The library keeps the rule too, naming its parameters: a Triton repository holding the
+    exported model (with force it would replace the model's folder) and a demo output that
+    is its data folder."""
+    from norcal import NorCal, export_onnx_file
+    from norcal.core.errors import NorcalError
+    from norcal.workflows.demo import run_demo
+
+    src = _triton_input(world, tmp_path)
+    data = _fake_data(tmp_path)
+    before = _digest([tmp_path])
+    with pytest.raises(NorcalError, match="triton_repo .* holds the input") as e:
+        export_onnx_file(src, tmp_path / "o.onnx", NorCal(gamma=0.5, table=str(world / "two.json")),
+                         triton_repo=tmp_path / "repo", force=True)
+    assert e.value.params == ("triton_repo",)
+    with pytest.raises(NorcalError, match="output_dir .* is the input folder") as e:
+        run_demo(data, data)
+    assert e.value.params == ("output_dir",)
+    assert _digest([tmp_path]) == before
