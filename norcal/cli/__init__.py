@@ -4,16 +4,20 @@ Each module in ``norcal.cli.commands`` is one subcommand; it defines ``HELP`` (o
 ``DESCRIPTION`` (the --help text), ``add_arguments(parser)`` and ``run(args) -> int``.
 A module may also define ``FLAGS``: library parameter name -> its flag, so that errors the
 library raises about a parameter (:attr:`NorcalError.params`) name the flag the user typed.
-Errors a user can fix (:class:`NorcalError`) print one line on stderr and exit with 2.
+Errors a user can fix (:class:`NorcalError`) print one line on stderr and exit with 2;
+Ctrl-C (SIGINT) and SIGTERM stop a command the same way, with 130 and 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import pkgutil
 import re
+import signal
 import sys
+import threading
 import warnings
 
 import norcal.cli.commands
@@ -95,11 +99,35 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    """Run a command: all its outputs land together or not at all; errors are one line, exit 2."""
-    warnings.showwarning = _show_warning
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, ``timeout``, ``kill``) raised like Ctrl-C, so that a run stopped
+    either way discards its staged outputs."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """Within the block SIGTERM raises :class:`Terminated`; the old handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
+        yield
+        return
+
+    def terminated(_signum, _frame):
+        raise Terminated
+
+    old = signal.signal(signal.SIGTERM, terminated)
     try:
-        with output_run():
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run a command: all its outputs land together or not at all; errors are one line, exit 2;
+    SIGINT and SIGTERM stop it with 130 and 143."""
+    warnings.showwarning = _show_warning
+    run = None
+    try:
+        with _sigterm_interrupts(), output_run() as run:
             return int(args._run(args) or 0)
     except NorcalError as e:
         print(f"error: {error_line(e, getattr(args, '_flags', None))}", file=sys.stderr)
@@ -115,8 +143,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted (nothing was written)", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        # a signal held during the commit arrives after it: then the outputs are in place
+        written = "the outputs were written" if run is not None and run.committed else "nothing was written"
+        if isinstance(e, Terminated):
+            print(f"terminated ({written})", file=sys.stderr)
+            return 143
+        print(f"interrupted ({written})", file=sys.stderr)
         return 130
 
 

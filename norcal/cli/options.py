@@ -55,29 +55,31 @@ def error_line(error: NorcalError, flags: Mapping[str, str] | None = None) -> st
 # ----------------------------------------------------------------------------- outputs
 
 def check_outputs(inputs=(), files=None, folders=None) -> None:
-    """Refuse, before any work, an output that cannot be written or is one of the inputs.
+    """Refuse, before any work, an output that cannot be written or touches one of the inputs.
 
     inputs: the paths the command reads (None entries and non-paths such as built-in table
-    names are ignored); files / folders: {flag: path or None} of what it writes. Two outputs
-    naming the same path are refused too.
+    names are ignored); an input folder stands for the image files in it too, which no output
+    file may replace (see :func:`norcal.core.outputs.check_apart` for what output folders may
+    not do). files / folders: {flag: path or None} of what it writes. Two outputs naming the
+    same path are refused too.
     """
     from pathlib import Path
 
     from norcal.core.fileio import same_file
-    from norcal.core.outputs import check_output_dir, check_output_file
+    from norcal.core.outputs import check_apart, check_output_dir, check_output_file
+    from norcal.runtime.images import IMAGE_SUFFIXES
 
     reads = [Path(p) for p in inputs if p is not None and Path(p).exists()]
+    # the files an image folder holds are inputs too (folders are searched recursively)
+    images = [f for d in reads if d.is_dir() for f in d.rglob("*")
+              if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()]
+    check_apart([*reads, *images], files, folders)
     seen: list[tuple[str, Path]] = []
     for kinds, check in ((files or {}, check_output_file), (folders or {}, check_output_dir)):
         for flag, path in kinds.items():
             if path is None:
                 continue
             path = Path(path)
-            for src in reads:
-                if same_file(src, path):
-                    same = "" if str(src) == str(path) else f" {src}"
-                    raise NorcalError(f"{flag} {path} is the input file{same}; choose another "
-                                      "(inputs are never modified)")
             for other, p in seen:
                 if same_file(p, path):
                     raise NorcalError(f"{flag} {path} is also the {other} output; give each output its own path")

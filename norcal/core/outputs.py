@@ -5,10 +5,13 @@ and every folder written through :func:`staged_dir` goes to a temporary sibling 
 destination. Only when the whole run succeeded are the staged outputs moved into place, one
 rename each (an existing destination is set aside first and restored if a later rename fails);
 a failed or interrupted run deletes what it staged and leaves every existing file as it was.
+The commit itself holds SIGINT and SIGTERM back while it moves files, so a signal at any moment
+leaves all the old outputs or all the new ones, never a mix.
 
 :func:`check_output_file` / :func:`check_output_dir` check a destination before any work starts
 (parent is a folder, writable, the path is not a folder or a file of the wrong kind), so a
-mistyped ``-o`` fails in a second, not after a long export.
+mistyped ``-o`` fails in a second, not after a long export; :func:`check_apart` refuses an
+output that would overwrite or hold one of the run's inputs.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import contextlib
 import contextvars
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -81,6 +86,57 @@ def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Pa
     return p
 
 
+def check_apart(inputs, files=None, folders=None) -> None:
+    """Refuse an output that would overwrite, replace or hold one of the inputs.
+
+    inputs: the paths a run reads, files and folders (None entries and paths that do not exist,
+    such as built-in table names, are ignored); files / folders: {name: path or None} of the
+    file and folder outputs (``name`` is the parameter, the error's ``param``). Every path is
+    resolved first, so symlinks and ``..`` lead to the same answer as the real path. Refused:
+
+    - an output file that is an input file (an output file inside an input folder is allowed:
+      callers that read a folder's files pass those files too, so none of them is replaced);
+    - an output folder that is an input folder, holds an input (file or folder) at any depth,
+      or lies inside an input folder: its files would replace inputs, or become inputs of the
+      next run that reads that folder (folders are searched recursively).
+    """
+    reads = [(Path(p), Path(p).resolve()) for p in inputs if p is not None and os.path.exists(p)]
+    for name, path in (files or {}).items():
+        if path is None:
+            continue
+        real = Path(path).resolve()
+        for src, src_real in reads:
+            if (real == src_real or _same_inode(real, src_real)) and not src_real.is_dir():
+                same = "" if str(src) == str(path) else f" {src}"
+                raise NorcalError(f"{name} {path} is the input file{same}; choose another "
+                                  "(inputs are never modified)", param=name)
+    for name, path in (folders or {}).items():
+        if path is None:
+            continue
+        real = Path(path).resolve()
+        for src, src_real in reads:
+            if real == src_real:
+                kind = "folder" if src_real.is_dir() else "file"
+                same = "" if str(src) == str(path) else f" {src}"
+                problem = f"is the input {kind}{same}"
+            elif real in src_real.parents:
+                problem = f"holds the input {src}"
+            elif src_real.is_dir() and src_real in real.parents:
+                problem = f"is inside the input folder {src}"
+            else:
+                continue
+            raise NorcalError(f"{name} {path} {problem}; choose a folder outside the inputs "
+                              "(inputs are never modified)", param=name)
+
+
+def _same_inode(a: Path, b: Path) -> bool:
+    """Hard links to one file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 @dataclass
 class _Staged:
     dest: Path
@@ -94,6 +150,7 @@ class OutputRun:
 
     staged: dict[Path, _Staged] = field(default_factory=dict)
     created_dirs: list[Path] = field(default_factory=list)
+    committed: bool = False  # the outputs are in place (a signal held during the commit may follow)
 
     def _key(self, dest: Path) -> Path:
         return Path(os.path.abspath(dest))
@@ -157,35 +214,108 @@ class OutputRun:
         self.created_dirs.clear()
 
     def commit(self) -> None:
-        """Move every staged output into place; on a failure put back what was replaced."""
-        done: list[tuple[_Staged, Path | None]] = []
+        """Move every staged output into place: all of them, or (on any exception, or a SIGINT /
+        SIGTERM arriving before the last move) none, with what was replaced put back.
+
+        A signal that arrives during the commit is held and delivered when it is over: before
+        the last move it undoes the commit first, so its handler sees the old outputs.
+        """
+        while True:
+            try:
+                with _signals_held() as held:
+                    self._commit_once(held)
+            except BaseException:
+                with _signals_held():  # a second signal must not stop the clean-up half way
+                    self.discard()
+                raise
+            if self.committed:
+                return
+            # the held signal's handler returned without raising: the run goes on, so commit again
+
+    def _commit_once(self, held: _Held) -> None:
+        journal: list[tuple[Path, Path]] = []
         try:
-            for s in self.staged.values():
-                backup = None
-                if s.dest.exists() or s.dest.is_symlink():
-                    backup = s.dest.with_name(f".{s.dest.name}.{os.getpid()}.old")
-                    _remove(backup)
-                    os.replace(s.dest, backup)
-                try:
-                    os.replace(s.tmp, s.dest)
-                except OSError:
-                    if backup is not None:
-                        os.replace(backup, s.dest)
-                    raise
-                done.append((s, backup))
-        except OSError as e:
-            for s, backup in reversed(done):
-                _remove(s.dest)
-                if backup is not None:
-                    os.replace(backup, s.dest)
-            failed = next((s.dest for s in self.staged.values() if all(s is not d for d, _ in done)), None)
-            self.discard()
-            raise _os_error(failed or Path("?"), e) from None
-        for _, backup in done:
-            if backup is not None:
-                _remove(backup)
+            backups = self._move_all(journal)
+        except BaseException as e:
+            dests = {s.dest for s in self.staged.values()}
+            failed = next((p for p in (journal[-1] if journal else ()) if p in dests), Path("?"))
+            self._undo(journal)
+            if isinstance(e, OSError):
+                raise _os_error(failed, e) from None
+            raise
+        if held:  # a signal came before the last move: its handler must find the old outputs
+            self._undo(journal)
+            if held.fatal():  # the process ends with it: nothing staged may stay behind
+                self.discard()
+            return
+        # past the point of no return: a signal from here on is delivered after the commit
+        self.committed = True
+        for backup in backups:
+            _remove(backup)
         self.staged.clear()
         self.created_dirs.clear()
+
+    def _move_all(self, journal: list[tuple[Path, Path]]) -> list[Path]:
+        """Set each destination aside and rename its staged output onto it; each rename is
+        recorded in ``journal`` before it is made, so that :meth:`_undo` can reverse it."""
+        backups = []
+        for s in self.staged.values():
+            if s.dest.exists() or s.dest.is_symlink():
+                backup = s.dest.with_name(f".{s.dest.name}.{os.getpid()}.old")
+                _remove(backup)
+                journal.append((s.dest, backup))
+                os.replace(s.dest, backup)
+                backups.append(backup)
+            journal.append((s.tmp, s.dest))
+            os.replace(s.tmp, s.dest)
+        return backups
+
+    def _undo(self, journal: list[tuple[Path, Path]]) -> None:
+        """Reverse the renames in ``journal``, newest first (the newest may not have happened)."""
+        while journal:
+            src, dst = journal.pop()
+            # before each rename its target was free and its source present
+            if not os.path.lexists(src) and os.path.lexists(dst):
+                with contextlib.suppress(OSError):  # put back all that can be
+                    os.replace(dst, src)
+
+
+class _Held(list):
+    """The signals that arrived while held, and the handlers they will be delivered to."""
+
+    handlers: dict[int, object]
+
+    def fatal(self) -> bool:
+        """True when delivering one will end the process (its default action)."""
+        return any(self.handlers.get(sig) is signal.SIG_DFL for sig in self)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[_Held]:
+    """Hold SIGINT and SIGTERM back for the block: yield the list of those that arrived, and
+    deliver them to their own handlers at its end, also when the block raised (a handler's
+    exception then takes the place of the block's).
+
+    Handlers run in the main thread only; elsewhere no signal can interrupt the block, and
+    nothing is changed. An ignored signal stays ignored.
+    """
+    held = _Held()
+    held.handlers = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if handler is signal.SIG_IGN or handler is None:  # None: set outside Python; leave it
+            continue
+        held.handlers[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        for sig, handler in held.handlers.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)  # its handler runs now (raises, exits, or returns)
 
 
 def _remove(path: Path) -> None:
@@ -228,7 +358,8 @@ def output_run() -> Iterator[OutputRun]:
     try:
         yield run
     except BaseException:
-        run.discard()
+        with _signals_held():  # a second Ctrl-C must not stop the clean-up half way
+            run.discard()
         raise
     else:
         run.commit()

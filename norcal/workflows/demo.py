@@ -138,12 +138,14 @@ def run_demo(data: os.PathLike | None = None, output_dir: os.PathLike = "norcal-
     stage are done (the tuning sweeps' stages, then one per model run on the validation images).
 
     The folder is built next to ``output_dir`` and replaces it whole only when everything
-    succeeded: a failed run leaves an earlier demo's folder as it was, never a mix.
+    succeeded: a failed run leaves an earlier demo's folder as it was, never a mix. It may not
+    be, hold or lie inside ``data``.
     """
     from norcal.core.fileio import write_json
-    from norcal.core.outputs import check_output_dir, staged_dir
+    from norcal.core.outputs import check_apart, check_output_dir, staged_dir
 
     dest = Path(output_dir)
+    check_apart([default_data_dir() if data is None else data], folders={"output_dir": dest})
     check_output_dir(dest, "output folder")
     with staged_dir(dest) as out:
         result = _relocated(_run_demo(data, out, gammas, batch_size, pictures, progress, log), out, dest)

@@ -25,7 +25,7 @@ import onnx
 from norcal.core.contract import MASK_HEAD_ROIS_VALUES as MASK_ROIS
 from norcal.core.errors import NorcalError
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
-from norcal.core.outputs import check_output_dir, check_output_file, current_path, output_run
+from norcal.core.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
 from norcal.core.tables import CalibrationTable
 from norcal.export.calibrate_onnx import calibrate_onnx as _insert_norcal
 from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
@@ -150,8 +150,10 @@ def triton_name(output: Path) -> str:
     return Path(output).name.split(".")[0]
 
 
-def _check_outputs(out: Path, triton_repo: PathLike | None, force: bool) -> None:
-    """Refuse an unwritable output or an existing Triton model folder before any work is done."""
+def _check_outputs(out: Path, triton_repo: PathLike | None, force: bool, inputs=()) -> None:
+    """Refuse an unwritable output, one that would replace or hold an input, or an existing
+    Triton model folder before any work is done."""
+    check_apart(inputs, files={"out": out}, folders={"triton_repo": triton_repo})
     check_output_file(out, "output")
     if triton_repo is not None:
         from norcal.runtime.triton import check_target
@@ -180,7 +182,7 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
         raise NorcalError("norcal (the calibration to bake in) is required, or strip=True",
                           param="strip=True")
     src, out = Path(src), Path(out)
-    _check_outputs(out, triton_repo, force)
+    _check_outputs(out, triton_repo, force, [src])
     t0 = time.perf_counter()
     model = load_onnx(src)
     model = strip_norcal(model) if strip else calibrate_onnx(model, norcal)
@@ -234,7 +236,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     if options.mask_head_rois not in MASK_ROIS:
         raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, got "
                           f"{options.mask_head_rois!r}", param="mask_head_rois")
-    _check_outputs(out, triton_repo, force)
+    _check_outputs(out, triton_repo, force, [src, options.config, *verify])
     if verify:  # bad images fail now, not after the export
         from norcal.workflows.verify import check_images
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-FLAGS = {"data": "--data"}  # parameters the demo's errors name -> the flags here
+FLAGS = {"data": "--data", "output_dir": "--output"}  # parameters the demo's errors name -> the flags here
 HELP = "run the bundled example: tune gamma on training images, export with NorCal, compare LVIS AP"
 DESCRIPTION = """The whole product on a small real model, in about a minute on a CPU.
 

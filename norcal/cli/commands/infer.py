@@ -148,7 +148,7 @@ def run(args) -> int:
     paths = expand_inputs(args.inputs)
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(args.inputs))
-    check_outputs([args.model, *paths, args.image_ids, args.table],
+    check_outputs([args.model, *args.inputs, *paths, args.image_ids, args.table],
                   files={"-o": args.output,
                          "skipped list": skipped_path(args.output) if args.skip_unreadable else None},
                   folders={"--draw": args.draw})

@@ -1,0 +1,253 @@
+"""Outputs that would overwrite or hold the inputs, and runs stopped by SIGTERM / Ctrl-C.
+
+An output folder may not be an input folder, hold an input, or lie inside an input folder,
+and no output file may replace an image of an input folder, however the path is spelled
+(symlink, ``..``). Each case runs the command in-process and checks: exit status 2, one line
+on stderr naming the flag, and every file of the test's folder and of the shared inputs
+byte-identical afterwards. The signal tests run ``norcal infer`` in a subprocess and stop it
+half way.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY
+from norcal.cli import main
+from norcal.core import outputs
+from test_hostile import GT, RESULTS, SENTINEL, _digest, world  # noqa: F401  (world: a fixture)
+
+
+def _imgs(t: Path, n: int = 1) -> Path:
+    """A folder of the test's own holding copies of the tiny model's first image."""
+    d = t / "imgs"
+    d.mkdir(exist_ok=True)
+    for k in range(n):
+        shutil.copy(TINY / "images" / "img0.png", d / f"img{k}.png")
+    return d
+
+
+def _eval_inputs(t: Path) -> Path:
+    d = t / "data"
+    d.mkdir()
+    (d / "gt.json").write_text(json.dumps(GT))
+    (d / "results.json").write_text(json.dumps(RESULTS))
+    return d
+
+
+def _link(t: Path, target: Path) -> Path:
+    (t / "link").symlink_to(target, target_is_directory=True)
+    return t / "link"
+
+
+def _triton_input(w: Path, t: Path) -> Path:
+    """A model read from a Triton repository: t/repo/o/1/model.onnx."""
+    (t / "repo" / "o" / "1").mkdir(parents=True)
+    shutil.copy(w / "cls.onnx", t / "repo" / "o" / "1" / "model.onnx")
+    return t / "repo" / "o" / "1" / "model.onnx"
+
+
+def _fake_data(t: Path) -> Path:
+    d = t / "data"
+    (d / "val").mkdir(parents=True)
+    (d / "val.json").write_text(json.dumps(GT))
+    shutil.copy(TINY / "images" / "img0.png", d / "val" / "img0.png")
+    return d
+
+
+def _infer(w, t, *extra):
+    return ["infer", str(w / "tiny.onnx"), *extra, "-o", str(t / "r.json")]
+
+
+# every case: (world, tmp) -> (argv, text the one error line must hold)
+CASES = {
+    # infer --draw
+    "draw-is-input-folder": lambda w, t: (
+        _infer(w, t, str(_imgs(t)), "--draw", str(t / "imgs")), "--draw"),
+    "draw-is-input-folder-via-symlink": lambda w, t: (
+        _infer(w, t, str(_imgs(t)), "--draw", str(_link(t, t / "imgs"))), "is the input folder"),
+    "draw-is-input-folder-via-dotdot": lambda w, t: (
+        _infer(w, t, str(_imgs(t)), "--draw", str(t / "imgs" / ".." / "imgs")), "is the input folder"),
+    "draw-inside-input-folder": lambda w, t: (
+        _infer(w, t, str(_imgs(t)), "--draw", str(t / "imgs" / "pictures")), "is inside the input folder"),
+    "draw-holds-input-image": lambda w, t: (
+        _infer(w, t, str(_imgs(t) / "img0.png"), "--draw", str(t / "imgs")), "holds the input"),
+    "draw-holds-input-via-symlink": lambda w, t: (
+        _infer(w, t, str(_imgs(t) / "img0.png"), "--draw", str(_link(t, t))), "holds the input"),
+    "draw-holds-model": lambda w, t: (
+        _infer(w, t, str(_imgs(t)), "--draw", str(w)), "holds the input"),
+    "draw-is-a-file": lambda w, t: (
+        (t / "pics").write_bytes(SENTINEL),
+        _infer(w, t, str(_imgs(t)), "--draw", str(t / "pics")), "is a file")[1:],
+    "draw-unwritable": lambda w, t: (
+        _infer(w, t, str(_imgs(t)), "--draw", "/proc/norcal-draw"), "cannot write"),
+    "draw-read-only-folder": lambda w, t: (
+        (t / "ro").mkdir(), (t / "ro").chmod(0o555),
+        _infer(w, t, str(_imgs(t)), "--draw", str(t / "ro" / "pics")), "cannot write")[2:],
+    "infer-o-replaces-image-in-input-folder": lambda w, t: (
+        ["infer", str(w / "tiny.onnx"), str(_imgs(t, 2)), "-o", str(t / "imgs" / "." / "img1.png")], "-o"),
+    # demo --output
+    "demo-output-is-data": lambda w, t: (
+        ["demo", "--data", str(_fake_data(t)), "--output", str(t / "data")], "--output"),
+    "demo-output-is-data-via-symlink": lambda w, t: (
+        ["demo", "--data", str(_fake_data(t)), "--output", str(_link(t, t / "data"))], "is the input folder"),
+    "demo-output-holds-data": lambda w, t: (
+        ["demo", "--data", str(_fake_data(t)), "--output", str(t)], "holds the input"),
+    "demo-output-inside-data": lambda w, t: (
+        ["demo", "--data", str(_fake_data(t)), "--output", str(t / "data" / "val")],
+        f"--output {t / 'data' / 'val'} is inside the input folder"),
+    # export --triton-repo
+    "export-triton-repo-holds-input": lambda w, t: (
+        ["export", str(_triton_input(w, t)), "--gamma", "0.5", "--table", str(w / "two.json"),
+         "-o", str(t / "o.onnx"), "--triton-repo", str(t / "repo"), "--force"], "--triton-repo"),
+    "export-triton-repo-is-verify-folder": lambda w, t: (
+        ["export", str(w / "model_final.pth"), "--gamma", "0.5", "--verify", str(_imgs(t)),
+         "-o", str(t / "o.onnx"), "--triton-repo", str(t / "imgs")],
+        f"--triton-repo {t / 'imgs'} is the input folder"),
+    # eval --plots
+    "eval-plots-holds-gt": lambda w, t: (
+        ["eval", "--gt", str(_eval_inputs(t) / "gt.json"), "--results", str(t / "data" / "results.json"),
+         "--plots", str(t / "data")], "--plots"),
+    "eval-plots-holds-gt-via-dotdot": lambda w, t: (
+        ["eval", "--gt", str(_eval_inputs(t) / "gt.json"), "--results", str(t / "data" / "results.json"),
+         "--plots", str(t / "data" / ".." / "data" / "..")], "holds the input"),
+    "eval-plots-is-input-file": lambda w, t: (
+        ["eval", "--gt", str(_eval_inputs(t) / "gt.json"), "--results", str(t / "data" / "results.json"),
+         "--plots", str(t / "data" / "gt.json")], "--plots"),
+    # the commands with file outputs only: no file may replace an image of an input folder
+    "quantize-o-replaces-calibration-image": lambda w, t: (
+        ["quantize", str(w / "tiny.onnx"), "--images", str(_imgs(t)), "-o", str(t / "imgs" / "img0.png")],
+        "-o"),
+    "tune-plot-replaces-image": lambda w, t: (
+        ["tune", str(w / "model_final.pth"), "--config", str(w / "config.yaml"), "--gt", str(w / "gt.json"),
+         "--images", str(_imgs(t)), "--plot", str(_link(t, t / "imgs") / "img0.png")], "--plot"),
+    "parity-json-replaces-image": lambda w, t: (
+        ["parity", str(w / "tiny.onnx"), str(_imgs(t)), "--checkpoint", str(w / "model_final.pth"),
+         "--json", str(t / "imgs" / "img0.png")], "--json"),
+    "simulate-json-is-table-via-dotdot": lambda w, t: (
+        ["simulate", "--table", str(w / "two.json"), "--json", str(w / ".." / w.name / "two.json")],
+        "--json"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_output_touching_an_input_is_refused_before_any_work(name, world, tmp_path, capsys,  # noqa: F811
+                                                             monkeypatch):
+    if name == "draw-read-only-folder" and os.geteuid() == 0:
+        pytest.skip("root may write in a read-only folder (draw-unwritable covers it)")
+    monkeypatch.setenv("COLUMNS", "400")  # rich must not wrap the error line
+    argv, expected = CASES[name](world, tmp_path)
+    before = _digest([tmp_path, world])
+    capsys.readouterr()
+    t0 = time.perf_counter()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert expected in lines[0], lines[0]
+    assert _digest([tmp_path, world]) == before
+    assert time.perf_counter() - t0 < 30  # refused up front, not after the work
+
+
+def test_output_folder_beside_the_inputs_is_fine(world, tmp_path, capsys):  # noqa: F811
+    """The rule is not too wide: a --draw folder next to the image folder, named like it."""
+    imgs = _imgs(tmp_path)
+    before = _digest([imgs])
+    assert main(_infer(world, tmp_path, str(imgs), "--draw", str(tmp_path / "imgs-drawn"))) == 0, \
+        capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "imgs-drawn").iterdir()] == ["img0.png"]
+    assert _digest([imgs]) == before
+
+
+def _wait_for(predicate, proc, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"exited early with {proc.returncode}: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("the run never got going")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, status, word", [(signal.SIGTERM, 143, "terminated"),
+                                               (signal.SIGINT, 130, "interrupted")])
+def test_signal_mid_run_stops_it_and_writes_nothing(world, tmp_path, sig, status, word):  # noqa: F811
+    """norcal infer on many images, stopped while it streams its results: the exit status of
+    the signal, one line saying so, the earlier results untouched and no staged file left."""
+    imgs = _imgs(tmp_path, 200)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "r.json").write_bytes(SENTINEL)
+    proc = subprocess.Popen([sys.executable, "-m", "norcal", "infer", str(world / "tiny.onnx"), str(imgs),
+                             "--threads", "1", "-o", str(out / "r.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "400"})
+    # the results are being streamed to a staged file next to r.json: the run is under way
+    _wait_for(lambda: any(p.name.endswith(".tmp") for p in out.iterdir()), proc, 120)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == status, err
+    assert "Traceback" not in err, err
+    assert err.splitlines()[-1] == f"{word} (nothing was written)", err
+    assert sorted(p.name for p in out.iterdir()) == ["r.json"]
+    assert (out / "r.json").read_bytes() == SENTINEL
+    assert len(list(imgs.iterdir())) == 200
+
+
+def test_sigterm_after_the_outputs_are_in_place_says_so(tmp_path, monkeypatch, capsys):
+    """A SIGTERM that arrives once every output is in place (the old ones being deleted) is
+    delivered after the commit: exit 143, the new outputs, no set-aside copy, and a line that
+    does not claim nothing was written. The CLI's SIGTERM handler is removed afterwards."""
+    out = tmp_path / "sim.json"
+    out.write_bytes(SENTINEL)
+    real = outputs._remove
+
+    def remove_then_signal(path):
+        if path.name.endswith(".old") and path.exists():
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(path)
+
+    monkeypatch.setattr(outputs, "_remove", remove_then_signal)
+    before = signal.getsignal(signal.SIGTERM)
+    rc = main(["simulate", "--images", "2", "--train-images", "2", "--json", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 143, err
+    assert err.splitlines() == ["terminated (the outputs were written)"]
+    assert json.loads(out.read_text())["gammas"] and [p.name for p in tmp_path.iterdir()] == ["sim.json"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_library_refuses_outputs_over_its_inputs(world, tmp_path):  # noqa: F811
+    """The library keeps the rule too, naming its parameters: a Triton repository holding the
+    exported model (with force it would replace the model's folder) and a demo output that
+    is its data folder."""
+    from norcal import NorCal, export_onnx_file
+    from norcal.core.errors import NorcalError
+    from norcal.workflows.demo import run_demo
+
+    src = _triton_input(world, tmp_path)
+    data = _fake_data(tmp_path)
+    before = _digest([tmp_path])
+    with pytest.raises(NorcalError, match="triton_repo .* holds the input") as e:
+        export_onnx_file(src, tmp_path / "o.onnx", NorCal(gamma=0.5, table=str(world / "two.json")),
+                         triton_repo=tmp_path / "repo", force=True)
+    assert e.value.params == ("triton_repo",)
+    with pytest.raises(NorcalError, match="output_dir .* is the input folder") as e:
+        run_demo(data, data)
+    assert e.value.params == ("output_dir",)
+    assert _digest([tmp_path]) == before
