@@ -20,8 +20,9 @@ def default_table(num_classes: int) -> CalibrationTable:
         t = load_table(name)
         if t.num_classes == num_classes:
             return t
-    raise NorcalError(f"no built-in calibration table has {num_classes} classes; "
-                      "pass --table (a table JSON, see `norcal table build`)")
+    raise NorcalError(f"none of the built-in class counts (LVIS v1: 1203, v0.5: 1230) is for "
+                      f"{num_classes} classes; pass table (the training annotations, or a JSON of "
+                      "counts built from them)", param="table")
 
 
 def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:

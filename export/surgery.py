@@ -193,7 +193,8 @@ class _View:
         found = self.search()
         if not found:
             raise NorcalError("found no box classifier (a Softmax over the last axis or a Sigmoid fed by "
-                              "a Gemm/MatMul); name the logits tensor with --logits")
+                              "a Gemm/MatMul); name the classifier's input tensor as logits",
+                              param="logits")
         num_classes = settings.num_classes if settings is not None else 0
         want = _expected_width(num_classes, settings.background) if num_classes else None
         fitting = [c for c in found if want is None or c.width in (want, None)]
@@ -204,7 +205,7 @@ class _View:
             raise NorcalError(f"the table has {num_classes} classes, so the classifier should have "
                               f"{want} outputs, but the candidates are: {listing}")
         raise NorcalError(f"ambiguous: {len(fitting)} classifier candidates: {listing}; "
-                          "choose one with --logits TENSOR")
+                          "name the one to calibrate as logits", param="logits")
 
     def elem_type(self, tensor: str) -> int:
         tp = self.types.get(tensor)

@@ -71,7 +71,7 @@ def engine_profiles(model: onnx.ModelProto, options: BuildOptions) -> dict[str, 
     others = [n for n in names if n not in profiles]
     if others:
         raise NorcalError(f"{options.onnx_path}: inputs {others} are not in the detector contract; "
-                          f"build it with trtexec and your own --minShapes/--optShapes/--maxShapes")
+                          f"build it with trtexec and your own min/opt/max shapes for them")
     defaulted = {"images": ((0,) if options.batch is None else ()) + ((2, 3) if options.hw is None else ()),
                  "image_sizes": (0,) if options.batch is None else ()}
     return {n: fit_static(p, dims[n], defaulted[n]) for n, p in profiles.items() if n in names}
@@ -180,8 +180,8 @@ def check_int8_model(model: onnx.ModelProto, options: BuildOptions) -> None:
     calibrator, so the ranges must be in the graph (norcal quantize writes them)."""
     if not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
         raise NorcalError(f"{options.onnx_path} has no QuantizeLinear nodes: int8 builds take an explicitly "
-                          f"quantized (Q/DQ) model; run norcal quantize {options.onnx_path} --images DIR "
-                          f"first and build its output", param="int8")
+                          f"quantized (Q/DQ) model; run norcal quantize on {options.onnx_path} with "
+                          f"calibration images first and build its output", param="int8")
 
 
 def prepare(options: BuildOptions) -> tuple[onnx.ModelProto, dict[str, Profile], str]:
