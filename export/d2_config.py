@@ -321,7 +321,7 @@ def _calibration(c: _Cfg, provenance: dict) -> ConfigCalibration | None:
             f"{result.gamma:g}, factor {result.factor}, mechanism {result.mechanism}"
             f"{'' if result.renormalize else ', not renormalised'} (the default when no gamma is given)")
     if on == "exps" and not renorm:
-        note += "; their unnormalised exp(logit)/a_c is exported as softmax/a_c (the same ranking per box)"
+        note += "; exported as they compute it, exp(logit)/a_c with no denominator (not bounded by 1)"
     provenance["calibration"] = note
     return result
 

@@ -207,6 +207,7 @@ def print_summary(result) -> None:
         t.add_row("NorCal", f"gamma {meta.get(contract.GAMMA)}, factor {meta.get(contract.FACTOR)}, "
                             f"mechanism {meta.get(contract.MECHANISM)}, renormalize "
                             f"{meta.get(contract.RENORMALIZE)}, background {meta.get(contract.BACKGROUND)}")
+        t.add_row("computes", escape(_computed_as(meta)))
         node = ("inlined ops" if meta.get(contract.INLINE) == "true"
                 else f"{contract.NODE_DOMAIN}::{contract.NODE_OP_TYPE}")
         t.add_row("node", f"{node} on {meta.get(contract.LOGITS)}")
@@ -226,3 +227,14 @@ def print_summary(result) -> None:
                              f"{result.calibration_from_config}"))
     if result.triton_dir is not None:
         console.print(escape(f"Triton model repository written: {result.triton_dir}"))
+
+
+def _computed_as(meta: dict[str, str]) -> str:
+    """What the written node computes, from the variant its metadata records."""
+    from norcal.export.norcal_node import computed_as
+
+    try:
+        return computed_as(meta.get(contract.MECHANISM, ""), meta.get(contract.RENORMALIZE) == "true",
+                           meta.get(contract.ACTIVATION, ""))
+    except NorcalError:
+        return "?"
