@@ -16,6 +16,7 @@ from pathlib import Path
 
 import onnx
 
+from norcal.core.contract import PRECISION
 from norcal.core.errors import NorcalError
 from norcal.core.profiles import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
                                      image_size_range, input_dims)
@@ -184,6 +185,15 @@ def check_int8_model(model: onnx.ModelProto, options: BuildOptions) -> None:
                           f"calibration images first and build its output", param="int8")
 
 
+def check_precision(model: onnx.ModelProto, options: BuildOptions) -> None:
+    """Refuse to build a quantized model (``norcal.precision`` int8) as a float engine: without
+    the INT8 flag TensorRT runs its Q/DQ pairs in float, and the sidecar would say fp32."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    if meta.get(PRECISION) == "int8":
+        raise NorcalError(f"{options.onnx_path} is a quantized (Q/DQ) model, as its {PRECISION} "
+                          "metadata records; build it with int8", param="int8")
+
+
 def prepare(options: BuildOptions) -> tuple[onnx.ModelProto, dict[str, Profile], str]:
     """Load the model; return it, its profiles and the trtexec line (the TensorRT check is the caller's)."""
     from norcal.core.onnx_io import load_onnx
@@ -191,6 +201,8 @@ def prepare(options: BuildOptions) -> tuple[onnx.ModelProto, dict[str, Profile],
     model = load_onnx(options.onnx_path)
     if options.int8:
         check_int8_model(model, options)
+    else:
+        check_precision(model, options)
     profiles = engine_profiles(model, options)
     cmd = trtexec_command(options.onnx_path, options.engine_path, profiles, options.fp16,
                           options.workspace_gb, options.timing_cache, int8=options.int8)
