@@ -31,6 +31,10 @@ def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:
     found = classifier_candidates(model)
     if len(found) == 1 and found[0].width:
         return found[0].width - (0 if background == "none" else 1)
+    meta = {p.key: p.value for p in model.metadata_props}
+    n = meta.get(contract.NUM_CLASSES, "")
+    if recorded_background(meta) is not None and n.isdigit():  # a dynamic class axis (RetinaNet)
+        return int(n)
     return None
 
 
