@@ -15,7 +15,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from norcal.cli import export_main
+import golden as G
+from conftest import FIXTURES
+from norcal.cli import export_main, main
+from norcal.core.errors import NorcalError
 
 from onnx_graphs import classifier_graph, gemm_weights
 
@@ -100,12 +103,6 @@ def test_summary_says_what_the_node_computes(tmp_path, capsys, monkeypatch, acti
 
 
 # ----------------------------------------------------------------------------- checked against the model
-
-from norcal.cli import main  # noqa: E402
-from norcal.core.errors import NorcalError  # noqa: E402
-
-import golden as G  # noqa: E402
-from conftest import FIXTURES  # noqa: E402
 
 RETINANET = FIXTURES / "d2_retinanet_tiny"
 DC5 = FIXTURES / "d2_dc5_tiny"
