@@ -20,8 +20,9 @@ def default_table(num_classes: int) -> CalibrationTable:
         t = load_table(name)
         if t.num_classes == num_classes:
             return t
-    raise NorcalError(f"no built-in calibration table has {num_classes} classes; "
-                      "pass --table (a table JSON, see `norcal table build`)")
+    raise NorcalError(f"none of the built-in class counts (LVIS v1: 1203, v0.5: 1230) is for "
+                      f"{num_classes} classes; pass table (the training annotations, or a JSON of "
+                      "counts built from them)", param="table")
 
 
 def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:
@@ -30,7 +31,41 @@ def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:
     found = classifier_candidates(model)
     if len(found) == 1 and found[0].width:
         return found[0].width - (0 if background == "none" else 1)
+    meta = {p.key: p.value for p in model.metadata_props}
+    n = meta.get(contract.NUM_CLASSES, "")
+    if recorded_background(meta) is not None and n.isdigit():  # a dynamic class axis (RetinaNet)
+        return int(n)
     return None
+
+
+_SLOT = {"none": "has one logit per class and no other slot",
+         "last": "has that slot last, after the classes' logits (detectron2)",
+         "first": "has that slot first, before the classes' logits"}
+
+
+def recorded_background(meta: dict[str, str]) -> str | None:
+    """Where a checkpoint export's classifier has its background slot (None: not our export,
+    the caller must say)."""
+    if not meta.get(contract.CLASSIFIER_LOGITS):
+        return None
+    return meta.get(contract.CLASSIFIER_BACKGROUND, "last")
+
+
+def check_background(background: str, recorded: str | None) -> None:
+    """Refuse a background slot other than the one the model's classifier has (``recorded``;
+    None: unknown, the caller's word stands): the prior would calibrate the wrong logits."""
+    if recorded is not None and background != recorded:
+        raise NorcalError(f"background {background!r} does not fit the model: its classifier "
+                          f"{_SLOT[recorded]}", param="background")
+
+
+def check_background_scale(background_scale: float, activation: str, background: str) -> None:
+    """Refuse a background scale that cannot change any score: sigmoid heads score each class
+    alone, and a classifier without a background slot has nothing for b to scale."""
+    if background_scale != 1 and (activation == "sigmoid" or background == "none"):
+        raise NorcalError(f"background_scale {background_scale:g} has no effect on a {activation} "
+                          f"classifier with background {background!r} (no class score depends on "
+                          "that slot); leave it at 1", param="background_scale")
 
 
 def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | CalibrationTable | None = None,
@@ -45,9 +80,12 @@ def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | Calibratio
     counts below it are raised to it; the metadata records it and how many classes it raised.
     """
     gamma = check_gamma(gamma, factor)
+    meta = {p.key: p.value for p in model.metadata_props}
+    recorded = recorded_background(meta)
     if background is None:  # what the export recorded (a RetinaNet: none), else detectron2's last
-        meta = {p.key: p.value for p in model.metadata_props}
-        background = meta.get(contract.CLASSIFIER_BACKGROUND, "last")
+        background = recorded or "last"
+    else:
+        check_background(background, recorded)
     if table is None:
         n = classifier_classes(model, background)
         if n is None:
@@ -65,6 +103,8 @@ def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | Calibratio
                               num_classes=table.num_classes, min_count=min_count,
                               min_count_clamped=None if min_count is None else clamped)
     out = insert_norcal(model, prior, settings, logits=logits, inline=inline)
+    check_background_scale(background_scale, {p.key: p.value for p in out.metadata_props}[contract.ACTIVATION],
+                           background)
     # runtime keys: the table fixes the class order, so runners map class index -> category id
     # with it; stripping NorCal keeps them
     props = {p.key: p.value for p in out.metadata_props}

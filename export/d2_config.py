@@ -229,7 +229,7 @@ def _check_supported(c: _Cfg) -> None:
     c.require("MODEL.ANCHOR_GENERATOR.NAME", "DefaultAnchorGenerator")
     c.require("MODEL.ROI_HEADS.NAME", (STANDARD_ROI_HEADS, RES5_ROI_HEADS, NORCAL_ROI_HEADS, CASCADE_ROI_HEADS),
               f"not supported; {SUPPORTED}")
-    c.require("MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIAlignV2")
+    c.require("MODEL.ROI_BOX_HEAD.POOLER_TYPE", POOLER_TYPES)
     c.require("MODEL.KEYPOINT_ON", False, f"keypoint heads are not supported; {SUPPORTED}")
     c.require("TEST.AUG.ENABLED", False, "test-time augmentation is not supported")
     c.require("INPUT.FORMAT", ("BGR", "RGB"))
@@ -247,7 +247,7 @@ def _check_supported(c: _Cfg) -> None:
     if c.bool("MODEL.MASK_ON"):
         c.require("MODEL.ROI_MASK_HEAD.NAME", "MaskRCNNConvUpsampleHead")
         if c.str("MODEL.ROI_HEADS.NAME") != RES5_ROI_HEADS:  # Res5ROIHeads reuses the box pooler
-            c.require("MODEL.ROI_MASK_HEAD.POOLER_TYPE", "ROIAlignV2")
+            c.require("MODEL.ROI_MASK_HEAD.POOLER_TYPE", POOLER_TYPES)
 
 
 def _check_fpn(c: _Cfg) -> None:
@@ -321,7 +321,7 @@ def _calibration(c: _Cfg, provenance: dict) -> ConfigCalibration | None:
             f"{result.gamma:g}, factor {result.factor}, mechanism {result.mechanism}"
             f"{'' if result.renormalize else ', not renormalised'} (the default when no gamma is given)")
     if on == "exps" and not renorm:
-        note += "; their unnormalised exp(logit)/a_c is exported as softmax/a_c (the same ranking per box)"
+        note += "; exported as they compute it, exp(logit)/a_c with no denominator (not bounded by 1)"
     provenance["calibration"] = note
     return result
 
@@ -338,6 +338,11 @@ def _anchors(c: _Cfg) -> tuple[tuple, tuple]:
     if len(counts) != 1:
         raise c.bad("MODEL.ANCHOR_GENERATOR.SIZES", "every RPN level needs the same number of anchors")
     return sizes, ratios
+
+
+# ROIAlignV2: aligned (detectron2's default); ROIAlign: unaligned, as Detectron1 pooled (its
+# comparison configs); ONNX RoiAlign-16 with half_pixel / output_half_pixel
+POOLER_TYPES = ("ROIAlignV2", "ROIAlign")
 
 
 def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
@@ -359,6 +364,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
     # Res5ROIHeads pools masks with the box pooler (its res5 halves it; the deconv doubles it back)
     mask_pooler = ("MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", "MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO") \
         if c4 else ("MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION", "MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO")
+    mask_pooler_type = "MODEL.ROI_BOX_HEAD.POOLER_TYPE" if c4 else "MODEL.ROI_MASK_HEAD.POOLER_TYPE"
     return ModelSpec(
         meta_architecture=c.str("MODEL.META_ARCHITECTURE"),
         backbone_name=c.str("MODEL.BACKBONE.NAME"),
@@ -414,6 +420,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         mask_head_norm=c.norm("MODEL.ROI_MASK_HEAD.NORM"),
         mask_pooler_resolution=c.int(mask_pooler[0], 1),
         mask_pooler_sampling_ratio=c.int(mask_pooler[1], 0),
+        mask_pooler_type=c.str(mask_pooler_type),
         cls_agnostic_mask=c.bool("MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK"),
         provenance=provenance,
     )

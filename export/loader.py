@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from norcal.core.errors import NorcalError
 
 from .checkpoint import clean_state_dict, read_checkpoint
@@ -41,6 +43,28 @@ def _check_consistent(config_spec: ModelSpec, weights_spec: ModelSpec, config, w
                               f"config {want.get(field)!r}, weights {have.get(field)!r}")
 
 
+# FastRCNNOutputLayers with MODEL.ROI_HEADS.USE_FED_LOSS registers the classes' sampling weights
+# for the federated loss as a buffer (one per cascade stage); inference never reads it
+_FED_LOSS = re.compile(r"roi_heads\.box_predictor(\.\d+)?\.fed_loss_cls_weights")
+
+
+def _check_fed_loss_weights(found: dict, spec: ModelSpec, weights) -> None:
+    """The federated-loss buffers must be the ones this model's predictors would hold."""
+    from norcal.export.spec import RETINANET
+
+    stages = len(spec.cascade_bbox_reg_weights)
+    names = [f"roi_heads.box_predictor.{k}.fed_loss_cls_weights" for k in range(stages)] if stages \
+        else ["roi_heads.box_predictor.fed_loss_cls_weights"]
+    for name, value in found.items():
+        if name not in names or spec.meta_architecture == RETINANET:
+            raise NorcalError(f"{weights}: {name} does not belong to this model's box predictor "
+                              f"(a federated-loss buffer is {' or '.join(names)})")
+        shape = tuple(getattr(value, "shape", ()))
+        if shape != (spec.num_classes,):
+            raise NorcalError(f"{weights}: {name} has shape {shape}, but federated-loss weights hold "
+                              f"one value per class ({spec.num_classes},)")
+
+
 def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
     """Read a detectron2 checkpoint and return ``(spec, state_dict)``.
 
@@ -51,6 +75,7 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
     ``state_dict``: ``{name: torch.Tensor}`` without entries inference ignores.
     """
     raw = read_checkpoint(weights)
+    fed_loss = {k: raw.pop(k) for k in [k for k in raw if _FED_LOSS.fullmatch(k)]}
     spec = load_config(config) if config is not None else None
     if spec is not None:
         want, have = arch_name(spec), weights_layout(raw)
@@ -61,6 +86,7 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
     # inferred from the raw dict: num_batches_tracked still tells BN from FrozenBN
     inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None)
     state = clean_state_dict(raw)
+    _check_fed_loss_weights(fed_loss, spec or inferred, weights)
     if spec is None:
         inferred.provenance["weights"] = str(weights)
         return inferred, state

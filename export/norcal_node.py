@@ -84,6 +84,27 @@ SETTING_KEYS = {
 }
 
 
+# what the node computes per (activation, mechanism, renormalised), as docs/variants.md writes
+# it; phi the logits, log_prior [log a_1 .. log a_C, -log b], a_c the factor, b the background scale
+_COMPUTED_AS = {
+    ("softmax", "exp", True): "softmax(phi - log_prior)",
+    ("softmax", "prob", True): "softmax(phi - log_prior)",
+    ("softmax", "logit", True): "softmax([phi_c/a_c, phi_bg + log b])",
+    ("softmax", "exp", False): "exp(phi - log_prior), not normalised",
+    ("softmax", "prob", False): "exp(log_softmax(phi) - log_prior), not normalised",
+    ("softmax", "logit", False): "exp([phi_c/a_c, phi_bg + log b]), not normalised",
+    ("sigmoid", "exp", False): "sigmoid(phi - log_prior)",
+    ("sigmoid", "prob", False): "sigmoid(phi) * exp(-log_prior)",
+    ("sigmoid", "logit", False): "sigmoid(phi_c * a_c)",
+}
+
+
+def computed_as(mechanism: str, renormalize: bool | None, activation: str) -> str:
+    """The formula the node computes for a variant (docs/variants.md, "computed as")."""
+    renormalize = check_variant(mechanism, renormalize, activation)
+    return _COMPUTED_AS[(activation, mechanism, renormalize)]
+
+
 def _body(settings: NorCalSettings, x: str, prior: str, out: str, prefix: str) -> list[onnx.NodeProto]:
     """The ops computing ``out`` from logits ``x`` and ``prior``; names carry ``prefix``."""
     t = lambda s: f"{prefix}{s}"  # noqa: E731 - tensor/node names inside the body

@@ -77,7 +77,7 @@ class ModelSpec:
     rpn_min_size: float = 0.0
     # ROI heads
     num_classes: int = 1203
-    pooler_type: str = "ROIAlignV2"
+    pooler_type: str = "ROIAlignV2"  # or ROIAlign (aligned=False)
     pooler_resolution: int = 7
     pooler_sampling_ratio: int = 0
     box_head_num_conv: int = 0
@@ -100,6 +100,7 @@ class ModelSpec:
     mask_head_norm: str = ""
     mask_pooler_resolution: int = 14
     mask_pooler_sampling_ratio: int = 0
+    mask_pooler_type: str = "ROIAlignV2"  # Res5ROIHeads pools masks with the box pooler instead
     cls_agnostic_mask: bool = False
     # RetinaNet (meta_architecture RETINANET): MODEL.RETINANET.*; its score/NMS thresholds,
     # box weights and class count use the fields above

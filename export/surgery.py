@@ -193,7 +193,8 @@ class _View:
         found = self.search()
         if not found:
             raise NorcalError("found no box classifier (a Softmax over the last axis or a Sigmoid fed by "
-                              "a Gemm/MatMul); name the logits tensor with --logits")
+                              "a Gemm/MatMul); name the classifier's input tensor as logits",
+                              param="logits")
         num_classes = settings.num_classes if settings is not None else 0
         want = _expected_width(num_classes, settings.background) if num_classes else None
         fitting = [c for c in found if want is None or c.width in (want, None)]
@@ -204,7 +205,7 @@ class _View:
             raise NorcalError(f"the table has {num_classes} classes, so the classifier should have "
                               f"{want} outputs, but the candidates are: {listing}")
         raise NorcalError(f"ambiguous: {len(fitting)} classifier candidates: {listing}; "
-                          "choose one with --logits TENSOR")
+                          "name the one to calibrate as logits", param="logits")
 
     def elem_type(self, tensor: str) -> int:
         tp = self.types.get(tensor)
@@ -265,6 +266,15 @@ def classifier_candidates(model: onnx.ModelProto) -> list[Candidate]:
     return view.search()
 
 
+def _recorded_width(meta: dict[str, str]) -> int | None:
+    """Logits per box of a checkpoint export's classifier, from its metadata (class count and
+    background slot), for graphs whose shapes leave the class axis dynamic (RetinaNet)."""
+    n = meta.get(contract.NUM_CLASSES)
+    if not meta.get(contract.CLASSIFIER_LOGITS) or not (n or "").isdigit():
+        return None
+    return int(n) + (0 if meta.get(contract.CLASSIFIER_BACKGROUND) == "none" else 1)
+
+
 def _expected_width(num_classes: int, background: str) -> int:
     return num_classes + (0 if background == "none" else 1)
 
@@ -309,11 +319,13 @@ def insert_norcal(model: onnx.ModelProto, log_prior: np.ndarray, settings: NorCa
         view.strip()
     cands = view.classifiers(settings, logits)
     lp = np.asarray(log_prior, dtype=np.float64).reshape(-1)
+    recorded = _recorded_width(view.meta)
     for cand in cands:
-        if cand.width is not None and cand.width != lp.size:
-            raise NorcalError(f"the classifier {cand.node!r} has {cand.width} outputs but the calibration "
-                              f"has {lp.size} entries ({settings.num_classes} classes + background "
-                              f"{settings.background!r})")
+        width = cand.width or recorded  # a dynamic shape: what the export recorded
+        if width is not None and width != lp.size:
+            raise NorcalError(f"the classifier {cand.node!r} has {width} logits per box but the "
+                              f"calibration has {lp.size} ({settings.num_classes} classes from table, "
+                              f"background {settings.background!r})", param=("table", "background"))
     if len({c.op_type for c in cands}) != 1:
         raise NorcalError("the classifiers to calibrate mix Softmax and Sigmoid activations")
     settings = dataclasses.replace(settings, activation=cands[0].op_type.lower())

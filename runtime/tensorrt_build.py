@@ -16,6 +16,7 @@ from pathlib import Path
 
 import onnx
 
+from norcal.core.contract import PRECISION
 from norcal.core.errors import NorcalError
 from norcal.core.profiles import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
                                      image_size_range, input_dims)
@@ -71,7 +72,7 @@ def engine_profiles(model: onnx.ModelProto, options: BuildOptions) -> dict[str, 
     others = [n for n in names if n not in profiles]
     if others:
         raise NorcalError(f"{options.onnx_path}: inputs {others} are not in the detector contract; "
-                          f"build it with trtexec and your own --minShapes/--optShapes/--maxShapes")
+                          f"build it with trtexec and your own min/opt/max shapes for them")
     defaulted = {"images": ((0,) if options.batch is None else ()) + ((2, 3) if options.hw is None else ()),
                  "image_sizes": (0,) if options.batch is None else ()}
     return {n: fit_static(p, dims[n], defaulted[n]) for n, p in profiles.items() if n in names}
@@ -180,8 +181,17 @@ def check_int8_model(model: onnx.ModelProto, options: BuildOptions) -> None:
     calibrator, so the ranges must be in the graph (norcal quantize writes them)."""
     if not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
         raise NorcalError(f"{options.onnx_path} has no QuantizeLinear nodes: int8 builds take an explicitly "
-                          f"quantized (Q/DQ) model; run norcal quantize {options.onnx_path} --images DIR "
-                          f"first and build its output", param="int8")
+                          f"quantized (Q/DQ) model; run norcal quantize on {options.onnx_path} with "
+                          f"calibration images first and build its output", param="int8")
+
+
+def check_precision(model: onnx.ModelProto, options: BuildOptions) -> None:
+    """Refuse to build a quantized model (``norcal.precision`` int8) as a float engine: without
+    the INT8 flag TensorRT runs its Q/DQ pairs in float, and the sidecar would say fp32."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    if meta.get(PRECISION) == "int8":
+        raise NorcalError(f"{options.onnx_path} is a quantized (Q/DQ) model, as its {PRECISION} "
+                          "metadata records; build it with int8", param="int8")
 
 
 def prepare(options: BuildOptions) -> tuple[onnx.ModelProto, dict[str, Profile], str]:
@@ -191,6 +201,8 @@ def prepare(options: BuildOptions) -> tuple[onnx.ModelProto, dict[str, Profile],
     model = load_onnx(options.onnx_path)
     if options.int8:
         check_int8_model(model, options)
+    else:
+        check_precision(model, options)
     profiles = engine_profiles(model, options)
     cmd = trtexec_command(options.onnx_path, options.engine_path, profiles, options.fp16,
                           options.workspace_gb, options.timing_cache, int8=options.int8)

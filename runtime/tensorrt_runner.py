@@ -100,7 +100,7 @@ class TensorRTRunner:
             lo, _, hi = (tuple(d) for d in self.engine.get_tensor_profile_shape(name, 0))
         if len(shape) != len(lo) or any(not a <= s <= b for a, s, b in zip(lo, shape, hi)):
             raise NorcalError(f"input '{name}' has shape {shape}, outside the engine's profile "
-                              f"{lo} .. {hi}; rebuild with a wider --batch/--shapes")
+                              f"{lo} .. {hi}; rebuild the engine with a profile that covers it (batch, image sizes)")
 
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch on the GPU; returns host arrays by output name."""

@@ -101,7 +101,7 @@ def _roi_heads(spec: ModelSpec, ch: int, roi_strides):
     mask_pooler = mask_head = None
     if spec.mask_on:
         mask_pooler = ROIPooler(spec.mask_pooler_resolution, roi_strides,
-                                spec.mask_pooler_sampling_ratio, spec.pooler_type)
+                                spec.mask_pooler_sampling_ratio, spec.mask_pooler_type)
         mask_head = _mask_head(spec, ch)
     if spec.roi_heads_name == CASCADE_ROI_HEADS:
         heads = [_box_head(spec, ch) for _ in spec.cascade_bbox_reg_weights]

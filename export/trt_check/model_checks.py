@@ -79,8 +79,8 @@ def check_profiles(model, facts, profiles, findings) -> None:
             if dynamic:
                 what = ", ".join(f"dim {i} ({d or '?'})" for i, d in dynamic)
                 findings.append(Finding("error", where, "-",
-                                        f"dynamic {what} not covered by any profile; pass "
-                                        f"--profile {v.name}:MIN:OPT:MAX"))
+                                        f"dynamic {what} not covered by any profile; give input "
+                                        f"{v.name!r} a profile ({v.name}:MIN:OPT:MAX)"))
             continue
         if len(prof.min) != len(dims) and prof.source == "given":
             # the user's profile is wrong, not the model: refuse it rather than list a finding

@@ -57,7 +57,7 @@ def check_data_dir(data: os.PathLike | None, progress: Callable[[str, int, int],
         raise NorcalError(
             f"the bundled example is incomplete ({d} lacks {', '.join(missing)}): reinstall "
             f"norcal-deploy, or get norcal/examples/{FIXTURE_NAME}/ from its source repository "
-            "and pass it as data (norcal demo --data DIR)")
+            "and pass its folder as data", param="data")
     if not d.is_dir():
         raise NorcalError(f"data {d}: no such folder", param="data")
     if missing:

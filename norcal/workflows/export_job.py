@@ -72,7 +72,8 @@ class CheckpointExport:
     with detectron2's LVIS test settings), fixed batch / padded height / width (None: dynamic),
     the ONNX opset, K = detections per image (None: the config's TEST.DETECTIONS_PER_IMAGE)
     and which ROIs the mask head runs on ("valid": the detections only; "static": all K slots,
-    no data-dependent shapes)."""
+    no data-dependent shapes, and every proposal pooled at every FPN level; None: valid). A
+    model with no ROI pooling it could change (RetinaNet; a box-only C4/DC5) refuses it."""
 
     config: PathLike | None = None
     batch: int | None = None
@@ -80,7 +81,7 @@ class CheckpointExport:
     width: int | None = None
     opset: int = 17
     detections_per_image: int | None = None
-    mask_head_rois: str = "valid"
+    mask_head_rois: str | None = None
 
 
 @dataclass
@@ -208,6 +209,32 @@ def _calibration_for(norcal: NorCal, spec: ModelSpec) -> tuple[NorCal, str]:
                     f"renormalize {str(cal.renormalize).lower()}")
 
 
+def _check_mask_head_rois(choice: str | None, spec: ModelSpec) -> None:
+    """Refuse a mask_head_rois choice the model has nothing to apply to: no mask head, and no
+    multi-level box pooler whose form it also sets."""
+    from norcal.export.spec import FPN_BACKBONE, RETINANET, arch_name
+
+    if choice is None or spec.mask_on:
+        return
+    if spec.meta_architecture == RETINANET or spec.backbone_name != FPN_BACKBONE:
+        raise NorcalError(f"mask_head_rois {choice!r} changes nothing in a {arch_name(spec)} model "
+                          "without a mask head (no multi-level ROI pooling either)",
+                          param="mask_head_rois")
+
+
+def _check_classifier_options(norcal: NorCal, spec: ModelSpec) -> None:
+    """The background slot and scale against the checkpoint's classifier: detectron2's R-CNN
+    heads put the background last (softmax, or sigmoid with the slot ignored), RetinaNet has none."""
+    from norcal.export.calibrate_onnx import check_background, check_background_scale
+    from norcal.export.spec import RETINANET
+
+    slot = "none" if spec.meta_architecture == RETINANET else "last"
+    if norcal.background is not None:
+        check_background(norcal.background, slot)
+    sigmoid = spec.meta_architecture == RETINANET or spec.use_sigmoid_ce
+    check_background_scale(norcal.background_scale, "sigmoid" if sigmoid else "softmax", slot)
+
+
 def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                       options: CheckpointExport = CheckpointExport(), *,
                       verify: Sequence[PathLike] = (), triton_repo: PathLike | None = None,
@@ -233,7 +260,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     if k is not None and k <= 0:
         raise NorcalError(f"detections_per_image must be positive, got {k}",
                           param="detections_per_image")
-    if options.mask_head_rois not in MASK_ROIS:
+    if options.mask_head_rois is not None and options.mask_head_rois not in MASK_ROIS:
         raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, got "
                           f"{options.mask_head_rois!r}", param="mask_head_rois")
     _check_outputs(out, triton_repo, force, [src, options.config, *verify])
@@ -244,12 +271,14 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     t0 = time.perf_counter()
     step("loading checkpoint")
     spec, model = load_detector(src, options.config, detections_per_image=k)
+    _check_mask_head_rois(options.mask_head_rois, spec)
+    _check_classifier_options(norcal, spec)  # before the slow export, not after it
     norcal, from_config = _calibration_for(norcal, spec)
     norcal = _with_model_table(norcal, spec.num_classes)
     step("exporting to ONNX")
     graph = export_detector(model, spec, batch=options.batch, height=options.height,
                             width=options.width, opset=options.opset,
-                            mask_head_rois=options.mask_head_rois,
+                            mask_head_rois=options.mask_head_rois or MASK_ROIS[0],
                             check=False)  # _finish checks the calibrated graph
     step("inserting the NorCal node")
     graph = calibrate_onnx(graph, norcal)

@@ -249,7 +249,7 @@ UNSUPPORTED = [
     ("MODEL:\n  KEYPOINT_ON: true\n", "MODEL.KEYPOINT_ON", "True"),
     ("TEST:\n  AUG:\n    ENABLED: true\n", "TEST.AUG.ENABLED", "True"),
     ("MODEL:\n  RPN:\n    HEAD_NAME: CustomRPNHead\n", "MODEL.RPN.HEAD_NAME", "CustomRPNHead"),
-    ("MODEL:\n  ROI_BOX_HEAD:\n    POOLER_TYPE: ROIAlign\n", "MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIAlign"),
+    ("MODEL:\n  ROI_BOX_HEAD:\n    POOLER_TYPE: ROIPool\n", "MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIPool"),
     ("MODEL:\n  MASK_ON: true\n  ROI_MASK_HEAD:\n    POOLER_TYPE: ROIPool\n", "MODEL.ROI_MASK_HEAD.POOLER_TYPE",
      "ROIPool"),
     ("MODEL:\n  BACKBONE:\n    NAME: build_vit_backbone\n", "MODEL.BACKBONE.NAME", "build_vit_backbone"),

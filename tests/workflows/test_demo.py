@@ -49,7 +49,11 @@ def test_missing_bundled_data_says_where_to_get_it(tmp_path, monkeypatch):
     with pytest.raises(NorcalError) as e:
         demo.check_data_dir(None)
     msg = str(e.value)
-    assert "\n" not in msg and "norcal/examples/d2_synth_trained/" in msg and "--data DIR" in msg
+    assert "\n" not in msg and "norcal/examples/d2_synth_trained/" in msg and e.value.param == "data"
+    from norcal.cli.commands.demo import FLAGS
+    from norcal.cli.options import error_line
+
+    assert error_line(e.value, FLAGS).endswith("pass its folder as --data")
 
 
 def test_outputs_written(demo):

@@ -35,7 +35,16 @@ CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 # parameters of norcal.workflows.export_job named in its errors -> the flags here
 FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table",
          "gamma": "--gamma", "verify": "--verify", "skip_unreadable=True": "--skip-unreadable",
-         "detections_per_image": "--detections-per-image", "mask_head_rois": "--mask-head-rois"}
+         "detections_per_image": "--detections-per-image", "mask_head_rois": "--mask-head-rois",
+         "background": "--background", "background_scale": "--background-scale"}
+
+
+# what only a calibration uses: --strip refuses them
+CALIBRATION_FLAGS = (("--gamma", "gamma"), ("--table", "table"), ("--factor", "factor"),
+                     ("--mechanism", "mechanism"), ("--min-count", "min_count"),
+                     ("--no-renormalize", "renormalize"), ("--background-scale", "background_scale"),
+                     ("--count", "count"), ("--background", "background"), ("--logits", "logits"),
+                     ("--inline", "inline"))
 
 
 def add_arguments(p):
@@ -48,8 +57,9 @@ def add_arguments(p):
     add_calibration_options(p)
     p.add_argument("--no-renormalize", dest="renormalize", action="store_false",
                    help="do not renormalise over the classes after scaling")
-    p.set_defaults(renormalize=None)  # unset: softmax heads renormalise, sigmoid heads cannot
-    p.add_argument("--background-scale", type=float, default=1.0,
+    # unset (None) until _norcal, so that --strip can tell which calibration flags were given
+    p.set_defaults(renormalize=None, factor=None, mechanism=None)  # renormalize unset: the head's own form
+    p.add_argument("--background-scale", type=float, default=None,
                    help="multiply the background's exponential by b (default 1)")
     p.add_argument("--count", choices=("image", "instance"), default=None,
                    help="which counts of the table are N_c (default: the table's count type)")
@@ -101,10 +111,12 @@ def run(args) -> int:
     out = Path(args.output) if args.output else default_output(src)
     check_outputs([src, args.config, args.table, *(args.verify or ())],
                   files={"-o": out}, folders={"--triton-repo": args.triton_repo})
-    if args.strip and args.gamma is not None:
-        raise NorcalError("--strip removes NorCal; it takes no --gamma")
-    if args.strip and args.min_count is not None:
-        raise NorcalError("--strip removes NorCal; it takes no --min-count")
+    if args.strip:
+        # each is None unless given (--no-renormalize gives False); --inline is False unless given
+        given = [flag for flag, dest in CALIBRATION_FLAGS
+                 if (getattr(args, dest) if dest == "inline" else getattr(args, dest) is not None)]
+        if given:
+            raise NorcalError(f"--strip removes NorCal; it takes no {', '.join(given)}")
     is_checkpoint = src.suffix.lower() in CHECKPOINT_SUFFIXES
     if not args.strip and args.gamma is None and not (is_checkpoint and args.config):
         # a checkpoint's config may carry the NorCal authors' TEST.CALIBRATION settings
@@ -135,8 +147,9 @@ def run(args) -> int:
 def _norcal(args):
     from norcal.workflows.export_job import NorCal
 
-    return NorCal(gamma=args.gamma, table=args.table, factor=args.factor, mechanism=args.mechanism,
-                  renormalize=args.renormalize, background_scale=args.background_scale,
+    return NorCal(gamma=args.gamma, table=args.table, factor=args.factor or "cdt",
+                  mechanism=args.mechanism or "exp", renormalize=args.renormalize,
+                  background_scale=1.0 if args.background_scale is None else args.background_scale,
                   count=args.count, background=args.background, logits=args.logits,
                   inline=args.inline, min_count=args.min_count)
 
@@ -151,7 +164,7 @@ def _export_checkpoint(src: Path, out: Path, args):
     options = CheckpointExport(config=args.config, batch=args.batch, height=args.height,
                                width=args.width, opset=args.opset or 17,
                                detections_per_image=args.detections_per_image,
-                               mask_head_rois=args.mask_head_rois or "valid")
+                               mask_head_rois=args.mask_head_rois)
     status = Console(stderr=True).status("")
 
     def step(name: str) -> None:
@@ -207,6 +220,7 @@ def print_summary(result) -> None:
         t.add_row("NorCal", f"gamma {meta.get(contract.GAMMA)}, factor {meta.get(contract.FACTOR)}, "
                             f"mechanism {meta.get(contract.MECHANISM)}, renormalize "
                             f"{meta.get(contract.RENORMALIZE)}, background {meta.get(contract.BACKGROUND)}")
+        t.add_row("computes", escape(_computed_as(meta)))
         node = ("inlined ops" if meta.get(contract.INLINE) == "true"
                 else f"{contract.NODE_DOMAIN}::{contract.NODE_OP_TYPE}")
         t.add_row("node", f"{node} on {meta.get(contract.LOGITS)}")
@@ -226,3 +240,14 @@ def print_summary(result) -> None:
                              f"{result.calibration_from_config}"))
     if result.triton_dir is not None:
         console.print(escape(f"Triton model repository written: {result.triton_dir}"))
+
+
+def _computed_as(meta: dict[str, str]) -> str:
+    """What the written node computes, from the variant its metadata records."""
+    from norcal.export.norcal_node import computed_as
+
+    try:
+        return computed_as(meta.get(contract.MECHANISM, ""), meta.get(contract.RENORMALIZE) == "true",
+                           meta.get(contract.ACTIVATION, ""))
+    except NorcalError:
+        return "?"

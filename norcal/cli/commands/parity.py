@@ -152,6 +152,8 @@ def run(args) -> int:
         raise NorcalError(f"--limit must be >= 1, got {args.limit}")
     if args.config and not args.checkpoint:
         raise NorcalError("--config goes with --checkpoint")
+    if args.engine_precision and not args.engine:
+        raise NorcalError("--engine-precision sets the tolerances for --engine; no --engine given")
     if not args.checkpoint and not args.engine:
         raise NorcalError("nothing to compare ONNX Runtime with: give --checkpoint (PyTorch) and/or --engine")
     skipped: list = []
