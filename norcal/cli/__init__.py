@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # optional dependencies -> the extra that installs them
-_EXTRAS = {"torch": "torch", "torchvision": "torch", "lvis": "eval", "tritonclient": "triton", "ray": "ray"}
+_EXTRAS = {"torch": "torch", "torchvision": "torch", "lvis": "eval", "tritonclient": "triton", "ray": "ray",
+           "onnxruntime": "cpu"}
+_OR = {"onnxruntime": " (or 'norcal-deploy[gpu]' with CUDA)"}  # extras that are alternatives
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -137,7 +139,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if top not in _EXTRAS:
             raise
         print(f"error: this needs the optional package {top!r}: pip install "
-              f"'norcal-deploy[{_EXTRAS[top]}]'", file=sys.stderr)
+              f"'norcal-deploy[{_EXTRAS[top]}]'{_OR.get(top, '')}", file=sys.stderr)
         return 2
     except OSError as e:  # a disk, permission or path problem met while writing or reading
         where = f"{e.filename}: " if e.filename else ""

@@ -154,3 +154,25 @@ def test_triton_repo_refused_before_any_work_then_forced(tmp_path, model_path, c
     assert not again.exists()  # refused before exporting anything
     assert export_main([*args, "-o", str(again), "--force"]) == 0
     assert again.exists()
+
+
+def test_missing_onnxruntime_names_both_builds(tmp_path):
+    """ONNX Runtime is an extra (cpu or gpu build): without it, running a model says which to install."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["images"], ["boxes"])], "g",
+                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 3, 8, 8])])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph), str(model))
+    from PIL import Image
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    code = ("import sys; sys.modules['onnxruntime'] = None; from norcal.cli import main; "
+            f"raise SystemExit(main(['infer', {str(model)!r}, {str(tmp_path / 'a.png')!r}, "
+            f"'-o', {str(tmp_path / 'r.json')!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("error: this needs the optional package 'onnxruntime': pip install "
+                                "'norcal-deploy[cpu]' (or 'norcal-deploy[gpu]' with CUDA)")
+    assert not (tmp_path / "r.json").exists()
