@@ -12,8 +12,9 @@ from .layers import Conv2d
 class FastRCNNConvFCHead(nn.Module):
     """Pooled features [M, C, S, S] -> box features [M, fc_dim] (or [M, C', S, S] without fcs).
 
-    A GN here normalises each ROI over its own S x S grid, as in detectron2: pooled features
-    hold no batch padding, so it needs no mask."""
+    The convs (``NUM_CONV``) and a GN here see each ROI's own S x S grid, as in detectron2:
+    pooled features hold no batch padding (the pooler replicates each image's edge into it),
+    so nothing here needs a mask."""
 
     def __init__(self, in_channels: int, pooler_resolution: int, *, num_conv: int, conv_dim: int,
                  num_fc: int, fc_dim: int, norm: str = ""):

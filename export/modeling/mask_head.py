@@ -12,7 +12,9 @@ from .layers import Conv2d
 class MaskRCNNConvUpsampleHead(nn.Module):
     """Pooled features [M, C, 14, 14] + classes int64 [M] -> mask probabilities [M, 28, 28].
 
-    A GN normalises each ROI over its own grid (no batch padding there): no mask needed."""
+    Its convs and deconv run on each ROI's own pooled grid, whose border is the convs' zero
+    padding alone or batched: no batch padding can reach them, and a GN normalises each ROI
+    over its own grid, so nothing here needs a mask."""
 
     def __init__(self, in_channels: int, *, num_conv: int, conv_dim: int, num_classes: int,
                  cls_agnostic: bool = False, norm: str = ""):

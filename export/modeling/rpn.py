@@ -56,9 +56,18 @@ class StandardRPNHead(nn.Module):
         self.objectness_logits = nn.Conv2d(dims[-1], num_anchors, 1)
         self.anchor_deltas = nn.Conv2d(dims[-1], num_anchors * 4, 1)
 
-    def forward(self, x: torch.Tensor):
-        """x [B, C, H, W] -> logits [B, H*W*A], deltas [B, H*W*A, 4] (detectron2 order)."""
-        t = F.relu(self.conv(x)) if isinstance(self.conv, nn.Conv2d) else self.conv(x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """x [B, C, H, W] -> logits [B, H*W*A], deltas [B, H*W*A, 4] (detectron2 order).
+
+        ``mask`` [B, 1, H, W] (``PaddingMasks.mask``; None: no batch padding) is applied before
+        every 3x3 conv: after the first, the batch padding holds ReLU(bias + ...), not the
+        zeros the next conv reads at an image's edge in detectron2."""
+        if isinstance(self.conv, nn.Conv2d):
+            t = F.relu(self.conv(x if mask is None else x * mask))
+        else:
+            t = x
+            for layer in self.conv:
+                t = layer(t * mask) if mask is not None and isinstance(layer, nn.Conv2d) else layer(t)
         b = x.shape[0]
         logits = self.objectness_logits(t).permute(0, 2, 3, 1).reshape(b, -1)
         d = self.anchor_deltas(t)
@@ -89,12 +98,11 @@ class RPN(nn.Module):
         anchors = self.anchor_generator(features)
         boxes, scores = [], []
         for f, stride, anc in zip(features, self.anchor_generator.strides, anchors):
-            # anchors on another image's padding do not exist for this image in detectron2
-            f = masks.apply(f, stride)
-            logits, deltas = self.rpn_head(f)
+            m = masks.mask(stride, f)
+            logits, deltas = self.rpn_head(f, m)
             b = logits.shape[0]
             a = self.anchor_generator.num_anchors
-            m = masks.mask(stride, f)
+            # anchors on another image's padding do not exist for this image in detectron2
             if m is not None:
                 inside = m[:, 0, :, :, None].expand(-1, -1, -1, a).reshape(b, -1)
                 logits = torch.where(inside > 0, logits, torch.full_like(logits, NEG_INF))
