@@ -39,6 +39,11 @@ def _cache_root() -> Path:
     return Path(os.environ.get("NORCAL_CACHE") or Path.home() / ".cache" / "norcal")
 
 
+def example_places() -> list[Path]:
+    """Where the example's folder is or will be (the package folder, the cache), without drawing."""
+    return [ROOT / NAME, _cache_root() / NAME]
+
+
 def example_dir(progress: Callable[[int, int], None] | None = None) -> Path:
     """The example's folder with every file the demo reads, drawing the missing ones first
     (``progress(n, total)``: images of the random stream drawn so far)."""

@@ -145,7 +145,10 @@ def run_demo(data: os.PathLike | None = None, output_dir: os.PathLike = "norcal-
     from norcal.core.outputs import check_apart, check_output_dir, staged_dir
 
     dest = Path(output_dir)
-    check_apart([default_data_dir() if data is None else data], folders={"output_dir": dest})
+    from norcal.examples import example_places
+
+    # the bundled example is drawn later, with progress: here only where it is or will be
+    check_apart(example_places() if data is None else [data], folders={"output_dir": dest})
     check_output_dir(dest, "output folder")
     with staged_dir(dest) as out:
         result = _relocated(_run_demo(data, out, gammas, batch_size, pictures, progress, log), out, dest)
