@@ -1,0 +1,106 @@
+"""Hostile input, second pass: numbers out of range, files built to exhaust the parsers (deep
+nesting, YAML alias bombs), and messages that must name the cause. Each case is checked as in
+test_hostile.py: exit 2, one line naming the file, field or flag, nothing written."""
+
+import json
+
+import pytest
+from PIL import Image
+
+from norcal.cli import main
+from test_hostile import (GT, PNG, RESULTS, SENTINEL, TABLE2, _digest, _run, _json, bad,  # noqa: F401
+                          world)
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _bomb(levels: int = 9) -> str:
+    """A "billion laughs" detectron2 config: 9 aliases per level, 10**9 strings expanded."""
+    text = 'a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n'
+    for i in range(1, levels):
+        text += f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n"
+    return text + f"MODEL: *a{levels - 1}\n"
+
+
+CASES = {}
+
+
+def case(name):
+    def register(fn):
+        CASES[name] = fn
+        return fn
+    return register
+
+
+# ---------------------------------------------------------------- files built to exhaust parsers
+case("table-show-deep-json")(lambda w, t: (
+    ["table", "show", str(bad(t, "json:" + DEEP, "tab.json"))], "tab.json: not valid JSON", []))
+case("table-build-deep-json")(lambda w, t: (
+    ["table", "build", str(bad(t, 'json:{"categories": ' + DEEP + "}", "ann.json")), "-o", str(t / "t.json")],
+    "ann.json: not valid JSON", [t / "t.json"]))
+case("table-build-yaml-bomb")(lambda w, t: (
+    ["table", "build", str(bad(t, "json:" + _bomb(), "ann.json")), "-o", str(t / "t.json")],
+    "ann.json: not valid JSON", [t / "t.json"]))
+case("export-table-deep-json")(lambda w, t: (
+    ["export", str(w / "cls.onnx"), "--gamma", "0.5", "--table", str(bad(t, "json:" + DEEP, "tab.json")),
+     "-o", str(t / "o.onnx")], "tab.json: not valid JSON", [t / "o.onnx"]))
+case("eval-gt-deep-json")(lambda w, t: (
+    ["eval", "--gt", str(bad(t, "json:" + DEEP, "g.json")), "--results", str(w / "results.json"),
+     "--json", str(t / "m.json")], "g.json: not valid JSON", [t / "m.json"]))
+case("eval-results-deep-json")(lambda w, t: (
+    ["eval", "--gt", str(w / "gt.json"), "--results", str(bad(t, "json:" + DEEP, "r.json")),
+     "--json", str(t / "m.json")], "r.json: not valid JSON", [t / "m.json"]))
+case("infer-image-ids-deep-json")(lambda w, t: (
+    ["infer", str(w / "tiny.onnx"), str(w / "images"), "--image-ids", str(bad(t, "json:" + DEEP, "ids.json")),
+     "-o", str(t / "r.json")], "ids.json: not valid JSON", [t / "r.json"]))
+case("export-config-yaml-bomb")(lambda w, t: (
+    ["export", str(w / "model_final.pth"), "--config", str(bad(t, "json:" + _bomb(), "c.yaml")),
+     "--gamma", "0.5", "-o", str(t / "o.onnx")], "c.yaml: not a detectron2 config: expands to more than",
+    [t / "o.onnx"]))
+case("export-config-deep-yaml")(lambda w, t: (
+    ["export", str(w / "model_final.pth"), "--config", str(bad(t, "json:MODEL: " + DEEP, "c.yaml")),
+     "--gamma", "0.5", "-o", str(t / "o.onnx")], "c.yaml: not a detectron2 config: nested too deeply",
+    [t / "o.onnx"]))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_input_is_one_line_and_writes_nothing(name, world, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # rich must not wrap the error line
+    argv, expected, outputs = CASES[name](world, tmp_path)
+    for out in outputs:
+        if not out.exists() and out.parent.is_dir():
+            out.write_bytes(SENTINEL)
+    before = _digest([tmp_path, world])
+    capsys.readouterr()
+    rc = _run(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and lines[0].startswith("error: ")
+    assert expected in lines[0], lines[0]
+    assert len(lines[0]) < 300, lines[0]
+    assert _digest([tmp_path, world]) == before
+
+
+def test_echoed_config_value_is_cut_short(tmp_path):
+    """A config value an error quotes is cut to a few dozen characters, never built whole."""
+    from norcal.core.errors import NorcalError
+    from norcal.export.d2_config import load_yaml_with_base
+
+    (tmp_path / "base.yaml").write_text("MODEL: [" + ", ".join(["'" + "x" * 1000 + "'"] * 50) + "]\n")
+    (tmp_path / "c.yaml").write_text("_BASE_: base.yaml\nMODEL:\n  META_ARCHITECTURE: GeneralizedRCNN\n")
+    with pytest.raises(NorcalError) as e:
+        load_yaml_with_base(tmp_path / "c.yaml")
+    assert "MODEL" in str(e.value) and len(str(e.value)) < 250, str(e.value)
+
+
+def test_shown_cuts_without_building_the_whole_value():
+    from norcal.core.errors import shown
+
+    value = ["lol"] * 9
+    for _ in range(8):
+        value = [value] * 9  # 9**9 strings: a full repr would be gigabytes
+    assert len(shown(value)) <= 63 and shown(value).startswith("[[[")
+    assert shown("abc") == "'abc'" and shown(1.5) == "1.5"
+    assert shown("x" * 500).startswith("'xxx") and "..." in shown("x" * 500) and len(shown("x" * 500)) <= 63
