@@ -128,7 +128,8 @@ def quantize_model(options: QuantizeOptions,
                               param="images")
         spec = contract.input_spec({p.key: p.value for p in model.metadata_props})
         batches = prepared_batches(iter_images(paths, context="calibration image ", skipped=skipped
-                                               if options.skip_unreadable else None),
+                                               if options.skip_unreadable else None,
+                                               sizes=(spec.min_size, spec.max_size)),
                                    spec, options.batch_size)
         step = (lambda n: progress("calibrate", n, len(paths))) if progress is not None else None
         out, n_images = quantize_int8(model, (b.feeds() for b in batches), options.method, where, step)

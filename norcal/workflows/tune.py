@@ -173,7 +173,8 @@ def _batches(spec, images: Sequence[tuple[Any, os.PathLike]], batch_size: int):
     for s in range(0, len(images), batch_size):
         chunk = images[s:s + batch_size]
         bad: list = []
-        arrays = read_images([path for _, path in chunk], skipped=bad)
+        arrays = read_images([path for _, path in chunk], skipped=bad,
+                             sizes=(spec.min_size_test, spec.max_size_test))
         if bad:  # name the first, count the unreadable ones in the whole rest
             rest = [Path(p) for _, p in images[s:]]
             rest = rest[rest.index(bad[0][0]) + 1:]

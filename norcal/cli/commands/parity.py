@@ -191,6 +191,11 @@ def run(args) -> int:
 
     meta = ort.metadata
     spec = input_spec(meta)
+    from norcal.runtime.preprocess import resize_problem
+
+    for p, image in zip(paths or (), images):
+        if problem := resize_problem(image.shape[0], image.shape[1], spec.min_size, spec.max_size):
+            raise NorcalError(f"{p}: cannot run this image: {problem}")
     score_thresh = model_score_thresh(meta)
     tolerances = {r.name: PRESETS[runner_precision(r)] for r in runners}
     fixed = fixed_input_shape(ort)

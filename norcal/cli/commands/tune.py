@@ -41,16 +41,16 @@ The rows print in %; --json writes {"factor", "mechanism", "table", "num_images"
 "num_detections", "seconds", "stats": {AP, AP50, AP75, APs, APm, APl, APr, APc, APf, AR, ...}}]}
 (fractions in [0, 1], -1 where undefined); --plot writes AP, APr, APc, APf against gamma.
 
---ray [ADDRESS] runs on a Ray cluster (pip install 'norcal-deploy[ray]'): --num-workers
+--ray runs on a Ray cluster (pip install 'norcal-deploy[ray]'): --num-workers
 workers (one detector each, 1 torch thread) run the network pass and keep the cached head
 outputs in Ray's object store; for each chunk, one task per gamma re-scores them, and one task
-per gamma evaluates. The sweep equals the single-process one. ADDRESS as for `norcal infer`;
+per gamma evaluates. The sweep equals the single-process one. --ray-address as for `norcal infer`;
 the checkpoint, config and images must be readable at the same paths on every node.
 """
 
 # parameters of norcal.workflows.tune named in its errors -> the flags here
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
-         "table": "--table", "address": "--ray", "num_workers": "--num-workers",
+         "table": "--table", "address": "--ray-address", "num_workers": "--num-workers",
          "max_retries": "--max-retries"}
 
 
