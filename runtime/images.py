@@ -56,27 +56,31 @@ def _error(path, why: str, more: int, rest: int, context: str, skippable: bool) 
                        param="skip_unreadable=True")
 
 
-def quick_check(path: str | os.PathLike) -> str | None:
+def quick_check(path: str | os.PathLike, sizes: tuple[int, int] | None = None) -> str | None:
     """Why ``path`` is not a readable image, from its header (and, for PNG, the checksums of
     its chunks) without decoding it; None when it looks readable. For checking a whole input
-    list before any work: decoding can still fail later on a damaged JPEG body."""
+    list before any work: decoding can still fail later on a damaged JPEG body. ``sizes``:
+    see :func:`read_for_model` (the header's size is checked)."""
     from PIL import Image
+
+    from norcal.runtime.preprocess import resize_problem
 
     try:
         with Image.open(path) as im:
+            w, h = im.size
             im.verify()
     except Exception as e:  # noqa: BLE001 - PIL raises many types for damaged files
         return reason(e)
-    return None
+    return resize_problem(h, w, *sizes) if sizes else None
 
 
 def unreadable_files(paths: Iterable[str | os.PathLike], skip: bool = False, context: str = "",
-                     skippable: bool = True) -> list[tuple[Path, str]]:
+                     skippable: bool = True, sizes: tuple[int, int] | None = None) -> list[tuple[Path, str]]:
     """Quick-check every path (:func:`quick_check`) before any work. An unreadable one is a
     NorcalError naming the first and counting the others; with ``skip`` they are returned as
     (path, reason) for the caller to leave out. ``skippable``: see :func:`unreadable_error`."""
     paths = [Path(p) for p in paths]
-    bad = [(p, why) for p in paths if (why := quick_check(p)) is not None]
+    bad = [(p, why) for p in paths if (why := quick_check(p, sizes)) is not None]
     if bad and not skip:
         first, why = bad[0]
         rest = len(paths) - paths.index(first) - 1

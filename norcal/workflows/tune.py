@@ -43,6 +43,8 @@ from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
 from norcal.export.spec import RETINANET
 
+MAX_CACHE_BYTES = 1 << 40  # a cache budget beyond 1 TiB is a typo, not a machine
+
 
 def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable:
     """A table as given, or what :func:`norcal.core.tables.load_table` makes of a name or path
@@ -585,9 +587,9 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
     if not gammas:
         raise NorcalError("gammas: none to sweep", param="gammas")
     if not (isinstance(max_cache_bytes, (int, float)) and math.isfinite(max_cache_bytes)
-            and max_cache_bytes > 0):
-        raise NorcalError(f"max_cache_bytes must be a finite number > 0, got {max_cache_bytes}",
-                          param="max_cache_bytes")
+            and 0 < max_cache_bytes <= MAX_CACHE_BYTES):
+        raise NorcalError(f"max_cache_bytes must be a finite number > 0 and <= {MAX_CACHE_BYTES} (1 TiB), "
+                          f"got {max_cache_bytes:g}", param="max_cache_bytes")
     if table is not None:
         table = resolve_table(table)
     gt_data = read_json(gt, "GT", GROUND_TRUTH)

@@ -7,6 +7,7 @@ import json
 import pytest
 from PIL import Image
 
+from conftest import SYNTH
 from norcal.cli import main
 from test_hostile import (GT, PNG, RESULTS, SENTINEL, TABLE2, _digest, _run, _json, bad,  # noqa: F401
                           world)
@@ -62,6 +63,48 @@ case("export-config-deep-yaml")(lambda w, t: (
      "--gamma", "0.5", "-o", str(t / "o.onnx")], "c.yaml: not a detectron2 config: nested too deeply",
     [t / "o.onnx"]))
 
+
+
+# ---------------------------------------------------------------- numbers in range
+def _thin(t):
+    """A folder with one image that resizes to 0 pixels on its short side (10000x1)."""
+    d = t / "thin"
+    d.mkdir()
+    Image.new("RGB", (10000, 1)).save(d / "thin.png")
+    return d
+
+
+THIN = "thin.png: cannot read the image (10000x1 pixels would resize to 512x0"
+case("infer-image-resizes-to-nothing")(lambda w, t: (
+    ["infer", str(w / "tiny.onnx"), str(_thin(t)), "-o", str(t / "r.json")], THIN, [t / "r.json"]))
+case("quantize-image-resizes-to-nothing")(lambda w, t: (
+    ["quantize", str(w / "tiny.onnx"), "--images", str(_thin(t)), "-o", str(t / "o.onnx")], THIN,
+    [t / "o.onnx"]))
+case("parity-image-resizes-to-nothing")(lambda w, t: (
+    ["parity", str(w / "tiny.onnx"), str(_thin(t)), "--checkpoint", str(w / "model_final.pth"),
+     "--config", str(w / "config.yaml"), "--json", str(t / "p.json")],
+    "thin.png: cannot run this image: 10000x1 pixels would resize to 512x0", [t / "p.json"]))
+
+case("tune-cache-huge")(lambda w, t: (
+    ["tune", str(w / "model_final.pth"), "--config", str(w / "config.yaml"), "--gt", str(w / "gt.json"),
+     "--images", str(w / "images"), "--max-cache-gb", "1e308", "--json", str(t / "s.json")],
+    "--max-cache-gb must be a finite number > 0 and <= 1024, got 1e+308", [t / "s.json"]))
+
+# ---------------------------------------------------------------- messages that name the cause
+NOT_DETECTOR = "cls.onnx: not a norcal detector graph: it has no inputs images, image_sizes (it takes x)"
+case("infer-not-a-detector")(lambda w, t: (
+    ["infer", str(w / "cls.onnx"), str(w / "images"), "-o", str(t / "r.json")], NOT_DETECTOR, [t / "r.json"]))
+case("parity-not-a-detector")(lambda w, t: (
+    ["parity", str(w / "cls.onnx"), str(w / "images"), "--checkpoint", str(w / "model_final.pth"),
+     "--json", str(t / "p.json")], NOT_DETECTOR, [t / "p.json"]))
+case("parity-other-checkpoint")(lambda w, t: (
+    ["parity", str(w / "tiny.onnx"), str(w / "images"), "--checkpoint", str(SYNTH / "model_final.pth"),
+     "--config", str(SYNTH / "config.yaml"), "--json", str(t / "p.json")],
+    "model_final.pth has 60 classes but tiny.onnx has 1203", [t / "p.json"]))
+case("export-count-instance-without-instance-counts")(lambda w, t: (
+    ["export", str(w / "cls.onnx"), "--gamma", "0.5", "--table", str(w / "two.json"), "--count", "instance",
+     "-o", str(t / "o.onnx")], "table 'two' has no instance counts (no category has instance_count): "
+                               "use --count image", [t / "o.onnx"]))
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_hostile_input_is_one_line_and_writes_nothing(name, world, tmp_path, capsys, monkeypatch):

@@ -131,7 +131,7 @@ def run(args) -> int:
 
     from norcal.cli.options import check_outputs
     from norcal.core.fileio import write_json
-    from norcal.core.contract import input_spec
+    from norcal.core.contract import check_detector, input_spec
     from norcal.runtime.images import expand_inputs, unreadable_files
     from norcal.runtime.inference import run_images, runner_metadata
     from norcal.runtime.results import category_ids_from_annotations, results_fragment, results_writer
@@ -166,9 +166,11 @@ def run(args) -> int:
     else:  # only for the metadata here: the workers, maybe on GPU nodes, open their own
         runner = open_runner(args.model, "cpu" if Path(args.model).suffix.lower() == ".onnx" else None, 1)
     meta = runner_metadata(runner)
+    check_detector(Path(args.model).name, runner.input_names, runner.output_names, meta)
     spec = input_spec(meta, args.min_size, args.max_size)
     cat_ids, cat_source = _category_ids(args, meta, ann_cats)
-    unreadable = unreadable_files(paths, skip=args.skip_unreadable)  # before any work
+    unreadable = unreadable_files(paths, skip=args.skip_unreadable,  # before any work
+                                  sizes=(spec.min_size, spec.max_size))
     if unreadable:
         gone = {p for p, _ in unreadable}
         paths = [p for p in paths if p not in gone]

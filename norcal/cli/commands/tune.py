@@ -87,6 +87,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from rich.console import Console
+    from norcal.workflows.tune import MAX_CACHE_BYTES
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from norcal.cli.options import check_outputs, parse_gammas, progress_bars
@@ -104,8 +105,9 @@ def run(args) -> int:
         raise NorcalError(f"{src}: no such file")
     if args.batch < 1:
         raise NorcalError(f"--batch must be >= 1, got {args.batch}")
-    if not (math.isfinite(args.max_cache_gb) and args.max_cache_gb > 0):
-        raise NorcalError(f"--max-cache-gb must be a finite number > 0, got {args.max_cache_gb}")
+    if not (math.isfinite(args.max_cache_gb) and 0 < args.max_cache_gb <= MAX_CACHE_BYTES / 2**30):
+        raise NorcalError(f"--max-cache-gb must be a finite number > 0 and <= {MAX_CACHE_BYTES / 2**30:g}, "
+                          f"got {args.max_cache_gb:g}")
     gammas = parse_gammas(args.gammas)
     ray = ray_options(args)
     check_outputs([src, args.config, args.gt, args.table, args.images],
