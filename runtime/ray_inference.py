@@ -30,6 +30,7 @@ import numpy as np
 
 from norcal.core.contract import InputSpec
 from norcal.core.errors import NorcalError, shown
+from norcal.core.ranges import MAX_THREADS, check_range
 from norcal.core.runner import Runner
 
 INSTALL_HINT = "pip install 'norcal-deploy[ray]'"
@@ -67,20 +68,15 @@ class RayOptions:
     init_args: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
-        if self.num_workers < 1:
-            raise NorcalError(f"num_workers must be >= 1, got {self.num_workers}", param="num_workers")
-        if self.gpus_per_worker < 0:
-            raise NorcalError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker}",
-                              param="gpus_per_worker")
-        if self.cpus_per_worker < 0:
-            raise NorcalError(f"cpus_per_worker must be >= 0, got {self.cpus_per_worker}",
-                              param="cpus_per_worker")
-        if self.threads is not None and self.threads < 1:
-            raise NorcalError(f"threads must be >= 1, got {self.threads}", param="threads")
-        if self.read_tasks < 1:
-            raise NorcalError(f"read_tasks must be >= 1, got {self.read_tasks}", param="read_tasks")
-        if self.max_retries < 0:
-            raise NorcalError(f"max_retries must be >= 0, got {self.max_retries}", param="max_retries")
+        check_range("num_workers", self.num_workers, 1, 4096, integer=True)
+        check_range("gpus_per_worker", self.gpus_per_worker, 0, 64)
+        check_range("cpus_per_worker", self.cpus_per_worker, 0, MAX_THREADS)
+        if self.threads is not None:
+            check_range("threads", self.threads, 1, MAX_THREADS, integer=True)
+        check_range("read_tasks", self.read_tasks, 1, 4096, integer=True)
+        check_range("max_retries", self.max_retries, 0, 100, integer=True)
+        if self.address not in (None, "auto"):
+            host_port(self.address)
 
 
 def require_ray():
@@ -120,6 +116,17 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
 CONNECT_TIMEOUT_S = 3.0  # Ray itself retries an unreachable address for minutes
 
 
+def host_port(address: str) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT`` or ``SCHEME://HOST:PORT``; a NorcalError otherwise."""
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rstrip("/").rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise NorcalError(f"address {shown(address)}: expected HOST:PORT, ray://HOST:PORT or auto",
+                          param="address")
+    return host, int(port)
+
+
 def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Refuse in one line a ``HOST:PORT`` or ``ray://HOST:PORT`` address where nothing accepts
     a connection within ``timeout`` seconds (None and "auto" are Ray's to resolve)."""
@@ -127,12 +134,7 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> 
 
     if address is None or address == "auto":
         return
-    rest = address.split("://", 1)[1] if "://" in address else address
-    host, sep, port = rest.rstrip("/").rpartition(":")
-    host = host.strip("[]")  # [::1]:6379
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise NorcalError(f"Ray address {shown(address)}: expected HOST:PORT, ray://HOST:PORT or auto",
-                          param="address")
+    host, port = host_port(address)
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as e:

@@ -36,6 +36,7 @@ COMMON_FLAGS = {
     "max_size": "--max-size",
     "count": "--count",
     "table": "--table",
+    "min_count": "--min-count",
 }
 
 

@@ -83,7 +83,7 @@ class CalibrationTable:
                 return check_counts(raw, self.names), 0
             return clamp_counts(raw, min_count, self.names)
         except NorcalError as e:
-            raise NorcalError(f"table {self.name!r}: {e}") from None
+            raise NorcalError(f"table {self.name!r}: {e}", e.params) from None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "source": self.source, "count_type": self.count_type,

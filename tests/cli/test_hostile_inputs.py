@@ -89,6 +89,69 @@ case("tune-cache-huge")(lambda w, t: (
     ["tune", str(w / "model_final.pth"), "--config", str(w / "config.yaml"), "--gt", str(w / "gt.json"),
      "--images", str(w / "images"), "--max-cache-gb", "1e308", "--json", str(t / "s.json")],
     "--max-cache-gb must be a finite number > 0 and <= 1024, got 1e+308", [t / "s.json"]))
+case("export-detections-per-image-huge")(lambda w, t: (
+    ["export", str(w / "model_final.pth"), "--config", str(w / "config.yaml"), "--gamma", "0.5",
+     "--detections-per-image", "100000", "-o", str(t / "o.onnx")],
+    "--detections-per-image must be a whole number >= 1 and <= 3839", [t / "o.onnx"]))
+case("infer-threads-huge")(lambda w, t: (
+    ["infer", str(w / "tiny.onnx"), str(w / "images"), "--threads", "100000000", "-o", str(t / "r.json")],
+    "--threads must be a whole number >= 0 and <= 1024, got 100000000", [t / "r.json"]))
+case("build-workspace-huge")(lambda w, t: (
+    ["build", str(w / "tiny.onnx"), "--trtexec-only", "--workspace", "1e308", "-o", str(t / "e.engine")],
+    "--workspace must be a finite number >= 0 and <= 4096", [t / "e.engine", t / "e.engine.json"]))
+case("build-int8-workspace-huge")(lambda w, t: (
+    ["build", str(w / "tiny.onnx"), "--int8", "--trtexec-only", "--workspace", "1e308", "-o", str(t / "e.engine")],
+    "--workspace must be", [t / "e.engine", t / "e.engine.json"]))
+case("simulate-bias-huge")(lambda w, t: (
+    ["simulate", "--images", "2", "--train-images", "2", "--bias", "1e308", "--json", str(t / "sim.json")],
+    "--bias must be a finite number >= -100 and <= 100", [t / "sim.json"]))
+case("simulate-images-huge")(lambda w, t: (
+    ["simulate", "--images", "100000000000", "--train-images", "2", "--json", str(t / "sim.json")],
+    "--images must be a whole number >= 1 and <= 1e+06", [t / "sim.json"]))
+BIG_BOX = "[1e308, 10, 1e308, 50]"
+case("eval-gt-box-huge")(lambda w, t: (
+    ["eval", "--gt", str(bad(t, "json:" + json.dumps(GT).replace("[10, 10, 50, 50]", BIG_BOX), "g.json")),
+     "--results", str(w / "results.json"), "--json", str(t / "m.json")],
+    "g.json: annotations[0] (id 1): bbox[0]: must be <= 16777216, got 1e+308", [t / "m.json"]))
+case("eval-results-box-huge")(lambda w, t: (
+    ["eval", "--gt", str(w / "gt.json"), "--results",
+     str(bad(t, "json:" + json.dumps(RESULTS).replace("[10, 10, 50, 50]", BIG_BOX), "r.json")),
+     "--json", str(t / "m.json")], "r.json: [0]: bbox[0]: must be <= 16777216, got 1e+308", [t / "m.json"]))
+case("eval-gt-height-huge")(lambda w, t: (
+    ["eval", "--gt", str(bad(t, "json:" + json.dumps(GT).replace('"height": 240', '"height": 10000000000'),
+                             "g.json")), "--results", str(w / "results.json"), "--json", str(t / "m.json")],
+    "images[0] (id 1): height: must be <= 1048576", [t / "m.json"]))
+for v, msg in (("-1", "--min-count must be a finite number > 0, got -1"),
+               ("2.5x", "argument --min-count: expected a number, got '2.5x'"),
+               ("1e9", "--min-count 1e+09 is above every training count (the largest is 5)")):
+    case(f"export-min-count-{v}")(lambda w, t, v=v, msg=msg: (
+        ["export", str(w / "cls.onnx"), "--gamma", "0.5", "--table", str(w / "two.json"), "--min-count", v,
+         "-o", str(t / "o.onnx")], msg, [t / "o.onnx"]))
+
+# ---------------------------------------------------------------- quantize's images
+case("quantize-images-non-image-file")(lambda w, t: (
+    (t / "imgs").mkdir(), (t / "imgs" / "notes.png").write_text("not an image"),
+    ["quantize", str(w / "tiny.onnx"), "--images", str(t / "imgs"), "-o", str(t / "o.onnx")],
+    "notes.png: cannot read the image", [t / "o.onnx"])[2:])
+case("quantize-images-only-other-files")(lambda w, t: (
+    (t / "imgs").mkdir(), (t / "imgs" / "readme.txt").write_text("x"),
+    ["quantize", str(w / "tiny.onnx"), "--images", str(t / "imgs"), "-o", str(t / "o.onnx")],
+    "no image files in it", [t / "o.onnx"])[2:])
+case("quantize-images-is-a-file")(lambda w, t: (
+    ["quantize", str(w / "tiny.onnx"), "--images", str(w / "images" / "img0.png"), "-o", str(t / "o.onnx")],
+    "--images", [t / "o.onnx"]))
+
+# ---------------------------------------------------------------- Ray options (refused before Ray starts)
+case("infer-ray-workers-huge")(lambda w, t: (
+    ["infer", str(w / "tiny.onnx"), str(w / "images"), "--ray", "--num-workers", "100000", "-o", str(t / "r.json")],
+    "--num-workers must be a whole number >= 1 and <= 4096", [t / "r.json"]))
+case("tune-ray-retries-huge")(lambda w, t: (
+    ["tune", str(w / "model_final.pth"), "--config", str(w / "config.yaml"), "--gt", str(w / "gt.json"),
+     "--images", str(w / "images"), "--ray", "--max-retries", "1000", "--json", str(t / "s.json")],
+    "--max-retries must be a whole number >= 0 and <= 100", [t / "s.json"]))
+case("infer-ray-address-bad")(lambda w, t: (
+    ["infer", str(w / "tiny.onnx"), str(w / "images"), "--ray-address", "head-node", "-o", str(t / "r.json")],
+    "--ray-address 'head-node': expected HOST:PORT", [t / "r.json"]))
 
 # ---------------------------------------------------------------- messages that name the cause
 NOT_DETECTOR = "cls.onnx: not a norcal detector graph: it has no inputs images, image_sizes (it takes x)"

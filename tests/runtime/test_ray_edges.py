@@ -34,7 +34,7 @@ def test_unreachable_address_is_refused_in_seconds(closed_port):
     with pytest.raises(NorcalError, match="cannot reach"):
         check_reachable(f"ray://127.0.0.1:{closed_port}")
     assert time.perf_counter() - t0 < 10
-    with pytest.raises(NorcalError, match="expected HOST:PORT"):
+    with pytest.raises(NorcalError, match="address 'head-node': expected HOST:PORT"):
         check_reachable("head-node")
     check_reachable(None)
     check_reachable("auto")  # Ray's to resolve
