@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from norcal.core.errors import NorcalError
+from norcal.core.errors import NorcalError, shown
 
 from .d2_defaults import d2_defaults
 from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
@@ -40,6 +40,41 @@ _NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naive
 
 # ---------------------------------------------------------------- YAML with _BASE_ chains
 
+# a detectron2 config is a few hundred values: far beyond this is a crafted file ("billion
+# laughs" aliases), which would expand to gigabytes once merged or printed
+MAX_YAML_VALUES = 100_000
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that counts the values a document expands to (an alias counts as
+    everything it stands for) while composing it, and refuses past :data:`MAX_YAML_VALUES`."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._values = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> values it expands to
+
+    def _size(self, node) -> int:
+        if id(node) not in self._sizes:
+            items = node.value if isinstance(node.value, list) else []
+            parts = (p for item in items for p in (item if isinstance(item, tuple) else (item,)))
+            self._sizes[id(node)] = 1 + sum(self._size(p) for p in parts)
+        return self._sizes[id(node)]
+
+    def compose_node(self, parent, index):
+        alias = self.check_event(yaml.AliasEvent)
+        node = super().compose_node(parent, index)
+        self._values += self._size(node) if alias else 1
+        if self._values > MAX_YAML_VALUES:
+            raise _TooLarge(f"expands to more than {MAX_YAML_VALUES} values (aliases repeated "
+                            "too often?)")
+        return node
+
+
+class _TooLarge(Exception):
+    pass
+
+
 def _read_yaml(path: Path) -> dict:
     try:
         text = path.read_text()
@@ -50,7 +85,15 @@ def _read_yaml(path: Path) -> dict:
     except OSError as e:
         raise NorcalError(f"{path}: cannot read config: {e.strerror or e}") from None
     try:
-        data = yaml.safe_load(text)
+        loader = _BoundedLoader(text)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except _TooLarge as e:
+        raise NorcalError(f"{path}: not a detectron2 config: {e}") from None
+    except RecursionError:
+        raise NorcalError(f"{path}: not a detectron2 config: nested too deeply") from None
     except yaml.YAMLError as e:
         raise NorcalError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if data is None:  # an empty file would silently mean detectron2's defaults, not the model's
@@ -66,7 +109,7 @@ def _merge_base(child: dict, base: dict, path: Path, prefix: str = "") -> None:
         if isinstance(v, dict) and k in base:
             if not isinstance(base[k], dict):
                 raise NorcalError(f"{path}: cannot inherit key '{prefix}{k}' from base: the base sets it "
-                                  f"to {base[k]!r}, not a mapping")
+                                  f"to {shown(base[k])}, not a mapping")
             _merge_base(v, base[k], path, f"{prefix}{k}.")
         else:
             base[k] = v
@@ -87,7 +130,7 @@ def load_yaml_with_base(path, _chain: tuple[Path, ...] = ()) -> dict:
     merged: dict = {}
     for name in names:
         if not isinstance(name, str):
-            raise NorcalError(f"{path}: _BASE_ entry {name!r} is not a file name")
+            raise NorcalError(f"{path}: _BASE_ entry {shown(name)} is not a file name")
         if name.startswith(("http://", "https://")):
             raise NorcalError(f"{path}: _BASE_ {name} is a URL; download it and name the local file")
         base_path = Path(os.path.expanduser(name))
@@ -115,7 +158,7 @@ def _merge_into_defaults(loaded: dict, defaults: dict, prefix: str = "") -> None
         full = f"{prefix}{k}"
         if isinstance(defaults.get(k), dict):
             if not isinstance(v, dict):
-                raise NorcalError(f"config key {full} must be a mapping, got {v!r}")
+                raise NorcalError(f"config key {full} must be a mapping, got {shown(v)}")
             _merge_into_defaults(v, defaults[k], full + ".")
         else:
             defaults[k] = v if isinstance(v, dict) else _decode(v)
@@ -143,7 +186,7 @@ class _Cfg:
         return node
 
     def bad(self, key: str, why: str) -> NorcalError:
-        return NorcalError(f"{self.source}: {key}: {self.get(key)!r}: {why}")
+        return NorcalError(f"{self.source}: {key}: {shown(self.get(key))}: {why}")
 
     def int(self, key: str, minimum: int | None = None) -> int:
         v = self.get(key)

@@ -56,27 +56,31 @@ def _error(path, why: str, more: int, rest: int, context: str, skippable: bool) 
                        param="skip_unreadable=True")
 
 
-def quick_check(path: str | os.PathLike) -> str | None:
+def quick_check(path: str | os.PathLike, sizes: tuple[int, int] | None = None) -> str | None:
     """Why ``path`` is not a readable image, from its header (and, for PNG, the checksums of
     its chunks) without decoding it; None when it looks readable. For checking a whole input
-    list before any work: decoding can still fail later on a damaged JPEG body."""
+    list before any work: decoding can still fail later on a damaged JPEG body. ``sizes``:
+    see :func:`read_for_model` (the header's size is checked)."""
     from PIL import Image
+
+    from norcal.runtime.preprocess import resize_problem
 
     try:
         with Image.open(path) as im:
+            w, h = im.size
             im.verify()
     except Exception as e:  # noqa: BLE001 - PIL raises many types for damaged files
         return reason(e)
-    return None
+    return resize_problem(h, w, *sizes) if sizes else None
 
 
 def unreadable_files(paths: Iterable[str | os.PathLike], skip: bool = False, context: str = "",
-                     skippable: bool = True) -> list[tuple[Path, str]]:
+                     skippable: bool = True, sizes: tuple[int, int] | None = None) -> list[tuple[Path, str]]:
     """Quick-check every path (:func:`quick_check`) before any work. An unreadable one is a
     NorcalError naming the first and counting the others; with ``skip`` they are returned as
     (path, reason) for the caller to leave out. ``skippable``: see :func:`unreadable_error`."""
     paths = [Path(p) for p in paths]
-    bad = [(p, why) for p in paths if (why := quick_check(p)) is not None]
+    bad = [(p, why) for p in paths if (why := quick_check(p, sizes)) is not None]
     if bad and not skip:
         first, why = bad[0]
         rest = len(paths) - paths.index(first) - 1
@@ -84,17 +88,30 @@ def unreadable_files(paths: Iterable[str | os.PathLike], skip: bool = False, con
     return bad
 
 
+def read_for_model(path: str | os.PathLike, sizes: tuple[int, int] | None = None) -> np.ndarray:
+    """read_rgb, and with ``sizes`` (min_size, max_size) a ValueError for an image that would
+    resize to under 1 pixel on a side: it cannot be run, as a file that is no image cannot."""
+    from norcal.runtime.preprocess import resize_problem
+
+    image = read_rgb(path)
+    problem = sizes and resize_problem(image.shape[0], image.shape[1], *sizes)
+    if problem:
+        raise ValueError(problem)
+    return image
+
+
 def iter_images(paths: Iterable[str | os.PathLike], context: str = "",
                 skipped: list[tuple[Path, str]] | None = None,
-                skippable: bool = True) -> Iterator[np.ndarray]:
+                skippable: bool = True, sizes: tuple[int, int] | None = None) -> Iterator[np.ndarray]:
     """read_rgb for each path, one at a time (a long list is never all in memory); an
     unreadable file is a NorcalError naming it (``context`` prefixes it) and counting the
     unreadable ones after it, or, when ``skipped`` is a list, appended to it as (path, reason)
-    and left out. ``skippable``: see :func:`unreadable_error`."""
+    and left out. ``skippable``: see :func:`unreadable_error`; ``sizes``: see
+    :func:`read_for_model`."""
     paths = list(paths)
     for i, p in enumerate(paths):
         try:
-            yield read_rgb(p)
+            yield read_for_model(p, sizes)
         except UNREADABLE as e:
             if skipped is None:
                 raise unreadable_error(p, reason(e), paths[i + 1:], context, skippable) from None
@@ -103,9 +120,9 @@ def iter_images(paths: Iterable[str | os.PathLike], context: str = "",
 
 def read_images(paths: list[str | os.PathLike], context: str = "",
                 skipped: list[tuple[Path, str]] | None = None,
-                skippable: bool = True) -> list[np.ndarray]:
+                skippable: bool = True, sizes: tuple[int, int] | None = None) -> list[np.ndarray]:
     """read_rgb for each path; unreadable files as in :func:`iter_images`."""
-    return list(iter_images(paths, context, skipped, skippable))
+    return list(iter_images(paths, context, skipped, skippable, sizes))
 
 
 def expand_inputs(inputs: list[str | os.PathLike]) -> list[Path]:

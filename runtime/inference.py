@@ -12,7 +12,7 @@ import numpy as np
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
 from norcal.core.contract import InputSpec, input_spec
-from norcal.runtime.images import UNREADABLE, read_rgb, reason, unreadable_error
+from norcal.runtime.images import UNREADABLE, read_for_model, reason, unreadable_error
 from norcal.runtime.postprocess import ImageDetections, split_outputs
 from norcal.runtime.preprocess import Batch, prepare_batch
 
@@ -84,7 +84,7 @@ def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int =
     for i, raw in enumerate(paths):
         path = Path(raw)
         try:
-            pending.append((path, read_rgb(path)))
+            pending.append((path, read_for_model(path, (spec.min_size, spec.max_size))))
         except UNREADABLE as e:
             if not skip_unreadable:
                 raise unreadable_error(path, reason(e), paths[i + 1:]) from None

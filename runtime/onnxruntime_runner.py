@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core.errors import NorcalError
+from norcal.core.ranges import MAX_THREADS, check_range
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -51,6 +52,8 @@ class OnnxRuntimeRunner:
             usable = [k for k, v in PROVIDERS.items() if v[0] in available]
             raise NorcalError(f"provider {provider!r} ({wanted}) is not available in this onnxruntime "
                               f"build; available: {', '.join(usable)}")
+        if threads is not None:
+            check_range("threads", threads, 0, MAX_THREADS, integer=True)
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = int(threads)

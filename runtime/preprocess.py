@@ -31,6 +31,16 @@ def resized_size(h: int, w: int, min_size: int, max_size: int) -> tuple[int, int
     return int(newh + 0.5), int(neww + 0.5)
 
 
+def resize_problem(h: int, w: int, min_size: int, max_size: int) -> str | None:
+    """Why an h x w image cannot be resized for the model (a side would round to 0 pixels:
+    a 10000x1 strip at max_size 1333), or None."""
+    nh, nw = resized_size(h, w, min_size, max_size)
+    if nh >= 1 and nw >= 1:
+        return None
+    return (f"{w}x{h} pixels would resize to {nw}x{nh} (short edge {min_size}, long edge at most "
+            f"{max_size}): a side under 1 pixel")
+
+
 def resize_uint8(image: np.ndarray, new_h: int, new_w: int) -> np.ndarray:
     """uint8 [H,W,C] -> uint8 [new_h,new_w,C] with PIL bilinear, exactly as detectron2 does."""
     from PIL import Image
@@ -87,6 +97,9 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int, max_size: int, fm
     resized = []
     for i, img in enumerate(images_rgb):
         _check_image(i, img)
+        problem = resize_problem(img.shape[0], img.shape[1], min_size, max_size)
+        if problem:
+            raise NorcalError(f"image {i}: {problem}")
         nh, nw = resized_size(img.shape[0], img.shape[1], min_size, max_size)
         resized.append(resize_uint8(img, nh, nw))
     d = max(int(divisibility), 1)

@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from norcal.core.contract import InputSpec
-from norcal.core.errors import NorcalError
+from norcal.core.errors import NorcalError, shown
+from norcal.core.ranges import MAX_THREADS, check_range
 from norcal.core.runner import Runner
 
 INSTALL_HINT = "pip install 'norcal-deploy[ray]'"
@@ -67,20 +68,15 @@ class RayOptions:
     init_args: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
-        if self.num_workers < 1:
-            raise NorcalError(f"num_workers must be >= 1, got {self.num_workers}", param="num_workers")
-        if self.gpus_per_worker < 0:
-            raise NorcalError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker}",
-                              param="gpus_per_worker")
-        if self.cpus_per_worker < 0:
-            raise NorcalError(f"cpus_per_worker must be >= 0, got {self.cpus_per_worker}",
-                              param="cpus_per_worker")
-        if self.threads is not None and self.threads < 1:
-            raise NorcalError(f"threads must be >= 1, got {self.threads}", param="threads")
-        if self.read_tasks < 1:
-            raise NorcalError(f"read_tasks must be >= 1, got {self.read_tasks}", param="read_tasks")
-        if self.max_retries < 0:
-            raise NorcalError(f"max_retries must be >= 0, got {self.max_retries}", param="max_retries")
+        check_range("num_workers", self.num_workers, 1, 4096, integer=True)
+        check_range("gpus_per_worker", self.gpus_per_worker, 0, 64)
+        check_range("cpus_per_worker", self.cpus_per_worker, 0, MAX_THREADS)
+        if self.threads is not None:
+            check_range("threads", self.threads, 1, MAX_THREADS, integer=True)
+        check_range("read_tasks", self.read_tasks, 1, 4096, integer=True)
+        check_range("max_retries", self.max_retries, 0, 100, integer=True)
+        if self.address not in (None, "auto"):
+            host_port(self.address)
 
 
 def require_ray():
@@ -105,6 +101,7 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
                               "configure_logging": True}
     if options.address is None:
         kwargs.update(options.init_args)
+    check_reachable(options.address)
     try:
         ray.init(address=options.address, **kwargs)
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError ...
@@ -114,6 +111,36 @@ def ray_session(options: RayOptions) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+CONNECT_TIMEOUT_S = 3.0  # Ray itself retries an unreachable address for minutes
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT`` or ``SCHEME://HOST:PORT``; a NorcalError otherwise."""
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rstrip("/").rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise NorcalError(f"address {shown(address)}: expected HOST:PORT, ray://HOST:PORT or auto",
+                          param="address")
+    return host, int(port)
+
+
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse in one line a ``HOST:PORT`` or ``ray://HOST:PORT`` address where nothing accepts
+    a connection within ``timeout`` seconds (None and "auto" are Ray's to resolve)."""
+    import socket
+
+    if address is None or address == "auto":
+        return
+    host, port = host_port(address)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise NorcalError(f"cannot reach the Ray cluster at {address}: {why} (checked for "
+                          f"{timeout:g} s); is it running?", param="address") from None
 
 
 @contextlib.contextmanager
@@ -157,14 +184,14 @@ def _read_and_prepare(row: dict, spec: InputSpec) -> dict:
     """One planned batch: read its images, prepare them as one model input batch. Images that
     cannot be decoded are listed in ``skipped`` (file, reason), not raised: a damaged file
     fails the same way on every retry."""
-    from norcal.runtime.images import UNREADABLE, read_rgb, reason
+    from norcal.runtime.images import UNREADABLE, read_for_model, reason
     from norcal.runtime.inference import prepare
 
     paths, ids = list(row["paths"]), json.loads(row["ids"])
     arrays, kept_paths, kept_ids, skipped = [], [], [], []
     for p, i in zip(paths, ids):
         try:
-            arrays.append(read_rgb(p))
+            arrays.append(read_for_model(p, (spec.min_size, spec.max_size)))
         except UNREADABLE as e:
             skipped.append((p, reason(e)))
             continue
@@ -279,9 +306,8 @@ def run_images_ray(make_runner: Callable[[], Runner], paths: Sequence[os.PathLik
                 while next_batch in pending:
                     yield from _emit(pending.pop(next_batch), failed, on_done)
                     next_batch += 1
-        except NorcalError:
-            raise
         except Exception as e:  # noqa: BLE001 - Ray wraps the worker's error in its own types
+            # (a worker's NorcalError arrives as RayTaskError(NorcalError), a NorcalError too)
             raise worker_error(e, options.max_retries) from None
     if next_batch != len(rows):  # Ray returned fewer batches than planned: never silently
         raise NorcalError(f"Ray returned {next_batch} of {len(rows)} batches")
@@ -327,6 +353,8 @@ def worker_error(e: BaseException, retries: int) -> NorcalError:
     texts, seen, cause = [], set(), e
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
+        if type(cause) is NorcalError:  # ours, raised on this machine or carried by Ray as it was
+            return cause if cause is e else NorcalError(f"a Ray worker: {cause}", cause.params)
         texts.append(str(cause))
         cause = getattr(cause, "cause", None) or cause.__cause__
     text = "\n".join(texts)
@@ -337,4 +365,4 @@ def worker_error(e: BaseException, retries: int) -> NorcalError:
     ours = re.search(r"^norcal\.core\.errors\.NorcalError: (.*)$", text, re.M)
     if ours:  # e.g. a worker could not open the model
         return NorcalError(f"a Ray worker: {ours.group(1)}")
-    return NorcalError(f"the Ray run failed: {type(e).__name__}: {_first_line(e)}")
+    return NorcalError(f"the Ray run failed: {type(e).__name__}: {shown(_first_line(e), 200)}")

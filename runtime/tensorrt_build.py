@@ -18,6 +18,7 @@ import onnx
 
 from norcal.core.contract import PRECISION
 from norcal.core.errors import NorcalError
+from norcal.core.ranges import check_range
 from norcal.core.profiles import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
                                      image_size_range, input_dims)
 from norcal.core.fileio import write_bytes, write_json
@@ -105,7 +106,11 @@ def workspace_mib(gb: float) -> int:
     """Workspace GiB -> whole MiB (trtexec's ``M`` suffix is base 2)."""
     if not gb > 0:
         raise NorcalError(f"workspace_gb {gb}: must be a positive number of GiB", param="workspace_gb")
+    check_range("workspace_gb", gb, 0, MAX_WORKSPACE_GB, why="no GPU has more memory")
     return max(1, int(round(gb * 1024)))
+
+
+MAX_WORKSPACE_GB = 4096
 
 
 # ----------------------------------------------------------------------------- sidecar

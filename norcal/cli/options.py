@@ -4,7 +4,6 @@ values, the mapping of library parameter names to flags in errors, and progress 
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Mapping
 
@@ -37,6 +36,7 @@ COMMON_FLAGS = {
     "max_size": "--max-size",
     "count": "--count",
     "table": "--table",
+    "min_count": "--min-count",
 }
 
 
@@ -202,12 +202,16 @@ def progress_bars(progress):
 # ----------------------------------------------------------------------------- Ray
 
 def add_ray_arguments(p, gpus: bool) -> None:
-    """--ray [ADDRESS], --num-workers, --max-retries and, where workers can use GPUs,
+    """--ray, --ray-address, --num-workers, --max-retries and, where workers can use GPUs,
     --gpus-per-worker."""
     g = p.add_argument_group("Ray (pip install 'norcal-deploy[ray]')")
-    g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run on Ray: no ADDRESS joins $RAY_ADDRESS or `ray start`'s cluster, else starts "
-                        "Ray here; 'auto', HOST:6379 or ray://HOST:10001 joins a given one")
+    # a flag, not an option with an optional value: `--ray MODEL IMAGES` must not take MODEL
+    g.add_argument("--ray", action="store_true",
+                   help="run on Ray: joins $RAY_ADDRESS or `ray start`'s cluster, else starts Ray here "
+                        "(takes no value: give an address with --ray-address)")
+    g.add_argument("--ray-address", metavar="ADDRESS",
+                   help="the Ray cluster to join (implies --ray): 'auto', HOST:6379 or ray://HOST:10001 "
+                        "(checked to answer within a few seconds)")
     g.add_argument("--num-workers", type=int, default=1, help="Ray workers, one model each (default 1)")
     if gpus:
         g.add_argument("--gpus-per-worker", type=float,
@@ -223,19 +227,16 @@ def ray_options(args, gpu: bool = False):
     from norcal.runtime.ray_inference import RayOptions, require_ray  # the module imports no Ray
 
     gpus_flag = getattr(args, "gpus_per_worker", None)
-    if args.ray is None:
+    if not args.ray and args.ray_address is None:
         given = [f for f, v in (("--num-workers", args.num_workers != 1),
                                 ("--gpus-per-worker", gpus_flag is not None),
                                 ("--max-retries", args.max_retries != 3)) if v]
         if given:
             raise NorcalError(f"{', '.join(given)} only apply with --ray")
         return None
-    if os.path.exists(args.ray):  # `--ray model.onnx ...`: argparse gave the input to --ray
-        raise NorcalError(f"--ray {args.ray}: a file, not a Ray address; put --ray after the inputs "
-                          "or give the address (--ray auto)")
     gpus = gpus_flag if gpus_flag is not None else (1.0 if gpu else 0.0)
     threads = getattr(args, "threads", None) or 1
-    options = RayOptions(address=None if args.ray == "local" else args.ray, num_workers=args.num_workers,
+    options = RayOptions(address=args.ray_address, num_workers=args.num_workers,
                          gpus_per_worker=gpus, cpus_per_worker=1.0 if gpus else float(threads),
                          threads=threads, max_retries=args.max_retries)
     options.check()

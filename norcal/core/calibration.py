@@ -82,9 +82,12 @@ def clamp_counts(counts: Sequence[float], min_count: float,
     """
     k = float(min_count)
     if not (math.isfinite(k) and k > 0):
-        raise NorcalError(f"min count must be a finite number > 0, got {min_count}")
+        raise NorcalError(f"min_count must be a finite number > 0, got {min_count}", param="min_count")
     arr = np.asarray(counts, dtype=np.float64).reshape(-1).copy()
     _refuse_counts(arr, ~np.isfinite(arr) | (arr < 0), names, "finite and >= 0")
+    if arr.size > 1 and k > arr.max():  # every class would weigh the same: NorCal would do nothing
+        raise NorcalError(f"min_count {k:g} is above every training count (the largest is {arr.max():g}): "
+                          "every class would count the same", param="min_count")
     low = arr < k
     arr[low] = k
     return arr, int(low.sum())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Sequence
 
 from norcal.core.errors import NorcalError
 
@@ -115,6 +116,26 @@ class InputSpec:
     max_size: int
     input_format: str = "BGR"
     divisibility: int = 32
+
+
+def check_detector(where: str, inputs: Sequence[str], outputs: Sequence[str],
+                   meta: dict[str, str]) -> None:
+    """Refuse a model that is not a detector graph of this contract (a classifier, another
+    tool's detector), saying what it lacks, before any image is run."""
+    missing_in = [n for n in INPUT_NAMES if n not in inputs]
+    missing_out = [n for n in OUTPUT_NAMES[:4] if n not in outputs]
+    if not missing_in and not missing_out:
+        return
+    lacks = []
+    if missing_in:
+        lacks.append(f"inputs {', '.join(missing_in)} (it takes {', '.join(inputs) or 'none'})")
+    if missing_out:
+        lacks.append(f"outputs {', '.join(missing_out)}")
+    no_meta = [k for k in (MIN_SIZE_TEST, MAX_SIZE_TEST, NUM_CLASSES) if k not in meta]
+    if no_meta:
+        lacks.append(f"metadata {', '.join(no_meta)}")
+    raise NorcalError(f"{where}: not a norcal detector graph: it has no {'; no '.join(lacks)} "
+                      "(export a detectron2 checkpoint with norcal export)")
 
 
 def _int(meta: dict[str, str], key: str) -> int:

@@ -24,3 +24,16 @@ class NorcalError(Exception):
 
     def __reduce__(self):  # keep ``params`` across pickling (multiprocessing, caches)
         return type(self), (str(self), self.params)
+
+
+
+def shown(value, limit: int = 60) -> str:
+    """``value`` as an error echoes it: its repr, cut to about ``limit`` characters without
+    ever building the whole of it (a crafted config can hold a value of gigabytes)."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxtuple, r.maxlist, r.maxdict, r.maxset = 3, 6, 6, 6, 6
+    r.maxstring = r.maxlong = r.maxother = limit
+    text = r.repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -76,6 +76,8 @@ def read_json(path: str | os.PathLike, what: str = "", schema: Schema | None = N
         raise NorcalError(f"{label}: is a directory, not a JSON file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise NorcalError(f"{label}: not valid JSON ({e})") from None
+    except RecursionError:  # the parsers recurse once per level of nesting
+        raise NorcalError(f"{label}: not valid JSON (nested too deeply)") from None
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

@@ -30,8 +30,14 @@ _INT64 = 2 ** 63
 Id = Annotated[int, Field(ge=-_INT64, lt=_INT64)]  # ids become int64 arrays
 Count = Annotated[int, Field(ge=0, lt=_INT64)]
 Number = float  # strict: an int or a float, finite
-NonNegative = Annotated[float, Field(ge=0)]
-Box = Annotated[list[Number], Field(min_length=4, max_length=4)]  # x, y, w, h
+# pixel coordinates: float32 keeps whole pixels exact up to 2**24, and no image is larger
+# (1e308 would pass as finite and overflow in every box computation)
+MAX_COORDINATE = 2 ** 24
+MAX_SIDE = 2 ** 20  # image height / width
+Coordinate = Annotated[float, Field(ge=-MAX_COORDINATE, le=MAX_COORDINATE)]
+NonNegative = Annotated[float, Field(ge=0, le=_INT64)]
+Area = Annotated[float, Field(ge=0, le=MAX_COORDINATE ** 2)]
+Box = Annotated[list[Coordinate], Field(min_length=4, max_length=4)]  # x, y, w, h
 Frequency = Literal["r", "c", "f"]
 
 _TAGS: set[str] = set()  # union member names pydantic puts into error locations
@@ -61,7 +67,7 @@ class Rle(TypedDict):
                     rle_bytes=(bytes, bytes), run_lengths=(list, list[Count]))
 
 
-Polygons = list[list[Number]]
+Polygons = list[list[Coordinate]]
 Segmentation = _one_of("polygons (a list of lists of numbers) or an RLE object",
                        polygons=(list, Polygons), rle=(dict, Rle))
 # ints stay ints (a table's digest is taken over its JSON), floats are allowed
@@ -110,7 +116,7 @@ class Annotation(TypedDict):
     image_id: Id
     category_id: Id
     bbox: NotRequired[Box]
-    area: NotRequired[NonNegative]
+    area: NotRequired[Area]
 
 
 class AnnotationFile(TypedDict):
@@ -126,8 +132,8 @@ class AnnotationFile(TypedDict):
 class GTImage(TypedDict):
     __pydantic_config__ = _CONFIG
     id: Id
-    height: Annotated[int, Field(gt=0)]
-    width: Annotated[int, Field(gt=0)]
+    height: Annotated[int, Field(gt=0, le=MAX_SIDE)]
+    width: Annotated[int, Field(gt=0, le=MAX_SIDE)]
     neg_category_ids: NotRequired[Union[list[Id], None]]
     not_exhaustive_category_ids: NotRequired[Union[list[Id], None]]
 
@@ -138,7 +144,7 @@ class GTAnnotation(TypedDict):
     image_id: Id
     category_id: Id
     bbox: Box
-    area: NonNegative
+    area: Area
     segmentation: NotRequired[Segmentation]
     ignore: NotRequired[Literal[0, 1, False, True]]
     iscrowd: NotRequired[Literal[0, 1, False, True]]
@@ -315,7 +321,8 @@ def _path(loc: tuple) -> str:
 _FIXED_LENGTH = {"bbox": 4, "size": 2}
 _EXPECTED = {"int_type": "an integer", "float_type": "a number", "finite_number": "a finite number",
              "string_type": "a string", "list_type": "a list", "dict_type": "an object"}
-_BOUNDS = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"), "less_than": ("<", "lt")}
+_BOUNDS = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"), "less_than": ("<", "lt"),
+           "less_than_equal": ("<=", "le")}
 
 
 def _problem(e: dict, loc: tuple) -> str:
@@ -329,7 +336,10 @@ def _problem(e: dict, loc: tuple) -> str:
         return f"expected {ctx['expected']}, got {got}"
     if kind in _BOUNDS:
         op, key = _BOUNDS[kind]
-        return f"must be {op} {ctx[key]}, got {got}"
+        bound = ctx[key]
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)  # pydantic hands a float field's bounds over as floats
+        return f"must be {op} {bound}, got {got}"
     if kind in ("too_short", "too_long") and isinstance(value, (list, tuple)):
         name = loc[-1] if loc else ""
         if name in _FIXED_LENGTH:

@@ -70,6 +70,10 @@ class CalibrationTable:
         if kind not in COUNT_TYPES:
             raise NorcalError(f"count type must be one of {', '.join(COUNT_TYPES)}, got {kind!r}")
         key = f"{kind}_count"
+        if self.categories and all(c.get(key) is None for c in self.categories):
+            other = next(k for k in COUNT_TYPES if k != kind)
+            raise NorcalError(f"table {self.name!r} has no {kind} counts (no category has {key}): "
+                              f"use count {other}", param="count")
         raw = []
         for c in self.categories:
             v = c.get(key)
@@ -79,7 +83,7 @@ class CalibrationTable:
                 return check_counts(raw, self.names), 0
             return clamp_counts(raw, min_count, self.names)
         except NorcalError as e:
-            raise NorcalError(f"table {self.name!r}: {e}") from None
+            raise NorcalError(f"table {self.name!r}: {e}", e.params) from None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "source": self.source, "count_type": self.count_type,

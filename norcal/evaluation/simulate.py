@@ -21,6 +21,7 @@ import numpy as np
 
 from norcal.core.calibration import calibrate, log_prior
 from norcal.core.errors import NorcalError
+from norcal.core.ranges import check_range
 from norcal.evaluation.detections import Detections
 from norcal.evaluation.ground_truth import LvisGT, prepare_gt
 from norcal.evaluation.lvis_eval import evaluate
@@ -203,6 +204,11 @@ def run_benchmark(table, gammas: list[float], config: SimConfig,
         raise NorcalError("gammas: give at least one gamma", param="gammas")
     if config.train_images < 1:
         raise NorcalError(f"train_images must be >= 1, got {config.train_images}", param="train_images")
+    # a simulated benchmark is vectorised in memory: past a million images it is a typo
+    check_range("images", config.images, 1, 10 ** 6, integer=True)
+    check_range("train_images", config.train_images, 1, 10 ** 6, integer=True)
+    check_range("proposals", config.proposals, 8, 4096, integer=True)
+    check_range("bias", config.bias, -100, 100, why="logits beyond that saturate float32")
     counts = table.counts("image")
     if sorted(table.category_ids) != list(table.category_ids):
         raise NorcalError(f"table {table.name!r}: categories must be in id order")

@@ -24,6 +24,7 @@ import onnx
 
 from norcal.core.contract import MASK_HEAD_ROIS_VALUES as MASK_ROIS
 from norcal.core.errors import NorcalError
+from norcal.core.ranges import MAX_TOPK, check_range
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
 from norcal.core.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
 from norcal.core.tables import CalibrationTable
@@ -257,9 +258,8 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                           param="logits")
     src, out = Path(src), Path(out)
     k = options.detections_per_image
-    if k is not None and k <= 0:
-        raise NorcalError(f"detections_per_image must be positive, got {k}",
-                          param="detections_per_image")
+    if k is not None:
+        check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")
     if options.mask_head_rois is not None and options.mask_head_rois not in MASK_ROIS:
         raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, got "
                           f"{options.mask_head_rois!r}", param="mask_head_rois")

@@ -120,15 +120,17 @@ def quantize_model(options: QuantizeOptions,
         from norcal.runtime.inference import prepared_batches
 
         paths = calibration_paths(options.images, options.num_images)
-        skipped = unreadable_files(paths, skip=options.skip_unreadable, context="calibration image ")
+        spec = contract.input_spec({p.key: p.value for p in model.metadata_props})
+        skipped = unreadable_files(paths, skip=options.skip_unreadable, context="calibration image ",
+                                   sizes=(spec.min_size, spec.max_size))
         bad = {p for p, _ in skipped}
         paths = [p for p in paths if p not in bad]
         if not paths:
             raise NorcalError(f"images {options.images}: none of its {len(bad)} image files can be read",
                               param="images")
-        spec = contract.input_spec({p.key: p.value for p in model.metadata_props})
         batches = prepared_batches(iter_images(paths, context="calibration image ", skipped=skipped
-                                               if options.skip_unreadable else None),
+                                               if options.skip_unreadable else None,
+                                               sizes=(spec.min_size, spec.max_size)),
                                    spec, options.batch_size)
         step = (lambda n: progress("calibrate", n, len(paths))) if progress is not None else None
         out, n_images = quantize_int8(model, (b.feeds() for b in batches), options.method, where, step)

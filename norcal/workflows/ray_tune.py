@@ -24,7 +24,6 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
 from norcal.runtime.ray_inference import BatchFailed, RayOptions, ray_session, worker_error
 from norcal.workflows.tune import (CandidateCache, HeadCache, SweepPoint, TunePlan, TuneResult,
@@ -96,8 +95,6 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas:
         try:
             return _run(ray, plan, pairs, gammas, options, net_step, sweep_step,
                         progress_step(progress, "evaluation", len(gammas)))
-        except NorcalError:
-            raise
         except Exception as e:  # noqa: BLE001 - Ray wraps a worker's error in its own types
             raise worker_error(e, options.max_retries) from None
 

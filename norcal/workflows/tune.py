@@ -43,6 +43,8 @@ from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
 from norcal.export.spec import RETINANET
 
+MAX_CACHE_BYTES = 1 << 40  # a cache budget beyond 1 TiB is a typo, not a machine
+
 
 def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable:
     """A table as given, or what :func:`norcal.core.tables.load_table` makes of a name or path
@@ -173,7 +175,8 @@ def _batches(spec, images: Sequence[tuple[Any, os.PathLike]], batch_size: int):
     for s in range(0, len(images), batch_size):
         chunk = images[s:s + batch_size]
         bad: list = []
-        arrays = read_images([path for _, path in chunk], skipped=bad)
+        arrays = read_images([path for _, path in chunk], skipped=bad,
+                             sizes=(spec.min_size_test, spec.max_size_test))
         if bad:  # name the first, count the unreadable ones in the whole rest
             rest = [Path(p) for _, p in images[s:]]
             rest = rest[rest.index(bad[0][0]) + 1:]
@@ -584,9 +587,9 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
     if not gammas:
         raise NorcalError("gammas: none to sweep", param="gammas")
     if not (isinstance(max_cache_bytes, (int, float)) and math.isfinite(max_cache_bytes)
-            and max_cache_bytes > 0):
-        raise NorcalError(f"max_cache_bytes must be a finite number > 0, got {max_cache_bytes}",
-                          param="max_cache_bytes")
+            and 0 < max_cache_bytes <= MAX_CACHE_BYTES):
+        raise NorcalError(f"max_cache_bytes must be a finite number > 0 and <= {MAX_CACHE_BYTES} (1 TiB), "
+                          f"got {max_cache_bytes:g}", param="max_cache_bytes")
     if table is not None:
         table = resolve_table(table)
     gt_data = read_json(gt, "GT", GROUND_TRUTH)

@@ -43,7 +43,7 @@ def test_a_broken_count_is_still_an_error(bad):
 
 @pytest.mark.parametrize("k", [0.0, -2.0, float("nan")])
 def test_bad_min_count(k):
-    with pytest.raises(NorcalError, match="min count"):
+    with pytest.raises(NorcalError, match="min_count must be a finite number > 0"):
         clamp_counts([1.0], k)
 
 

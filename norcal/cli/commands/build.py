@@ -59,7 +59,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from norcal.cli.options import check_outputs, parse_hw, parse_hw_range, parse_range
-    from norcal.runtime.tensorrt_build import (BuildOptions, build_engine, sidecar_path,
+    from norcal.runtime.tensorrt_build import (BuildOptions, build_engine, sidecar_path, workspace_mib,
                                                write_trtexec_sidecar)
     from norcal.workflows.build import prepare
 
@@ -81,6 +81,8 @@ def run(args) -> int:
     )
     if options.workspace_gb is not None and not options.workspace_gb > 0:
         raise NorcalError(f"--workspace {args.workspace}: must be a positive number of GiB")
+    if options.workspace_gb is not None:
+        workspace_mib(options.workspace_gb)  # its range, before any work
     model, profiles, cmd = prepare(options, check=not args.skip_check)
     print("equivalent trtexec command:")
     print(f"  {cmd}", flush=True)

@@ -36,19 +36,21 @@ mask, class and score, coloured by frequency group), beside those of the same mo
 NorCal node stripped when it has one (the baseline). Class names and groups come from --table
 or the model's built-in table.
 
---ray [ADDRESS] runs on a Ray cluster (pip install 'norcal-deploy[ray]'): Ray Data reads and
+--ray runs on a Ray cluster (pip install 'norcal-deploy[ray]'): Ray Data reads and
 prepares the batches, --num-workers actors (each one runner, --gpus-per-worker GPUs,
 --threads ONNX Runtime threads, default 1) run them, and the results stream to -o in image
-order: the same file as without --ray. No ADDRESS joins the cluster of $RAY_ADDRESS or of
-`ray start` on this machine, else starts Ray here; `auto` joins such a cluster;
-ray://HOST:10001 connects through Ray Client. The model and the
+order: the same file as without --ray. --ray alone joins the cluster of $RAY_ADDRESS or of
+`ray start` on this machine, else starts Ray here; --ray-address auto joins such a cluster,
+HOST:6379 a given one, ray://HOST:10001 connects through Ray Client (an address where nothing
+answers within a few seconds is refused). --ray takes no value, so it may go before the
+inputs (norcal infer --ray MODEL IMAGES). The model and the
 images must be readable at the same paths on every node. A batch whose worker dies or
 raises is retried (--max-retries, default 3); --draw is not available with --ray.
 """
 
 # parameters of the runtime named in its errors -> the flags here
 FLAGS = {"provider": "--provider", "batch_size": "--batch", "skip_unreadable=True": "--skip-unreadable",
-         "address": "--ray", "num_workers": "--num-workers", "gpus_per_worker": "--gpus-per-worker",
+         "address": "--ray-address", "num_workers": "--num-workers", "gpus_per_worker": "--gpus-per-worker",
          "threads": "--threads", "max_retries": "--max-retries"}
 
 
@@ -130,7 +132,7 @@ def run(args) -> int:
 
     from norcal.cli.options import check_outputs
     from norcal.core.fileio import write_json
-    from norcal.core.contract import input_spec
+    from norcal.core.contract import check_detector, input_spec
     from norcal.runtime.images import expand_inputs, unreadable_files
     from norcal.runtime.inference import run_images, runner_metadata
     from norcal.runtime.results import category_ids_from_annotations, results_fragment, results_writer
@@ -165,9 +167,11 @@ def run(args) -> int:
     else:  # only for the metadata here: the workers, maybe on GPU nodes, open their own
         runner = open_runner(args.model, "cpu" if Path(args.model).suffix.lower() == ".onnx" else None, 1)
     meta = runner_metadata(runner)
+    check_detector(Path(args.model).name, runner.input_names, runner.output_names, meta)
     spec = input_spec(meta, args.min_size, args.max_size)
     cat_ids, cat_source = _category_ids(args, meta, ann_cats)
-    unreadable = unreadable_files(paths, skip=args.skip_unreadable)  # before any work
+    unreadable = unreadable_files(paths, skip=args.skip_unreadable,  # before any work
+                                  sizes=(spec.min_size, spec.max_size))
     if unreadable:
         gone = {p for p, _ in unreadable}
         paths = [p for p in paths if p not in gone]

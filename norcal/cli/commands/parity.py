@@ -133,7 +133,7 @@ def run(args) -> int:
     from rich.markup import escape
 
     from norcal.core.fileio import write_json
-    from norcal.core.contract import input_spec
+    from norcal.core.contract import check_detector, input_spec
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.cli.parity_tables import render_tables
     from norcal.workflows.parity import (PRESETS, fixed_input_shape, model_score_thresh, report_json,
@@ -172,11 +172,17 @@ def run(args) -> int:
         image_ids = [by_name[p.name] for p in paths]
 
     ort = OnnxRuntimeRunner(args.model, args.provider)
+    check_detector(Path(args.model).name, ort.input_names, ort.output_names, ort.metadata)
     calibration = onnx_calibration(args.model)
     runners = []
     if args.checkpoint:
         with console.status("loading the PyTorch model"):
-            runners.append(TorchRunner.from_checkpoint(args.checkpoint, args.config, calibration=calibration))
+            torch_runner = TorchRunner.from_checkpoint(args.checkpoint, args.config, calibration=calibration)
+        ours, theirs = (r.metadata.get(contract.NUM_CLASSES) for r in (torch_runner, ort))
+        if ours and theirs and ours != theirs:  # else the NorCal prior's length is what fails
+            raise NorcalError(f"--checkpoint {args.checkpoint} has {ours} classes but {Path(args.model).name} "
+                              f"has {theirs}: compare a model with the checkpoint it was exported from")
+        runners.append(torch_runner)
         console.print(f"PyTorch: {Path(args.checkpoint).name} with "
                       f"{calibration.describe() if calibration else 'plain scores (the ONNX has no NorCal node)'}")
     runners.append(ort)
@@ -193,6 +199,11 @@ def run(args) -> int:
 
     meta = ort.metadata
     spec = input_spec(meta)
+    from norcal.runtime.preprocess import resize_problem
+
+    for p, image in zip(paths or (), images):
+        if problem := resize_problem(image.shape[0], image.shape[1], spec.min_size, spec.max_size):
+            raise NorcalError(f"{p}: cannot run this image: {problem}")
     score_thresh = model_score_thresh(meta)
     tolerances = {r.name: PRESETS[runner_precision(r)] for r in runners}
     fixed = fixed_input_shape(ort)

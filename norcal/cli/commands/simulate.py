@@ -21,7 +21,8 @@ with the keys of `norcal eval` (AP, AP50, ..., APr, APc, APf, AR, ...) as fracti
 """
 
 # parameters of norcal.evaluation.simulate named in its errors -> the flags here
-FLAGS = {"images": "--images", "train_images": "--train-images", "gammas": "--gammas"}
+FLAGS = {"images": "--images", "train_images": "--train-images", "gammas": "--gammas", "proposals": "--proposals",
+         "bias": "--bias"}
 
 
 def add_arguments(p):

@@ -41,16 +41,16 @@ The rows print in %; --json writes {"factor", "mechanism", "table", "num_images"
 "num_detections", "seconds", "stats": {AP, AP50, AP75, APs, APm, APl, APr, APc, APf, AR, ...}}]}
 (fractions in [0, 1], -1 where undefined); --plot writes AP, APr, APc, APf against gamma.
 
---ray [ADDRESS] runs on a Ray cluster (pip install 'norcal-deploy[ray]'): --num-workers
+--ray runs on a Ray cluster (pip install 'norcal-deploy[ray]'): --num-workers
 workers (one detector each, 1 torch thread) run the network pass and keep the cached head
 outputs in Ray's object store; for each chunk, one task per gamma re-scores them, and one task
-per gamma evaluates. The sweep equals the single-process one. ADDRESS as for `norcal infer`;
+per gamma evaluates. The sweep equals the single-process one. --ray-address as for `norcal infer`;
 the checkpoint, config and images must be readable at the same paths on every node.
 """
 
 # parameters of norcal.workflows.tune named in its errors -> the flags here
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
-         "table": "--table", "address": "--ray", "num_workers": "--num-workers",
+         "table": "--table", "address": "--ray-address", "num_workers": "--num-workers",
          "max_retries": "--max-retries"}
 
 
@@ -87,6 +87,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from rich.console import Console
+    from norcal.workflows.tune import MAX_CACHE_BYTES
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from norcal.cli.options import check_outputs, parse_gammas, progress_bars
@@ -104,8 +105,9 @@ def run(args) -> int:
         raise NorcalError(f"{src}: no such file")
     if args.batch < 1:
         raise NorcalError(f"--batch must be >= 1, got {args.batch}")
-    if not (math.isfinite(args.max_cache_gb) and args.max_cache_gb > 0):
-        raise NorcalError(f"--max-cache-gb must be a finite number > 0, got {args.max_cache_gb}")
+    if not (math.isfinite(args.max_cache_gb) and 0 < args.max_cache_gb <= MAX_CACHE_BYTES / 2**30):
+        raise NorcalError(f"--max-cache-gb must be a finite number > 0 and <= {MAX_CACHE_BYTES / 2**30:g}, "
+                          f"got {args.max_cache_gb:g}")
     gammas = parse_gammas(args.gammas)
     ray = ray_options(args)
     check_outputs([src, args.config, args.gt, args.table, args.images],
