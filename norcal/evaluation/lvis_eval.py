@@ -6,6 +6,10 @@ dropped. An unmatched detection of a category listed in the image's
 ``not_exhaustive_category_ids`` is ignored, not a false positive. Detections and GTs of
 area 0 are dropped (lvis-api's index does so).
 
+IoU types: ``bbox`` (boxes), ``segm`` (RLE masks), ``boundary`` (Boundary IoU, LVIS Challenge
+2021: min of the mask IoU and the IoU of the masks' boundary bands, see
+:mod:`norcal.evaluation.boundary`; the numbers of faster-coco-eval's boundary mode).
+
 Metric keys (:attr:`EvalResult.stats`; AP values are fractions in [0, 1], -1 where no
 category defines them):
 
