@@ -181,32 +181,42 @@ def test_boundary_needs_masks_and_a_known_iou_type():
 
 
 # ---------------------------------------------------------------- the bundled trained model
-@pytest.fixture(scope="module")
-def trained_results():
-    """The bundled trained Mask R-CNN (plain softmax) on its 48 validation images, exported
-    and run by ONNX Runtime, as LVIS results with RLE masks."""
+def run_exported(gammas, num_images: int | None = None) -> dict[float, list[dict]]:
+    """The bundled trained Mask R-CNN exported (with NorCal at each gamma; 0: plain softmax)
+    and run by ONNX Runtime on its validation images (the first ``num_images`` by id), as
+    LVIS results with RLE masks."""
+    import tempfile
+    from pathlib import Path
+
     from norcal.core.onnx_io import save_onnx
     from norcal.core.tables import build_table
+    from norcal.export.calibrate_onnx import calibrate_onnx
     from norcal.export.detector import export_detector, load_detector
     from norcal.runtime.inference import run_images
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.runtime.results import detections_to_results
     from norcal.workflows.tune import images_from_gt
 
-    import tempfile
-    from pathlib import Path
-
     table = build_table(SYNTH / "train_annotations.json")
     spec, model = load_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
-    pairs = images_from_gt(FIXTURE, SYNTH / "val")
+    plain = export_detector(model, spec)
+    pairs = images_from_gt(FIXTURE, SYNTH / "val")[:num_images]
     ids = {str(p): i for i, p in pairs}
-    out = []
+    out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.onnx"
-        save_onnx(export_detector(model, spec), path)
-        for p, det in run_images(OnnxRuntimeRunner(path), [p for _, p in pairs], 8):
-            out += detections_to_results(ids[str(p)], det, table.category_ids)
+        for g in gammas:
+            path = Path(tmp) / f"model_{g}.onnx"
+            save_onnx(calibrate_onnx(plain, g, table) if g else plain, path)
+            out[g] = []
+            for p, det in run_images(OnnxRuntimeRunner(path), [p for _, p in pairs], 8):
+                out[g] += detections_to_results(ids[str(p)], det, table.category_ids)
     return out
+
+
+@pytest.fixture(scope="module")
+def trained_results():
+    """The plain model's results on the 48 validation images."""
+    return run_exported([0.0])[0.0]
 
 
 @pytest.mark.slow  # exports the trained model and runs it on 48 images
@@ -218,6 +228,54 @@ def test_trained_model_matches_faster_coco_eval(trained_results):
     assert ours["AP"] > 0.1 and ours["APr"] > 0
     for k, name in STATS.items():
         assert ours[k] == pytest.approx(theirs[name], abs=TOL), (k, ours[k], theirs[name])
+
+
+# ---------------------------------------------------------------- tune
+TUNE_IMAGES = 8
+
+
+@pytest.mark.slow  # one network pass and a mask-head pass per gamma, plus two exported models run
+def test_tune_sweep_on_boundary_ap_is_the_exported_models_boundary_ap(tmp_path):
+    # gamma chosen on Boundary AP: at each gamma the sweep's cached re-scoring (PyTorch, masks
+    # from the mask head on that gamma's boxes) must score what the model exported with NorCal
+    # at that gamma scores when ONNX Runtime runs it and faster-coco-eval evaluates it
+    from norcal.workflows.tune import tune
+
+    gammas = (0.0, 0.8)
+    gt = json.loads(FIXTURE.read_text())
+    ids = sorted(im["id"] for im in gt["images"])[:TUNE_IMAGES]
+    sub = {**gt, "images": [im for im in gt["images"] if im["id"] in ids],
+           "annotations": [a for a in gt["annotations"] if a["image_id"] in ids]}
+    (tmp_path / "gt.json").write_text(json.dumps(sub))
+    result = tune(SYNTH / "model_final.pth", tmp_path / "gt.json", SYNTH / "val", gammas,
+                  SYNTH / "train_annotations.json", config=SYNTH / "config.yaml", iou_type="boundary")
+    assert result.iou_type == "boundary" and result.to_json()["iou_type"] == "boundary"
+    assert result.num_images == TUNE_IMAGES
+    exported = run_exported(gammas, TUNE_IMAGES)
+    for point in result.points:
+        res = exported[point.gamma]
+        assert {r["image_id"] for r in res} <= set(ids) and point.num_detections == len(res)
+        theirs = faster_coco_eval(sub, res, "boundary")
+        for k in ("AP", "APr", "APc", "APf"):
+            assert point.stats[k] == pytest.approx(theirs[STATS[k]], abs=TOL), (point.gamma, k)
+    assert result.points[1].stats["APr"] > result.points[0].stats["APr"]  # NorCal's rare-class gain
+    assert result.best.gamma == max(result.points, key=lambda p: p.stats["AP"]).gamma
+
+
+def test_tune_on_masks_needs_a_mask_model_and_no_ray(tmp_path, capsys):
+    from conftest import FIXTURES
+    from norcal.cli import main
+
+    retina = FIXTURES / "d2_retinanet_tiny"
+    args = ["tune", str(retina / "model_final.pth"), "--config", str(retina / "config.yaml"),
+            "--gt", str(FIXTURE), "--images", str(SYNTH / "val"), "--iou-type", "boundary"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --iou-type boundary needs a model with a mask head")
+    assert main(args[:2] + ["--gt", str(FIXTURE), "--images", str(SYNTH / "val"),
+                            "--iou-type", "segm", "--ray"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: --iou-type segm runs without --ray (the Ray sweep evaluates bbox)"]
 
 
 # ---------------------------------------------------------------- CLI
