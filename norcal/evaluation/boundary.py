@@ -15,8 +15,8 @@ from typing import Sequence
 import numpy as np
 
 DILATION_RATIO = 0.02
-# masks decoded at once: bounds the (h, w, n) buffers to a few hundred MB at LVIS sizes
-_CHUNK = 256
+# pixels decoded at once: the (h, w, n) mask and band buffers stay at 64 MB each
+_CHUNK_PIXELS = 1 << 26
 
 
 def band_width(height: int, width: int, ratio: float = DILATION_RATIO) -> int:
@@ -59,8 +59,9 @@ def boundary_rles(rles: Sequence[dict], ratio: float = DILATION_RATIO) -> list[d
         by_size.setdefault((int(r["size"][0]), int(r["size"][1])), []).append(i)
     for (h, w), idx in by_size.items():
         d = band_width(h, w, ratio)
-        for s in range(0, len(idx), _CHUNK):
-            part = idx[s:s + _CHUNK]
+        chunk = max(1, _CHUNK_PIXELS // max(h * w, 1))
+        for s in range(0, len(idx), chunk):
+            part = idx[s:s + chunk]
             group = [rles[i] for i in part]
             masks = mask_utils.decode(group)  # [h, w, n], Fortran order
             boxes = np.asarray(mask_utils.toBbox(group), dtype=np.float64).reshape(-1, 4)
