@@ -30,8 +30,8 @@ class GeneralizedRCNN(nn.Module):
     def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
                   intermediates: bool = False) -> dict[str, torch.Tensor]:
         """Detections by name (see OUTPUT_NAMES); with ``intermediates`` also ``proposals``
-        [B, P, 4], ``proposal_logits`` / ``proposal_valid`` [B, P], ``cls_logits`` [B, P, C+1],
-        ``box_deltas`` [B, P, K*4] and ``roi_features`` (the maps the ROI heads read)."""
+        [B, P, 4], ``proposal_logits`` / ``proposal_valid`` [B, P], ``cls_logits`` [B, P, C+1]
+        and ``box_deltas`` [B, P, K*4]."""
         masks = PaddingMasks(image_sizes, self.size_divisibility, self.padding_masks)
         # detectron2 pads after normalising: the padded area must be 0, not -mean/std
         x = masks.apply_image((images - self.pixel_mean) / self.pixel_std)
@@ -42,8 +42,7 @@ class GeneralizedRCNN(nn.Module):
         roi_features = features[:self.roi_heads.num_levels]
         out = self.roi_heads(roi_features, props, valid, image_sizes, masks, extra)
         if intermediates:
-            out.update(extra, proposals=props, proposal_logits=logits, proposal_valid=valid,
-                       roi_features=roi_features)
+            out.update(extra, proposals=props, proposal_logits=logits, proposal_valid=valid)
         return out
 
     def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False):

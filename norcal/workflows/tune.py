@@ -201,29 +201,35 @@ def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], b
     to different sizes do not stack)."""
     import torch
 
-    from norcal.export.modeling.layers import PaddingMasks
-
     if keep_features and len(images) > batch_size:
         raise NorcalError(f"a cache with features holds one batch: {len(images)} images, "
                           f"batch_size {batch_size}")
     parts: dict[str, list] = {k: [] for k in ("proposals", "proposal_valid", "cls_logits", "box_deltas")}
     sizes, originals, ids = [], [], []
     features = None
-    with torch.no_grad(), _heads_only(model):
-        for chunk_ids, b in _batches(spec, images, batch_size):
-            image_sizes = torch.from_numpy(b.image_sizes)
-            out = model.inference(torch.from_numpy(b.images), image_sizes, intermediates=True)
-            for k, v in _head_inputs(out).items():
-                parts[k].append(v.detach().cpu())
-            if keep_features:  # what the ROI heads' poolers read, as in the model's own pass
-                masks = PaddingMasks(image_sizes, model.size_divisibility, model.padding_masks)
-                features = [f.detach().cpu() for f in
-                            model.roi_heads.edge_replicated(list(out["roi_features"]), masks)]
-            sizes.append(b.image_sizes)
-            originals.append(b.original_sizes)
-            ids.extend(chunk_ids)
-            if on_done:
-                on_done(len(chunk_ids))
+    seen: dict = {}
+    hook = None
+    if keep_features:  # the ROI heads' inputs (their maps and padding masks), as the model passes them
+        hook = model.roi_heads.register_forward_pre_hook(
+            lambda module, args: seen.update(features=args[0], masks=args[4]))
+    try:
+        with torch.no_grad(), _heads_only(model):
+            for chunk_ids, b in _batches(spec, images, batch_size):
+                out = model.inference(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes),
+                                      intermediates=True)
+                for k, v in _head_inputs(out).items():
+                    parts[k].append(v.detach().cpu())
+                if keep_features:  # what the mask pooler reads, edge-replicated as in the model's pass
+                    features = [f.detach().cpu() for f in
+                                model.roi_heads.edge_replicated(list(seen["features"]), seen["masks"])]
+                sizes.append(b.image_sizes)
+                originals.append(b.original_sizes)
+                ids.extend(chunk_ids)
+                if on_done:
+                    on_done(len(chunk_ids))
+    finally:
+        if hook is not None:
+            hook.remove()
     p = max(t.shape[1] for t in parts["proposals"])
     cat = {k: torch.cat([_pad_to(t, p, False if k == "proposal_valid" else 0) for t in v])
            for k, v in parts.items()}
