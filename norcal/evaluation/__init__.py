@@ -1,4 +1,5 @@
-"""LVIS evaluation: AP, AP_r/c/f, AR, AP^Fixed (numpy, the numbers of lvis-api 0.5.3).
+"""LVIS evaluation: AP, AP_r/c/f, AR, AP^Fixed (numpy, the numbers of lvis-api 0.5.3), with box,
+mask or Boundary IoU (``iou_type`` bbox, segm, boundary).
 
     from norcal.evaluation import evaluate, evaluate_fixed, prepare_gt
     gt = prepare_gt("lvis_v1_val.json")          # index once, reuse for many evaluations
@@ -8,7 +9,7 @@
 
 from norcal.evaluation.detections import Detections, cap_per_class, cap_per_image, from_results
 from norcal.evaluation.ground_truth import LvisGT, prepare_gt
-from norcal.evaluation.lvis_eval import STAT_KEYS, EvalResult, evaluate, evaluate_fixed
+from norcal.evaluation.lvis_eval import IOU_TYPES, STAT_KEYS, EvalResult, evaluate, evaluate_fixed
 
-__all__ = ["Detections", "EvalResult", "LvisGT", "STAT_KEYS", "cap_per_class", "cap_per_image",
+__all__ = ["Detections", "EvalResult", "IOU_TYPES", "LvisGT", "STAT_KEYS", "cap_per_class", "cap_per_image",
            "evaluate", "evaluate_fixed", "from_results", "prepare_gt"]

@@ -46,6 +46,7 @@ class LvisGT:
     neg_keys: np.ndarray
     nel_keys: np.ndarray
     _rles: list | None = field(default=None, repr=False)
+    _bands: list | None = field(default=None, repr=False)
     source: str = "GT"  # the file it came from, for errors
 
     @property
@@ -85,6 +86,14 @@ class LvisGT:
                     out.append(seg)
             self._rles = out
         return self._rles
+
+    def boundary_rles(self) -> list:
+        """The boundary band of each GT mask (:mod:`norcal.evaluation.boundary`), cached."""
+        if self._bands is None:
+            from norcal.evaluation.boundary import boundary_rles
+
+            self._bands = boundary_rles(self.rles())
+        return self._bands
 
 
 def _lookup(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -6,6 +6,10 @@ dropped. An unmatched detection of a category listed in the image's
 ``not_exhaustive_category_ids`` is ignored, not a false positive. Detections and GTs of
 area 0 are dropped (lvis-api's index does so).
 
+IoU types: ``bbox`` (boxes), ``segm`` (RLE masks), ``boundary`` (Boundary IoU, LVIS Challenge
+2021: min of the mask IoU and the IoU of the masks' boundary bands, see
+:mod:`norcal.evaluation.boundary`; the numbers of faster-coco-eval's boundary mode).
+
 Metric keys (:attr:`EvalResult.stats`; AP values are fractions in [0, 1], -1 where no
 category defines them):
 
@@ -31,6 +35,7 @@ from norcal.evaluation.detections import (Detections, cap_per_class, cap_per_ima
 from norcal.evaluation.ground_truth import FREQUENCIES, LvisGT, prepare_gt
 from norcal.evaluation.matching import AREA_RNGS, IOU_THRS, REC_THRS, greedy_match, pair_ious
 
+IOU_TYPES = ("bbox", "segm", "boundary")
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "APr", "APc", "APf",
              "AR", "ARs", "ARm", "ARl", "ARr", "ARc", "ARf")
 
@@ -89,6 +94,11 @@ def _mean_valid(s: np.ndarray) -> float:
     return float(np.mean(v)) if v.size else -1.0
 
 
+def _check_iou_type(iou_type: str) -> None:
+    if iou_type not in IOU_TYPES:
+        raise NorcalError(f"iou_type must be bbox, segm or boundary, got {iou_type!r}", param="iou_type")
+
+
 def _check_ids(gt: LvisGT, dets: Detections, img_idx, cat_idx) -> None:
     if (img_idx < 0).any():
         bad = np.unique(dets.image_ids[img_idx < 0])
@@ -106,8 +116,7 @@ def evaluate(gt, results, iou_type: str = "bbox", max_dets: int = 300, table=Non
     :class:`Detections`. max_dets: detections kept per image by score (300; < 0: all).
     table: a CalibrationTable giving frequency groups when the GT's categories lack them.
     """
-    if iou_type not in ("bbox", "segm"):
-        raise NorcalError(f"iou type must be bbox or segm, got {iou_type!r}")
+    _check_iou_type(iou_type)
     gt = prepare_gt(gt, table)
     dets = from_results(results)
     if len(dets) == 0:
@@ -121,8 +130,7 @@ def evaluate(gt, results, iou_type: str = "bbox", max_dets: int = 300, table=Non
 def evaluate_fixed(gt, results, iou_type: str = "bbox", per_class: int = 10000, table=None) -> EvalResult:
     """AP^Fixed (Dave et al. 2021): no per-image cap, the top ``per_class`` detections of
     each category over the whole set, then LVIS AP. Arguments as :func:`evaluate`."""
-    if iou_type not in ("bbox", "segm"):
-        raise NorcalError(f"iou type must be bbox or segm, got {iou_type!r}")
+    _check_iou_type(iou_type)
     if per_class < 1:
         raise NorcalError(f"per-class cap must be >= 1, got {per_class}")
     gt = prepare_gt(gt, table)
@@ -136,9 +144,9 @@ def evaluate_fixed(gt, results, iou_type: str = "bbox", per_class: int = 10000, 
 
 def _evaluate(gt: LvisGT, dets: Detections, iou_type: str, max_dets: int, per_class: int) -> EvalResult:
     k = gt.num_cats
-    segm = iou_type == "segm"
+    segm = iou_type in ("segm", "boundary")
     if segm and dets.rles is None:
-        raise NorcalError("segm evaluation needs 'segmentation' (RLE) in the results")
+        raise NorcalError(f"{iou_type} evaluation needs 'segmentation' (RLE) in the results")
     if segm:
         for i, r in enumerate(dets.rles):
             check_rle(r, "results", i)
@@ -180,8 +188,10 @@ def _evaluate(gt: LvisGT, dets: Detections, iou_type: str, max_dets: int, per_cl
         all_rles = dets.rles
         d_rles = [all_rles[i] for i in order]
         gt_rles = gt.rles()
-        iou, off = pair_ious(ng, gstart, None, None, d_rles, [gt_rles[i] for i in g_sel],
-                             group_start, group_len)
+        g_rles = [gt_rles[i] for i in g_sel]
+        iou, off = pair_ious(ng, gstart, None, None, d_rles, g_rles, group_start, group_len)
+        if iou_type == "boundary":
+            iou = np.minimum(iou, _band_ious(gt, g_sel, d_rles, ng, gstart, group_start, group_len))
     else:
         iou, off = pair_ious(ng, gstart, dets.boxes[order], gt.ann_bbox[g_sel])
     matched, matched_ign = greedy_match(iou, off, ng, gstart, group_start, group_len, g_ignore)
@@ -202,6 +212,21 @@ def _evaluate(gt: LvisGT, dets: Detections, iou_type: str, max_dets: int, per_cl
                       cat_names=gt.cat_names, frequency=gt.frequency, image_count=gt.image_count,
                       num_gt=num_gt, iou_type=iou_type, max_dets=max_dets, per_class=per_class,
                       num_detections=len(dets))
+
+
+def _band_ious(gt: LvisGT, g_sel, d_rles, ng, gstart, group_start, group_len) -> np.ndarray:
+    """IoU of the boundary bands, laid out as :func:`pair_ious`' mask IoUs; bands only for the
+    detections that meet a GT (the others have no pair)."""
+    from norcal.evaluation.boundary import boundary_rles
+
+    g_bands = gt.boundary_rles()
+    need = np.flatnonzero(ng > 0)
+    d_bands: list = [None] * len(d_rles)
+    for i, b in zip(need, boundary_rles([d_rles[i] for i in need])):
+        d_bands[i] = b
+    iou, _ = pair_ious(ng, gstart, None, None, d_bands, [g_bands[i] for i in g_sel],
+                       group_start, group_len)
+    return iou
 
 
 def _recall_steps(n: np.ndarray) -> np.ndarray:
@@ -278,4 +303,4 @@ def _summarize(precision, recall, frequency) -> dict[str, float]:
     return out
 
 
-__all__ = ["EvalResult", "STAT_KEYS", "evaluate", "evaluate_fixed"]
+__all__ = ["EvalResult", "IOU_TYPES", "STAT_KEYS", "evaluate", "evaluate_fixed"]

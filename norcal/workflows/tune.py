@@ -23,6 +23,11 @@ pairs above the score threshold, per level) are chosen by the calibrated scores 
 they change with gamma. Its cache (:class:`CandidateCache`) holds, per image and per gamma of
 the sweep, those candidates (boxes, scores, classes: levels x top-k, ~120 kB per image and
 gamma); re-scoring is then the class-wise NMS and the top-K cut.
+
+With ``iou_type`` segm or boundary (mask models), each gamma's detections also need their
+masks, from the mask head on that gamma's boxes: the cache then holds one network batch and
+the maps the mask head pools from, and every gamma's masks are pasted and RLE-encoded (as
+``norcal infer`` writes them) before the next batch runs.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from norcal.core.tables import CalibrationTable
 from norcal.export.spec import RETINANET
 
 MAX_CACHE_BYTES = 1 << 40  # a cache budget beyond 1 TiB is a typo, not a machine
+MASK_IOU_TYPES = ("segm", "boundary")
 
 
 def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable:
@@ -64,6 +70,8 @@ class HeadCache:
     [N, P, C+1] (background last); box_deltas float32 [N, P, K*4]; image_sizes int64 [N, 2]
     resized (h, w); original_sizes int64 [N, 2]; image_ids [N]. A cascade caches every stage's
     logits, [N, P, S, C+1], and its last stage's proposals and deltas (the final boxes').
+    features: for mask IoU types, the maps the ROI heads pool from (one per level, [N, ...],
+    edge-replicated into the batch padding); the cache then holds one network batch.
     """
 
     image_ids: list
@@ -73,6 +81,7 @@ class HeadCache:
     box_deltas: Any
     image_sizes: np.ndarray
     original_sizes: np.ndarray
+    features: list | None = None
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -80,7 +89,7 @@ class HeadCache:
     @property
     def nbytes(self) -> int:
         return sum(int(t.numel() * t.element_size()) for t in
-                   (self.proposals, self.valid, self.cls_logits, self.box_deltas))
+                   (self.proposals, self.valid, self.cls_logits, self.box_deltas, *(self.features or ())))
 
 
 @dataclass
@@ -186,30 +195,50 @@ def _batches(spec, images: Sequence[tuple[Any, os.PathLike]], batch_size: int):
 
 
 def cache_head_outputs(model, spec, images: Sequence[tuple[Any, os.PathLike]], batch_size: int = 4,
-                       on_done: Callable[[int], None] | None = None) -> HeadCache:
+                       on_done: Callable[[int], None] | None = None,
+                       keep_features: bool = False) -> HeadCache:
     """Run ``model`` (our PyTorch R-CNN, eval mode) once over ``images`` ((image_id, path)
-    pairs) in padded batches and cache the box predictor's inputs."""
+    pairs) in padded batches and cache the box predictor's inputs. keep_features: also the
+    maps the mask head pools from (``images`` must then fit one batch: maps of batches padded
+    to different sizes do not stack)."""
     import torch
 
+    if keep_features and len(images) > batch_size:
+        raise NorcalError(f"a cache with features holds one batch: {len(images)} images, "
+                          f"batch_size {batch_size}")
     parts: dict[str, list] = {k: [] for k in ("proposals", "proposal_valid", "cls_logits", "box_deltas")}
     sizes, originals, ids = [], [], []
-    with torch.no_grad(), _heads_only(model):
-        for chunk_ids, b in _batches(spec, images, batch_size):
-            out = model.inference(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes),
-                                  intermediates=True)
-            for k, v in _head_inputs(out).items():
-                parts[k].append(v.detach().cpu())
-            sizes.append(b.image_sizes)
-            originals.append(b.original_sizes)
-            ids.extend(chunk_ids)
-            if on_done:
-                on_done(len(chunk_ids))
+    features = None
+    seen: dict = {}
+    hook = None
+    if keep_features:  # the ROI heads' inputs (their maps and padding masks), as the model passes them
+        hook = model.roi_heads.register_forward_pre_hook(
+            lambda module, args: seen.update(features=args[0], masks=args[4]))
+    try:
+        with torch.no_grad(), _heads_only(model):
+            for chunk_ids, b in _batches(spec, images, batch_size):
+                out = model.inference(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes),
+                                      intermediates=True)
+                for k, v in _head_inputs(out).items():
+                    parts[k].append(v.detach().cpu())
+                if keep_features:  # what the mask pooler reads, edge-replicated as in the model's pass
+                    features = [f.detach().cpu() for f in
+                                model.roi_heads.edge_replicated(list(seen["features"]), seen["masks"])]
+                sizes.append(b.image_sizes)
+                originals.append(b.original_sizes)
+                ids.extend(chunk_ids)
+                if on_done:
+                    on_done(len(chunk_ids))
+    finally:
+        if hook is not None:
+            hook.remove()
     p = max(t.shape[1] for t in parts["proposals"])
     cat = {k: torch.cat([_pad_to(t, p, False if k == "proposal_valid" else 0) for t in v])
            for k, v in parts.items()}
     return HeadCache(image_ids=ids, proposals=cat["proposals"], valid=cat["proposal_valid"],
                      cls_logits=cat["cls_logits"], box_deltas=cat["box_deltas"],
-                     image_sizes=np.concatenate(sizes), original_sizes=np.concatenate(originals))
+                     image_sizes=np.concatenate(sizes), original_sizes=np.concatenate(originals),
+                     features=features)
 
 
 def cache_candidates(model, spec, images: Sequence[tuple[Any, os.PathLike]], priors: Sequence,
@@ -246,12 +275,14 @@ def cache_candidates(model, spec, images: Sequence[tuple[Any, os.PathLike]], pri
 
 def cache_images(model, spec, images: Sequence[tuple[Any, os.PathLike]], priors: Sequence,
                  mechanism: str = "exp", batch_size: int = 4,
-                 on_done: Callable[[int], None] | None = None) -> HeadCache | CandidateCache:
+                 on_done: Callable[[int], None] | None = None,
+                 keep_features: bool = False) -> HeadCache | CandidateCache:
     """What the sweep re-scores for ``images``: a RetinaNet's candidates at each of ``priors``
-    (:func:`cache_candidates`), an R-CNN's head outputs (:func:`cache_head_outputs`)."""
+    (:func:`cache_candidates`), an R-CNN's head outputs (:func:`cache_head_outputs`; with
+    the mask head's maps when ``keep_features``)."""
     if spec.meta_architecture == RETINANET:
         return cache_candidates(model, spec, images, priors, mechanism, batch_size, on_done)
-    return cache_head_outputs(model, spec, images, batch_size, on_done)
+    return cache_head_outputs(model, spec, images, batch_size, on_done, keep_features)
 
 
 def concat_caches(parts: Sequence[HeadCache | CandidateCache]) -> HeadCache | CandidateCache:
@@ -284,9 +315,12 @@ def calibrated_logits(logits, prior: np.ndarray, mechanism: str = "exp", activat
 
 
 def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: str = "exp",
-            batch_size: int = 16, threads: int | None = 1):
+            batch_size: int = 16, threads: int | None = 1, roi_heads=None):
     """Detections of every cached image with NorCal ``prior`` ([C+1] log a_c, background
     last; None: the plain classifier), through the predictor's own inference.
+
+    roi_heads: the model's ROI heads, to run its mask head on the detections (the cache must
+    hold ``features``); their ``mask_probs`` are then set.
 
     threads: torch threads while re-scoring (None: leave as is). The work is many small ops
     and a per-class NMS loop; measured on the fixture, 1 thread is ~3x faster than 2.
@@ -322,6 +356,9 @@ def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: st
                     torch.from_numpy(cache.image_sizes[sl]))
                 outputs = {"num_detections": num.numpy(), "boxes": boxes.numpy(),
                            "scores": scores.numpy(), "classes": classes.numpy()}
+                if roi_heads is not None:
+                    feats = [f[sl] for f in cache.features]
+                    outputs["masks"] = roi_heads.with_masks(feats, num, boxes, scores, classes)["masks"].numpy()
                 out.extend(split_outputs(outputs, cache.image_sizes[sl], cache.original_sizes[sl]))
     finally:
         torch.set_num_threads(saved_threads)
@@ -353,23 +390,29 @@ def rescore_candidates(model, cache: CandidateCache, index: int, batch_size: int
     return out
 
 
-def to_eval_detections(image_ids: Sequence, dets, category_ids: Sequence[int]):
+def to_eval_detections(image_ids: Sequence, dets, category_ids: Sequence[int], masks: bool = False):
     """Per-image detections -> :class:`norcal.evaluation.Detections` (bbox as x, y, w, h with
-    w, h computed in float32, as the results JSON of ``norcal infer`` has them)."""
+    w, h computed in float32, as the results JSON of ``norcal infer`` has them; with
+    ``masks``, the masks pasted and RLE-encoded as there too)."""
     from norcal.evaluation import Detections
+    from norcal.runtime.results import detections_to_results
 
     cats = np.asarray(category_ids, dtype=np.int64)
     n = [len(d) for d in dets]
     img = np.repeat(np.asarray([int(i) for i in image_ids], dtype=np.int64), n)
     if sum(n) == 0:
-        return Detections(img, np.zeros(0, np.int64), np.zeros(0), np.zeros((0, 4)))
+        return Detections(img, np.zeros(0, np.int64), np.zeros(0), np.zeros((0, 4)), [] if masks else None)
     boxes = np.concatenate([d.boxes for d in dets]).astype(np.float32)
     xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1).astype(np.float64)
     classes = np.concatenate([d.classes for d in dets])
     if classes.size and (classes.min() < 0 or classes.max() >= len(cats)):
         raise NorcalError(f"class index {int(classes.max())} out of range: {len(cats)} categories")
     scores = np.concatenate([d.scores for d in dets]).astype(np.float32).astype(np.float64)
-    return Detections(img, cats[classes], scores, xywh)
+    rles = None
+    if masks:
+        rles = [r["segmentation"] for i, d in zip(image_ids, dets)
+                for r in detections_to_results(int(i), d, list(category_ids))]
+    return Detections(img, cats[classes], scores, xywh, rles)
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -395,6 +438,7 @@ class TuneResult:
     cache_bytes: int  # the largest chunk's cache
     min_count: float | None = None  # counts below it were raised to it
     min_count_clamped: int = 0  # how many classes that raised
+    iou_type: str = "bbox"  # what the sweep's AP is measured with
 
     @property
     def best(self) -> SweepPoint:
@@ -404,7 +448,7 @@ class TuneResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "factor": self.factor, "mechanism": self.mechanism, "table": self.table,
-            "num_images": self.num_images, "network_seconds": self.network_seconds,
+            "iou_type": self.iou_type, "num_images": self.num_images, "network_seconds": self.network_seconds,
             "cache_bytes": self.cache_bytes,
             "best": {"gamma": self.best.gamma, "AP": self.best.stats["AP"]},
             "sweep": [{"gamma": p.gamma, "num_detections": p.num_detections, "seconds": p.seconds,
@@ -426,11 +470,12 @@ def _same_priors(a: Sequence, b: Sequence) -> bool:
 
 
 def _concat(parts: list):
-    """Concatenate :class:`norcal.evaluation.Detections` chunks (boxes only)."""
+    """Concatenate :class:`norcal.evaluation.Detections` chunks (boxes, and masks if they have them)."""
     from norcal.evaluation import Detections
 
+    rles = None if parts[0].rles is None else [r for d in parts for r in d.rles]
     return Detections(*(np.concatenate([getattr(d, k) for d in parts])
-                        for k in ("image_ids", "category_ids", "scores", "boxes")))
+                        for k in ("image_ids", "category_ids", "scores", "boxes")), rles)
 
 
 def sweep_predictor(spec, model):
@@ -439,26 +484,27 @@ def sweep_predictor(spec, model):
 
 
 def rescore_gamma(predictor, cache: HeadCache | CandidateCache, index: int, prior, mechanism: str,
-                  batch_size: int, category_ids: Sequence[int]):
+                  batch_size: int, category_ids: Sequence[int], roi_heads=None):
     """The sweep's ``index``-th gamma (log prior ``prior``) on one cache -> its
-    :class:`norcal.evaluation.Detections`."""
+    :class:`norcal.evaluation.Detections` (with masks when ``roi_heads`` is given)."""
     if isinstance(cache, CandidateCache):
         dets = rescore_candidates(predictor, cache, index, batch_size)
     else:
-        dets = rescore(predictor, cache, prior, mechanism, batch_size)
-    return to_eval_detections(cache.image_ids, dets, category_ids)
+        dets = rescore(predictor, cache, prior, mechanism, batch_size, roi_heads=roi_heads)
+    return to_eval_detections(cache.image_ids, dets, category_ids, masks=roi_heads is not None)
 
 
-def evaluate_gamma(gt, parts: list, gamma: float, topk: int, seconds: float = 0.0) -> SweepPoint:
+def evaluate_gamma(gt, parts: list, gamma: float, topk: int, seconds: float = 0.0,
+                   iou_type: str = "bbox") -> SweepPoint:
     """One gamma's detections (chunks of :class:`norcal.evaluation.Detections`) -> its
-    :class:`SweepPoint` (LVIS box AP); ``seconds`` already spent on it are added."""
+    :class:`SweepPoint` (LVIS AP with ``iou_type``); ``seconds`` already spent on it are added."""
     from norcal.evaluation import evaluate
 
     t0 = time.perf_counter()
     ev = _concat(parts)
     if len(ev) == 0:
         raise NorcalError(f"gamma {gamma:g}: no detections on any image")
-    res = evaluate(gt, ev, "bbox", topk)
+    res = evaluate(gt, ev, iou_type, topk)
     return SweepPoint(gamma, dict(res.stats), len(ev), seconds + time.perf_counter() - t0)
 
 
@@ -466,7 +512,8 @@ class _Accumulator:
     """Per-gamma detections gathered chunk by chunk, then evaluated; seconds per gamma."""
 
     def __init__(self, predictor, table: CalibrationTable, gammas: Sequence[float], factor: str,
-                 mechanism: str, batch_size: int, min_count: float | None = None):
+                 mechanism: str, batch_size: int, min_count: float | None = None,
+                 iou_type: str = "bbox", roi_heads=None):
         if predictor.num_classes != table.num_classes:
             raise NorcalError(f"the model has {predictor.num_classes} classes but table "
                               f"{table.name!r} has {table.num_classes}")
@@ -476,6 +523,7 @@ class _Accumulator:
         background = "none" if hasattr(predictor, "candidates") else "last"
         self.priors, self.clamped = _priors(table, gammas, factor, min_count, background)
         self.batch_size = batch_size
+        self.iou_type, self.roi_heads = iou_type, roi_heads  # roi_heads: masks for mask IoU types
         self.parts: list[list] = [[] for _ in self.gammas]
         self.seconds = [0.0] * len(self.gammas)
 
@@ -487,7 +535,7 @@ class _Accumulator:
         for k, prior in enumerate(self.priors):
             t0 = time.perf_counter()
             self.parts[k].append(rescore_gamma(self.predictor, cache, k, prior, self.mechanism,
-                                               self.batch_size, self.table.category_ids))
+                                               self.batch_size, self.table.category_ids, self.roi_heads))
             self.seconds[k] += time.perf_counter() - t0
             if on_step:
                 on_step(len(cache))
@@ -499,7 +547,7 @@ class _Accumulator:
     def evaluate(self, gt, on_gamma: Callable[[SweepPoint], None] | None = None) -> list[SweepPoint]:
         points = []
         for k, g in enumerate(self.gammas):
-            point = evaluate_gamma(gt, self.parts[k], g, self.topk, self.seconds[k])
+            point = evaluate_gamma(gt, self.parts[k], g, self.topk, self.seconds[k], self.iou_type)
             self.parts[k] = []  # free as we go
             points.append(point)
             if on_gamma:
@@ -564,21 +612,27 @@ class TunePlan:
     mechanism: str
     min_count: float | None
     acc: _Accumulator
+    iou_type: str = "bbox"
 
     @property
     def gammas(self) -> list[float]:
         return self.acc.gammas
+
+    @property
+    def with_masks(self) -> bool:
+        """Each gamma's masks are computed (mask IoU types): one network batch per cache."""
+        return self.iou_type in MASK_IOU_TYPES
 
 
 def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
               table: str | os.PathLike | CalibrationTable | None = None, *,
               config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
               batch_size: int = 4, max_cache_bytes: int = 2 << 30,
-              min_count: float | None = None) -> TunePlan:
+              min_count: float | None = None, iou_type: str = "bbox") -> TunePlan:
     """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
     from norcal.core.fileio import read_json
     from norcal.core.schemas import GROUND_TRUTH
-    from norcal.evaluation import prepare_gt
+    from norcal.evaluation import IOU_TYPES, prepare_gt
     from norcal.evaluation.ground_truth import check_table_matches
     from norcal.export.detector import load_detector
     from norcal.runtime.images import unreadable_files
@@ -586,6 +640,9 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
     gammas = [check_gamma(g, factor) for g in gammas]
     if not gammas:
         raise NorcalError("gammas: none to sweep", param="gammas")
+    if iou_type not in IOU_TYPES:
+        raise NorcalError(f"iou_type must be {', '.join(IOU_TYPES[:-1])} or {IOU_TYPES[-1]}, "
+                          f"got {iou_type!r}", param="iou_type")
     if not (isinstance(max_cache_bytes, (int, float)) and math.isfinite(max_cache_bytes)
             and 0 < max_cache_bytes <= MAX_CACHE_BYTES):
         raise NorcalError(f"max_cache_bytes must be a finite number > 0 and <= {MAX_CACHE_BYTES} (1 TiB), "
@@ -596,6 +653,10 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
     pairs = images_from_gt(gt_data, images, str(gt))
     unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
     spec, model = load_detector(weights, config)
+    masks = iou_type in MASK_IOU_TYPES
+    if masks and getattr(getattr(model, "roi_heads", None), "mask_head", None) is None:
+        raise NorcalError(f"iou_type {iou_type} needs a model with a mask head; {weights} has "
+                          "none (use bbox)", param="iou_type")
     if table is None:
         from norcal.export.calibrate_onnx import default_table
 
@@ -605,6 +666,8 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
                           f"has {table.num_classes}")
     prepared = prepare_gt(gt_data, table, where=str(gt))
     check_table_matches(table, prepared)
+    if masks:
+        prepared.rles()  # a GT without masks fails now, not after the network pass
     per_image = estimate_cache_bytes(spec, 1, len(gammas))
     chunk = max(1, int(max_cache_bytes // per_image))
     if chunk < batch_size:
@@ -613,10 +676,12 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
                           f"{max_cache_bytes / 2**20:.0f} MiB limit: lower batch_size or raise "
                           f"max_cache_bytes", param=("batch_size", "max_cache_bytes"))
     chunk -= chunk % batch_size  # whole batches only: chunking then changes nothing
+    if masks:  # the mask head's maps of batches padded to different sizes do not stack
+        chunk = batch_size
     acc = _Accumulator(sweep_predictor(spec, model), table, gammas, factor, mechanism,
-                       max(batch_size, 8), min_count)
+                       max(batch_size, 8), min_count, iou_type, model.roi_heads if masks else None)
     return TunePlan(Path(weights), None if config is None else Path(config), pairs, spec, model, table,
-                    prepared, chunk, batch_size, factor, mechanism, min_count, acc)
+                    prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type)
 
 
 def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
@@ -624,7 +689,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
          max_cache_bytes: int = 2 << 30,
          progress: Callable[[str, int, int], None] | None = None,
-         min_count: float | None = None) -> TuneResult:
+         min_count: float | None = None, iou_type: str = "bbox") -> TuneResult:
     """The whole job: build the detector, run it once over the GT's images, sweep gammas.
 
     table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
@@ -636,10 +701,12 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     (stages "network pass" and "re-scoring" count images, "evaluation" gammas; ``total`` is
     the stage's total).
     min_count: counts below it are raised to it (the result says how many classes).
+    iou_type: what AP (and so the best gamma) is measured with: bbox, or for a mask model segm
+    or boundary (Boundary IoU); the mask types run the mask head on every gamma's detections.
     """
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
-                     min_count=min_count)
+                     min_count=min_count, iou_type=iou_type)
     pairs, acc = plan.pairs, plan.acc
     net_step = progress_step(progress, "network pass", len(pairs))
     sweep_step = progress_step(progress, "re-scoring", len(pairs) * len(acc.gammas))
@@ -647,7 +714,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     for s in range(0, len(pairs), plan.chunk):
         t0 = time.perf_counter()
         cache = cache_images(plan.model, plan.spec, pairs[s:s + plan.chunk], acc.priors, mechanism,
-                             batch_size, net_step)
+                             batch_size, net_step, plan.with_masks)
         network += time.perf_counter() - t0
         peak = max(peak, cache.nbytes)
         acc.add(cache, sweep_step)
@@ -655,7 +722,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     eval_step = progress_step(progress, "evaluation", len(acc.gammas))
     points = acc.evaluate(plan.gt, lambda p: eval_step())
     return TuneResult(points, factor, mechanism, plan.table.name, len(pairs), network, peak,
-                      min_count, acc.clamped)
+                      min_count, acc.clamped, iou_type)
 
 
 def progress_step(progress: Callable[[str, int, int], None] | None, stage: str, total: int):

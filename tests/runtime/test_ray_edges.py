@@ -47,7 +47,6 @@ def test_unreachable_address_is_refused_in_seconds(closed_port):
 def test_ray_before_the_inputs_takes_no_value(closed_port, tmp_path, capsys):
     """`norcal infer --ray MODEL IMAGES`: MODEL stays the model; the address is its own flag,
     named in the error."""
-    pytest.importorskip("ray")
     model = tmp_path / "m.onnx"
     model.write_bytes(b"not a model")
     rc = main(["infer", "--ray", str(model), str(IMAGE), "-o", str(tmp_path / "r.json")])

@@ -34,8 +34,9 @@ def test_default_data_is_the_fixture():
 def test_missing_data_is_a_clear_error(tmp_path, capsys):
     from norcal.cli import main
 
-    (tmp_path / "val").mkdir()
-    assert main(["demo", "--data", str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    data = tmp_path / "data"
+    (data / "val").mkdir(parents=True)
+    assert main(["demo", "--data", str(data), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "missing model_final.pth, config.yaml, train_annotations.json, val.json" in err
     assert "train_subset.json, train_subset" in err
@@ -92,15 +93,33 @@ def test_table_structure(demo):
     headers = [str(c.header) for c in t.columns]
     assert headers == ["metric", "baseline", f"tuned γ={GAMMA:g}", "Δ tuned", f"best val γ={VAL_GAMMA:g}"]
     metrics = list(t.columns[0]._cells)
-    assert metrics == [f"{k} {m}" for k in ("bbox", "segm") for m in ("AP", "APr", "APc", "APf")] \
-        + ["detections"]
+    assert metrics == [f"{k} {m}" for k in ("bbox", "segm", "boundary AP^Fixed")
+                       for m in ("AP", "APr", "APc", "APf")] + ["detections"]
     # the cells are the measured numbers, in %
     b, n, ref = demo.baseline, demo.tuned, demo.best_val
     assert t.columns[1]._cells[1] == f"{100 * b.bbox['APr']:.2f}"
     assert t.columns[2]._cells[4] == f"{100 * n.segm['AP']:.2f}"
     assert t.columns[3]._cells[1] == f"{100 * (n.bbox['APr'] - b.bbox['APr']):+.2f}"
     assert t.columns[4]._cells[0] == f"{100 * ref.bbox['AP']:.2f}"
-    assert t.columns[4]._cells[8] == str(ref.num_detections)
+    assert t.columns[2]._cells[9] == f"{100 * n.boundary_fixed['APr']:.2f}"
+    assert t.columns[4]._cells[12] == str(ref.num_detections)
+
+
+def test_boundary_fixed_matches_faster_coco_eval(demo):
+    # with <= 300 detections per image and < 10,000 per class, AP^Fixed is LVIS AP at 300 per
+    # image: faster-coco-eval's boundary mode is an independent reference for the summary's row
+    from faster_coco_eval import COCO, COCOeval_faster
+
+    summary = json.loads((demo.output_dir / "summary.json").read_text())
+    for s in summary["settings"]:
+        gt = COCO(str(SYNTH / "val.json"))
+        e = COCOeval_faster(gt, gt.loadRes(json.loads(Path(s["results"]).read_text())), "boundary",
+                            lvis_style=True, print_function=lambda *_: None)
+        e.params.maxDets = [300]
+        e.run()
+        theirs = e.stats_as_dict
+        for k, name in (("AP", "AP_all"), ("APr", "APr"), ("APc", "APc"), ("APf", "APf")):
+            assert s["boundary_fixed"][k] == pytest.approx(theirs[name], abs=1e-3), (s["label"], k)
 
 
 def test_norcal_raises_rare_ap(demo):

@@ -18,6 +18,7 @@ learned to favour frequent classes. The demo
   4. runs the models with ONNX Runtime on the validation images (val/) in padded batches,
      maps boxes to original image coordinates, pastes masks, writes LVIS results JSON,
   5. evaluates bbox and segm AP, AP_r, AP_c, AP_f against val.json (LVIS federated rules),
+     and AP^Fixed with Boundary IoU (the paper's LVIS Challenge 2021 metric),
   6. for reference, sweeps the same grid on the validation images: the best validation gamma
      (also exported and run) shows the transfer gap, what tuning on test images would gain,
   7. prints baseline vs tuned NorCal side by side and writes into --output:

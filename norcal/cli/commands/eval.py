@@ -10,6 +10,11 @@ official lvis-api 0.5.3 (within 1e-4; tested), computed much faster with numpy.
   norcal eval --gt lvis_v1_val.json --results segm.json --iou-type segm \\
               --json metrics.json --per-class-csv ap.csv --plots plots/
 
+--iou-type: bbox (box IoU), segm (mask IoU) or boundary (Boundary IoU, Cheng et al. 2021, as
+in LVIS Challenge 2021: min of the mask IoU and the IoU of the masks' boundary bands, the
+pixels within 2% of the image diagonal of each mask's contour); segm and boundary need RLE
+masks in the results.
+
 Metrics (printed in %, written as fractions in [0, 1]; -1 where undefined):
   AP AP50 AP75        LVIS AP over IoU 0.50:0.95, at 0.50, at 0.75 (top --max-dets per image)
   APs APm APl         small / medium / large GTs
@@ -43,7 +48,8 @@ def add_arguments(p):
     p.add_argument("--results", required=True, metavar="RESULTS.json",
                    help="LVIS/COCO result list: image_id, category_id, score, bbox [x,y,w,h] "
                         "and/or segmentation (RLE)")
-    p.add_argument("--iou-type", choices=("bbox", "segm"), default="bbox", help="box or mask IoU (default bbox)")
+    p.add_argument("--iou-type", choices=("bbox", "segm", "boundary"), default="bbox",
+                   help="box, mask or Boundary IoU (default bbox)")
     p.add_argument("--max-dets", type=_cap, default=300, help="detections kept per image by score (default 300; negative: no cap)")
     p.add_argument("--table", metavar="NAME|PATH",
                    help="calibration table (lvis_v1, lvis_v0_5 or a JSON path) giving frequency groups "

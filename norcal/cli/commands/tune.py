@@ -11,7 +11,8 @@ from norcal.core.errors import NorcalError
 
 HELP = "sweep NorCal's gamma on (a subset of) training images and recommend the best"
 DESCRIPTION = """Tune NorCal's gamma the way the paper does: on training images (a 5k subset
-is enough), picking the gamma with the best LVIS box AP.
+is enough), picking the gamma with the best LVIS box AP (--iou-type: or mask AP, or AP with
+Boundary IoU, the paper's LVIS Challenge 2021 metric).
 
   norcal tune model_final.pth --config config.yaml --gt train_5k.json --images train2017/ \\
               --table lvis_v1 --gammas 0:1.5:0.1 --json sweep.json --plot sweep.png
@@ -31,12 +32,16 @@ tuning needs the pre-NMS head outputs, which an exported graph does not expose (
 NMS), and re-running a whole graph per gamma is what the cache avoids. Export the chosen
 gamma afterwards with `norcal-export MODEL --gamma G`.
 
+--iou-type segm / boundary (mask models; --gt needs masks): each gamma's detections also get
+their masks from the mask head, pasted and RLE-encoded as `norcal infer` writes them, and AP
+is mask AP / Boundary AP. That costs a mask-head pass per gamma and batch (the cache then
+holds one batch and the maps the mask head reads); not with --ray.
 --gt: LVIS-format annotations of the tuning images; images are those of --gt found in
 --images by file name. A COCO file (no neg_category_ids) is evaluated by the same federated
 rules, so detections of classes absent from an image are ignored, not false positives.
 --table: N_c, the training counts (built-in lvis_v1 / lvis_v0_5, a table JSON, or the
 training annotation file itself); default: the built-in table with the model's class count.
-The rows print in %; --json writes {"factor", "mechanism", "table", "num_images",
+The rows print in %; --json writes {"factor", "mechanism", "table", "iou_type", "num_images",
 "network_seconds", "cache_bytes", "best": {"gamma", "AP"}, "sweep": [{"gamma",
 "num_detections", "seconds", "stats": {AP, AP50, AP75, APs, APm, APl, APr, APc, APf, AR, ...}}]}
 (fractions in [0, 1], -1 where undefined); --plot writes AP, APr, APc, APf against gamma.
@@ -50,6 +55,7 @@ the checkpoint, config and images must be readable at the same paths on every no
 
 # parameters of norcal.workflows.tune named in its errors -> the flags here
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
+         "iou_type": "--iou-type",
          "table": "--table", "address": "--ray-address", "num_workers": "--num-workers",
          "max_retries": "--max-retries"}
 
@@ -76,6 +82,8 @@ def add_arguments(p):
     p.add_argument("--table", help="N_c: built-in name, table JSON or training annotation file "
                                    "(default: the built-in table matching the class count)")
     add_calibration_options(p)
+    p.add_argument("--iou-type", choices=("bbox", "segm", "boundary"), default="bbox",
+                   help="AP the best gamma is chosen on: box, mask or Boundary IoU (default bbox)")
     p.add_argument("--batch", type=int, default=4, help="images per network batch (default 4)")
     p.add_argument("--max-cache-gb", type=_budget, default=2.0,
                    help="memory for cached head outputs; images are processed in chunks that fit "
@@ -110,6 +118,8 @@ def run(args) -> int:
                           f"got {args.max_cache_gb:g}")
     gammas = parse_gammas(args.gammas)
     ray = ray_options(args)
+    if ray is not None and args.iou_type != "bbox":
+        raise NorcalError(f"--iou-type {args.iou_type} runs without --ray (the Ray sweep evaluates bbox)")
     check_outputs([src, args.config, args.gt, args.table, args.images],
                   files={"--json": args.json, "--plot": args.plot})
     table = args.table  # None: tune picks the built-in table matching the model's class count
@@ -121,7 +131,7 @@ def run(args) -> int:
                       batch_size=args.batch, max_cache_bytes=int(args.max_cache_gb * 2**30),
                       progress=progress_bars(progress), min_count=args.min_count)
         if ray is None:
-            result = tune(src, args.gt, args.images, gammas, table, **kwargs)
+            result = tune(src, args.gt, args.images, gammas, table, iou_type=args.iou_type, **kwargs)
         else:
             from norcal.workflows.ray_tune import tune_ray
 
@@ -145,7 +155,7 @@ def run(args) -> int:
         write_json(args.json, result.to_json())
         console.print(f"wrote {args.json}")
     if args.plot:
-        write_sweep_plot(args.plot, {"bbox": [(p.gamma, p.stats) for p in result.points]},
+        write_sweep_plot(args.plot, {result.iou_type: [(p.gamma, p.stats) for p in result.points]},
                          best=best.gamma,
                          title=f"NorCal gamma sweep ({result.factor}, {result.num_images} images)")
         console.print(f"wrote {args.plot}")
@@ -161,7 +171,7 @@ def sweep_table(result, title: str | None = None):
 
     best = result.best.gamma
     t = Table(title=title or f"NorCal gamma sweep ({result.factor}, {result.mechanism}, "
-                             f"{result.num_images} images, bbox)")
+                             f"{result.num_images} images, {result.iou_type})")
     t.add_column("gamma", justify="right")
     for k in ("AP", "AP50", "APr", "APc", "APf"):
         t.add_column(k, justify="right")
