@@ -447,10 +447,11 @@ def _run(argv):
     return main(argv)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_hostile_input_is_one_line_and_writes_nothing(name, world, tmp_path, capsys, monkeypatch):
+def check_hostile_case(case, world, tmp_path, capsys, monkeypatch) -> str:
+    """Run one hostile case: exit 2, one ``error:`` line holding the expected text, every file
+    as it was (an earlier run's output included). Returns the line."""
     monkeypatch.setenv("COLUMNS", "400")  # rich must not wrap the error line
-    argv, expected, outputs = CASES[name](world, tmp_path)
+    argv, expected, outputs = case(world, tmp_path)
     # an earlier run's output at every location that can hold a file (for the "parent is a
     # file" and "folder is a file" cases the sentinel is that file)
     for out in outputs:
@@ -467,6 +468,12 @@ def test_hostile_input_is_one_line_and_writes_nothing(name, world, tmp_path, cap
     assert lines[0].startswith("error: ")
     assert expected in lines[0], lines[0]
     assert _digest([tmp_path, world]) == before
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_input_is_one_line_and_writes_nothing(name, world, tmp_path, capsys, monkeypatch):
+    check_hostile_case(CASES[name], world, tmp_path, capsys, monkeypatch)
 
 
 def test_failing_last_step_leaves_no_output_of_the_run(world, tmp_path, capsys):
