@@ -102,11 +102,16 @@ def _json(obj) -> bytes:
 CASES = {}
 
 
-def case(name):
+def register_case(cases: dict, name: str):
+    """A decorator that files a case builder under ``name`` in ``cases``."""
     def register(fn):
-        CASES[name] = fn
+        cases[name] = fn
         return fn
     return register
+
+
+def case(name):
+    return register_case(CASES, name)
 
 
 def _imgs(t, kind):

@@ -2,6 +2,7 @@
 nesting, YAML alias bombs), and messages that must name the cause. Each case is checked as in
 test_hostile.py: exit 2, one line naming the file, field or flag, nothing written."""
 
+import functools
 import json
 
 import pytest
@@ -9,8 +10,8 @@ from PIL import Image
 
 from conftest import SYNTH
 from norcal.cli import main
-from test_hostile import (GT, PNG, RESULTS, SENTINEL, TABLE2, _digest, _run, _json, bad, check_hostile_case,  # noqa: F401
-                          world)
+from test_hostile import (GT, PNG, RESULTS, SENTINEL, TABLE2, _digest, _json, _run, bad,  # noqa: F401
+                          check_hostile_case, register_case, world)
 
 DEEP = "[" * 100_000 + "]" * 100_000
 
@@ -24,13 +25,7 @@ def _bomb(levels: int = 9) -> str:
 
 
 CASES = {}
-
-
-def case(name):
-    def register(fn):
-        CASES[name] = fn
-        return fn
-    return register
+case = functools.partial(register_case, CASES)
 
 
 # ---------------------------------------------------------------- files built to exhaust parsers
