@@ -1,0 +1,31 @@
+"""Detector families (see :mod:`norcal.export.families.base`) and the one function that picks
+the family of a checkpoint file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from norcal.core.errors import NorcalError
+from norcal.export.families.base import Classifier, Detections, Detector, Family, TuneCache
+
+# Each family in the order their claims are tried; a family module is imported only here.
+FAMILIES: list[Family] = []
+
+
+def family_of(path, config=None) -> Family:
+    """The family whose checkpoint ``path`` is; refuses a file no family claims, naming them."""
+    p, c = Path(path), None if config is None else Path(config)
+    for family in FAMILIES:
+        if family.claims(p, c):
+            return family
+    names = ", ".join(f.name for f in FAMILIES) or "none"
+    raise NorcalError(f"{p}: not a checkpoint of a known detector family ({names})")
+
+
+def load_detector(path, config=None, **options) -> Detector:
+    """The checkpoint at ``path`` loaded by its family (safely: no code from the file runs)."""
+    return family_of(path, config).load(Path(path), None if config is None else Path(config), **options)
+
+
+__all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "family_of",
+           "load_detector"]

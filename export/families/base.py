@@ -1,0 +1,136 @@
+"""The detector-family interface: what differs between detectron2, Ultralytics, ... lives here.
+
+A *family* knows one kind of checkpoint file: it says whether a file is its own
+(:meth:`Family.claims`) and loads it safely into a :class:`Detector`. A detector is one loaded
+model of that family; everything the rest of the product needs from it goes through these
+methods, never through ``isinstance`` / ``hasattr`` checks on the model:
+
+- where its classifier logits are and how to read them (:class:`Classifier`: tensor names in
+  the exported graph, class axis, background slot, activation);
+- how the host prepares images (:class:`norcal.core.contract.Preprocessing`, recorded in the
+  graph's metadata, so runners need no family code);
+- the plain ONNX graph of our output contract (:meth:`Detector.export`), with the classifier
+  logits named so that the surgery puts the NorCal node on them;
+- the PyTorch reference for parity (:meth:`Detector.torch_runner`);
+- what ``norcal tune`` caches from one network pass and re-runs per gamma
+  (:meth:`Detector.cache_bytes`, :meth:`Detector.cache`, :meth:`Detector.rescore`).
+
+Adding a family: subclass :class:`Family` and :class:`Detector` in ``export/families/<name>.py``
+and list the family in ``export/families/__init__.py``'s ``FAMILIES`` (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+PathLike = str | os.PathLike
+
+
+@dataclass(frozen=True)
+class Classifier:
+    """Where a detector's class logits are in its exported graph, and how they are laid out.
+
+    logits: the tensor names the export gives them (one per cascade stage); class_axis: the
+    axis of the C (+ background) classes (-1 for [B, R, C+1], 1 for YOLO's [B, C, anchors]);
+    background: "last", "first" or "none"; activation: "softmax" or "sigmoid" (the op NorCal
+    replaces)."""
+
+    logits: tuple[str, ...]
+    class_axis: int
+    background: str
+    activation: str
+
+
+@dataclass
+class Detections:
+    """One image's detections in resized-image coordinates, as the graph outputs them
+    (boxes x0,y0,x1,y1; 0-based classes; masks [K, M, M] probabilities or None)."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    masks: np.ndarray | None = None
+
+
+class TuneCache(ABC):
+    """What one network pass over some images leaves for the gamma sweep."""
+
+    image_ids: list
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int: ...
+
+
+class Detector(ABC):
+    """One loaded model of a family (PyTorch, eval mode)."""
+
+    family: ClassVar[str]
+    model: Any  # torch.nn.Module
+    num_classes: int
+    topk: int  # detections per image (the graph's K)
+
+    @property
+    @abstractmethod
+    def classifier(self) -> Classifier: ...
+
+    @property
+    @abstractmethod
+    def preprocessing(self):
+        """How the host prepares images: a :class:`norcal.core.contract.Preprocessing`."""
+
+    @property
+    def has_masks(self) -> bool:
+        return False
+
+    @abstractmethod
+    def export(self, options) -> Any:
+        """The plain ONNX graph (onnx.ModelProto, no NorCal node) of our output contract, with
+        the runtime and graph metadata set; ``options`` are the export options the family takes."""
+
+    @abstractmethod
+    def torch_runner(self, calibration=None, name: str = "pytorch"):
+        """A :class:`norcal.core.runner.Runner` running this model in PyTorch on the contract's
+        feeds, NorCal applied per ``calibration`` (None: plain)."""
+
+    # --- tuning: one network pass, then re-scoring per gamma
+    @abstractmethod
+    def cache_bytes(self, num_images: int, num_gammas: int) -> int:
+        """Upper bound of :meth:`cache`'s memory for that many images and gammas."""
+
+    @abstractmethod
+    def cache(self, images: Sequence[tuple[Any, PathLike]], priors: Sequence[np.ndarray],
+              mechanism: str, batch_size: int, on_step: Callable[[int], None] | None = None,
+              with_masks: bool = False) -> TuneCache:
+        """Run the network once over ``images`` ((image id, path) pairs) and keep what
+        :meth:`rescore` needs for every prior of the sweep."""
+
+    @abstractmethod
+    def rescore(self, cache: TuneCache, index: int, prior: np.ndarray, mechanism: str,
+                batch_size: int) -> list[Detections]:
+        """The detections of every cached image at the sweep's ``index``-th prior (in original
+        image coordinates, as ``norcal infer`` writes them)."""
+
+
+class Family(ABC):
+    """One kind of checkpoint: which files are its own, and how they load."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def claims(self, path: Path, config: Path | None) -> bool:
+        """Whether ``path`` (and ``config``) is this family's checkpoint; reads at most the
+        file's header, runs nothing from it."""
+
+    @abstractmethod
+    def load(self, path: Path, config: Path | None = None, **options) -> Detector:
+        """The checkpoint, loaded without running code from the file; errors name the file."""
