@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# the extras of the README's install line: pip install -e '.[cpu,torch,eval,test,triton,ray]'
-INSTALL_LINE_EXTRAS = ("cpu", "torch", "eval", "test", "triton", "ray")
+# the extras of the README's install line: pip install -e '.[cpu,torch,eval,test,triton,ray,ultralytics]'
+INSTALL_LINE_EXTRAS = ("cpu", "torch", "eval", "test", "triton", "ray", "ultralytics")
 
 
 def _dist_name(requirement: str) -> str:
