@@ -152,13 +152,13 @@ def _rebuild_golden(packed: Path, state: dict[str, np.ndarray]) -> dict[str, np.
 # -- detectron2's ONNX export --------------------------------------------------------------
 
 def fold_frozen_bn(state: dict[str, np.ndarray], prefix: str) -> tuple[np.ndarray, np.ndarray]:
-    """Conv weight and bias with the conv's FrozenBN folded in, as torch's ONNX export folds them."""
-    import torch
-
-    t = {k: torch.from_numpy(np.array(state[f"{prefix}.norm.{k}"])) for k in ("weight", "bias", "running_mean", "running_var")}
-    scale = t["weight"] / torch.sqrt(t["running_var"] + 1e-5)
-    w = torch.from_numpy(np.array(state[f"{prefix}.weight"])) * scale.reshape(-1, 1, 1, 1)
-    return w.numpy(), (t["bias"] - t["running_mean"] * scale).numpy()
+    """Conv weight and bias with the conv's FrozenBN folded in, in float32 numpy (IEEE-exact
+    elementwise ops, so every CPU gives the same bits; torch's vectorised kernels round
+    differently on different CPUs). residual.npz holds where the exporter's fold rounded otherwise."""
+    t = {k: np.asarray(state[f"{prefix}.norm.{k}"], np.float32) for k in ("weight", "bias", "running_mean", "running_var")}
+    scale = t["weight"] / np.sqrt(t["running_var"] + np.float32(1e-5))
+    w = np.asarray(state[f"{prefix}.weight"], np.float32) * scale.reshape(-1, 1, 1, 1)
+    return w, t["bias"] - t["running_mean"] * scale
 
 
 def _rebuild_onnx(skeleton: Path, residual: Path, state: dict[str, np.ndarray], expected: str, path: Path) -> None:
