@@ -59,9 +59,15 @@ class Detections:
 
 
 class TuneCache(ABC):
-    """What one network pass over some images leaves for the gamma sweep."""
+    """What one network pass over some images leaves for the gamma sweep.
+
+    image_ids: the images' ids, in order; image_sizes int64 [N, 2]: each image's resized (h, w)
+    as fed to the graph; original_sizes int64 [N, 2]: its (h, w) as read. The host maps the
+    re-scored boxes back to the original images with them, as it does the graph's outputs."""
 
     image_ids: list
+    image_sizes: np.ndarray
+    original_sizes: np.ndarray
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -69,6 +75,12 @@ class TuneCache(ABC):
     @property
     @abstractmethod
     def nbytes(self) -> int: ...
+
+    @classmethod
+    @abstractmethod
+    def concat(cls, parts: Sequence["TuneCache"]) -> "TuneCache":
+        """Caches of consecutive batches as one, as :meth:`Detector.cache` would have made it
+        for all their images (what a distributed network pass joins before re-scoring)."""
 
 
 class Detector(ABC):
@@ -112,13 +124,19 @@ class Detector(ABC):
               mechanism: str, batch_size: int, on_step: Callable[[int], None] | None = None,
               with_masks: bool = False) -> TuneCache:
         """Run the network once over ``images`` ((image id, path) pairs) and keep what
-        :meth:`rescore` needs for every prior of the sweep."""
+        :meth:`rescore` needs for every prior of the sweep (``priors``, in the classifier's
+        layout; None: the plain activation). with_masks: also what the mask head needs
+        (``images`` must then fit one batch)."""
 
     @abstractmethod
-    def rescore(self, cache: TuneCache, index: int, prior: np.ndarray, mechanism: str,
-                batch_size: int) -> list[Detections]:
-        """The detections of every cached image at the sweep's ``index``-th prior (in original
-        image coordinates, as ``norcal infer`` writes them)."""
+    def rescore(self, cache: TuneCache, index: int, prior: np.ndarray | None, mechanism: str,
+                batch_size: int) -> dict[str, np.ndarray]:
+        """The detections of every cached image at the sweep's ``index``-th prior (``prior``:
+        its log prior in the classifier's layout, None for the plain activation), as the
+        exported graph calibrated with that prior outputs them: the contract's outputs
+        (``num_detections`` [N], ``boxes`` [N, K, 4] in resized-image coordinates, ``scores``,
+        ``classes``, and ``masks`` when the cache was made ``with_masks``), in cache order. The
+        host maps them to the original images as it maps the graph's outputs."""
 
 
 class Family(ABC):
