@@ -14,23 +14,19 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
+from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_of, pixel_stats, shape
+from .retinanet_weights import is_retinanet, retinanet_architecture, retinanet_spec_from_weights
 from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
                    STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES, ModelSpec, arch_name)
 
-STEM = "backbone.bottom_up.stem.conv1"
-BOTTOM_UP = "backbone.bottom_up"
-PLAIN_STEM = "backbone.stem.conv1"  # build_resnet_backbone: the ResNet is the backbone (C4, DC5)
 C4_RES5 = "roi_heads.res5"  # Res5ROIHeads' own res5
 RPN_HEAD = "proposal_generator.rpn_head"
 BOX_HEAD = "roi_heads.box_head"
 BOX_PREDICTOR = "roi_heads.box_predictor"
 MASK_HEAD = "roi_heads.mask_head"
 
-# blocks in res2..res5 -> depth (detectron2's build_resnet_backbone table)
-BOTTLENECK_DEPTHS = {(3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
 # detectron2's ROI_BOX_CASCADE_HEAD.BBOX_REG_WEIGHTS default, one per stage
 CASCADE_BBOX_REG_WEIGHTS = ((10.0, 10.0, 5.0, 5.0), (20.0, 20.0, 10.0, 10.0), (30.0, 30.0, 15.0, 15.0))
-BASIC_DEPTHS = {(2, 2, 2, 2): 18, (3, 4, 6, 3): 34}
 
 # test-time settings of detectron2's LVIS configs (configs/LVISv1-InstanceSegmentation/*)
 LVIS_TEST_SETTINGS = dict(
@@ -46,32 +42,6 @@ SINGLE_RPN_PRE_NMS_TOPK_TEST = 6000
 C4_POOLER_RESOLUTION = 14  # Base-RCNN-C4
 
 EXPECTED_KEYS = (f"{STEM}.weight", f"{RPN_HEAD}.objectness_logits.weight", f"{BOX_PREDICTOR}.cls_score.weight")
-
-
-def _shape(sd: Mapping[str, Any], key: str) -> tuple[int, ...]:
-    return tuple(int(d) for d in sd[key].shape)
-
-
-def _count(sd: Mapping[str, Any], fmt: str, start: int) -> int:
-    """How many consecutive indices k >= start have ``fmt.format(k)`` in ``sd``."""
-    k = start
-    while fmt.format(k) in sd:
-        k += 1
-    return k - start
-
-
-def norm_of(sd: Mapping[str, Any], prefix: str) -> str:
-    """The norm layer at ``prefix`` (e.g. ``...conv1.norm``): FrozenBN, BN, GN or "" (none).
-
-    FrozenBN and BN both carry running statistics; only BN has ``num_batches_tracked``
-    (absent once :func:`~norcal.export.checkpoint.clean_state_dict` ran: then FrozenBN is
-    reported, which computes the same thing at inference).
-    """
-    if f"{prefix}.running_mean" in sd:
-        return "BN" if f"{prefix}.num_batches_tracked" in sd else "FrozenBN"
-    if f"{prefix}.weight" in sd:
-        return "GN"  # affine parameters without statistics
-    return ""
 
 
 def _explain_foreign(sd: Mapping[str, Any]) -> NorcalError:
@@ -122,7 +92,7 @@ def _is_cascade(sd: Mapping[str, Any]) -> bool:
 
 def _cascade_heads(sd: Mapping[str, Any], channels: int) -> dict:
     """The stages' box heads (all alike, as detectron2 builds them) and their count."""
-    stages = _count(sd, f"{BOX_PREDICTOR}.{{}}.cls_score.weight", 0)
+    stages = count(sd, f"{BOX_PREDICTOR}.{{}}.cls_score.weight", 0)
     heads = [_box_head(sd, channels, head=f"{BOX_HEAD}.{k}", predictor=f"{BOX_PREDICTOR}.{k}")
              for k in range(stages)]
     if any(h != heads[0] for h in heads):
@@ -139,8 +109,6 @@ def _cascade_heads(sd: Mapping[str, Any], channels: int) -> dict:
 
 def weights_layout(sd: Mapping[str, Any]) -> str:
     """"FPN", "C4", "DC5" or "RetinaNet": the layout a supported detectron2 state dict's names show."""
-    from .retinanet_weights import is_retinanet
-
     if is_retinanet(sd):
         return RETINANET
     _check_supported(sd)
@@ -162,50 +130,18 @@ def _layout(sd: Mapping[str, Any]) -> dict:
             "res5_dilation": 2}
 
 
-def _backbone(sd: Mapping[str, Any], layout: dict) -> dict:
-    fpn = layout["backbone_name"] == FPN_BACKBONE
-    prefix = BOTTOM_UP if fpn else "backbone"
-    stage_prefix = {s: prefix for s in (2, 3, 4, 5)}
-    if layout["roi_heads_name"] == RES5_ROI_HEADS:
-        stage_prefix[5] = "roi_heads"  # detectron2 builds res5 in the heads, always 3 bottlenecks
-    blocks = tuple(_count(sd, f"{stage_prefix[s]}.res{s}.{{}}.conv1.weight", 0) for s in (2, 3, 4, 5))
-    bottleneck = f"{prefix}.res2.0.conv3.weight" in sd
-    table = BOTTLENECK_DEPTHS if bottleneck else BASIC_DEPTHS
-    if layout["roi_heads_name"] == RES5_ROI_HEADS:
-        table = {k[:3] + (3,): v for k, v in table.items()}
-    if blocks not in table:
-        kind = "bottleneck" if bottleneck else "basic"
-        raise NorcalError(f"backbone has {blocks} {kind} blocks in res2..res5; expected one of "
-                          f"{sorted(table)} (ResNet-{'/'.join(str(d) for d in table.values())})")
-    stem = f"{prefix}.stem.conv1"
-    out = {"depth": table[blocks], "stem_out_channels": _shape(sd, f"{stem}.weight")[0],
-           "norm": norm_of(sd, f"{stem}.norm")}
-    if bottleneck:
-        width, per_group = _shape(sd, f"{prefix}.res2.0.conv2.weight")[:2]
-        groups = width // per_group
-        out.update(res2_out_channels=_shape(sd, f"{prefix}.res2.0.conv3.weight")[0],
-                   num_groups=groups, width_per_group=width // groups)
-    else:
-        out.update(res2_out_channels=_shape(sd, f"{prefix}.res2.0.conv2.weight")[0], num_groups=1)
-    if not fpn:
-        feature = layout["backbone_out_feature"]
-        last = "conv3" if bottleneck else "conv2"
-        out["feature_channels"] = _shape(sd, f"backbone.{feature}.0.{last}.weight")[0]
-    return out
-
-
 def _fpn(sd: Mapping[str, Any]) -> dict:
     missing = [f"backbone.fpn_{kind}{i}.weight" for kind in ("lateral", "output") for i in (2, 3, 4, 5)
                if f"backbone.fpn_{kind}{i}.weight" not in sd]
     if missing:
         raise NorcalError(f"expected an FPN over res2..res5; missing weights {', '.join(missing)}")
-    return {"fpn_out_channels": _shape(sd, "backbone.fpn_lateral2.weight")[0],
+    return {"fpn_out_channels": shape(sd, "backbone.fpn_lateral2.weight")[0],
             "fpn_norm": norm_of(sd, "backbone.fpn_lateral2.norm")}
 
 
 def _rpn(sd: Mapping[str, Any], in_channels: int, anchor_layout=None, fpn: bool = True) -> dict:
-    anchors = _shape(sd, f"{RPN_HEAD}.objectness_logits.weight")[0]
-    deltas = _shape(sd, f"{RPN_HEAD}.anchor_deltas.weight")[0]
+    anchors = shape(sd, f"{RPN_HEAD}.objectness_logits.weight")[0]
+    deltas = shape(sd, f"{RPN_HEAD}.anchor_deltas.weight")[0]
     if deltas != 4 * anchors:
         raise NorcalError(f"{RPN_HEAD}.anchor_deltas has {deltas} rows for {anchors} anchors; expected "
                           f"{4 * anchors} (rotated anchors are not supported)")
@@ -222,10 +158,10 @@ def _rpn(sd: Mapping[str, Any], in_channels: int, anchor_layout=None, fpn: bool 
     if f"{RPN_HEAD}.conv.weight" in sd:
         convs = [f"{RPN_HEAD}.conv.weight"]
     else:
-        convs = [f"{RPN_HEAD}.conv.conv{k}.weight" for k in range(_count(sd, f"{RPN_HEAD}.conv.conv{{}}.weight", 0))]
+        convs = [f"{RPN_HEAD}.conv.conv{k}.weight" for k in range(count(sd, f"{RPN_HEAD}.conv.conv{{}}.weight", 0))]
     dims, channels = [], in_channels
     for key in convs:
-        out = _shape(sd, key)[0]
+        out = shape(sd, key)[0]
         dims.append(-1 if out == channels else out)  # -1: "as many as the input", detectron2's default
         channels = out
     return {"rpn_conv_dims": tuple(dims) or (-1,), "anchor_sizes": sizes, "anchor_aspect_ratios": ratios}
@@ -242,9 +178,9 @@ def _resolution(features: int, channels: int, what: str) -> int:
 def _box_head(sd: Mapping[str, Any], fpn_channels: int, c4: bool = False, head: str = BOX_HEAD,
               predictor: str = BOX_PREDICTOR) -> dict:
     """``head``/``predictor``: the weights' prefixes (one stage's for a cascade)."""
-    cls_rows, cls_in = _shape(sd, f"{predictor}.cls_score.weight")
+    cls_rows, cls_in = shape(sd, f"{predictor}.cls_score.weight")
     num_classes = cls_rows - 1  # background is the last row
-    reg_rows = _shape(sd, f"{predictor}.bbox_pred.weight")[0]
+    reg_rows = shape(sd, f"{predictor}.bbox_pred.weight")[0]
     if reg_rows == 4 * num_classes:
         agnostic = False
     elif reg_rows == 4:
@@ -255,16 +191,16 @@ def _box_head(sd: Mapping[str, Any], fpn_channels: int, c4: bool = False, head: 
     if c4:  # the predictor reads res5's output averaged over the pooled grid: no box head
         return {"num_classes": num_classes, "cls_agnostic_bbox_reg": agnostic, "box_head_num_conv": 0,
                 "box_head_num_fc": 0, "pooler_resolution": C4_POOLER_RESOLUTION}
-    n_conv = _count(sd, f"{head}.conv{{}}.weight", 1)
-    n_fc = _count(sd, f"{head}.fc{{}}.weight", 1)
+    n_conv = count(sd, f"{head}.conv{{}}.weight", 1)
+    n_fc = count(sd, f"{head}.fc{{}}.weight", 1)
     out = {"num_classes": num_classes, "cls_agnostic_bbox_reg": agnostic,
            "box_head_num_conv": n_conv, "box_head_num_fc": n_fc}
     channels = fpn_channels
     if n_conv:
-        channels = _shape(sd, f"{head}.conv1.weight")[0]
+        channels = shape(sd, f"{head}.conv1.weight")[0]
         out.update(box_head_conv_dim=channels, box_head_norm=norm_of(sd, f"{head}.conv1.norm"))
     if n_fc:
-        fc_dim, flat = _shape(sd, f"{head}.fc1.weight")
+        fc_dim, flat = shape(sd, f"{head}.fc1.weight")
         out.update(box_head_fc_dim=fc_dim)
         out["pooler_resolution"] = _resolution(flat, channels, f"{head}.fc1")
     else:
@@ -277,26 +213,15 @@ def _mask_head(sd: Mapping[str, Any], num_classes: int) -> dict:
         return {"mask_on": False}
     if f"{MASK_HEAD}.deconv.weight" not in sd:
         raise NorcalError(f"{MASK_HEAD}: expected MaskRCNNConvUpsampleHead weights ({MASK_HEAD}.deconv.weight)")
-    rows = _shape(sd, f"{MASK_HEAD}.predictor.weight")[0]
+    rows = shape(sd, f"{MASK_HEAD}.predictor.weight")[0]
     if rows not in (1, num_classes):
         raise NorcalError(f"{MASK_HEAD}.predictor has {rows} rows; expected {num_classes} (one per class, as "
                           "cls_score says) or 1 (class-agnostic)")
     return {"mask_on": True, "cls_agnostic_mask": rows == 1 and num_classes != 1,
-            "mask_head_num_conv": _count(sd, f"{MASK_HEAD}.mask_fcn{{}}.weight", 1),
+            "mask_head_num_conv": count(sd, f"{MASK_HEAD}.mask_fcn{{}}.weight", 1),
             # ConvTranspose2d weights are [in, out, kH, kW]; every mask conv has the deconv's width
-            "mask_head_conv_dim": _shape(sd, f"{MASK_HEAD}.deconv.weight")[1],
+            "mask_head_conv_dim": shape(sd, f"{MASK_HEAD}.deconv.weight")[1],
             "mask_head_norm": norm_of(sd, f"{MASK_HEAD}.mask_fcn1.norm")}
-
-
-def _pixel_stats(sd: Mapping[str, Any]) -> dict:
-    out = {}
-    for key in ("pixel_mean", "pixel_std"):
-        if key in sd:
-            values = [float(v) for v in sd[key].reshape(-1).tolist()]
-            if len(values) != 3:
-                raise NorcalError(f"weight {key} has {len(values)} values; expected 3 (one per channel)")
-            out[key] = tuple(values)
-    return out
 
 
 def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> ModelSpec:
@@ -306,8 +231,6 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> Mode
     (sizes, aspect ratios) when a config gives them (weights only tell the anchor count).
     Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
     """
-    from .retinanet_weights import is_retinanet, retinanet_spec_from_weights
-
     sd = state_dict
     if is_retinanet(sd):
         return retinanet_spec_from_weights(sd, anchor_layout)
@@ -315,7 +238,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> Mode
     fields: dict = _layout(sd)
     fpn = fields["backbone_name"] == FPN_BACKBONE
     c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
-    fields.update(_backbone(sd, fields))
+    fields.update(backbone_fields(sd, fields))
     if fpn:
         fields.update(_fpn(sd))
     channels = fields["fpn_out_channels"] if fpn else fields.pop("feature_channels")
@@ -323,7 +246,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> Mode
     cascade = fields["roi_heads_name"] == CASCADE_ROI_HEADS
     fields.update(_cascade_heads(sd, channels) if cascade else _box_head(sd, channels, c4))
     fields.update(_mask_head(sd, fields["num_classes"]))
-    stats = _pixel_stats(sd)
+    stats = pixel_stats(sd)
     fields.update(stats)
     fields.update(LVIS_TEST_SETTINGS)
     if not fpn:  # detectron2's default for one map; the 1000 above is FPN's per level
@@ -367,8 +290,6 @@ def architecture(spec: ModelSpec) -> dict:
     BN flavours are one family (they compute the same thing at inference); widths of layers
     that do not exist are left out; the RPN's -1 conv widths are resolved to channels.
     """
-    from .retinanet_weights import retinanet_architecture
-
     if spec.meta_architecture == RETINANET:
         return retinanet_architecture(spec)
 

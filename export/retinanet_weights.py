@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
-from . import arch_from_weights as W
+from .resnet_weights import STEM, backbone_fields, norm_of, pixel_stats, shape
 from .spec import (FPN_BACKBONE, RETINANET, RETINANET_BACKBONE, STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES,
                    ModelSpec)
 
@@ -30,23 +30,23 @@ def is_retinanet(sd: Mapping[str, Any]) -> bool:
 def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None) -> ModelSpec:
     """The RetinaNet that ``sd`` (detectron2 names) holds; ``anchor_layout`` as in
     :func:`norcal.export.arch_from_weights.spec_from_weights`."""
-    need = [k for k in (f"{W.STEM}.weight", "backbone.fpn_lateral3.weight", "backbone.top_block.p6.weight",
+    need = [k for k in (f"{STEM}.weight", "backbone.fpn_lateral3.weight", "backbone.top_block.p6.weight",
                         f"{HEAD}.cls_score.weight", f"{HEAD}.bbox_pred.weight") if k not in sd]
     if need:
         raise NorcalError(f"a RetinaNet checkpoint needs weights {', '.join(need)}")
     if "backbone.fpn_lateral2.weight" in sd:
         raise NorcalError("RetinaNet weights with an FPN level from res2 are not supported (detectron2 "
                           "builds it from res3-res5)")
-    fields = W._backbone(sd, {"backbone_name": FPN_BACKBONE, "roi_heads_name": STANDARD_ROI_HEADS})
+    fields = backbone_fields(sd, {"backbone_name": FPN_BACKBONE, "roi_heads_name": STANDARD_ROI_HEADS})
     num_convs = 0
     while f"{CLS_SUBNET}.{2 * num_convs}.weight" in sd:  # Sequential of (conv, ReLU) pairs
         num_convs += 1
     if any(k.startswith(f"{CLS_SUBNET}.1.") for k in sd):
         raise NorcalError("normalisation in the RetinaNet head (MODEL.RETINANET.NORM) is not supported; "
                           f"{SUPPORTED_ARCHITECTURES}")
-    deltas = W._shape(sd, f"{HEAD}.bbox_pred.weight")[0]
+    deltas = shape(sd, f"{HEAD}.bbox_pred.weight")[0]
     anchors = deltas // 4
-    cls_rows = W._shape(sd, f"{HEAD}.cls_score.weight")[0]
+    cls_rows = shape(sd, f"{HEAD}.cls_score.weight")[0]
     if deltas % 4 or cls_rows % anchors:
         raise NorcalError(f"{HEAD}.cls_score has {cls_rows} rows for {anchors} anchors; expected a multiple")
     sizes, ratios = anchor_layout or (RETINANET_ANCHOR_SIZES, RETINANET_ASPECT_RATIOS)
@@ -54,7 +54,7 @@ def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None) -> Mo
         raise NorcalError(f"the RetinaNet head predicts {anchors} anchors per location; only "
                           f"{len(sizes[0]) * len(ratios[0])} ({'the config' if anchor_layout else 'Base-RetinaNet'}) "
                           "fit: pass the model's config.yaml")
-    stats = W._pixel_stats(sd)
+    stats = pixel_stats(sd)
     assumed = "assumed, not readable from weights"
     provenance = {
         "source": "inferred from weights",
@@ -71,8 +71,8 @@ def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None) -> Mo
     return ModelSpec(
         meta_architecture=RETINANET, backbone_name=RETINANET_BACKBONE, mask_on=False, use_sigmoid_ce=True,
         stride_in_1x1=True, input_format="BGR", min_size_test=800, max_size_test=1333,
-        fpn_out_channels=W._shape(sd, "backbone.fpn_lateral3.weight")[0],
-        fpn_norm=W.norm_of(sd, "backbone.fpn_lateral3.norm"),
+        fpn_out_channels=shape(sd, "backbone.fpn_lateral3.weight")[0],
+        fpn_norm=norm_of(sd, "backbone.fpn_lateral3.norm"),
         anchor_sizes=sizes, anchor_aspect_ratios=ratios, num_classes=cls_rows // anchors,
         bbox_reg_weights=(1.0, 1.0, 1.0, 1.0), score_thresh_test=1e-4, nms_thresh_test=0.5,
         detections_per_image=300, retinanet_num_convs=num_convs,
