@@ -25,7 +25,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 
@@ -120,13 +120,17 @@ class Detector(ABC):
         """Upper bound of :meth:`cache`'s memory for that many images and gammas."""
 
     @abstractmethod
-    def cache(self, images: Sequence[tuple[Any, PathLike]], priors: Sequence[np.ndarray],
-              mechanism: str, batch_size: int, on_step: Callable[[int], None] | None = None,
+    def cache(self, batches: Iterable[tuple[list, Any]], priors: Sequence[np.ndarray | None],
+              mechanism: str, on_step: Callable[[int], None] | None = None,
               with_masks: bool = False) -> TuneCache:
-        """Run the network once over ``images`` ((image id, path) pairs) and keep what
-        :meth:`rescore` needs for every prior of the sweep (``priors``, in the classifier's
-        layout; None: the plain activation). with_masks: also what the mask head needs
-        (``images`` must then fit one batch)."""
+        """Run the network once over ``batches`` and keep what :meth:`rescore` needs for every
+        prior of the sweep (``priors``, in the classifier's layout; None: the plain activation).
+
+        batches: (image ids, batch) pairs; a batch holds ``images`` float32 [B, 3, H, W] and
+        ``image_sizes`` int64 [B, 2] as the graph takes them, and ``original_sizes`` int64
+        [B, 2], prepared by the host per :attr:`preprocessing` (the export layer reads no
+        images). on_step(n): n more images done. with_masks: also what the mask head needs
+        (then one batch only: maps of batches padded to different sizes do not stack)."""
 
     @abstractmethod
     def rescore(self, cache: TuneCache, index: int, prior: np.ndarray | None, mechanism: str,
