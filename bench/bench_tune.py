@@ -45,7 +45,8 @@ def main() -> int:
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.core.tables import build_table
     from norcal.cli.options import parse_gammas
-    from norcal.workflows.tune import cache_head_outputs, images_from_gt, rescore, to_eval_detections
+    from norcal.export.families.detectron2 import detector_of
+    from norcal.workflows.tune import cache_images, images_from_gt, rescore_images, to_eval_detections
 
     gammas = parse_gammas(args.gammas)
     table = build_table(SYNTH / "train_annotations.json")
@@ -54,18 +55,18 @@ def main() -> int:
     ids = [i for i, _ in pairs]
     spec, model = load_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
     plain = export_detector(model, spec)
-    predictor = model.roi_heads.box_predictor
+    detector = detector_of(spec, model)
     print(f"d2_synth_trained: {len(pairs)} images, batch {args.batch}, gammas {gammas}, "
           f"torch threads {torch.get_num_threads()}")
 
     t0 = time.perf_counter()
-    cache = cache_head_outputs(model, spec, pairs, args.batch)
+    cache = cache_images(detector, pairs, [None], "exp", args.batch)
     cache_s = time.perf_counter() - t0
 
     def ap_of(dets):
         return evaluate(gt, to_eval_detections(ids, dets, table.category_ids), "bbox", 300).stats["AP"]
 
-    rescore(predictor, cache, None, "exp", 16)  # warm-up (lazy initialisation), not timed
+    rescore_images(detector, cache, 0, None, "exp", 16)  # warm-up (lazy initialisation), not timed
     full, cached = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for g in gammas:
@@ -79,7 +80,7 @@ def main() -> int:
             full.append(time.perf_counter() - t0)
             # the cached sweep's step
             t0 = time.perf_counter()
-            ap_cached = ap_of(rescore(predictor, cache, log_prior(table.counts(), g), "exp", 16))
+            ap_cached = ap_of(rescore_images(detector, cache, 0, log_prior(table.counts(), g), "exp", 16))
             cached.append(time.perf_counter() - t0)
             print(f"gamma {g:g}: full {full[-1]:7.2f} s (AP {100 * ap_full:.2f})   "
                   f"cached {cached[-1]:6.3f} s (AP {100 * ap_cached:.2f})   "

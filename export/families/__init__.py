@@ -7,9 +7,10 @@ from pathlib import Path
 
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, Detections, Detector, Family, TuneCache
+from norcal.export.families.detectron2 import Detectron2Family
 
 # Each family in the order their claims are tried; a family module is imported only here.
-FAMILIES: list[Family] = []
+FAMILIES: list[Family] = [Detectron2Family()]
 
 
 def family_of(path, config=None) -> Family:

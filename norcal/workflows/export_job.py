@@ -32,6 +32,7 @@ from norcal.export.calibrate_onnx import calibrate_onnx as _insert_norcal
 from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
 
 if TYPE_CHECKING:
+    from norcal.export.families import Classifier
     from norcal.export.spec import ModelSpec
     from norcal.export.trt_check import Report
     from norcal.workflows.verify import VerifyResult
@@ -223,17 +224,14 @@ def _check_mask_head_rois(choice: str | None, spec: ModelSpec) -> None:
                           param="mask_head_rois")
 
 
-def _check_classifier_options(norcal: NorCal, spec: ModelSpec) -> None:
-    """The background slot and scale against the checkpoint's classifier: detectron2's R-CNN
-    heads put the background last (softmax, or sigmoid with the slot ignored), RetinaNet has none."""
+def _check_classifier_options(norcal: NorCal, classifier: Classifier) -> None:
+    """The background slot and scale against the checkpoint's classifier (its family says
+    where the background is: detectron2's R-CNN heads put it last, RetinaNet has none)."""
     from norcal.export.calibrate_onnx import check_background, check_background_scale
-    from norcal.export.spec import RETINANET
 
-    slot = "none" if spec.meta_architecture == RETINANET else "last"
     if norcal.background is not None:
-        check_background(norcal.background, slot)
-    sigmoid = spec.meta_architecture == RETINANET or spec.use_sigmoid_ce
-    check_background_scale(norcal.background_scale, "sigmoid" if sigmoid else "softmax", slot)
+        check_background(norcal.background, classifier.background)
+    check_background_scale(norcal.background_scale, classifier.activation, classifier.background)
 
 
 def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
@@ -250,7 +248,8 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     step as it starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.families import load_detector
+    from norcal.export.families.detectron2 import GraphOptions
 
     step = progress or (lambda _name: None)
     if norcal.logits:
@@ -270,16 +269,17 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         check_images(verify, skip_unreadable)
     t0 = time.perf_counter()
     step("loading checkpoint")
-    spec, model = load_detector(src, options.config, detections_per_image=k)
+    detector = load_detector(src, options.config, detections_per_image=k)
+    spec, model = detector.spec, detector.model
     _check_mask_head_rois(options.mask_head_rois, spec)
-    _check_classifier_options(norcal, spec)  # before the slow export, not after it
+    _check_classifier_options(norcal, detector.classifier)  # before the slow export, not after it
     norcal, from_config = _calibration_for(norcal, spec)
     norcal = _with_model_table(norcal, spec.num_classes)
     step("exporting to ONNX")
-    graph = export_detector(model, spec, batch=options.batch, height=options.height,
-                            width=options.width, opset=options.opset,
-                            mask_head_rois=options.mask_head_rois or MASK_ROIS[0],
-                            check=False)  # _finish checks the calibrated graph
+    graph = detector.export(GraphOptions(batch=options.batch, height=options.height, width=options.width,
+                                         opset=options.opset,
+                                         mask_head_rois=options.mask_head_rois or MASK_ROIS[0],
+                                         check=False))  # _finish checks the calibrated graph
     step("inserting the NorCal node")
     graph = calibrate_onnx(graph, norcal)
     with output_run():  # the model, its verification and the Triton folder: all, or nothing written

@@ -6,7 +6,7 @@ batches, the same re-scoring batches), so the sweep is the same, number for numb
 
     driver: plan (GT, images, chunks, priors)                      as tune() plans it
     for each chunk of images:
-        the workers (actors, one detector each): network batches -> HeadCaches, kept in
+        the workers (actors, one detector each): network batches -> the detector's caches, kept in
             Ray's object store (never on the driver)
         one call per gamma, spread over the workers: the chunk's caches -> detections
     one call per gamma, spread over the workers: its detections -> LVIS box AP (SweepPoint)
@@ -26,29 +26,27 @@ from typing import Any, Callable, Sequence
 
 from norcal.core.tables import CalibrationTable
 from norcal.runtime.ray_inference import BatchFailed, RayOptions, ray_session, worker_error
-from norcal.workflows.tune import (CandidateCache, HeadCache, SweepPoint, TunePlan, TuneResult,
-                                   cache_images, concat_caches, evaluate_gamma, plan_tune,
-                                   progress_step, rescore_gamma, sweep_predictor)
+from norcal.workflows.tune import (SweepPoint, TunePlan, TuneResult, cache_images, concat_caches,
+                                   evaluate_gamma, plan_tune, progress_step, rescore_gamma)
 
 
 class _TuneWorker:
-    """One detector (our PyTorch model, eval mode) on a Ray worker. It runs network batches
-    into :class:`HeadCache` s, and re-scores and evaluates the gammas it is given: the pool
+    """One detector (its family's PyTorch model, eval mode) on a Ray worker. It runs network
+    batches into the detector's caches (:meth:`norcal.export.families.Detector.cache`), and re-scores and evaluates the gammas it is given: the pool
     does all the work, so nothing waits for CPUs that the workers hold."""
 
     def __init__(self, weights: str, config: str | None, threads: int | None):
         import torch
 
-        from norcal.export.detector import load_detector
+        from norcal.export.families import load_detector
 
         if threads:
             torch.set_num_threads(int(threads))
-        self.spec, self.model = load_detector(weights, config)
+        self.detector = load_detector(weights, config)
 
-    def cache(self, pairs: list, batch_size: int, priors: list,
-              mechanism: str) -> tuple[HeadCache | CandidateCache, int]:
+    def cache(self, pairs: list, batch_size: int, priors: list, mechanism: str):
         try:
-            cache = cache_images(self.model, self.spec, pairs, priors, mechanism, batch_size)
+            cache = cache_images(self.detector, pairs, priors, mechanism, batch_size)
         except Exception as e:  # noqa: BLE001 - retried by Ray, then reported by the driver
             more = f" (and {len(pairs) - 1} more images of its batch)" if len(pairs) > 1 else ""
             why = (str(e).splitlines() or [""])[0]
@@ -62,8 +60,8 @@ class _TuneWorker:
         import ray
 
         t0 = time.perf_counter()
-        dets = rescore_gamma(sweep_predictor(self.spec, self.model), concat_caches(ray.get(caches)),
-                             index, prior, mechanism, batch_size, category_ids)
+        dets = rescore_gamma(self.detector, concat_caches(ray.get(caches)), index, prior, mechanism,
+                             batch_size, category_ids)
         return dets, time.perf_counter() - t0
 
     def evaluate(self, gt, parts: list, gamma: float, topk: int, seconds: float) -> SweepPoint:

@@ -33,21 +33,29 @@ def table():
 
 
 @pytest.fixture(scope="module")
-def cache(detector):
-    from norcal.workflows.tune import cache_head_outputs
+def family_detector(detector):
+    """The same model as the detector family's :class:`Detector`."""
+    from norcal.export.families.detectron2 import detector_of
 
-    spec, model = detector
+    return detector_of(*detector)
+
+
+@pytest.fixture(scope="module")
+def cache(family_detector):
+    from norcal.workflows.tune import cache_images
+
     pairs = [(i, SYNTH / "val" / f"{i}.png") for i in GOLDEN_IDS]
     # batch 3: the last batch is partial, so batching must not change anything
-    return cache_head_outputs(model, spec, pairs, batch_size=3)
+    return cache_images(family_detector, pairs, [None], batch_size=3)
 
 
 def rescored(detector, cache, table, gamma, mechanism="exp", factor="cdt"):
     from norcal.core.calibration import log_prior
-    from norcal.workflows.tune import rescore
+    from norcal.export.families.detectron2 import detector_of
+    from norcal.workflows.tune import rescore_images
 
     prior = None if gamma == 0 else log_prior(table.counts(), gamma, factor)
-    return rescore(detector[1].roi_heads.box_predictor, cache, prior, mechanism, batch_size=5)
+    return rescore_images(detector_of(*detector), cache, 0, prior, mechanism, batch_size=5)
 
 
 def test_cache_shapes(cache, detector):
@@ -209,7 +217,7 @@ def test_tune_rejects_images_not_in_gt(tmp_path):
 
 
 def test_cache_estimate_bounds_the_real_cache(detector, cache):
-    from norcal.workflows.tune import estimate_cache_bytes
+    from norcal.export.families.detectron2 import estimate_cache_bytes
 
     spec = detector[0]
     # by hand: 500 proposals x (61 logits + 240 deltas + 4 box coords) x 4 bytes + 1 flag
@@ -217,16 +225,17 @@ def test_cache_estimate_bounds_the_real_cache(detector, cache):
     assert cache.nbytes <= estimate_cache_bytes(spec, 8)
 
 
-def test_tune_in_chunks_equals_one_cache(detector, cache, table, subset_gt):
+def test_tune_in_chunks_equals_one_cache(detector, family_detector, cache, table, subset_gt):
     # a memory budget of 4 images' cache: the 8 images go through as 2 chunks
     from norcal.core.errors import NorcalError
-    from norcal.workflows.tune import estimate_cache_bytes, sweep, tune
+    from norcal.export.families.detectron2 import estimate_cache_bytes
+    from norcal.workflows.tune import sweep, tune
 
     budget = 4 * estimate_cache_bytes(detector[0], 1)
     chunked = tune(SYNTH / "model_final.pth", subset_gt, SYNTH / "val", [0.0, 1.0], table,
                    config=SYNTH / "config.yaml", batch_size=2, max_cache_bytes=budget)
     assert chunked.cache_bytes <= budget and chunked.num_images == 8
-    whole = sweep(detector[1].roi_heads.box_predictor, cache, subset_gt, table, [0.0, 1.0])
+    whole = sweep(family_detector, cache, subset_gt, table, [0.0, 1.0])
     for a, b in zip(chunked.points, whole):
         assert a.gamma == b.gamma and a.num_detections == b.num_detections
         for k in ("AP", "APr", "APc", "APf", "AR"):

@@ -31,6 +31,7 @@ class Arch:
 
     def __init__(self, name: str):
         from norcal.export.detector import export_detector, load_detector
+        from norcal.export.families.detectron2 import detector_of
 
         self.name, self.fixture = name, FIXTURES / ARCHS[name]
         self.pairs = [(k, self.fixture / "images" / f"img{k}.png") for k in IMAGES]
@@ -38,6 +39,7 @@ class Arch:
         self.table = manifest_table(self.fixture)
         self.retina = name == "retinanet"
         self.plain = export_detector(self.model, self.spec)
+        self.detector = detector_of(self.spec, self.model)
         self._caches: dict = {}
         self._onnx: dict = {}
         self._rescored: dict = {}
@@ -52,30 +54,25 @@ class Arch:
     def cache(self, mechanism: str = "exp"):
         """R-CNNs: one cache for every gamma; RetinaNet: one per mechanism, holding the
         candidates of every variant's prior."""
-        from norcal.workflows.tune import cache_candidates, cache_head_outputs
+        from norcal.workflows.tune import cache_images
 
         key = mechanism if self.retina else "all"
         if key not in self._caches:
-            if self.retina:
-                priors = [self.prior(g, f) for g, m, f in VARIANTS if m == mechanism]
-                self._caches[key] = cache_candidates(self.model, self.spec, self.pairs, priors, mechanism,
-                                                     batch_size=2)  # a partial last batch
-            else:
-                self._caches[key] = cache_head_outputs(self.model, self.spec, self.pairs, batch_size=2)
+            priors = [self.prior(g, f) for g, m, f in VARIANTS if m == mechanism] if self.retina else [None]
+            self._caches[key] = cache_images(self.detector, self.pairs, priors, mechanism,
+                                             batch_size=2)  # a partial last batch
         return self._caches[key]
 
     def rescored(self, gamma: float, mechanism: str = "exp", factor: str = "cdt"):
-        from norcal.workflows.tune import rescore, rescore_candidates
+        from norcal.workflows.tune import rescore_images
 
         key = (gamma, mechanism, factor)
         if key not in self._rescored:
             cache = self.cache(mechanism)
-            if self.retina:
-                index = [(g, f) for g, m, f in VARIANTS if m == mechanism].index((gamma, factor))
-                self._rescored[key] = rescore_candidates(self.model, cache, index, batch_size=2)
-            else:
-                self._rescored[key] = rescore(self.model.roi_heads.box_predictor, cache,
-                                              self.prior(gamma, factor), mechanism, batch_size=2)
+            # a RetinaNet's cache holds each variant's candidates; an R-CNN's serves every prior
+            index = [(g, f) for g, m, f in VARIANTS if m == mechanism].index((gamma, factor)) if self.retina else 0
+            self._rescored[key] = rescore_images(self.detector, cache, index, self.prior(gamma, factor),
+                                                 mechanism, batch_size=2)
         return self._rescored[key]
 
     def onnx_detections(self, gamma: float, mechanism: str, factor: str, tmp_path):
@@ -138,7 +135,7 @@ def test_rescoring_differs_between_gammas(arch):
 
 
 def test_cache_estimate_bounds_the_real_cache(arch):
-    from norcal.workflows.tune import estimate_cache_bytes
+    from norcal.export.families.detectron2 import estimate_cache_bytes
 
     cache = arch.cache()
     gammas = sum(m == "exp" for _, m, _ in VARIANTS) if arch.retina else 1
@@ -208,7 +205,7 @@ def test_retinanet_candidate_cache_refuses_another_sweep():
 
     retina = _ARCHS.get("retinanet") or Arch("retinanet")
     with pytest.raises(NorcalError, match="other gammas"):
-        sweep(retina.model, retina.cache("exp"), {}, retina.table, [0.0, 0.7])
+        sweep(retina.detector, retina.cache("exp"), {}, retina.table, [0.0, 0.7])
 
 
 def test_cli_tune_on_retinanet(gt_files, tmp_path, capsys):
