@@ -43,6 +43,7 @@ class _TuneWorker:
         if threads:
             torch.set_num_threads(int(threads))
         self.detector = load_detector(weights, config)
+        self.model = self.detector.model  # its PyTorch model, for code that inspects the worker
 
     def cache(self, pairs: list, batch_size: int, priors: list, mechanism: str):
         try:
