@@ -122,7 +122,7 @@ def run(args) -> int:
                   console=console, transient=False) as progress:
         task = progress.add_task("infer", total=len(job.paths))
         result = run_infer(job, on_done=lambda n: progress.advance(task, n))
-    console.print(f"wrote {result.results_path}: {result.num_detections} detections on {result.num_images} images")
+    console.print(f"wrote {args.output}: {result.num_detections} detections on {result.num_images} images")
     if result.skipped_path is not None:
         console.print(f"wrote {result.skipped_path}: {len(result.skipped)} file(s) skipped")
     if result.pictures:
