@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from norcal.core.boxes import box_iou
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import atomic_path
 from norcal.runtime.postprocess import ImageDetections, paste_masks
@@ -86,18 +87,6 @@ def _place(box, tw: int, th: int, taken: list, width: int, height: int):
     rects = [(x, y, x + tw, y + th) for y in (min(max(0, c), height - th) for c in cands)]
     cost = [sum(_overlap(r, t) for t in taken) for r in rects]
     return rects[int(np.argmin(cost))]
-
-
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU [len(a), len(b)] of boxes (x0, y0, x1, y1)."""
-    a, b = np.asarray(a, np.float64).reshape(-1, 4), np.asarray(b, np.float64).reshape(-1, 4)
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
-    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=1)
-    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=1)
-    union = area_a[:, None] + area_b[None, :] - inter
-    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
 def shown_indices(det: ImageDetections, opts: DrawOptions) -> np.ndarray:

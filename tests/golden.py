@@ -108,8 +108,8 @@ def lvis_counts() -> np.ndarray:
 
 
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU matrix [len(a), len(b)] of XYXY boxes (float64): the parity package's."""
-    from norcal.workflows.parity import box_iou as iou
+    """IoU matrix [len(a), len(b)] of XYXY boxes (float64): the library's."""
+    from norcal.core.boxes import box_iou as iou
 
     return iou(a, b)
 

@@ -11,21 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from norcal.core.boxes import box_iou_paired
+
 IOU_THRS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True)
 REC_THRS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True)
 # area ranges, in order: all, small, medium, large
 AREA_RNGS = np.array([[0.0, 1e5 ** 2], [0.0, 32.0 ** 2], [32.0 ** 2, 96.0 ** 2], [96.0 ** 2, 1e5 ** 2]])
-
-
-def box_iou_pairs(d: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """IoU of paired boxes d[i], g[i] ([P, 4] x, y, w, h), the arithmetic of pycocotools."""
-    w = np.minimum(d[:, 2] + d[:, 0], g[:, 2] + g[:, 0]) - np.maximum(d[:, 0], g[:, 0])
-    h = np.minimum(d[:, 3] + d[:, 1], g[:, 3] + g[:, 1]) - np.maximum(d[:, 1], g[:, 1])
-    inter = w * h
-    union = d[:, 2] * d[:, 3] + g[:, 2] * g[:, 3] - inter
-    with np.errstate(divide="ignore", invalid="ignore"):
-        iou = inter / union
-    return np.where((w > 0) & (h > 0), iou, 0.0)
 
 
 def pair_ious(ng: np.ndarray, gstart: np.ndarray, dt_boxes, gt_boxes, dt_rles=None, gt_rles=None,
@@ -42,7 +33,7 @@ def pair_ious(ng: np.ndarray, gstart: np.ndarray, dt_boxes, gt_boxes, dt_rles=No
     if dt_rles is None:
         dt_of = np.repeat(np.arange(len(ng)), ng)
         gt_of = np.repeat(gstart - off, ng) + np.arange(total)
-        return box_iou_pairs(dt_boxes[dt_of], gt_boxes[gt_of]), off
+        return box_iou_paired(dt_boxes[dt_of], gt_boxes[gt_of], "xywh"), off
     import pycocotools.mask as mask_utils
 
     iou = np.zeros(total, dtype=np.float64)

@@ -283,32 +283,3 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     result.seconds = seconds
     return result
 
-
-def comparison_table(result: DemoResult):
-    """A rich Table, one row per metric (bbox and segm AP, AP_r, AP_c, AP_f on the validation
-    images, then AP^Fixed with Boundary IoU as the paper's table has it, in %, then the
-    detection count), one column per model: the baseline, NorCal at the
-    gamma tuned on training images and its change over the baseline, and, for reference,
-    NorCal at the best validation gamma."""
-    from rich.table import Table
-
-    from norcal.evaluation.report import percent
-
-    b, tuned, ref = result.baseline, result.tuned, result.best_val
-    t = Table(title=f"{result.num_images} validation images, LVIS AP (%): baseline vs NorCal "
-                    f"tuned on {result.tuning.num_images} training images")
-    cols = [("baseline", b), (f"tuned γ={tuned.gamma or 0:g}", tuned)]
-    t.add_column("metric")
-    for name, _ in cols:
-        t.add_column(name, justify="right")
-    t.add_column("Δ tuned", justify="right", style="bold")
-    t.add_column(f"best val γ={ref.gamma or 0:g}", justify="right", style="dim")
-    for kind, label in (("bbox", "bbox"), ("segm", "segm"), ("boundary_fixed", "boundary AP^Fixed")):
-        for k in METRICS:
-            vals = [getattr(s, kind)[k] for s in (b, tuned, ref)]
-            t.add_row(f"{label} {k}", percent(vals[0]), percent(vals[1]),
-                      f"{100 * (vals[1] - vals[0]):+.2f}", percent(vals[2]),
-                      end_section=(k == METRICS[-1]))
-    t.add_row("detections", str(b.num_detections), str(tuned.num_detections), "",
-              str(ref.num_detections))
-    return t

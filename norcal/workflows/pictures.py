@@ -14,9 +14,10 @@ from typing import Sequence
 
 import numpy as np
 
+from norcal.core.boxes import box_iou
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable, frequency_group
-from norcal.runtime.draw import DrawOptions, box_iou, save_panels, shown_indices
+from norcal.runtime.draw import DrawOptions, save_panels, shown_indices
 from norcal.runtime.postprocess import ImageDetections
 
 IOU_HIT = 0.5

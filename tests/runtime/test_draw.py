@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from norcal.core.errors import NorcalError
-from norcal.runtime.draw import (GROUP_COLOURS, HEADER, DrawOptions, box_iou, draw_panels,
+from norcal.runtime.draw import (GROUP_COLOURS, HEADER, DrawOptions, draw_panels,
                                  picture_size, save_panels, shown_indices)
 from norcal.runtime.postprocess import ImageDetections
 
@@ -27,11 +27,6 @@ def _dets(with_masks=True):
 def _image():
     rng = np.random.default_rng(0)
     return rng.integers(0, 255, (H, W, 3), dtype=np.uint8)
-
-
-def test_box_iou_by_hand():
-    iou = box_iou(np.array([[0, 0, 2, 2]]), np.array([[1, 1, 3, 3], [2, 2, 4, 4], [0, 0, 2, 2]]))
-    np.testing.assert_allclose(iou, [[1 / 7, 0.0, 1.0]])
 
 
 def test_one_label_per_object_best_first():

@@ -87,7 +87,7 @@ def test_models_carry_what_was_baked_in(demo):
 
 
 def test_table_structure(demo):
-    from norcal.workflows.demo import comparison_table
+    from norcal.cli.commands.demo import comparison_table
 
     t = comparison_table(demo)
     headers = [str(c.header) for c in t.columns]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from norcal.workflows.demo import DemoResult
+
 FLAGS = {"data": "--data", "output_dir": "--output"}  # parameters the demo's errors name -> the flags here
 HELP = "run the bundled example: tune gamma on training images, export with NorCal, compare LVIS AP"
 DESCRIPTION = """The whole product on a small real model, in about a minute on a CPU.
@@ -54,7 +59,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from norcal.workflows.demo import comparison_table, run_demo
+    from norcal.workflows.demo import run_demo
     from norcal.cli.options import parse_gammas, progress_bars
 
     console = Console(soft_wrap=True)
@@ -77,3 +82,34 @@ def run(args) -> int:
     console.print(f"wrote {result.output_dir}/ (models, results, table.json, {result.plot_path.name}, "
                   f"{len(result.pictures)} pictures in pictures/, summary.json)")
     return 0
+
+
+def comparison_table(result: DemoResult):
+    """The demo's numbers as a rich Table, one row per metric (bbox and segm AP, AP_r, AP_c, AP_f on the validation
+    images, then AP^Fixed with Boundary IoU as the paper's table has it, in %, then the
+    detection count), one column per model: the baseline, NorCal at the
+    gamma tuned on training images and its change over the baseline, and, for reference,
+    NorCal at the best validation gamma."""
+    from rich.table import Table
+
+    from norcal.evaluation.report import percent
+    from norcal.workflows.demo import METRICS
+
+    b, tuned, ref = result.baseline, result.tuned, result.best_val
+    t = Table(title=f"{result.num_images} validation images, LVIS AP (%): baseline vs NorCal "
+                    f"tuned on {result.tuning.num_images} training images")
+    cols = [("baseline", b), (f"tuned γ={tuned.gamma or 0:g}", tuned)]
+    t.add_column("metric")
+    for name, _ in cols:
+        t.add_column(name, justify="right")
+    t.add_column("Δ tuned", justify="right", style="bold")
+    t.add_column(f"best val γ={ref.gamma or 0:g}", justify="right", style="dim")
+    for kind, label in (("bbox", "bbox"), ("segm", "segm"), ("boundary_fixed", "boundary AP^Fixed")):
+        for k in METRICS:
+            vals = [getattr(s, kind)[k] for s in (b, tuned, ref)]
+            t.add_row(f"{label} {k}", percent(vals[0]), percent(vals[1]),
+                      f"{100 * (vals[1] - vals[0]):+.2f}", percent(vals[2]),
+                      end_section=(k == METRICS[-1]))
+    t.add_row("detections", str(b.num_detections), str(tuned.num_detections), "",
+              str(ref.num_detections))
+    return t

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 from norcal.cli.options import add_ray_arguments, ray_options
-from norcal.core.errors import NorcalError
 
 HELP = "run a model (.onnx or TensorRT engine) on images; write LVIS/COCO results JSON"
 DESCRIPTION = """Run an exported detector on images, batched, and write results JSON that lvis-api
@@ -51,7 +49,8 @@ raises is retried (--max-retries, default 3); --draw is not available with --ray
 # parameters of the runtime named in its errors -> the flags here
 FLAGS = {"provider": "--provider", "batch_size": "--batch", "skip_unreadable=True": "--skip-unreadable",
          "address": "--ray-address", "num_workers": "--num-workers", "gpus_per_worker": "--gpus-per-worker",
-         "threads": "--threads", "max_retries": "--max-retries"}
+         "threads": "--threads", "max_retries": "--max-retries", "image_ids": "--image-ids",
+         "draw_dir": "--draw", "draw_count": "--draw-count", "ray": "--ray"}
 
 
 def add_arguments(p):
@@ -80,161 +79,56 @@ def add_arguments(p):
     add_ray_arguments(p, gpus=True)
 
 
-def _image_id(path: Path, by_name: dict[str, int] | None):
-    if by_name is not None:
-        return by_name[path.name]
-    return int(path.stem) if path.stem.isdigit() else path.stem
-
-
-def skipped_path(output) -> Path:
-    """``results.json`` -> ``results.skipped.json``: the files --skip-unreadable left out."""
-    p = Path(output)
-    return p.with_name((p.stem if p.suffix == ".json" else p.name) + ".skipped.json")
-
-
-def _category_ids(args, meta, from_annotations):
-    from norcal.core.contract import NUM_CLASSES, TABLE, metadata_category_ids
-    from norcal.core.tables import builtin_names, load_table
-
-    ids, source = from_annotations, "--image-ids"
-    if ids is None and args.table:
-        ids, source = load_table(args.table).category_ids, f"table {args.table}"
-    if ids is None:
-        ids, source = metadata_category_ids(meta), "model metadata"
-    if ids is None and meta.get(TABLE) in builtin_names():
-        ids, source = load_table(meta[TABLE]).category_ids, f"table {meta[TABLE]} (model metadata)"
-    n = meta.get(NUM_CLASSES)
-    if ids is not None and n and n.isdigit() and int(n) != len(ids):
-        raise NorcalError(f"the model has {n} classes but {source} lists {len(ids)} categories")
-    return ids, source if ids is not None else "class index + 1"
-
-
-def _draw_table(args, meta):
-    """The table naming and grouping classes in --draw's pictures: --table, else the model's."""
-    from norcal.core.contract import TABLE
-    from norcal.core.tables import builtin_names, load_table
-
-    if args.draw_count < 1:
-        raise NorcalError(f"--draw-count must be >= 1, got {args.draw_count}")
-    if args.table:
-        return load_table(args.table)
-    if meta.get(TABLE) in builtin_names():
-        return load_table(meta[TABLE])
-    raise NorcalError("--draw needs class names and training counts: pass --table (built-in name, "
-                      "table JSON or training annotation file)")
-
-
 def run(args) -> int:
+    from dataclasses import replace
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, \
         TimeElapsedColumn
     from rich.text import Text
 
     from norcal.cli.options import check_outputs
-    from norcal.core.fileio import write_json
-    from norcal.core.contract import check_detector, input_spec
-    from norcal.runtime.images import expand_inputs, unreadable_files
-    from norcal.runtime.inference import run_images, runner_metadata
-    from norcal.runtime.results import category_ids_from_annotations, results_fragment, results_writer
-    from norcal.runtime.runners import ENGINE_SUFFIXES, open_runner
+    from norcal.runtime.runners import ENGINE_SUFFIXES
+    from norcal.workflows.infer import InferOptions, prepare_infer, run_infer, skipped_path
 
     console = Console(stderr=True, soft_wrap=True)
-    if args.batch < 1:
-        raise NorcalError(f"--batch must be >= 1, got {args.batch}")
-    if args.threads is not None and args.threads < 1:
-        raise NorcalError(f"--threads must be >= 1, got {args.threads}")
+    options = InferOptions(args.model, args.inputs, args.output, batch_size=args.batch, provider=args.provider,
+                           threads=args.threads, min_size=args.min_size, max_size=args.max_size,
+                           image_ids=args.image_ids, table=args.table, masks=not args.no_masks,
+                           skip_unreadable=args.skip_unreadable, draw_dir=args.draw, draw_count=args.draw_count)
+    options.check()
     gpu = args.provider in ("cuda", "tensorrt") or Path(args.model).suffix.lower() in ENGINE_SUFFIXES
-    ray = ray_options(args, gpu)
-    if ray is not None and args.draw:
-        raise NorcalError("--draw is not available with --ray: draw with a run on this machine")
-    paths = expand_inputs(args.inputs)
-    if not paths:
-        raise NorcalError("no image files found in " + ", ".join(args.inputs))
-    check_outputs([args.model, *args.inputs, *paths, args.image_ids, args.table],
-                  files={"-o": args.output,
-                         "skipped list": skipped_path(args.output) if args.skip_unreadable else None},
-                  folders={"--draw": args.draw})
-    by_name, ann_cats = None, None
-    if args.image_ids:
-        ann_cats, by_name = category_ids_from_annotations(args.image_ids)
-        unknown = [p for p in paths if p.name not in by_name]
-        paths = [p for p in paths if p.name in by_name]
-        if not paths:
-            raise NorcalError(f"none of the {len(unknown)} image files is in {args.image_ids} "
-                              f"(matched by file name, e.g. {unknown[0].name})")
-    if ray is None:
-        runner = open_runner(args.model, args.provider, args.threads)
-    else:  # only for the metadata here: the workers, maybe on GPU nodes, open their own
-        runner = open_runner(args.model, "cpu" if Path(args.model).suffix.lower() == ".onnx" else None, 1)
-    meta = runner_metadata(runner)
-    check_detector(Path(args.model).name, runner.input_names, runner.output_names, meta)
-    spec = input_spec(meta, args.min_size, args.max_size)
-    cat_ids, cat_source = _category_ids(args, meta, ann_cats)
-    unreadable = unreadable_files(paths, skip=args.skip_unreadable,  # before any work
-                                  sizes=(spec.min_size, spec.max_size))
-    if unreadable:
-        gone = {p for p, _ in unreadable}
-        paths = [p for p in paths if p not in gone]
-        if not paths:
-            raise NorcalError(f"none of the {len(gone)} image files could be read, e.g. "
-                              f"{unreadable[0][0]}: {unreadable[0][1]}")
-    with_masks = not args.no_masks and "masks" in runner.output_names
-    draw_table, drawn = (_draw_table(args, meta) if args.draw else None), []
+    options = replace(options, ray=ray_options(args, gpu))
+
+    def outputs(paths):  # before any file is read; the errors name the flags
+        check_outputs([args.model, *args.inputs, *paths, args.image_ids, args.table],
+                      files={"-o": args.output,
+                             "skipped list": skipped_path(args.output) if args.skip_unreadable else None},
+                      folders={"--draw": args.draw})
+
+    job = prepare_infer(options, check_outputs=outputs)
+    ray, spec = options.ray, job.spec
     where = "" if ray is None else (f" on Ray ({ray.address or 'default address'}, {ray.num_workers} "
                                     f"worker{'s' if ray.num_workers > 1 else ''})")
-    name = runner.name if ray is None or not runner.name.startswith("onnxruntime") else \
-        f"onnxruntime-{args.provider or 'cpu'}"
-    console.print(f"{name}{where}: {len(paths)} images, batch {args.batch}, resize "
-                  f"{spec.min_size}/{spec.max_size} {spec.input_format}, categories from {cat_source}")
-    if ray is not None:
-        del runner  # the workers open their own
+    source = FLAGS.get(job.category_source, job.category_source)
+    console.print(f"{job.runner_name}{where}: {len(job.paths)} images, batch {args.batch}, resize "
+                  f"{spec.min_size}/{spec.max_size} {spec.input_format}, categories from {source}")
 
     class Rate(ProgressColumn):
         def render(self, task):
             return Text(f"{task.speed:.1f} images/s" if task.speed else "- images/s")
 
-    done_images = 0
-    failed = [(p, f"not in {args.image_ids}") for p in unknown] if args.image_ids else []
-    failed += unreadable
-    skipped = failed if args.skip_unreadable else None
     with Progress(TextColumn("infer"), BarColumn(), MofNCompleteColumn(), Rate(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress, results_writer(args.output) as out:
-        task = progress.add_task("infer", total=len(paths))
-        step = lambda n: progress.advance(task, n)  # noqa: E731
-        if ray is None:
-            for path, det in run_images(runner, paths, args.batch, spec, failed, on_done=step,
-                                        skip_unreadable=args.skip_unreadable):
-                out.add(*results_fragment(_image_id(path, by_name), det, cat_ids, with_masks))
-                done_images += 1
-                if draw_table is not None and len(drawn) < args.draw_count:
-                    drawn.append((path, det))
-        else:
-            from norcal.runtime.ray_inference import ResultsFormat, run_images_ray
-
-            make_runner = functools.partial(open_runner, Path(args.model).resolve(), args.provider,
-                                            ray.threads)
-            ids = [_image_id(p, by_name) for p in paths]
-            for image in run_images_ray(make_runner, [p.resolve() for p in paths], ids, spec,
-                                        ResultsFormat(cat_ids, with_masks), args.batch, ray,
-                                        failed=skipped, on_done=step):
-                out.add(image.text, image.count)
-                done_images += 1
-        if not done_images:
-            raise NorcalError(f"none of the {len(paths) + len(unreadable)} image files could be read, "
-                              f"e.g. {failed[-1][0]}: {failed[-1][1]}")
-    console.print(f"wrote {args.output}: {out.count} detections on {done_images} images")
-    if args.skip_unreadable:
-        write_json(skipped_path(args.output), {
-            "results": str(args.output), "images_run": done_images,
-            "skipped": [{"file": str(p), "reason": why} for p, why in failed]})
-        console.print(f"wrote {skipped_path(args.output)}: {len(failed)} file(s) skipped")
-    if drawn:
-        from norcal.workflows.pictures import draw_model_pictures
-
-        pictures = draw_model_pictures(args.model, drawn, args.draw, draw_table, args.provider)
-        console.print(f"wrote {len(pictures)} pictures to {args.draw}")
-    if failed:
-        console.print(f"[yellow]{len(failed)} file(s) skipped:[/yellow]")
-        for p, why in failed:
+                  console=console, transient=False) as progress:
+        task = progress.add_task("infer", total=len(job.paths))
+        result = run_infer(job, on_done=lambda n: progress.advance(task, n))
+    console.print(f"wrote {args.output}: {result.num_detections} detections on {result.num_images} images")
+    if result.skipped_path is not None:
+        console.print(f"wrote {result.skipped_path}: {len(result.skipped)} file(s) skipped")
+    if result.pictures:
+        console.print(f"wrote {len(result.pictures)} pictures to {args.draw}")
+    if result.skipped:
+        console.print(f"[yellow]{len(result.skipped)} file(s) skipped:[/yellow]")
+        for p, why in result.skipped:
             console.print(f"  {p}: {why}")
     return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from norcal.core import contract
 from norcal.core.errors import NorcalError
 
 HELP = "check that ONNX Runtime / TensorRT give the same detections as the PyTorch model"
@@ -66,36 +65,8 @@ def add_arguments(p):
 
 
 # parameters named in the library's errors -> the flags here
-FLAGS = {"skip_unreadable=True": "--skip-unreadable"}
-
-
-def _engine_runner(args, console):
-    """The TensorRT runner, or None with a printed note when TensorRT or a GPU is missing."""
-    import importlib.util
-
-    engine = Path(args.engine)
-    if not engine.is_file():
-        raise NorcalError(f"{engine}: no such engine file")
-    why = None
-    if importlib.util.find_spec("tensorrt") is None:
-        why = "TensorRT's Python package is not installed"
-    else:
-        try:
-            import torch
-
-            if not torch.cuda.is_available():
-                why = "no CUDA GPU is visible"
-        except ImportError:
-            why = "torch is not installed"
-    if why:
-        console.print(f"[yellow]note:[/yellow] TensorRT not compared ({why}); {engine.name} was not run")
-        return None
-    from norcal.runtime.tensorrt_runner import TensorRTRunner
-
-    runner = TensorRTRunner(engine)
-    if args.engine_precision:
-        runner.precision = args.engine_precision
-    return runner
+FLAGS = {"skip_unreadable=True": "--skip-unreadable", "batch_size": "--batch", "checkpoint": "--checkpoint",
+         "config": "--config", "engine": "--engine", "engine_precision": "--engine-precision"}
 
 
 def _load_images(args, console, skipped):
@@ -131,31 +102,22 @@ def _load_images(args, console, skipped):
 def run(args) -> int:
     from rich.console import Console
     from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from norcal.core.fileio import write_json
-    from norcal.core.contract import check_detector, input_spec
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
-    from norcal.cli.parity_tables import render_tables
-    from norcal.workflows.parity import (PRESETS, fixed_input_shape, model_score_thresh, report_json,
-                                         run_parity, runner_precision, verdict_lines)
-    from norcal.export.torch_runner import TorchRunner, onnx_calibration
     from norcal.cli.options import check_outputs
+    from norcal.cli.parity_tables import render_tables
+    from norcal.core.fileio import write_json
+    from norcal.workflows.parity import ParityRequest, build_runners, report_json, run_parity, verdict_lines
 
     console = Console(soft_wrap=True)
-    if not Path(args.model).is_file():
-        raise NorcalError(f"{args.model}: no such file")
+    request = ParityRequest(args.model, checkpoint=args.checkpoint, config=args.config, engine=args.engine,
+                            engine_precision=args.engine_precision, provider=args.provider,
+                            batch_size=args.batch)
+    request.check()
     check_outputs([args.model, args.checkpoint, args.config, args.engine, args.gt, *args.images],
                   files={"--json": args.json})
-    if args.batch < 1:
-        raise NorcalError(f"--batch must be >= 1, got {args.batch}")
     if args.limit is not None and args.limit < 1:
         raise NorcalError(f"--limit must be >= 1, got {args.limit}")
-    if args.config and not args.checkpoint:
-        raise NorcalError("--config goes with --checkpoint")
-    if args.engine_precision and not args.engine:
-        raise NorcalError("--engine-precision sets the tolerances for --engine; no --engine given")
-    if not args.checkpoint and not args.engine:
-        raise NorcalError("nothing to compare ONNX Runtime with: give --checkpoint (PyTorch) and/or --engine")
     skipped: list = []
     images, paths = _load_images(args, console, skipped)
     gt = image_ids = cat_ids = None
@@ -171,58 +133,28 @@ def run(args) -> int:
             raise NorcalError(f"{len(unknown)} image(s) are not in {args.gt} (by file name), e.g. {unknown[0]}")
         image_ids = [by_name[p.name] for p in paths]
 
-    ort = OnnxRuntimeRunner(args.model, args.provider)
-    check_detector(Path(args.model).name, ort.input_names, ort.output_names, ort.metadata)
-    calibration = onnx_calibration(args.model)
-    runners = []
+    built = build_runners(request, stage=console.status)
     if args.checkpoint:
-        with console.status("loading the PyTorch model"):
-            torch_runner = TorchRunner.from_checkpoint(args.checkpoint, args.config, calibration=calibration)
-        ours, theirs = (r.metadata.get(contract.NUM_CLASSES) for r in (torch_runner, ort))
-        if ours and theirs and ours != theirs:  # else the NorCal prior's length is what fails
-            raise NorcalError(f"--checkpoint {args.checkpoint} has {ours} classes but {Path(args.model).name} "
-                              f"has {theirs}: compare a model with the checkpoint it was exported from")
-        runners.append(torch_runner)
+        calibration = built.calibration
         console.print(f"PyTorch: {Path(args.checkpoint).name} with "
                       f"{calibration.describe() if calibration else 'plain scores (the ONNX has no NorCal node)'}")
-    runners.append(ort)
-    if args.engine:
-        trt = _engine_runner(args, console)
-        if trt is not None:
-            mine, theirs = ort.metadata.get(contract.GAMMA), trt.metadata.get(contract.GAMMA)
-            if trt.metadata and mine != theirs:
-                console.print(f"[yellow]note:[/yellow] the engine was built with NorCal gamma {theirs}, "
-                              f"the ONNX has {mine}")
-            runners.append(trt)
-    if len(runners) < 2:
-        raise NorcalError("nothing left to compare: TensorRT is unavailable and no --checkpoint was given")
-
-    meta = ort.metadata
-    spec = input_spec(meta)
-    from norcal.runtime.preprocess import resize_problem
-
-    for p, image in zip(paths or (), images):
-        if problem := resize_problem(image.shape[0], image.shape[1], spec.min_size, spec.max_size):
-            raise NorcalError(f"{p}: cannot run this image: {problem}")
-    score_thresh = model_score_thresh(meta)
-    tolerances = {r.name: PRESETS[runner_precision(r)] for r in runners}
-    fixed = fixed_input_shape(ort)
-    if fixed and fixed[0] and fixed[0] != args.batch:
-        console.print(f"the model's batch is fixed at {fixed[0]}: using batch {fixed[0]}")
-        args.batch = fixed[0]
-    console.print(f"{len(images)} images, batch {args.batch}, resize {spec.min_size}/{spec.max_size} "
+    for note in built.notes:
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
+    built.check_images(images, paths)
+    runners, spec, tolerances = built.runners, built.spec, built.tolerances
+    if built.batch_size != args.batch:
+        console.print(f"the model's batch is fixed at {built.batch_size}: using batch {built.batch_size}")
+    console.print(f"{len(images)} images, batch {built.batch_size}, resize {spec.min_size}/{spec.max_size} "
                   f"{spec.input_format}; reference {runners[0].name}; "
                   + ", ".join(f"{r.name}: {tolerances[r.name].precision}" for r in runners[1:]))
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         tasks = {r.name: progress.add_task(r.name, total=len(images)) for r in runners}
         result = run_parity(runners, images, min_size=spec.min_size, max_size=spec.max_size,
                             input_format=spec.input_format, divisibility=spec.divisibility,
-                            batch_size=args.batch, tolerances=tolerances, score_thresh=score_thresh,
-                            gt=gt, image_ids=image_ids, category_ids=cat_ids, fixed_shape=fixed,
+                            batch_size=built.batch_size, tolerances=tolerances, score_thresh=built.score_thresh,
+                            gt=gt, image_ids=image_ids, category_ids=cat_ids, fixed_shape=built.fixed_shape,
                             on_batch=lambda name, done: progress.update(tasks[name], completed=done))
     for t in render_tables(result):
         console.print(t)

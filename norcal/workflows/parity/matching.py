@@ -8,23 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU [N, M] of boxes a [N, 4] and b [M, 4] (x0, y0, x1, y1)."""
-    a = np.asarray(a, np.float64).reshape(-1, 4)
-    b = np.asarray(b, np.float64).reshape(-1, 4)
-    area_a = np.clip(a[:, 2] - a[:, 0], 0, None) * np.clip(a[:, 3] - a[:, 1], 0, None)
-    area_b = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    wh = np.clip(rb - lt, 0, None)
-    inter = wh[..., 0] * wh[..., 1]
-    union = area_a[:, None] + area_b[None, :] - inter
-    with np.errstate(invalid="ignore", divide="ignore"):
-        iou = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
-    # two identical empty boxes (a degenerate detection clipped to the border) are the same box
-    same = (union <= 0) & np.all(a[:, None, :] == b[None, :, :], axis=-1)
-    return np.where(same, 1.0, iou)
+from norcal.core.boxes import box_iou
 
 
 def match_detections(ref_boxes, ref_scores, ref_classes, cand_boxes, cand_scores, cand_classes,
@@ -41,7 +25,8 @@ def match_detections(ref_boxes, ref_scores, ref_classes, cand_boxes, cand_scores
     if nr == 0 or nc == 0:
         empty = np.zeros(0, np.int64)
         return empty, empty, np.zeros(0)
-    iou = box_iou(ref_boxes, cand_boxes)
+    # identical zero-area boxes (a detection clipped to the border on both sides) pair up
+    iou = box_iou(ref_boxes, cand_boxes, identical_empty=True)
     iou[np.asarray(ref_classes)[:, None] != np.asarray(cand_classes)[None, :]] = -1.0
     sdiff = np.abs(np.asarray(ref_scores, np.float64)[:, None] - np.asarray(cand_scores, np.float64)[None, :])
     if max_score_diff is not None:

@@ -1,0 +1,164 @@
+"""Which runners a parity check compares, and how each one is judged.
+
+A :class:`ParityRequest` names the model (run with ONNX Runtime) and, optionally, the
+detectron2 checkpoint it was exported from (PyTorch, rebuilt with the ONNX's NorCal prior: the
+reference when given) and a TensorRT engine built from it. :func:`build_runners` opens them,
+reference first, with each candidate's tolerance preset, the model's input spec and score
+threshold, and the batch the model allows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+from norcal.core import contract
+from norcal.core.errors import NorcalError
+from norcal.core.runner import Runner
+from norcal.workflows.parity.tolerances import PRESETS, Tolerances, runner_precision
+
+
+@dataclass(frozen=True)
+class ParityRequest:
+    """model: the ONNX model. checkpoint / config: the detectron2 checkpoint (and its config
+    yaml; default inferred) that adds PyTorch as the reference. engine: a TensorRT engine built
+    from the model; engine_precision: its tolerance preset (default from the engine).
+    provider: ONNX Runtime's execution provider. batch_size: images per batch, every backend."""
+
+    model: str | os.PathLike
+    checkpoint: str | os.PathLike | None = None
+    config: str | os.PathLike | None = None
+    engine: str | os.PathLike | None = None
+    engine_precision: str | None = None
+    provider: str = "cpu"
+    batch_size: int = 1
+
+    def check(self) -> None:
+        """The request on its own: the model exists, and there is something to compare it with."""
+        if not Path(self.model).is_file():
+            raise NorcalError(f"{self.model}: no such file")
+        if self.batch_size < 1:
+            raise NorcalError(f"batch_size must be >= 1, got {self.batch_size}", param="batch_size")
+        if self.config and not self.checkpoint:
+            raise NorcalError("config goes with checkpoint", param=("config", "checkpoint"))
+        if self.engine_precision and not self.engine:
+            raise NorcalError("engine_precision sets the tolerances for engine; no engine given",
+                              param=("engine_precision", "engine"))
+        if self.engine_precision is not None and self.engine_precision not in PRESETS:
+            raise NorcalError(f"engine_precision must be one of {', '.join(PRESETS)}, got "
+                              f"{self.engine_precision!r}", param="engine_precision")
+        if not self.checkpoint and not self.engine:
+            raise NorcalError("nothing to compare ONNX Runtime with: give checkpoint (PyTorch) and/or engine",
+                              param=("checkpoint", "engine"))
+
+
+@dataclass
+class ParityRunners:
+    """The runners, reference first, and what :func:`norcal.workflows.parity.run_parity`
+    needs besides: each runner's tolerances (by name), the model's input spec, score
+    threshold and fixed input shape (if any), and the batch size (the model's fixed batch
+    wins over the requested one). ``calibration``: the NorCal prior the PyTorch side was
+    given (None for a plain model or without a checkpoint). ``notes``: what was left out or
+    differs, one line each (TensorRT unavailable, an engine built at another gamma)."""
+
+    runners: list[Runner]
+    onnx: Runner
+    tolerances: dict[str, Tolerances]
+    spec: Any  # norcal.core.contract.InputSpec
+    score_thresh: float
+    fixed_shape: Any
+    batch_size: int
+    calibration: Any = None  # norcal.export.torch_runner.OnnxCalibration
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reference(self) -> Runner:
+        return self.runners[0]
+
+    def check_images(self, images, paths=None) -> None:
+        """Refuse an image the model's resize cannot take (named by its path when given)."""
+        from norcal.runtime.preprocess import resize_problem
+
+        for i, image in enumerate(images):
+            if problem := resize_problem(image.shape[0], image.shape[1], self.spec.min_size, self.spec.max_size):
+                where = paths[i] if paths is not None else f"image {i}"
+                raise NorcalError(f"{where}: cannot run this image: {problem}")
+
+
+def tensorrt_unavailable() -> str | None:
+    """Why TensorRT cannot run here (no Python package, no torch, no CUDA GPU), or None."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return "TensorRT's Python package is not installed"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    return None if torch.cuda.is_available() else "no CUDA GPU is visible"
+
+
+def _engine_runner(request: ParityRequest) -> tuple[Runner | None, str | None]:
+    """The TensorRT runner, or (None, a note) when TensorRT or a GPU is missing."""
+    engine = Path(request.engine)
+    if not engine.is_file():
+        raise NorcalError(f"{engine}: no such engine file")
+    why = tensorrt_unavailable()
+    if why:
+        return None, f"TensorRT not compared ({why}); {engine.name} was not run"
+    from norcal.runtime.tensorrt_runner import TensorRTRunner
+
+    runner = TensorRTRunner(engine)
+    if request.engine_precision:
+        runner.precision = request.engine_precision
+    return runner, None
+
+
+def build_runners(request: ParityRequest,
+                  stage: Callable[[str], ContextManager] | None = None) -> ParityRunners:
+    """Open the runners the request names: PyTorch (with ``checkpoint``; the reference), ONNX
+    Runtime, TensorRT (with ``engine``, when TensorRT and a GPU are present; else a note).
+    stage(description): a context manager around slow steps (loading the PyTorch model), for
+    a front end's spinner."""
+    from norcal.core.contract import check_detector, input_spec
+    from norcal.export.torch_runner import TorchRunner, onnx_calibration
+    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.workflows.parity.run import fixed_input_shape, model_score_thresh
+
+    request.check()
+    stage = stage or (lambda _description: contextlib.nullcontext())
+    ort = OnnxRuntimeRunner(request.model, request.provider)
+    check_detector(Path(request.model).name, ort.input_names, ort.output_names, ort.metadata)
+    calibration = onnx_calibration(request.model)
+    runners: list[Runner] = []
+    notes: list[str] = []
+    if request.checkpoint:
+        with stage("loading the PyTorch model"):
+            torch_runner = TorchRunner.from_checkpoint(request.checkpoint, request.config,
+                                                       calibration=calibration)
+        ours, theirs = (r.metadata.get(contract.NUM_CLASSES) for r in (torch_runner, ort))
+        if ours and theirs and ours != theirs:  # else the NorCal prior's length is what fails
+            raise NorcalError(f"checkpoint {request.checkpoint} has {ours} classes but "
+                              f"{Path(request.model).name} has {theirs}: compare a model with the "
+                              "checkpoint it was exported from", param="checkpoint")
+        runners.append(torch_runner)
+    runners.append(ort)
+    if request.engine:
+        trt, note = _engine_runner(request)
+        if note:
+            notes.append(note)
+        if trt is not None:
+            mine, theirs = ort.metadata.get(contract.GAMMA), trt.metadata.get(contract.GAMMA)
+            if trt.metadata and mine != theirs:
+                notes.append(f"the engine was built with NorCal gamma {theirs}, the ONNX has {mine}")
+            runners.append(trt)
+    if len(runners) < 2:
+        raise NorcalError("nothing left to compare: TensorRT is unavailable and no checkpoint was given",
+                          param="checkpoint")
+    fixed = fixed_input_shape(ort)
+    batch = fixed[0] if fixed and fixed[0] and fixed[0] != request.batch_size else request.batch_size
+    return ParityRunners(runners, ort, {r.name: PRESETS[runner_precision(r)] for r in runners},
+                         input_spec(ort.metadata), model_score_thresh(ort.metadata), fixed, batch,
+                         calibration if request.checkpoint else None, notes)

@@ -1,0 +1,77 @@
+"""norcal.workflows.parity.runners: which runners a parity request opens, judged how."""
+
+import pytest
+
+from conftest import TINY
+from norcal.core.errors import NorcalError
+from norcal.workflows.parity import ParityRequest, build_runners
+from norcal.workflows.parity import runners as runners_module
+
+CKPT, CFG = TINY / "model_final.pth", TINY / "config.yaml"
+
+
+@pytest.fixture(scope="module")
+def g05(tmp_path_factory):
+    """The tiny detector exported with NorCal at gamma 0.5."""
+    from norcal.core.onnx_io import save_onnx
+    from norcal.export.calibrate_onnx import calibrate_onnx
+    from norcal.export.detector import export_detector, load_detector
+
+    spec, model = load_detector(CKPT, CFG)
+    path = tmp_path_factory.mktemp("runners") / "g05.onnx"
+    save_onnx(calibrate_onnx(export_detector(model, spec), 0.5), path)
+    return path
+
+
+@pytest.mark.parametrize("kwargs, message, params", [
+    ({"batch_size": 0}, "batch_size must be >= 1, got 0", ("batch_size",)),
+    ({"config": "c.yaml"}, "config goes with checkpoint", ("config", "checkpoint")),
+    ({"checkpoint": "m.pth", "engine_precision": "fp16"}, "no engine given", ("engine_precision", "engine")),
+    ({"engine": "e.engine", "engine_precision": "bf16"}, "must be one of fp32, tf32, fp16, int8",
+     ("engine_precision",)),
+    ({}, "nothing to compare ONNX Runtime with", ("checkpoint", "engine")),
+])
+def test_request_errors_name_parameters(tmp_path, kwargs, message, params):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    with pytest.raises(NorcalError, match=message) as e:
+        ParityRequest(model, **kwargs).check()
+    assert e.value.params == params and "--" not in str(e.value)
+    with pytest.raises(NorcalError, match="no such file"):
+        ParityRequest(tmp_path / "none.onnx", checkpoint=CKPT).check()
+
+
+def test_checkpoint_is_the_reference_with_the_onnx_prior(g05):
+    stages = []
+
+    class Stage:
+        def __init__(self, description):
+            stages.append(description)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    built = build_runners(ParityRequest(g05, checkpoint=CKPT, config=CFG, batch_size=2), stage=Stage)
+    assert [r.name for r in built.runners] == ["pytorch", "onnxruntime-cpu"]
+    assert built.reference is built.runners[0] and built.onnx is built.runners[1]
+    assert {n: t.precision for n, t in built.tolerances.items()} == {"pytorch": "fp32", "onnxruntime-cpu": "fp32"}
+    assert "NorCal gamma 0.5" in built.calibration.describe()
+    assert built.batch_size == 2 and built.notes == [] and stages == ["loading the PyTorch model"]
+    assert (built.spec.min_size, built.spec.max_size) == (320, 512)  # the tiny config's test sizes
+
+
+def test_an_engine_without_tensorrt_is_a_note(g05, tmp_path, monkeypatch):
+    engine = tmp_path / "x.engine"
+    with pytest.raises(NorcalError, match="no such engine file"):
+        build_runners(ParityRequest(g05, engine=engine))
+    engine.write_bytes(b"not run")
+    monkeypatch.setattr(runners_module, "tensorrt_unavailable", lambda: "no CUDA GPU is visible")
+    with pytest.raises(NorcalError, match="nothing left to compare") as e:
+        build_runners(ParityRequest(g05, engine=engine))
+    assert e.value.params == ("checkpoint",)
+    built = build_runners(ParityRequest(g05, checkpoint=CKPT, config=CFG, engine=engine))
+    assert [r.name for r in built.runners] == ["pytorch", "onnxruntime-cpu"]
+    assert built.notes == ["TensorRT not compared (no CUDA GPU is visible); x.engine was not run"]
