@@ -222,8 +222,8 @@ class _View:
         if node.op == "Softmax":
             a = node.attrs.get("axis", -1 if self.opset >= 13 else 1)
             axis = a if a >= 0 else (None if rank is None else a + rank)
-        elif axis_hint is not None:
-            axis = axis_hint
+        elif axis_hint is not None:  # counted from the end when negative (-1: the last)
+            axis = axis_hint if axis_hint >= 0 else (None if rank is None else axis_hint + rank)
         elif rank is not None:
             fits = [i for i, d in enumerate(dims) if want is not None and d == want]
             axis = fits[0] if len(fits) == 1 else rank - 1
@@ -271,6 +271,9 @@ class _View:
         if len(acts) > 1:
             raise NorcalError(f"tensor {logits!r}{origin} feeds {len(acts)} activations; cannot choose")
         cand = self.candidate(acts[0], want, search=False, axis_hint=axis_hint)
+        if not cand.problem and cand.width is None and want is not None and axis_hint is None:
+            cand.problem = (f"the size of its class axis ({cand.axis_text()}) is unknown: cannot check "
+                            f"it against the calibration's {want}")
         if cand.problem:
             raise NorcalError(f"tensor {logits!r}{origin} {cand.shape_text()}: {cand.problem}", param="logits")
         return cand
@@ -284,13 +287,9 @@ class _View:
             return [self.named(name, "", want, axis_hint) for name in contract.split_names(logits)]
         recorded = contract.split_names(self.meta.get(contract.CLASSIFIER_LOGITS))
         if recorded:  # a checkpoint export: the classes are on the last axis
-            return [self.named(name, f" (the model's {contract.CLASSIFIER_LOGITS})", want, self._last(name))
+            return [self.named(name, f" (the model's {contract.CLASSIFIER_LOGITS})", want, -1)
                     for name in recorded]
         return [self.classifier(want, settings.num_classes if settings is not None else None)]
-
-    def _last(self, tensor: str) -> int | None:
-        dims = _dims(self.types.get(tensor))
-        return None if dims is None else len(dims) - 1
 
     def classifier(self, want: int | None, num_classes: int | None = None) -> Candidate:
         """The one box classifier the heuristic finds (foreign graphs); none, or several, is an
@@ -453,7 +452,8 @@ def insert_norcal(model: onnx.ModelProto, calibration: Calibration) -> onnx.Mode
     logits, hint = calibration.logits, None
     if has_norcal(model):
         if not logits or logits == view.meta.get(contract.LOGITS):
-            hint = recorded_axis(view.meta)  # re-calibrating: the axis the node was on
+            hint = recorded_axis(view.meta)  # re-calibrating: the axis the node was on (None: last)
+            hint = -1 if hint is None else hint
         logits = logits or view.meta.get(contract.LOGITS)
         view.strip()
     cands = view.classifiers(calibration, logits, hint)

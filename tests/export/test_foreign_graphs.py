@@ -110,6 +110,8 @@ def test_yolo_cli_refusal_names_the_flag(yolo_seg, tmp_path, capsys):
 @pytest.mark.slow
 def test_yolo_logits_at_the_sigmoid_input_calibrate_class_axis_1(yolo_seg, yolo_images):
     model = onnx.load(str(yolo_seg))
+    with pytest.raises(NorcalError, match="81"):  # a background slot (81 wide) fits no axis: refused
+        calibrate_onnx(model, 0.5, table(YOLO_COUNTS), logits=YOLO_LOGITS)
     gamma = 0.5
     out = calibrate_onnx(model, gamma, table(YOLO_COUNTS), background="none", logits=YOLO_LOGITS)
     meta = norcal_metadata(out)
