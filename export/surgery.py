@@ -28,9 +28,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from norcal.core import contract
+from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.core.version import __version__
-from norcal.core.calibration_spec import Calibration
 from norcal.export.norcal_node import make_function, make_nodes, make_prior
 
 # ops a classifier's logits may pass through between the Gemm/MatMul and the activation
@@ -137,13 +137,14 @@ def _has_weights(node: gs.Node) -> bool:
     for _ in range(4):
         if isinstance(t, gs.Constant):
             return True
-        if not t.inputs or t.inputs[0].op not in _WEIGHT_PATH and t.inputs[0].op != "Constant":
+        if not t.inputs:
             return False
-        if t.inputs[0].op == "Constant":
+        src = t.inputs[0]
+        if src.op == "Constant":
             return True
-        t = t.inputs[0].inputs[0] if t.inputs[0].inputs else None
-        if t is None:
+        if src.op not in _WEIGHT_PATH or not src.inputs:
             return False
+        t = src.inputs[0]
     return False
 
 
