@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import onnx
 
 from norcal.core import contract
-from norcal.core.calibration import check_gamma, log_prior
+from norcal.core.calibration_spec import Calibration, default_table
 from norcal.core.errors import NorcalError
-from norcal.core.tables import CalibrationTable, builtin_names, load_table
-from norcal.export.norcal_node import NorCalSettings
+from norcal.core.tables import CalibrationTable
 from norcal.export.surgery import classifier_candidates, insert_norcal
 
-
-def default_table(num_classes: int) -> CalibrationTable:
-    """The built-in table with exactly ``num_classes`` classes (LVIS v1: 1203, v0.5: 1230)."""
-    for name in builtin_names():
-        t = load_table(name)
-        if t.num_classes == num_classes:
-            return t
-    raise NorcalError(f"none of the built-in class counts (LVIS v1: 1203, v0.5: 1230) is for "
-                      f"{num_classes} classes; pass table (the training annotations, or a JSON of "
-                      "counts built from them)", param="table")
+__all__ = ["calibrate_onnx", "classifier_classes", "default_table", "recorded_background",
+           "check_background", "check_background_scale"]
 
 
 def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:
@@ -68,48 +57,35 @@ def check_background_scale(background_scale: float, activation: str, background:
                           "that slot); leave it at 1", param="background_scale")
 
 
-def calibrate_onnx(model: onnx.ModelProto, gamma: float, table: str | CalibrationTable | None = None,
-                   *, factor: str = "cdt", mechanism: str = "exp", renormalize: bool | None = None,
-                   background: str | None = None, background_scale: float = 1.0,
-                   count_type: str | None = None, logits: str | None = None,
-                   inline: bool = False, min_count: float | None = None) -> onnx.ModelProto:
-    """Return a copy of ``model`` whose box classifier is NorCal-calibrated with ``table``'s counts.
+def calibrate_onnx(model: onnx.ModelProto, calibration: Calibration | float | None,
+                   table: str | CalibrationTable | None = None, *, count_type: str | None = None,
+                   **options) -> onnx.ModelProto:
+    """Return a copy of ``model`` whose box classifier is NorCal-calibrated.
 
-    background None: the model's ``norcal.classifier_background``, else "last".
-    renormalize None: the classifier's own form (softmax renormalised, sigmoid not). min_count:
-    counts below it are raised to it; the metadata records it and how many classes it raised.
+    calibration: a :class:`Calibration`, or its gamma with ``table``, ``count_type`` and the
+    other fields as keywords (factor, mechanism, renormalize, background, background_scale,
+    logits, inline, min_count). Its table is loaded here, once (None: the built-in one for the
+    classifier's class count). background None: the model's ``norcal.classifier_background``,
+    else "last". renormalize None: the classifier's own form (softmax renormalised, sigmoid
+    not). min_count: counts below it are raised to it; the metadata records it and how many
+    classes it raised.
     """
-    gamma = check_gamma(gamma, factor)
+    if isinstance(calibration, Calibration):
+        if table is not None or count_type is not None or options:
+            raise TypeError("calibrate_onnx takes a Calibration or its fields, not both")
+        cal = calibration
+    else:
+        cal = Calibration(gamma=calibration, table=table, count=count_type, **options)
     meta = {p.key: p.value for p in model.metadata_props}
     recorded = recorded_background(meta)
-    if background is None:  # what the export recorded (a RetinaNet: none), else detectron2's last
-        background = recorded or "last"
+    if cal.background is None:  # what the export recorded (a RetinaNet: none), else detectron2's last
+        cal = cal.with_background(recorded or "last")
     else:
-        check_background(background, recorded)
-    if table is None:
-        n = classifier_classes(model, background)
-        if n is None:
-            raise NorcalError("cannot tell the model's class count; pass table", param="table")
-        table = default_table(n)
-    elif not isinstance(table, CalibrationTable):
-        table = load_table(table)
-    kind = count_type or table.count_type
-    counts, clamped = table.clamped_counts(kind, min_count)
-    prior = log_prior(counts, gamma, factor, background, background_scale, table.names)
-    settings = NorCalSettings(gamma=gamma, factor=factor, mechanism=mechanism,
-                              renormalize=renormalize, background=background,
-                              background_scale=background_scale, count_type=kind,
-                              table=table.name, table_sha256=table.sha256,
-                              num_classes=table.num_classes, min_count=min_count,
-                              min_count_clamped=None if min_count is None else clamped)
-    out = insert_norcal(model, prior, settings, logits=logits, inline=inline)
-    check_background_scale(background_scale, {p.key: p.value for p in out.metadata_props}[contract.ACTIVATION],
-                           background)
-    # runtime keys: the table fixes the class order, so runners map class index -> category id
-    # with it; stripping NorCal keeps them
-    props = {p.key: p.value for p in out.metadata_props}
-    props[contract.TABLE] = table.name
-    props[contract.NUM_CLASSES] = str(table.num_classes)
-    props[contract.CATEGORY_IDS] = json.dumps(table.category_ids)
-    onnx.helper.set_model_props(out, props)
+        check_background(cal.background, recorded)
+    num_classes = None
+    if cal.table is None and cal.gamma is not None:
+        num_classes = classifier_classes(model, cal.background)
+    out = insert_norcal(model, cal.resolve(num_classes))
+    check_background_scale(cal.background_scale, {p.key: p.value for p in out.metadata_props}[contract.ACTIVATION],
+                           cal.background)
     return out

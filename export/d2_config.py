@@ -16,11 +16,12 @@ from typing import Any
 
 import yaml
 
+from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError, shown
 
 from .d2_defaults import d2_defaults
 from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
-                   RETINANET_BACKBONE, STANDARD_ROI_HEADS, ConfigCalibration, ModelSpec)
+                   RETINANET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec)
 from .spec import SUPPORTED_ARCHITECTURES as SUPPORTED
 
 BASE_KEY = "_BASE_"
@@ -341,7 +342,7 @@ def _check_single_feature(c: _Cfg) -> None:
     c.require("MODEL.RESNETS.RES5_DILATION", (1, 2), "detectron2 allows only 1 or 2")
 
 
-def _calibration(c: _Cfg, provenance: dict) -> ConfigCalibration | None:
+def _calibration(c: _Cfg, provenance: dict) -> Calibration | None:
     """The NorCal authors' TEST.CALIBRATION keys (with their defaults) in our terms."""
     if c.str("MODEL.ROI_HEADS.NAME") != NORCAL_ROI_HEADS:
         return None
@@ -358,8 +359,8 @@ def _calibration(c: _Cfg, provenance: dict) -> ConfigCalibration | None:
     if on not in mechanisms:
         raise cal.bad("TEST.CALIBRATION.WITH", "expected 'exps', 'probs' or 'logits'")
     renorm = cal.bool("TEST.CALIBRATION.RENORM")
-    result = ConfigCalibration(gamma=cal.float("TEST.CALIBRATION.GAMMA"), factor=factors[method],
-                               mechanism=mechanisms[on], renormalize=renorm or on == "logits")
+    result = Calibration(gamma=cal.float("TEST.CALIBRATION.GAMMA"), factor=factors[method],
+                         mechanism=mechanisms[on], renormalize=renorm or on == "logits")
     note = (f"{NORCAL_ROI_HEADS}: StandardROIHeads with NorCal; TEST.CALIBRATION gives gamma "
             f"{result.gamma:g}, factor {result.factor}, mechanism {result.mechanism}"
             f"{'' if result.renormalize else ', not renormalised'} (the default when no gamma is given)")

@@ -15,13 +15,15 @@ background slot apart, for the logit mechanism only):
     sigmoid, prob:                     Sigmoid(logits) * Exp(-log_prior)
     sigmoid, logit:                    Sigmoid(Concat(logits_fg * Exp(s_fg), logits_bg - s_bg))
 
+Classes on another axis than the last (YOLO's [B, C, A]): the body first reshapes the prior to
+[K, 1, ..., 1] so that it broadcasts along that axis, and every axis-taking op (Softmax,
+LogSoftmax, Slice, Concat) uses that axis, counted from the end.
+
 The builders return onnx-graphsurgeon objects for :mod:`norcal.export.surgery`; names and
 metadata keys come from :mod:`norcal.core.contract`.
 """
 
 from __future__ import annotations
-
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import onnx
@@ -30,58 +32,8 @@ from onnx import helper, numpy_helper
 
 from norcal.core import contract
 from norcal.core.calibration import check_variant
+from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError
-
-
-@dataclass
-class NorCalSettings:
-    """What is baked into a model. :meth:`metadata` gives the node keys; ``table`` and
-    ``num_classes`` describe the model's classes, so they are runtime keys, written by
-    :func:`norcal.export.calibrate_onnx.calibrate_onnx` rather than by the node."""
-
-    gamma: float
-    factor: str = "cdt"
-    mechanism: str = "exp"
-    renormalize: bool | None = None  # None: the head's own form (softmax yes, sigmoid no)
-    activation: str = "softmax"
-    background: str = "last"
-    background_scale: float = 1.0
-    count_type: str = "image"
-    table: str = ""
-    table_sha256: str = ""
-    num_classes: int = 0
-    min_count: float | None = None  # counts below it were raised to it (absent when unused)
-    min_count_clamped: int | None = None  # how many classes that raised
-
-    def validate(self) -> bool:
-        """Refuse a variant that does not exist; return whether it renormalises."""
-        return check_variant(self.mechanism, self.renormalize, self.activation)
-
-    def metadata(self) -> dict[str, str]:
-        """The settings' node keys (:data:`norcal.core.contract.NODE_KEYS`): what was computed
-        (renormalize as resolved for the activation); unused fields left out."""
-        values = {**asdict(self), "renormalize": self.validate()}
-        out = {}
-        for field, key in SETTING_KEYS.items():
-            v = values[field]
-            if v is None:
-                continue
-            if isinstance(v, bool):
-                v = str(v).lower()
-            elif field == "min_count":
-                v = f"{v:g}"  # "2", not "2.0": counts are usually whole numbers
-            out[key] = str(v)
-        return out
-
-
-# settings field -> node key; table and num_classes are runtime keys (see NorCalSettings)
-SETTING_KEYS = {
-    "gamma": contract.GAMMA, "factor": contract.FACTOR, "mechanism": contract.MECHANISM,
-    "renormalize": contract.RENORMALIZE, "activation": contract.ACTIVATION,
-    "background": contract.BACKGROUND, "background_scale": contract.BACKGROUND_SCALE,
-    "count_type": contract.COUNT_TYPE, "table_sha256": contract.TABLE_SHA256,
-    "min_count": contract.MIN_COUNT, "min_count_clamped": contract.MIN_COUNT_CLAMPED,
-}
 
 
 # what the node computes per (activation, mechanism, renormalised), as docs/variants.md writes
@@ -105,8 +57,12 @@ def computed_as(mechanism: str, renormalize: bool | None, activation: str) -> st
     return _COMPUTED_AS[(activation, mechanism, renormalize)]
 
 
-def _body(settings: NorCalSettings, x: str, prior: str, out: str, prefix: str) -> list[onnx.NodeProto]:
-    """The ops computing ``out`` from logits ``x`` and ``prior``; names carry ``prefix``."""
+def _body(settings: Calibration, x: str, prior: str, out: str, prefix: str,
+          axis: int = -1) -> list[onnx.NodeProto]:
+    """The ops computing ``out`` from logits ``x`` and ``prior``; names carry ``prefix``.
+
+    axis: the logits' class axis, counted from the end (-1: the last). Another axis gets the
+    prior reshaped to [K, 1, ..., 1] first, so that it broadcasts along that axis."""
     t = lambda s: f"{prefix}{s}"  # noqa: E731 - tensor/node names inside the body
 
     def node(op: str, inputs: list[str], output: str | None, **attrs) -> onnx.NodeProto:
@@ -114,28 +70,40 @@ def _body(settings: NorCalSettings, x: str, prior: str, out: str, prefix: str) -
         return helper.make_node(op, inputs, [out if output is None else t(output)],
                                 name=t(f"{op}_{output or 'out'}"), **attrs)
 
-    renormalize = settings.validate()
+    if axis >= 0:
+        raise ValueError(f"the class axis is counted from the end here, got {axis}")
+    head: list[onnx.NodeProto] = []
+    if axis != -1:
+        shape = numpy_helper.from_array(np.array([-1] + [1] * (-axis - 1), np.int64))
+        head = [node("Constant", [], "prior_shape", value=shape),
+                node("Reshape", [prior, t("prior_shape")], "prior_on_axis")]
+        prior = t("prior_on_axis")
+    return head + _variant_body(settings, x, prior, t, node, axis)
+
+
+def _variant_body(settings: Calibration, x: str, prior: str, t, node, axis: int) -> list[onnx.NodeProto]:
+    renormalize = settings.renormalized
     sigmoid = settings.activation == "sigmoid"
     if settings.mechanism == "prob" and not renormalize:
         if sigmoid:  # s_c / a_c
             return [node("Sigmoid", [x], "sigmoid"), node("Neg", [prior], "neg_prior"),
                     node("Exp", [t("neg_prior")], "inv_factor"),
                     node("Mul", [t("sigmoid"), t("inv_factor")], None)]
-        return [node("LogSoftmax", [x], "log_probs", axis=-1),  # p(c|x) / a_c
+        return [node("LogSoftmax", [x], "log_probs", axis=axis),  # p(c|x) / a_c
                 node("Sub", [t("log_probs"), prior], "shifted"), node("Exp", [t("shifted")], None)]
     if settings.mechanism == "logit":
-        nodes = _logit_nodes(settings, x, prior, t, node)
+        nodes = _logit_nodes(settings, x, prior, t, node, axis)
     else:
         nodes = [node("Sub", [x, prior], "shifted")]
     z = nodes[-1].output[0]
     if sigmoid:
         return nodes + [node("Sigmoid", [z], None)]
     if renormalize:
-        return nodes + [node("Softmax", [z], None, axis=-1)]
+        return nodes + [node("Softmax", [z], None, axis=axis)]
     return nodes + [node("Exp", [z], None)]  # no denominator
 
 
-def _logit_nodes(settings: NorCalSettings, x: str, prior: str, t, node) -> list[onnx.NodeProto]:
+def _logit_nodes(settings: Calibration, x: str, prior: str, t, node, axis: int) -> list[onnx.NodeProto]:
     """Logits scaled by the factors (softmax: phi_c / a_c, sigmoid: phi_c * a_c); the background
     slot gets phi_bg + log b instead, since b multiplies exp(phi_bg) in every mechanism."""
     divide = settings.activation == "softmax"
@@ -143,12 +111,13 @@ def _logit_nodes(settings: NorCalSettings, x: str, prior: str, t, node) -> list[
         neg = [node("Neg", [prior], "neg_prior")] if divide else []
         return neg + [node("Exp", [t("neg_prior") if divide else prior], "factor"),
                       node("Mul", [x, t("factor")], "scaled")]
-    # [fg, bg] or [bg, fg] along the last axis: Slice with constant bounds (TensorRT-friendly)
+    # [fg, bg] or [bg, fg] along the class axis: Slice with constant bounds (TensorRT-friendly);
+    # the prior has been reshaped so that its class axis is the same axis from the end
     last = settings.background == "last"
     end = np.iinfo(np.int64).max
     bounds = {"fg": (0, -1), "bg": (-1, end)} if last else {"fg": (1, end), "bg": (0, 1)}
     const = lambda name, v: node("Constant", [], name, value=numpy_helper.from_array(np.array([v], np.int64)))  # noqa: E731
-    nodes = [const("axis", -1)]
+    nodes = [const("axis", axis)]
     for part, (lo, hi) in bounds.items():
         nodes += [const(f"{part}_lo", lo), const(f"{part}_hi", hi)]
         for src, tag in ((x, "x"), (prior, "prior")):
@@ -159,7 +128,7 @@ def _logit_nodes(settings: NorCalSettings, x: str, prior: str, t, node) -> list[
               node("Mul", [t("fg_x"), t("factor")], "fg_scaled"),
               node("Sub", [t("bg_x"), t("bg_prior")], "bg_shifted")]
     parts = [t("fg_scaled"), t("bg_shifted")] if last else [t("bg_shifted"), t("fg_scaled")]
-    return nodes + [node("Concat", parts, "scaled", axis=-1)]
+    return nodes + [node("Concat", parts, "scaled", axis=axis)]
 
 
 def _gs_nodes(protos: list[onnx.NodeProto], tensors: dict[str, gs.Tensor]) -> list[gs.Node]:
@@ -175,10 +144,11 @@ def _gs_nodes(protos: list[onnx.NodeProto], tensors: dict[str, gs.Tensor]) -> li
             for p in protos]
 
 
-def make_function(settings: NorCalSettings, opset: int) -> gs.Function:
-    """The model-local function ``ai.norcal::NorCal(logits, log_prior) -> probs``."""
+def make_function(settings: Calibration, opset: int, axis: int = -1) -> gs.Function:
+    """The model-local function ``ai.norcal::NorCal(logits, log_prior) -> probs`` (``axis``: the
+    logits' class axis, from the end)."""
     io = {n: gs.Variable(n) for n in ("logits", "log_prior", "probs")}
-    nodes = _gs_nodes(_body(settings, "logits", "log_prior", "probs", ""), io)
+    nodes = _gs_nodes(_body(settings, "logits", "log_prior", "probs", "", axis), io)
     return gs.Function(
         contract.NODE_OP_TYPE, domain=contract.NODE_DOMAIN, nodes=nodes,
         inputs=[io["logits"], io["log_prior"]], outputs=[io["probs"]], opset=opset,
@@ -188,13 +158,13 @@ def make_function(settings: NorCalSettings, opset: int) -> gs.Function:
     )
 
 
-def make_nodes(settings: NorCalSettings, logits: gs.Tensor, prior: gs.Constant, output: gs.Tensor,
-               inline: bool) -> list[gs.Node]:
+def make_nodes(settings: Calibration, logits: gs.Tensor, prior: gs.Constant, output: gs.Tensor,
+               inline: bool, axis: int = -1) -> list[gs.Node]:
     """Nodes that compute ``output`` from ``logits``: one NorCal node, or its body inlined."""
     if inline:
         tensors = {t.name: t for t in (logits, prior, output)}
-        return _gs_nodes(_body(settings, logits.name, prior.name, output.name, contract.INLINE_PREFIX),
-                         tensors)
+        return _gs_nodes(_body(settings, logits.name, prior.name, output.name, contract.INLINE_PREFIX,
+                               axis), tensors)
     return [gs.Node(contract.NODE_OP_TYPE, name=contract.NODE_NAME, domain=contract.NODE_DOMAIN,
                     inputs=[logits, prior], outputs=[output])]
 

@@ -15,7 +15,8 @@ settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+
+from norcal.core.calibration_spec import Calibration
 
 FPN_BACKBONE = "build_resnet_fpn_backbone"
 RESNET_BACKBONE = "build_resnet_backbone"  # one ResNet stage as the only feature (C4, DC5)
@@ -27,16 +28,6 @@ RETINANET = "RetinaNet"  # meta architecture: dense sigmoid head on FPN P3-P7, n
 SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt FPN, "
                            "C4 or DC5 backbone, Cascade (Mask) R-CNN with FPN, and RetinaNet with a "
                            "ResNet/ResNeXt FPN")
-
-
-class ConfigCalibration(NamedTuple):
-    """NorCal settings a config asks for (the NorCal authors' ``TEST.CALIBRATION.*`` keys),
-    in this project's terms (``norcal.core.calibration``)."""
-
-    gamma: float
-    factor: str  # cdt | ens
-    mechanism: str = "exp"  # exp | prob | logit
-    renormalize: bool = True
 
 
 @dataclass
@@ -106,8 +97,9 @@ class ModelSpec:
     # box weights and class count use the fields above
     retinanet_num_convs: int = 4
     retinanet_topk_candidates: int = 1000  # per level, before NMS
-    # NorCal settings from the config, used when the user gives none; None: the config has none
-    calibration: ConfigCalibration | None = None
+    # NorCal settings from the config (the NorCal authors' TEST.CALIBRATION keys: gamma, factor,
+    # mechanism, renormalize), used when the user gives none; None: the config has none
+    calibration: Calibration | None = None
     # free-form notes on where values came from (config file, inferred from weights)
     provenance: dict[str, str] = field(default_factory=dict)
 

@@ -11,39 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from norcal.core.errors import NorcalError
 from norcal.core import contract
+from norcal.core.calibration_spec import Calibration
+from norcal.core.errors import NorcalError
 from norcal.core.contract import INPUT_NAMES, OUTPUT_NAMES, PRIOR_NAME
 
 
-@dataclass
-class OnnxCalibration:
-    """The NorCal calibration an ONNX model carries.
-
-    log_prior: [K] exactly as stored (its dtype's values, log a_c and -log b);
-    mechanism 'exp'/'prob'/'logit'; renormalize; activation 'softmax'/'sigmoid';
-    metadata: every ``norcal.*`` metadata entry (gamma, factor, table, ...).
-    """
-
-    log_prior: np.ndarray
-    mechanism: str
-    renormalize: bool
-    activation: str
-    metadata: dict[str, str]
-
-    def describe(self) -> str:
-        m = self.metadata
-        return (f"NorCal gamma {m.get(contract.GAMMA, '?')} ({m.get(contract.FACTOR, '?')}, "
-                f"{self.mechanism}, table {m.get(contract.TABLE, '?')})")
-
-
-def onnx_calibration(model) -> OnnxCalibration | None:
-    """The NorCal calibration of an ONNX model (a path or ModelProto); None for a plain model."""
+def onnx_calibration(model) -> Calibration | None:
+    """The NorCal calibration of an ONNX model (a path or ModelProto), its prior as stored (the
+    graph's dtype's values); None for a plain model."""
     import onnx
     from onnx import numpy_helper
 
@@ -63,13 +43,7 @@ def onnx_calibration(model) -> OnnxCalibration | None:
             raise NorcalError(f"the model's metadata says NorCal gamma {meta[contract.GAMMA]} but it has "
                               f"no {PRIOR_NAME} initializer")
         return None
-    return OnnxCalibration(
-        log_prior=numpy_helper.to_array(prior).copy(),
-        mechanism=meta.get(contract.MECHANISM, "exp"),
-        renormalize=meta.get(contract.RENORMALIZE, "true").lower() != "false",
-        activation=meta.get(contract.ACTIVATION, "softmax"),
-        metadata=meta,
-    )
+    return contract.calibration_from_metadata(meta, numpy_helper.to_array(prior).copy())
 
 
 def box_predictor(model):
@@ -94,7 +68,7 @@ def predictor_state(pred):
 
 
 @contextlib.contextmanager
-def calibrated(model, calibration: OnnxCalibration | None):
+def calibrated(model, calibration: Calibration | None):
     """Within the block the model's box predictor scores with ``calibration`` (None: plain
     scores); its previous state comes back after."""
     with predictor_state(box_predictor(model)) as pred:
@@ -102,7 +76,7 @@ def calibrated(model, calibration: OnnxCalibration | None):
         yield model
 
 
-def _apply(pred, cal: OnnxCalibration | None) -> None:
+def _apply(pred, cal: Calibration | None) -> None:
     if cal is None:
         pred.set_log_prior(None)
         return
@@ -111,7 +85,7 @@ def _apply(pred, cal: OnnxCalibration | None) -> None:
         raise NorcalError(f"the ONNX model's NorCal node uses {cal.activation} but the PyTorch classifier "
                           f"uses {model_act}: they are not the same model")
     # checks the width (C+1)
-    pred.set_log_prior(cal.log_prior.astype(np.float64), cal.mechanism, cal.renormalize)
+    pred.set_log_prior(cal.log_prior(), cal.mechanism, cal.renormalized)
 
 
 class TorchRunner:
@@ -122,7 +96,7 @@ class TorchRunner:
     (resize sizes), for tools that prepare inputs from it.
     """
 
-    def __init__(self, model, name: str = "pytorch", calibration: OnnxCalibration | None = None,
+    def __init__(self, model, name: str = "pytorch", calibration: Calibration | None = None,
                  metadata: dict[str, str] | None = None, device: str = "cpu", threads: int | None = None):
         import torch
 
@@ -140,7 +114,7 @@ class TorchRunner:
 
     @classmethod
     def from_checkpoint(cls, weights, config=None, name: str = "pytorch",
-                        calibration: OnnxCalibration | None = None, **kw) -> "TorchRunner":
+                        calibration: Calibration | None = None, **kw) -> "TorchRunner":
         """Load a detectron2 checkpoint (+ optional config) as ``load_detector`` does."""
         from norcal.export.detector import load_detector, runtime_metadata
 

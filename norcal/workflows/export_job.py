@@ -11,7 +11,6 @@ prints a summary table).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_TOPK, check_range
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
 from norcal.core.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration_spec import Calibration
 from norcal.export.calibrate_onnx import calibrate_onnx as _insert_norcal
 from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
 
@@ -40,32 +39,9 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike
 
 
-@dataclass(frozen=True)
-class NorCal:
-    """The calibration to bake in: p(c) = softmax(logits - log a)_c, a_c from ``table``'s N_c.
-
-    gamma: >= 0 (ENS: in [0, 1)); 0 is the plain softmax. table: a built-in name (lvis_v1,
-    lvis_v0_5), a table JSON, a training annotation file or a :class:`CalibrationTable`; None:
-    the built-in table matching the class count. factor: "cdt" (a_c = N_c^gamma) or "ens";
-    mechanism: "exp", "prob" or "logit" (see :mod:`norcal.core.calibration`). count: which
-    counts are N_c, "image" or "instance" (None: the table's). background: where the background
-    logit is, "last" (detectron2), "first" (torchvision) or "none" (None: what the export
-    recorded, a RetinaNet none, else last). logits: ONNX
-    input only, the classifier logits tensor when it is not found automatically. inline: plain
-    ops instead of the ``ai.norcal::NorCal`` function node.
-    """
-
-    gamma: float | None  # None: a checkpoint's config must name it (TEST.CALIBRATION)
-    table: PathLike | CalibrationTable | None = None
-    factor: str = "cdt"
-    mechanism: str = "exp"
-    renormalize: bool | None = None  # None: the classifier's own form
-    background_scale: float = 1.0
-    count: str | None = None
-    background: str | None = None
-    logits: str | None = None
-    inline: bool = False
-    min_count: float | None = None
+# The calibration to bake in (gamma, table, variant, ...): one type from the CLI to the node,
+# resolved once (its table loaded) before the surgery; see norcal.core.calibration_spec.
+NorCal = Calibration
 
 
 @dataclass(frozen=True)
@@ -105,34 +81,23 @@ class ExportResult:
         """The ``norcal.*`` metadata of the written model ({} when it has no NorCal node)."""
         return norcal_metadata(self.model) if has_norcal(self.model) else {}
 
+    @property
+    def placement(self) -> list[str]:
+        """The tensor(s) the NorCal node reads, each with its class axis when that is not the
+        last, e.g. "logits (class axis 1 of [batch, 80, anchors])"."""
+        from norcal.core.contract import CLASS_AXIS, LOGITS, split_names
+        from norcal.export.surgery import placement
+
+        meta = self.norcal
+        return placement(self.model) if CLASS_AXIS in meta else split_names(meta.get(LOGITS))
+
 
 def calibrate_onnx(model: onnx.ModelProto | PathLike, norcal: NorCal) -> onnx.ModelProto:
     """A copy of ``model`` (or of the ONNX file it names) with its box classifier replaced by
     the NorCal node (a model that already has one gets the new calibration)."""
     if not isinstance(model, onnx.ModelProto):
         model = load_onnx(model)
-    return _insert_norcal(model, norcal.gamma, norcal.table, factor=norcal.factor,
-                          mechanism=norcal.mechanism, renormalize=norcal.renormalize,
-                          background=norcal.background,
-                          background_scale=norcal.background_scale, count_type=norcal.count,
-                          logits=norcal.logits, inline=norcal.inline, min_count=norcal.min_count)
-
-
-def _with_model_table(norcal: NorCal, num_classes: int) -> NorCal:
-    """``norcal`` with its table loaded (None: the built-in one for ``num_classes``); a table
-    for another class count is refused here, before the slow export, not after it."""
-    from norcal.core.tables import load_table
-    from norcal.export.calibrate_onnx import default_table
-
-    table = norcal.table
-    if table is None:
-        table = default_table(num_classes)
-    elif not isinstance(table, CalibrationTable):
-        table = load_table(table)
-    if table.num_classes != num_classes:
-        raise NorcalError(f"table {table.name!r} has {table.num_classes} classes but the model has "
-                          f"{num_classes} (background not counted)", param="table")
-    return dataclasses.replace(norcal, table=table)
+    return _insert_norcal(model, norcal)
 
 
 def _finish(model: onnx.ModelProto, out: Path) -> Report:
@@ -206,7 +171,7 @@ def _calibration_for(norcal: NorCal, spec: ModelSpec) -> tuple[NorCal, str]:
         raise NorcalError("gamma is required (0 gives the plain softmax): the config sets no "
                           "TEST.CALIBRATION", param="gamma")
     chosen = replace(norcal, gamma=cal.gamma, factor=cal.factor, mechanism=cal.mechanism,
-                     renormalize=cal.renormalize)
+                     renormalize=cal.renormalize)  # the user's table and options stay
     return chosen, (f"gamma {cal.gamma:g}, factor {cal.factor}, mechanism {cal.mechanism}, "
                     f"renormalize {str(cal.renormalize).lower()}")
 
@@ -224,14 +189,16 @@ def _check_mask_head_rois(choice: str | None, spec: ModelSpec) -> None:
                           param="mask_head_rois")
 
 
-def _check_classifier_options(norcal: NorCal, classifier: Classifier) -> None:
+def _check_classifier_options(norcal: NorCal, classifier: Classifier) -> str:
     """The background slot and scale against the checkpoint's classifier (its family says
-    where the background is: detectron2's R-CNN heads put it last, RetinaNet has none)."""
+    where the background is: detectron2's R-CNN heads put it last, RetinaNet has none).
+    Returns the classifier's slot."""
     from norcal.export.calibrate_onnx import check_background, check_background_scale
 
     if norcal.background is not None:
         check_background(norcal.background, classifier.background)
     check_background_scale(norcal.background_scale, classifier.activation, classifier.background)
+    return classifier.background
 
 
 def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
@@ -272,9 +239,9 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     detector = load_detector(src, options.config, detections_per_image=k)
     spec, model = detector.spec, detector.model
     _check_mask_head_rois(options.mask_head_rois, spec)
-    _check_classifier_options(norcal, detector.classifier)  # before the slow export, not after it
-    norcal, from_config = _calibration_for(norcal, spec)
-    norcal = _with_model_table(norcal, spec.num_classes)
+    slot = _check_classifier_options(norcal, detector.classifier)  # before the slow export, not after it
+    norcal, from_config = _calibration_for(replace(norcal, background=slot), spec)
+    norcal = norcal.resolve(spec.num_classes)  # the table, loaded once; refused now if it does not fit
     step("exporting to ONNX")
     graph = detector.export(GraphOptions(batch=options.batch, height=options.height, width=options.width,
                                          opset=options.opset,

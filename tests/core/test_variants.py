@@ -15,13 +15,21 @@ from norcal.core.calibration import calibrate, calibrated_logits, check_variant,
 from norcal.core.errors import NorcalError
 from norcal.core.tables import load_table
 from norcal.export.modeling.box_predictor import FastRCNNOutputLayers
-from norcal.export.norcal_node import NorCalSettings
+from norcal.core.calibration_spec import Calibration
+from norcal.core.tables import CalibrationTable
 from norcal.export.surgery import insert_norcal, norcal_metadata
 
 from conftest import TINY
 from onnx_graphs import classifier_graph
 
 GAMMAS = {"cdt": 0.5, "ens": 0.999}
+
+
+def resolved(counts, **kw):
+    """A calibration over a table holding ``counts``, resolved (what the surgery takes)."""
+    cats = [{"id": i + 1, "name": f"c{i}", "image_count": float(c), "instance_count": float(c),
+             "frequency": "r"} for i, c in enumerate(counts)]
+    return Calibration(table=CalibrationTable("t", "test", "image", cats), **kw).resolve(None)
 B = 1.7  # background scale: multiplies exp(phi_bg) in every mechanism
 SOFTMAX = [(m, r) for m in ("exp", "prob", "logit") for r in (True, False)]
 SIGMOID = [("exp", False), ("prob", False), ("logit", False)]
@@ -177,9 +185,9 @@ def test_onnx_node_computes_the_numpy_function(phi, counts, variant, inline):
     factor, mech, renorm, act = variant
     x = phi[:200]
     lp = log_prior(counts, GAMMAS[factor], factor, "last", B)
-    settings = NorCalSettings(gamma=GAMMAS[factor], factor=factor, mechanism=mech, renormalize=renorm,
-                              background_scale=B, num_classes=len(counts))
-    out = insert_norcal(identity_classifier(x.shape[1], act.capitalize()), lp, settings, inline=inline)
+    settings = resolved(counts, gamma=GAMMAS[factor], factor=factor, mechanism=mech, renormalize=renorm,
+                        background_scale=B, inline=inline)
+    out = insert_norcal(identity_classifier(x.shape[1], act.capitalize()), settings)
     onnx.checker.check_model(out, full_check=True)
     sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     got = sess.run(None, {"x": x})[0]
@@ -199,9 +207,9 @@ def test_onnx_logit_node_finds_the_background_slot(background, act, renorm):
     counts = np.array([1.0, 3.0, 10.0, 250.0, 4000.0] + ([7.0] if background == "none" else []))
     model = classifier_graph(activation=act)  # 6 outputs: 5 classes + background, or 6 classes
     lp = log_prior(counts, 0.6, background=background, background_scale=0.4)
-    s = NorCalSettings(gamma=0.6, mechanism="logit", renormalize=renorm, background=background,
-                       background_scale=0.4, num_classes=len(counts))
-    out = insert_norcal(model, lp, s)
+    s = resolved(counts, gamma=0.6, mechanism="logit", renormalize=renorm, background=background,
+                 background_scale=0.4)
+    out = insert_norcal(model, s)
     x = np.random.default_rng(5).normal(size=(9, 8)).astype(np.float32) * 3
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     logits = x @ inits["W0"].T + inits["B0"]
@@ -213,12 +221,13 @@ def test_onnx_logit_node_finds_the_background_slot(background, act, renorm):
 def test_onnx_refuses_renormalised_sigmoid_and_records_the_resolved_form():
     lp = log_prior([1.0, 3.0, 10.0, 250.0, 4000.0], 0.6)
     with pytest.raises(NorcalError, match="renormalize=true, activation=sigmoid"):
-        insert_norcal(classifier_graph(activation="Sigmoid"), lp,
-                      NorCalSettings(gamma=0.6, renormalize=True, num_classes=5))
-    unset = NorCalSettings(gamma=0.6, num_classes=5)
-    assert norcal_metadata(insert_norcal(classifier_graph(activation="Sigmoid"), lp, unset))[
+        insert_norcal(classifier_graph(activation="Sigmoid"),
+                      resolved([1.0, 3.0, 10.0, 250.0, 4000.0], gamma=0.6, renormalize=True))
+    unset = resolved([1.0, 3.0, 10.0, 250.0, 4000.0], gamma=0.6)
+    np.testing.assert_allclose(unset.log_prior(), lp)
+    assert norcal_metadata(insert_norcal(classifier_graph(activation="Sigmoid"), unset))[
         "norcal.renormalize"] == "false"
-    assert norcal_metadata(insert_norcal(classifier_graph(), lp, unset))["norcal.renormalize"] == "true"
+    assert norcal_metadata(insert_norcal(classifier_graph(), unset))["norcal.renormalize"] == "true"
     assert unset.renormalize is None  # the caller's settings are left alone
 
 

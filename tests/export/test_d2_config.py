@@ -487,7 +487,7 @@ def test_norcal_authors_config_is_standard_heads_with_calibration(tmp_path):
     spec = load_config(path)
     assert spec.roi_heads_name == "StandardROIHeads" and spec.backbone_name == "build_resnet_fpn_backbone"
     assert (spec.num_classes, spec.mask_on, spec.detections_per_image) == (1230, True, 300)
-    assert spec.calibration == (0.6, "cdt", "exp", True)
+    assert (spec.calibration.gamma, spec.calibration.factor, spec.calibration.mechanism, spec.calibration.renormalize) == (0.6, "cdt", "exp", True)
     assert spec.calibration.gamma == 0.6 and spec.calibration.factor == "cdt"
     assert "CalibrationROIHeads" in spec.provenance["calibration"]
     assert "gamma 0.6" in spec.provenance["calibration"]
@@ -502,12 +502,12 @@ def test_norcal_authors_config_is_standard_heads_with_calibration(tmp_path):
 def test_norcal_calibration_keys(tmp_path, calibration, expected):
     _write(tmp_path / "Base-NorCal.yaml", BASE_NORCAL)
     spec = load_config(_write(tmp_path / "x.yaml", _norcal_child(calibration)))
-    assert spec.calibration == expected
+    assert (spec.calibration.gamma, spec.calibration.factor, spec.calibration.mechanism, spec.calibration.renormalize) == expected
 
 
 def test_norcal_heads_without_calibration_keys_get_the_authors_defaults(tmp_path):
     spec = load_config(_write(tmp_path / "Base-NorCal.yaml", BASE_NORCAL))
-    assert spec.calibration == (0.0, "cdt", "exp", True)
+    assert (spec.calibration.gamma, spec.calibration.factor, spec.calibration.mechanism, spec.calibration.renormalize) == (0.0, "cdt", "exp", True)
 
 
 @pytest.mark.parametrize("calibration,key", [

@@ -172,6 +172,6 @@ def test_unnormalised_exp_calibration_note_says_what_is_computed(tmp_path):
     _write(tmp_path / "Base-NorCal.yaml", BASE_NORCAL)
     spec = load_config(_write(tmp_path / "x.yaml", _norcal_child('METHOD: "gamma"\nWITH: "exps"\nGAMMA: 0.6\n'
                                                                  'RENORM: False\n')))
-    assert spec.calibration == (0.6, "cdt", "exp", False)
+    assert (spec.calibration.gamma, spec.calibration.factor, spec.calibration.mechanism, spec.calibration.renormalize) == (0.6, "cdt", "exp", False)
     note = spec.provenance["calibration"]
     assert "exp(logit)/a_c" in note and "softmax" not in note, note

@@ -113,10 +113,12 @@ def test_onnxruntime_norcal_matches_golden(tiny_onnx, fixture_batch, setting):
     factor, gamma = G.GAMMAS[setting]
     lp = log_prior(G.lvis_counts(), gamma, factor)
     from norcal.export import surgery
-    from norcal.export.norcal_node import NorCalSettings
+    from norcal.core.calibration_spec import Calibration
     calibrated = surgery.insert_norcal(
-        tiny_onnx, lp, NorCalSettings(gamma=gamma, factor=factor, num_classes=1203,
-                                      table="lvis_v1"))
+        tiny_onnx, Calibration(gamma=gamma, factor=factor, table="lvis_v1", background="last").resolve(1203))
+    np.testing.assert_allclose(
+        numpy_helper.to_array(next(i for i in calibrated.graph.initializer if i.name == "norcal.log_prior")),
+        lp.astype(np.float32))
     onnx.checker.check_model(calibrated, full_check=True)
     assert_tensorrt_compatible(calibrated)
     check_detections(run(session(calibrated), *fixture_batch), setting)
@@ -207,7 +209,7 @@ def test_classifier_is_named_at_export(tiny_onnx, monkeypatch):
     never runs the heuristic search meant for foreign ONNX."""
     from norcal.core import contract
     from norcal.export import surgery
-    from norcal.export.norcal_node import NorCalSettings
+    from norcal.core.calibration_spec import Calibration
 
     meta = {p.key: p.value for p in tiny_onnx.metadata_props}
     assert meta[contract.CLASSIFIER_LOGITS] == contract.CLS_LOGITS_TENSOR
@@ -215,12 +217,15 @@ def test_classifier_is_named_at_export(tiny_onnx, monkeypatch):
     assert [list(n.input) for n in softmax] == [[contract.CLS_LOGITS_TENSOR]]
     assert contract.CLS_LOGITS_TENSOR not in [o.name for o in tiny_onnx.graph.output]
 
-    def no_search(self):
+    def no_search(self, want=None):
         raise AssertionError("the heuristic classifier search ran on a checkpoint export")
 
     monkeypatch.setattr(surgery._View, "search", no_search)
     lp = log_prior(G.lvis_counts(), 0.5, "cdt")
-    cal = surgery.insert_norcal(tiny_onnx, lp, NorCalSettings(gamma=0.5, num_classes=1203))
+    cal = surgery.insert_norcal(tiny_onnx, Calibration(gamma=0.5, table="lvis_v1", background="last").resolve(1203))
+    np.testing.assert_allclose(
+        numpy_helper.to_array(next(i for i in cal.graph.initializer if i.name == contract.PRIOR_NAME)),
+        lp.astype(np.float32))
     node = [n for n in cal.graph.node if n.op_type == contract.NODE_OP_TYPE]
     assert len(node) == 1 and list(node[0].input) == [contract.CLS_LOGITS_TENSOR, contract.PRIOR_NAME]
     assert surgery.norcal_metadata(cal)[contract.LOGITS] == contract.CLS_LOGITS_TENSOR

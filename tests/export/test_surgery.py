@@ -10,7 +10,7 @@ from norcal.core.errors import NorcalError
 from norcal.export.calibrate_onnx import calibrate_onnx
 from norcal.core import contract
 from norcal.core.contract import NODE_DOMAIN as DOMAIN, PRIOR_NAME
-from norcal.export.norcal_node import NorCalSettings
+from norcal.core.calibration_spec import Calibration
 from norcal.export.surgery import (classifier_candidates, find_classifiers, has_norcal, insert_norcal,
                                    norcal_metadata, strip_norcal)
 
@@ -25,7 +25,9 @@ def run(model, x):
 
 
 def settings(gamma, **kw):
-    return NorCalSettings(gamma=gamma, num_classes=len(COUNTS), **kw)
+    """The calibration with COUNTS as its table, resolved (what the surgery takes)."""
+    return Calibration(gamma=gamma, table=kw.pop("table", None) or _table_file_free(), background="last",
+                       **kw).resolve(None)
 
 
 @pytest.mark.parametrize("inline", [False, True])
@@ -36,7 +38,7 @@ def test_onnxruntime_matches_calibration(inline, variant):
     factor = variant.get("factor", "cdt")
     gamma = 0.9 if factor == "ens" else 0.8
     lp = log_prior(COUNTS, gamma, factor)
-    out = insert_norcal(model, lp, settings(gamma, **variant), inline=inline)
+    out = insert_norcal(model, settings(gamma, **variant, inline=inline))
     onnx.checker.check_model(out, full_check=True)
     x = np.random.default_rng(1).normal(size=(7, 8)).astype(np.float32) * 3
     w, b = gemm_weights(model)
@@ -81,8 +83,8 @@ def _table_file_free():
 def test_rerun_replaces_never_stacks_and_strip_restores():
     model = classifier_graph()
     x = np.random.default_rng(2).normal(size=(5, 8)).astype(np.float32)
-    once = insert_norcal(model, log_prior(COUNTS, 0.2), settings(0.2))
-    twice = insert_norcal(once, log_prior(COUNTS, 1.1), settings(1.1))
+    once = insert_norcal(model, settings(0.2))
+    twice = insert_norcal(once, settings(1.1))
     assert sum(n.op_type == "NorCal" for n in twice.graph.node) == 1
     assert len(twice.functions) == 1
     assert sum(i.name == PRIOR_NAME for i in twice.graph.initializer) == 1
@@ -90,10 +92,11 @@ def test_rerun_replaces_never_stacks_and_strip_restores():
     w, b = gemm_weights(model)
     np.testing.assert_allclose(run(twice, x)[0], calibrate(x @ w.T + b, log_prior(COUNTS, 1.1)), atol=1e-6)
     plain = strip_norcal(twice)
-    assert not has_norcal(plain) and not norcal_metadata(plain) and not plain.functions
+    # the table's runtime keys (class order) stay; no node key does
+    assert not has_norcal(plain) and set(norcal_metadata(plain)) <= contract.RUNTIME_KEYS and not plain.functions
     np.testing.assert_allclose(run(plain, x)[0], run(model, x)[0], atol=1e-7)
     onnx.checker.check_model(plain, full_check=True)
-    inl = insert_norcal(once, log_prior(COUNTS, 0.3), settings(0.3), inline=True)
+    inl = insert_norcal(once, settings(0.3, inline=True))
     assert not any(n.op_type == "NorCal" for n in inl.graph.node)
     np.testing.assert_allclose(run(strip_norcal(inl), x)[0], run(model, x)[0], atol=1e-7)
 
@@ -102,8 +105,8 @@ def test_rerun_and_strip_keep_runtime_metadata():
     """Resize sizes and other runtime keys of an exported model survive a new gamma and --strip."""
     model = classifier_graph()
     onnx.helper.set_model_props(model, {"norcal.min_size_test": "320", "norcal.max_size_test": "512"})
-    once = insert_norcal(model, log_prior(COUNTS, 0.2), settings(0.2))
-    twice = insert_norcal(once, log_prior(COUNTS, 0.9), settings(0.9))
+    once = insert_norcal(model, settings(0.2))
+    twice = insert_norcal(once, settings(0.9))
     plain = strip_norcal(twice)
     for m in (once, twice, plain):
         meta = norcal_metadata(m)
@@ -116,8 +119,8 @@ def test_sigmoid_logit_without_renormalisation():
     model = classifier_graph(activation="Sigmoid")
     lp = log_prior(COUNTS, 0.7)
     s = settings(0.7, mechanism="logit", renormalize=False)
-    out = insert_norcal(model, lp, s)
-    assert s.activation == "softmax"  # the caller's settings are left alone
+    out = insert_norcal(model, s)
+    assert s.activation is None  # the caller's calibration is left alone
     x = np.random.default_rng(4).normal(size=(4, 8)).astype(np.float32)
     w, b = gemm_weights(model)
     np.testing.assert_allclose(run(out, x)[0], calibrate(x @ w.T + b, lp, "logit", activation="sigmoid"),
@@ -127,7 +130,7 @@ def test_sigmoid_logit_without_renormalisation():
 def test_sigmoid_classifier():
     model = classifier_graph(activation="Sigmoid")
     lp = log_prior(COUNTS, 0.7)
-    out = insert_norcal(model, lp, settings(0.7))
+    out = insert_norcal(model, settings(0.7))
     x = np.random.default_rng(3).normal(size=(4, 8)).astype(np.float32)
     w, b = gemm_weights(model)
     np.testing.assert_allclose(run(out, x)[0], calibrate(x @ w.T + b, lp, activation="sigmoid"), atol=1e-6)
@@ -138,31 +141,33 @@ def test_ambiguous_lists_candidates_and_logits_option_resolves():
     model = classifier_graph(heads=2)
     assert len(find_classifiers(model)) == 2
     with pytest.raises(NorcalError, match="ambiguous.*act0.*act1"):
-        insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5))
-    out = insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5), logits="logits1")
+        insert_norcal(model, settings(0.5))
+    out = insert_norcal(model, settings(0.5, logits="logits1"))
     assert [n.name for n in out.graph.node if n.op_type == "NorCal"] == ["NorCal"]
     assert norcal_metadata(out)["norcal.logits"] == "logits1"
     with pytest.raises(NorcalError, match="feeds no Softmax"):
-        insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5), logits="x")
+        insert_norcal(model, settings(0.5, logits="x"))
 
 
 def test_class_count_mismatch_is_an_error():
     model = classifier_graph(num_classes=7)
     with pytest.raises(NorcalError, match="5 classes.*6 outputs.*8 classes"):
-        insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5))
+        insert_norcal(model, settings(0.5))
 
 
 def test_node_writes_exactly_its_keys_and_calibration_adds_runtime_keys():
-    """The node owns contract.NODE_KEYS; table, class count and category ids are runtime keys."""
+    """The node owns contract.NODE_KEYS; table, class count and category ids are runtime keys
+    (written with the calibration, which fixes the class order)."""
     model = classifier_graph()
-    out = insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5, table="toy"))
+    out = insert_norcal(model, settings(0.5))
     always = contract.NODE_KEYS - contract.OPTIONAL_NODE_KEYS
-    assert set(norcal_metadata(out)) == always
+    assert set(norcal_metadata(out)) == always | {contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS}
     cal = calibrate_onnx(model, 0.5, _table_file_free())
     assert set(norcal_metadata(cal)) == always | {contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS}
     clamped = calibrate_onnx(model, 0.5, _table_file_free(), min_count=2)
-    assert set(norcal_metadata(clamped)) == contract.NODE_KEYS | {contract.TABLE, contract.NUM_CLASSES,
-                                                                  contract.CATEGORY_IDS}
+    # every key but the class axis, which is written only for a class axis other than the last
+    assert set(norcal_metadata(clamped)) == contract.NODE_KEYS - {contract.CLASS_AXIS} | {
+        contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS}
 
 
 def test_strip_removes_only_node_keys():
@@ -188,7 +193,7 @@ def test_recorded_classifier_is_taken_by_name_before_a_decoy():
     model = classifier_graph(heads=2)
     onnx.helper.set_model_props(model, {contract.CLASSIFIER_LOGITS: "logits1"})
     assert [c.logits for c in classifier_candidates(model)] == ["logits1"]
-    out = insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5))
+    out = insert_norcal(model, settings(0.5))
     assert norcal_metadata(out)[contract.LOGITS] == "logits1"
     assert [n.name for n in out.graph.node if n.op_type == "Softmax"] == ["act0"]
     x = np.random.default_rng(5).normal(size=(3, 8)).astype(np.float32)
@@ -197,7 +202,7 @@ def test_recorded_classifier_is_taken_by_name_before_a_decoy():
     np.testing.assert_allclose(run(out, x)[0], run(model, x)[0], atol=1e-7)
     onnx.helper.set_model_props(model, {contract.CLASSIFIER_LOGITS: "x"})
     with pytest.raises(NorcalError, match="norcal.classifier_logits.*feeds no Softmax"):
-        insert_norcal(model, log_prior(COUNTS, 0.5), settings(0.5))
+        insert_norcal(model, settings(0.5))
 
 
 def test_graphsurgeon_round_trip_keeps_model_fields(tmp_path):
@@ -209,7 +214,7 @@ def test_graphsurgeon_round_trip_keeps_model_fields(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path), save_as_external_data=True, location="w.bin", size_threshold=256)
     lazy = onnx.load(str(path), load_external_data=False)
-    out = insert_norcal(lazy, log_prior(COUNTS, 0.5), settings(0.5))
+    out = insert_norcal(lazy, settings(0.5))
     assert (out.doc_string, out.domain, out.model_version) == ("a detector", "org.example", 7)
     assert {p.key: p.value for p in out.metadata_props}["user.key"] == "v"
     assert [(o.domain, o.version) for o in out.opset_import] == [("", 17), (DOMAIN, 1)]
@@ -254,8 +259,8 @@ def test_model_with_control_flow_and_function():
     model.graph.output.append(helper.make_tensor_value_info("branch", TensorProto.FLOAT, ["N", 8]))
     onnx.checker.check_model(model, full_check=True)
     x = np.random.default_rng(7).normal(size=(3, 8)).astype(np.float32)
-    once = insert_norcal(model, log_prior(COUNTS, 0.2), settings(0.2))
-    twice = insert_norcal(once, log_prior(COUNTS, 0.6), settings(0.6))
+    once = insert_norcal(model, settings(0.2))
+    twice = insert_norcal(once, settings(0.6))
     w, b = gemm_weights(model)
     scores, passed = run(twice, x)
     np.testing.assert_allclose(scores, calibrate(x @ w.T + b, log_prior(COUNTS, 0.6)), atol=1e-6)

@@ -21,7 +21,8 @@ from norcal.core.errors import NorcalError
 from norcal.cli.parity_tables import render_tables, verify_text
 from norcal.workflows.parity import (PRESETS, ParityRun, box_iou, compare, match_detections, run_parity,
                                      runner_precision, synthetic_images, tolerances_for)
-from norcal.export.torch_runner import OnnxCalibration, TorchRunner, calibrated, onnx_calibration
+from norcal.core.calibration_spec import Calibration
+from norcal.export.torch_runner import TorchRunner, calibrated, onnx_calibration
 
 from conftest import TINY
 
@@ -278,6 +279,11 @@ def _softmax(z):
     return e / e.sum(-1, keepdims=True)
 
 
+def _read_back(lp, mechanism, activation):
+    """A calibration as read back from a graph: its prior as stored, renormalised."""
+    return Calibration(gamma=0.5, mechanism=mechanism, renormalize=True, activation=activation, stored_prior=lp)
+
+
 def test_calibrated_gives_the_box_predictor_the_onnx_prior_and_restores_it():
     from norcal.export.modeling.box_predictor import FastRCNNOutputLayers
 
@@ -287,15 +293,15 @@ def test_calibrated_gives_the_box_predictor_the_onnx_prior_and_restores_it():
     lp = np.array([0.7, 0.1, 2.0, 0.0], np.float32)
     x = logits.numpy().astype(np.float64)
     for mech, expected in (("exp", _softmax(x - lp)), ("logit", _softmax(x * np.exp(-lp.astype(np.float64))))):
-        cal = OnnxCalibration(lp, mech, True, "softmax", {})
+        cal = _read_back(lp, mech, "softmax")
         with calibrated(model, cal):
             np.testing.assert_allclose(pred.probs(logits).numpy(), expected, rtol=1e-5)
         np.testing.assert_allclose(pred.probs(logits).numpy(), _softmax(x), rtol=1e-5)
     with pytest.raises(NorcalError, match="sigmoid"):
-        with calibrated(model, OnnxCalibration(lp, "exp", True, "sigmoid", {})):
+        with calibrated(model, _read_back(lp, "exp", "sigmoid")):
             pass
     with pytest.raises(NorcalError, match="shape"):
-        with calibrated(model, OnnxCalibration(lp[:3], "exp", True, "softmax", {})):
+        with calibrated(model, _read_back(lp[:3], "exp", "softmax")):
             pass
 
 
@@ -309,9 +315,10 @@ def test_onnx_calibration_reads_the_baked_prior():
     assert onnx_calibration(plain) is None
     cal = onnx_calibration(calibrate_onnx(plain, 0.5, mechanism="logit"))
     expected = log_prior(load_table("lvis_v1").counts("image"), 0.5).astype(np.float32)
-    np.testing.assert_array_equal(cal.log_prior, expected)
+    np.testing.assert_array_equal(cal.stored_prior, expected)
+    assert cal.stored_prior.dtype == np.float32  # as the graph holds it
     assert (cal.mechanism, cal.renormalize, cal.activation) == ("logit", True, "softmax")
-    assert cal.metadata["norcal.gamma"] == "0.5" and cal.metadata["norcal.table"] == "lvis_v1"
+    assert cal.gamma == 0.5 and cal.table == "lvis_v1" and cal.num_classes == 1203
 
 
 # --------------------------------------------------------------------------- end to end (d2_lvis_tiny)

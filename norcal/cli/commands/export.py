@@ -223,7 +223,7 @@ def print_summary(result) -> None:
         t.add_row("computes", escape(_computed_as(meta)))
         node = ("inlined ops" if meta.get(contract.INLINE) == "true"
                 else f"{contract.NODE_DOMAIN}::{contract.NODE_OP_TYPE}")
-        t.add_row("node", f"{node} on {meta.get(contract.LOGITS)}")
+        t.add_row("node", escape(f"{node} on {', '.join(result.placement)}"))
     else:
         t.add_row("NorCal", "none (plain classifier)")
     for kind, name, dtype, shape in describe_io(result.model):
