@@ -7,9 +7,10 @@ from pathlib import Path
 
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, Detections, Detector, Family, TuneCache
+from norcal.export.families.ultralytics import UltralyticsFamily
 
 # Each family in the order their claims are tried; a family module is imported only here.
-FAMILIES: list[Family] = []
+FAMILIES: list[Family] = [UltralyticsFamily()]
 
 
 def family_of(path, config=None) -> Family:
