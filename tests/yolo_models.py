@@ -16,6 +16,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from norcal.export.families.ultralytics_checkpoint import import_ultralytics  # noqa: E402
+
+import_ultralytics()  # as the library imports it: PIL's Image.open stays PIL's for the other tests
+
 IMAGES = sorted((Path(__file__).parent / "fixtures" / "d2_lvis_tiny" / "images").glob("*.png"))
 NUM_CLASSES = 6
 # per-class biases of the final class convs: spread so classes score apart (sigmoid -2.2 = 0.1)

@@ -33,11 +33,19 @@ _TASK_MODULE = "ultralytics.nn.tasks"
 def import_ultralytics():
     """The ``ultralytics`` package, kept offline; a one-line error when the extra is missing."""
     os.environ.setdefault("YOLO_OFFLINE", "1")  # never let it reach the network (settings sync, downloads)
+    from PIL import Image
+
+    pil_open = Image.open
     try:
         import ultralytics
+        import ultralytics.utils.patches  # noqa: F401 - the module that patches PIL on import
     except ImportError:
         raise NorcalError("Ultralytics checkpoints need the ultralytics package: pip install "
                           "'norcal-deploy[ultralytics]'") from None
+    finally:
+        # Ultralytics replaces PIL's Image.open process-wide on import (an unidentified file then
+        # makes it install and import a HEIF plugin): our image readers keep PIL's own
+        Image.open = pil_open
     return ultralytics
 
 

@@ -79,6 +79,13 @@ def test_model_save_checkpoints_load_and_are_claimed(work, tmp_path):
     assert not fam.claims(work.det, tmp_path / "config.yaml")
 
 
+def test_loading_leaves_pil_image_open_alone(work):
+    from PIL import Image
+
+    load_detector(work.det)
+    assert Image.open.__module__ == "PIL.Image"  # Ultralytics' import-time patch undone
+
+
 def test_trainer_checkpoint_loads(work, tmp_path):
     """last.pt / best.pt as the trainer writes them: model None, the EMA, train_args, numpy
     metrics, the optimizer state, the model's args as IterableSimpleNamespace."""

@@ -1,10 +1,6 @@
 """The letterbox rule against Ultralytics' own LetterBox (and OpenCV's resize it calls)."""
 
-import os
-import tempfile
-
-os.environ.setdefault("YOLO_OFFLINE", "1")
-os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp(prefix="yolo_cfg_"))
+import yolo_models  # noqa: F401 - imports Ultralytics offline, leaving PIL unpatched
 
 from pathlib import Path  # noqa: E402
 
