@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pickletools
 import re
+import sys
 import warnings
 import zipfile
 from pathlib import Path
@@ -33,9 +34,10 @@ _TASK_MODULE = "ultralytics.nn.tasks"
 def import_ultralytics():
     """The ``ultralytics`` package, kept offline; a one-line error when the extra is missing."""
     os.environ.setdefault("YOLO_OFFLINE", "1")  # never let it reach the network (settings sync, downloads)
+    import numpy as np
     from PIL import Image
 
-    pil_open = Image.open
+    pil_open, np_print, filters = Image.open, np.get_printoptions(), warnings.filters[:]
     try:
         import ultralytics
         import ultralytics.utils.patches  # noqa: F401 - the module that patches PIL on import
@@ -44,8 +46,13 @@ def import_ultralytics():
                           "'norcal-deploy[ultralytics]'") from None
     finally:
         # Ultralytics replaces PIL's Image.open process-wide on import (an unidentified file then
-        # makes it install and import a HEIF plugin): our image readers keep PIL's own
+        # makes it install and import a HEIF plugin), and sets numpy's and torch's print options
+        # and warning filters: the rest of the process keeps its own
         Image.open = pil_open
+        np.set_printoptions(**np_print)
+        warnings.filters[:] = filters
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_printoptions(profile="default")
     return ultralytics
 
 

@@ -83,7 +83,8 @@ def test_loading_leaves_pil_image_open_alone(work):
     from PIL import Image
 
     load_detector(work.det)
-    assert Image.open.__module__ == "PIL.Image"  # Ultralytics' import-time patch undone
+    assert Image.open.__module__ == "PIL.Image"  # Ultralytics' import-time patches undone
+    assert np.get_printoptions()["formatter"] is None and np.get_printoptions()["linewidth"] == 75
 
 
 def test_trainer_checkpoint_loads(work, tmp_path):
