@@ -23,7 +23,7 @@ def runner_metadata(runner: Runner) -> dict[str, str]:
 
 def prepare(images_rgb: list[np.ndarray], spec: InputSpec) -> Batch:
     """One model input batch of these images, prepared per ``spec``."""
-    return prepare_batch(images_rgb, spec.min_size, spec.max_size, spec.input_format, spec.divisibility)
+    return prepare_batch(images_rgb, spec)
 
 
 def prepared_batches(images_rgb: Iterable[np.ndarray], spec: InputSpec,

@@ -1,8 +1,14 @@
-"""Host-side preprocessing: detectron2's test-time ResizeShortestEdge, channel order, batching.
+"""Host-side preprocessing: the model's resize rule (norcal.core.contract.RESIZE), channel
+order, batching.
 
-detectron2 resizes uint8 images with PIL's bilinear filter (``ResizeTransform.apply_image``),
-so this module does too: the pixels match detectron2 exactly. The graph normalises and zeroes
-the padding itself (see docs/architecture.md, "The ONNX contract"), so the host pads raw pixels with zeros.
+"shortest_edge": detectron2's test-time ResizeShortestEdge. detectron2 resizes uint8 images
+with PIL's bilinear filter (``ResizeTransform.apply_image``), so this module does too: the
+pixels match detectron2 exactly. The graph normalises and zeroes the padding itself (see
+docs/architecture.md, "The ONNX contract"), so the host pads raw pixels with zeros.
+
+"letterbox": Ultralytics' LetterBox (fixed square, aspect kept, centred, grey padding). It
+resizes with cv2.INTER_LINEAR, whose uint8 fixed-point arithmetic :func:`resize_linear_uint8`
+reproduces bit for bit in numpy (no OpenCV needed at run time).
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from norcal.core.contract import Preprocessing
 from norcal.core.errors import NorcalError
+from norcal.core.letterbox import letterbox_images, letterbox_offset, letterbox_size, resize_linear_uint8  # noqa: F401
 
 
 def resized_size(h: int, w: int, min_size: int, max_size: int) -> tuple[int, int]:
@@ -82,14 +90,21 @@ def _check_image(i: int, image: np.ndarray) -> None:
         raise NorcalError(f"image {i}: empty ({image.shape[0]}x{image.shape[1]})")
 
 
-def prepare_batch(images_rgb: list[np.ndarray], min_size: int, max_size: int, fmt: str = "BGR",
-                  divisibility: int = 32) -> Batch:
+def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, max_size: int | None = None,
+                  fmt: str = "BGR", divisibility: int = 32) -> Batch:
     """RGB uint8 [H,W,3] images -> one padded float32 batch per the ONNX contract.
 
-    Each image is resized (ResizeShortestEdge(min_size, max_size)), put in ``fmt`` channel
-    order, and zero-padded at the bottom/right to the batch's largest size rounded up to a
-    multiple of ``divisibility``, as detectron2's ``ImageList.from_tensors``.
+    Given a :class:`Preprocessing` (in place of ``min_size``), its rule and settings apply;
+    given sizes, "shortest_edge": each image is resized (ResizeShortestEdge(min_size,
+    max_size)), put in ``fmt`` channel order, and zero-padded at the bottom/right to the batch's
+    largest size rounded up to a multiple of ``divisibility``, as detectron2's
+    ``ImageList.from_tensors``.
     """
+    if isinstance(min_size, Preprocessing):
+        spec = min_size
+        if spec.letterbox:
+            return letterbox_batch(images_rgb, spec.input_size, spec.input_format, spec.pad_value)
+        min_size, max_size, fmt, divisibility = spec.min_size, spec.max_size, spec.input_format, spec.divisibility
     if not images_rgb:
         raise NorcalError("prepare_batch needs at least one image")
     if fmt not in ("BGR", "RGB"):
@@ -114,3 +129,16 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int, max_size: int, fm
         image_sizes=np.array([r.shape[:2] for r in resized], np.int64).reshape(-1, 2),
         original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
     )
+
+
+
+def letterbox_batch(images_rgb: list[np.ndarray], size: int, fmt: str = "RGB", pad_value: int = 114) -> Batch:
+    """RGB uint8 [H,W,3] images -> float32 [B,3,size,size], each as Ultralytics' LetterBox
+    (auto=False, centre=True) makes it; image_sizes holds each resized (h, w) before padding."""
+    if not images_rgb:
+        raise NorcalError("prepare_batch needs at least one image")
+    for i, img in enumerate(images_rgb):
+        _check_image(i, img)
+    images, sizes = letterbox_images(images_rgb, size, fmt, pad_value)
+    return Batch(images=images, image_sizes=sizes,
+                 original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2))

@@ -52,8 +52,19 @@ NUM_CLASSES = "norcal.num_classes"  # foreground classes C
 TABLE = "norcal.table"  # calibration table name (maps class index -> category id)
 CATEGORY_IDS = "norcal.category_ids"  # optional JSON list: class index -> dataset category id
 DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, mask_on, score_thresh_test, ...)
+# The host's resize rule (absent: "shortest_edge"). "shortest_edge": detectron2's
+# ResizeShortestEdge(min_size_test, max_size_test), zero padding at the bottom/right to a multiple
+# of size_divisibility. "letterbox": Ultralytics' LetterBox to an input_size square: scale
+# r = min(S/h, S/w), resized (round(h*r), round(w*r)) (each side >= 1) with bilinear
+# (half-pixel centres, no antialiasing, as cv2.INTER_LINEAR), centred with top = (S - h') // 2,
+# left = (S - w') // 2, the rest filled with pad_value. image_sizes holds (h', w') either way, and
+# a letterbox graph removes the centring offset itself, so its boxes are in resized coordinates.
+RESIZE = "norcal.resize"
+RESIZE_RULES = ("shortest_edge", "letterbox")  # the first is the default
+INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
+PAD_VALUE = "norcal.pad_value"  # letterbox: the padding's pixel value 0-255 (absent: 114)
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
-                          TABLE, CATEGORY_IDS, DETECTOR})
+                          TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE, PAD_VALUE})
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
 CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"
@@ -157,14 +168,50 @@ def calibration_from_metadata(meta: dict[str, str], prior=None) -> "Calibration"
 DEFAULTS = {MIN_SIZE_TEST: "800", MAX_SIZE_TEST: "1333", INPUT_FORMAT: "BGR", SIZE_DIVISIBILITY: "32"}
 
 
+LETTERBOX_PAD_VALUE = 114  # Ultralytics' LetterBox default
+
+
 @dataclass
-class InputSpec:
-    """How host code prepares images for one model."""
+class Preprocessing:
+    """How host code prepares images for one model (see :data:`RESIZE` for the two rules).
+
+    The host feeds float32 0-255 pixels in ``input_format`` order; the graph normalises.
+    Letterbox: ``min_size`` = ``max_size`` = ``input_size`` (the same scale as ResizeShortestEdge
+    with both at S, which the size checks use) and ``divisibility`` = ``input_size``."""
 
     min_size: int
     max_size: int
     input_format: str = "BGR"
     divisibility: int = 32
+    resize: str = "shortest_edge"
+    input_size: int = 0  # letterbox only
+    pad_value: int = 0  # the padding's pixel value (shortest_edge: 0)
+
+    @property
+    def letterbox(self) -> bool:
+        return self.resize == "letterbox"
+
+    def metadata(self) -> dict[str, str]:
+        """The runtime keys that record this preprocessing in a graph's metadata."""
+        meta = {INPUT_FORMAT: self.input_format}
+        if self.letterbox:
+            meta.update({RESIZE: self.resize, INPUT_SIZE: str(self.input_size), PAD_VALUE: str(self.pad_value),
+                         MIN_SIZE_TEST: str(self.input_size), MAX_SIZE_TEST: str(self.input_size),
+                         SIZE_DIVISIBILITY: str(self.input_size)})
+        else:
+            meta.update({MIN_SIZE_TEST: str(self.min_size), MAX_SIZE_TEST: str(self.max_size),
+                         SIZE_DIVISIBILITY: str(self.divisibility)})
+        return meta
+
+
+def letterbox_preprocessing(input_size: int, input_format: str = "RGB",
+                            pad_value: int = LETTERBOX_PAD_VALUE) -> Preprocessing:
+    """Ultralytics' LetterBox to an ``input_size`` square (centred, ``pad_value`` padding)."""
+    return Preprocessing(min_size=input_size, max_size=input_size, input_format=input_format,
+                         divisibility=input_size, resize="letterbox", input_size=input_size, pad_value=pad_value)
+
+
+InputSpec = Preprocessing  # the name the runtime used before letterbox existed
 
 
 def check_detector(where: str, inputs: Sequence[str], outputs: Sequence[str],
@@ -199,11 +246,30 @@ def _int(meta: dict[str, str], key: str) -> int:
 
 
 def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int | None = None,
-               input_format: str | None = None) -> InputSpec:
-    """The model's preprocessing settings from its metadata, with explicit overrides winning."""
+               input_format: str | None = None) -> Preprocessing:
+    """The model's preprocessing settings from its metadata, with explicit overrides winning
+    (a letterbox model takes no size override: its graph is built for one square)."""
     fmt = (input_format or meta.get(INPUT_FORMAT) or DEFAULTS[INPUT_FORMAT]).upper()
     if fmt not in ("BGR", "RGB"):
         raise NorcalError(f"input format must be BGR or RGB, got {fmt!r}")
+    rule = meta.get(RESIZE) or RESIZE_RULES[0]
+    if rule not in RESIZE_RULES:
+        raise NorcalError(f"model metadata {RESIZE}={rule!r} is not one of {', '.join(RESIZE_RULES)}")
+    if rule == "letterbox":
+        if min_size is not None or max_size is not None:
+            raise NorcalError(f"min_size and max_size cannot change a letterbox model's input "
+                              f"({RESIZE}=letterbox, {INPUT_SIZE}={meta.get(INPUT_SIZE)!r})",
+                              param=("min_size", "max_size"))
+        if INPUT_SIZE not in meta:
+            raise NorcalError(f"model metadata {RESIZE}=letterbox needs {INPUT_SIZE}")
+        pad = meta.get(PAD_VALUE, str(LETTERBOX_PAD_VALUE))
+        try:
+            pad_value = int(pad)
+        except ValueError:
+            pad_value = -1
+        if not 0 <= pad_value <= 255:
+            raise NorcalError(f"model metadata {PAD_VALUE}={pad!r} is not an integer 0-255")
+        return letterbox_preprocessing(_int(meta, INPUT_SIZE), fmt, pad_value)
     spec = InputSpec(
         min_size=int(min_size) if min_size is not None else _int(meta, MIN_SIZE_TEST),
         max_size=int(max_size) if max_size is not None else _int(meta, MAX_SIZE_TEST),

@@ -215,7 +215,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     step as it starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
-    from norcal.export.families import load_detector
+    from norcal.export.families import FAMILIES, load_detector
     from norcal.export.families.detectron2 import GraphOptions
 
     step = progress or (lambda _name: None)
@@ -223,6 +223,13 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         raise NorcalError("logits applies to ONNX input; a checkpoint export knows its classifier",
                           param="logits")
     src, out = Path(src), Path(out)
+    # a checkpoint a registered family claims (Ultralytics) goes through its Detector; the rest
+    # is detectron2's path below
+    cfg = None if options.config is None else Path(options.config)
+    family = next((f for f in FAMILIES if f.claims(src, cfg)), None)
+    if family is not None and family.name != "detectron2":
+        return _export_family(family, src, out, norcal, options, verify=verify, triton_repo=triton_repo,
+                              force=force, step=step)
     k = options.detections_per_image
     if k is not None:
         check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")
@@ -260,5 +267,41 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
             step("verifying")
             result.verification = verify_images(model, current_path(out), list(verify), spec,
                                                 skip_unreadable)
+        _write_triton(result, triton_repo, force)
+    return result
+
+
+def _export_family(family, src: Path, out: Path, norcal: NorCal, options: CheckpointExport, *, verify,
+                   triton_repo, force: bool, step) -> ExportResult:
+    """A checkpoint of a detector family (norcal.export.families) -> NorCal ONNX."""
+    from norcal.export.calibrate_onnx import check_background, check_background_scale
+
+    if verify:
+        raise NorcalError(f"{src}: verify images are not supported for {family.name} checkpoints yet "
+                          "(compare with parity instead)", param="verify")
+    if options.mask_head_rois is not None:
+        raise NorcalError(f"mask_head_rois does not apply to {family.name} checkpoints", param="mask_head_rois")
+    k = options.detections_per_image
+    if k is not None:
+        check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")
+    if norcal.gamma is None:
+        raise NorcalError("gamma is required (0 gives the plain sigmoid)", param="gamma")
+    _check_outputs(out, triton_repo, force, [src])
+    t0 = time.perf_counter()
+    step("loading checkpoint")
+    detector = family.load(src, None, detections_per_image=k)
+    cls = detector.classifier
+    if norcal.background is not None:
+        check_background(norcal.background, cls.background)
+    check_background_scale(norcal.background_scale, cls.activation, cls.background)
+    norcal = replace(norcal, background=cls.background).resolve(detector.num_classes)
+    step("exporting to ONNX")
+    graph = detector.export(options)
+    step("inserting the NorCal node")
+    graph = calibrate_onnx(graph, norcal)
+    with output_run():
+        step("checking and writing")
+        report = _finish(graph, out)
+        result = ExportResult(src, out, graph, time.perf_counter() - t0, report)
         _write_triton(result, triton_repo, force)
     return result

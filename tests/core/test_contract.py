@@ -25,7 +25,8 @@ def test_every_key_is_defined_once_and_grouped():
 def test_runtime_keys_are_the_runners_contract():
     assert contract.RUNTIME_KEYS == {
         "norcal.min_size_test", "norcal.max_size_test", "norcal.input_format", "norcal.size_divisibility",
-        "norcal.num_classes", "norcal.table", "norcal.category_ids", "norcal.detector"}
+        "norcal.num_classes", "norcal.table", "norcal.category_ids", "norcal.detector", "norcal.resize",
+        "norcal.input_size", "norcal.pad_value"}
     assert {contract.TABLE, contract.NUM_CLASSES} <= contract.RUNTIME_KEYS  # stripping keeps them
     assert contract.GAMMA in contract.NODE_KEYS and contract.TABLE_SHA256 in contract.NODE_KEYS
 
@@ -36,3 +37,26 @@ def test_input_spec_reads_runtime_keys_with_defaults():
     assert contract.metadata_category_ids({contract.CATEGORY_IDS: "[3, 1]"}) == [3, 1]
     with pytest.raises(NorcalError, match="norcal.size_divisibility"):
         contract.input_spec({contract.SIZE_DIVISIBILITY: "0"})
+
+
+def test_letterbox_preprocessing_round_trips_through_metadata():
+    spec = contract.letterbox_preprocessing(160)
+    meta = spec.metadata()
+    assert meta[contract.RESIZE] == "letterbox" and meta[contract.INPUT_SIZE] == "160"
+    back = contract.input_spec(meta)
+    assert back == spec and back.letterbox and (back.pad_value, back.input_format) == (114, "RGB")
+    # the size checks see ResizeShortestEdge at S/S: the same scale as a letterbox to S
+    assert (back.min_size, back.max_size, back.divisibility) == (160, 160, 160)
+    # no key: today's rule, byte for byte
+    assert contract.input_spec({}).resize == "shortest_edge" and contract.input_spec({}).pad_value == 0
+
+
+def test_letterbox_metadata_is_checked():
+    with pytest.raises(NorcalError, match="norcal.resize='stretch'"):
+        contract.input_spec({contract.RESIZE: "stretch"})
+    with pytest.raises(NorcalError, match="needs norcal.input_size"):
+        contract.input_spec({contract.RESIZE: "letterbox"})
+    with pytest.raises(NorcalError, match="norcal.pad_value='300'"):
+        contract.input_spec({contract.RESIZE: "letterbox", contract.INPUT_SIZE: "64", contract.PAD_VALUE: "300"})
+    with pytest.raises(NorcalError, match="cannot change a letterbox model"):
+        contract.input_spec(contract.letterbox_preprocessing(64).metadata(), min_size=32)

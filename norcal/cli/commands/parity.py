@@ -151,8 +151,7 @@ def run(args) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         tasks = {r.name: progress.add_task(r.name, total=len(images)) for r in runners}
-        result = run_parity(runners, images, min_size=spec.min_size, max_size=spec.max_size,
-                            input_format=spec.input_format, divisibility=spec.divisibility,
+        result = run_parity(runners, images, spec=spec,
                             batch_size=built.batch_size, tolerances=tolerances, score_thresh=built.score_thresh,
                             gt=gt, image_ids=image_ids, category_ids=cat_ids, fixed_shape=built.fixed_shape,
                             on_batch=lambda name, done: progress.update(tasks[name], completed=done))

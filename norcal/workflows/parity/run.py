@@ -105,8 +105,9 @@ def _fit_shape(feeds: dict[str, np.ndarray], fixed) -> dict[str, np.ndarray]:
     return {"images": images, "image_sizes": sizes}
 
 
-def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, min_size: int, max_size: int,
-               input_format: str = "BGR", divisibility: int = 32, batch_size: int = 1,
+def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, min_size: int | None = None,
+               max_size: int | None = None, input_format: str = "BGR", divisibility: int = 32,
+               spec=None, batch_size: int = 1,
                tolerances: dict[str, Tolerances] | None = None, score_thresh: float = 0.0,
                gt=None, image_ids: Sequence | None = None, category_ids: list[int] | None = None,
                fixed_shape: tuple[int | None, int | None, int | None] | None = None,
@@ -118,7 +119,8 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     LvisGT) with ``image_ids`` (one per image) adds box AP per runner, judged by ``ap_atol``.
     fixed_shape: (B, H, W) of a model exported with fixed dimensions (None where dynamic):
     a short last batch is filled by repeating its last image (those outputs are dropped) and
-    images are zero-padded to H x W, for every runner alike.
+    images are zero-padded to H x W, for every runner alike. ``spec`` (a
+    :class:`norcal.core.contract.Preprocessing`, e.g. a letterbox) replaces the size settings.
     ``on_batch(runner_name, images_done)`` is called after each batch (progress bars).
     """
     from norcal.core.contract import InputSpec
@@ -129,7 +131,10 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     names = [r.name for r in runners]
     if len(set(names)) != len(names):
         raise NorcalError(f"runner names must differ to tell them apart: {', '.join(names)}")
-    spec = InputSpec(min_size, max_size, input_format, divisibility)
+    if spec is None:
+        if min_size is None or max_size is None:
+            raise NorcalError("parity needs min_size and max_size, or spec", param=("min_size", "max_size"))
+        spec = InputSpec(min_size, max_size, input_format, divisibility)
     prepared = prepared_batches(images_rgb, spec, batch_size)  # refuses a bad batch_size now
     if fixed_shape and fixed_shape[0]:  # the model's fixed batch wins
         prepared = prepared_batches(images_rgb, spec, int(fixed_shape[0]))

@@ -269,6 +269,12 @@ EngineSidecar parse_engine_sidecar(const std::string& text, const std::string& w
       throw std::runtime_error(where + ": metadata norcal.input_format='" + fmt->second + "' must be BGR or RGB");
     out.input_format = f;
   }
+  // norcal.core.contract.RESIZE: this host implements ResizeShortestEdge only, so a letterbox
+  // (Ultralytics) model is refused rather than fed wrongly prepared pixels
+  if (const auto r = out.metadata.find("norcal.resize");
+      r != out.metadata.end() && !r->second.empty() && r->second != "shortest_edge")
+    throw std::runtime_error(where + ": metadata norcal.resize='" + r->second +
+                             "' is not supported by the C++ host (shortest_edge only): run this model from Python");
   out.num_classes = positive_int(out.metadata, "norcal.num_classes", 0, where);
   const auto ids = out.metadata.find("norcal.category_ids");
   if (ids != out.metadata.end() && !ids->second.empty()) {

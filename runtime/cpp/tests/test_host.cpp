@@ -190,6 +190,9 @@ static void test_sidecar_errors() {
   CHECK(contains(parse(head + "\"norcal.size_divisibility\": \"0\"}}"), "must be positive"));
   CHECK(contains(parse(head + "\"norcal.input_format\": \"YUV\"}}"), "must be BGR or RGB"));
   CHECK(parse(head + "\"norcal.max_size_test\": \" 1333 \"}}").empty());  // int(float(' 1333 '))
+  CHECK(contains(parse(head + "\"norcal.resize\": \"letterbox\", \"norcal.input_size\": \"640\"}}"),
+                 "norcal.resize='letterbox' is not supported by the C++ host"));
+  CHECK(parse(head + "\"norcal.resize\": \"shortest_edge\"}}").empty());
 }
 
 static void test_sidecar_files() {

@@ -1,0 +1,327 @@
+"""The Ultralytics family: YOLOv8 / YOLO11 detect and segment checkpoints (``best.pt``).
+
+Loading is safe (:mod:`norcal.export.families.ultralytics_checkpoint`); the graph is ours around
+the Ultralytics network (:mod:`norcal.export.families.ultralytics_graph`): letterbox input,
+``cls_logits`` [B, A, C] before one Sigmoid (NorCal's sigmoid variant, background none),
+class-wise NMS to our fixed-K outputs, box-relative masks for segment models.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from norcal.core import contract
+from norcal.core.errors import NorcalError
+from norcal.export.families.base import Classifier, Detections, Detector, Family, PathLike, TuneCache
+from norcal.export.families.ultralytics_checkpoint import (TASKS, checkpoint_model, import_ultralytics,
+                                                           read_ultralytics_checkpoint, task_of)
+
+SUFFIXES = (".pt", ".pth")
+# Ultralytics' validation settings (DetectionValidator: conf 0.001, iou 0.7, max_det 300):
+# the AP-measuring defaults, as detectron2's LVIS configs keep every detection above 1e-4
+SCORE_THRESH, NMS_THRESH, DETECTIONS = 0.001, 0.7, 300
+DEFAULT_IMGSZ = 640
+
+
+def _imgsz(ckpt: dict, model, path) -> int:
+    """The square input side the model was trained at (train_args / model.args imgsz), else 640."""
+    args = ckpt.get("train_args") or getattr(model, "args", None) or {}
+    raw = args.get("imgsz") if isinstance(args, dict) else getattr(args, "imgsz", None)
+    if isinstance(raw, (list, tuple)):
+        if len(set(raw)) != 1:
+            raise NorcalError(f"{path}: trained at a non-square imgsz {list(raw)}: give the export height and width")
+        raw = raw[0]
+    return int(raw) if isinstance(raw, (int, float)) and raw > 0 else DEFAULT_IMGSZ
+
+
+class UltralyticsFamily(Family):
+    """Claims a torch zip checkpoint whose pickle names an Ultralytics task model of
+    :data:`TASKS` (read from the pickle's opcodes, nothing unpickled)."""
+
+    name = "ultralytics"
+
+    def claims(self, path: Path, config: Path | None) -> bool:
+        return config is None and path.suffix.lower() in SUFFIXES and path.is_file() and task_of(path) in TASKS
+
+    def load(self, path: Path, config: Path | None = None, **options) -> "YoloDetector":
+        if config is not None:
+            raise NorcalError(f"{config}: an Ultralytics checkpoint carries its own architecture; it takes no config",
+                              param="config")
+        import_ultralytics()
+        ckpt = read_ultralytics_checkpoint(path)
+        model = checkpoint_model(ckpt, path)
+        return YoloDetector(model, path, imgsz=_imgsz(ckpt, model, path), **options)
+
+
+def _names(model, path) -> list[str]:
+    names = getattr(model, "names", None)
+    nc = int(model.model[-1].nc)
+    if isinstance(names, dict):
+        if sorted(int(k) for k in names) != list(range(len(names))):
+            raise NorcalError(f"{path}: the model's class names are not indexed 0..{len(names) - 1}")
+        names = [str(names[k]) for k in sorted(names, key=int)]
+    elif isinstance(names, (list, tuple)):
+        names = [str(n) for n in names]
+    else:
+        names = [str(i) for i in range(nc)]
+    if len(names) != nc:
+        raise NorcalError(f"{path}: the model names {len(names)} classes but its head predicts {nc}")
+    return names
+
+
+@dataclass
+class YoloTuneCache(TuneCache):
+    """Per image: the anchors that pass the score threshold at some prior of the sweep, with
+    their boxes (letterboxed input), class logits, mask coefficients; the prototypes."""
+
+    image_ids: list
+    boxes: list = field(default_factory=list)  # [a, 4] float32
+    logits: list = field(default_factory=list)  # [a, C] float32
+    coefs: list = field(default_factory=list)  # [a, nm] float32 or None
+    protos: list = field(default_factory=list)  # [nm, h, w] float32 or None
+    image_sizes: list = field(default_factory=list)  # (h, w) resized
+    original_sizes: list = field(default_factory=list)  # (h, w) as read
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for part in (self.boxes, self.logits, self.coefs, self.protos)
+                       for a in part if a is not None))
+
+
+class YoloDetector(Detector):
+    """A loaded YOLOv8 / YOLO11 detect or segment model."""
+
+    family = "ultralytics"
+
+    def __init__(self, model, path, *, imgsz: int = DEFAULT_IMGSZ, detections_per_image: int | None = None,
+                 score_thresh: float | None = None, nms_thresh: float | None = None):
+        from norcal.export.families.ultralytics_graph import YoloGraph
+
+        self.path = Path(path)
+        self.names = _names(model, path)
+        self.num_classes = len(self.names)
+        self.topk = int(detections_per_image or DETECTIONS)
+        self.imgsz = int(imgsz)
+        self.stride = int(max(float(s) for s in model.model[-1].stride))
+        self.task = "segment" if type(model).__name__ == "SegmentationModel" else "detect"
+        self.model = YoloGraph(model, num_classes=self.num_classes,
+                               score_thresh=SCORE_THRESH if score_thresh is None else float(score_thresh),
+                               nms_thresh=NMS_THRESH if nms_thresh is None else float(nms_thresh),
+                               detections_per_image=self.topk).eval()
+
+    @property
+    def classifier(self) -> Classifier:
+        return Classifier(logits=(contract.CLS_LOGITS_TENSOR,), class_axis=-1, background="none",
+                          activation="sigmoid")
+
+    @property
+    def preprocessing(self) -> contract.Preprocessing:
+        return contract.letterbox_preprocessing(self.imgsz)
+
+    @property
+    def has_masks(self) -> bool:
+        return self.model.has_masks
+
+    def settings(self) -> dict[str, Any]:
+        """What ``norcal.detector`` records (parity reads score_thresh_test)."""
+        m = self.model
+        out = {"family": self.family, "task": self.task, "input_size": self.imgsz,
+               "score_thresh_test": m.score_thresh, "nms_thresh_test": m.nms_thresh,
+               "detections_per_image": self.topk, "multi_label": True, "names": self.names}
+        if self.has_masks:
+            out["mask_size"] = m.mask_size
+        return out
+
+    def runtime_metadata(self) -> dict[str, str]:
+        meta = self.preprocessing.metadata()
+        meta[contract.NUM_CLASSES] = str(self.num_classes)
+        meta[contract.DETECTOR] = json.dumps(self.settings())
+        return meta
+
+    def _input_size(self, options) -> int:
+        h, w = getattr(options, "height", None), getattr(options, "width", None)
+        if h is None and w is None:
+            return self.imgsz
+        if h is None or w is None or int(h) != int(w):
+            raise NorcalError(f"a YOLO model takes a square letterbox input: height and width must be equal, "
+                              f"got {h} and {w}", param=("height", "width"))
+        if int(h) <= 0 or int(h) % self.stride:
+            raise NorcalError(f"export size {h} must be a positive multiple of the model's stride {self.stride}",
+                              param=("height", "width"))
+        return int(h)
+
+    def export(self, options=None) -> Any:
+        """The plain ONNX graph: fixed S x S input (the model's imgsz, or the options' equal
+        height and width), batch dynamic unless the options fix it."""
+        import onnx
+        import torch
+
+        size = self._input_size(options)
+        self.imgsz = size
+        batch = getattr(options, "batch", None)
+        opset = int(getattr(options, "opset", 17) or 17)
+        b = 1 if batch is None else int(batch)
+        if b <= 0:
+            raise NorcalError(f"export batch must be positive, got {b}", param="batch")
+        gen = torch.Generator().manual_seed(0)
+        images = torch.rand((b, 3, size, size), generator=gen) * 255.0
+        sizes = torch.tensor([[size, size]] * b, dtype=torch.int64)
+        names = [n for n in contract.OUTPUT_NAMES if n != "masks" or self.has_masks]
+        logits = contract.CLS_LOGITS_TENSOR
+        dynamic = {n: {0: "batch"} for n in (*contract.INPUT_NAMES, *names)} if batch is None else None
+        buf = io.BytesIO()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
+            torch.onnx.export(self.model.eval(), (images, sizes, {"with_cls_logits": True}), buf,
+                              input_names=list(contract.INPUT_NAMES), output_names=[*names, logits],
+                              dynamic_axes=dynamic, opset_version=opset, dynamo=False,
+                              do_constant_folding=True)
+        proto = onnx.load_from_string(buf.getvalue())
+        proto.producer_name = "norcal-deploy"
+        kept = [o for o in proto.graph.output if o.name != logits]
+        del proto.graph.output[:]
+        proto.graph.output.extend(kept)
+        for out in proto.graph.output:  # padded to K like EfficientNMS: say so in the shapes
+            dims = out.type.tensor_type.shape.dim
+            if batch is not None and dims:
+                dims[0].Clear()
+                dims[0].dim_value = b
+            if out.name != "num_detections" and len(dims) >= 2:
+                dims[1].Clear()
+                dims[1].dim_value = self.topk
+        props = self.runtime_metadata()
+        props[contract.CLASSIFIER_LOGITS] = logits
+        props[contract.CLASSIFIER_BACKGROUND] = "none"
+        if self.has_masks:
+            props[contract.MASK_HEAD_ROIS] = "static"  # the K slots' masks, no data-dependent shapes
+        onnx.helper.set_model_props(proto, props)
+        return proto
+
+    def torch_runner(self, calibration=None, name: str = "pytorch"):
+        from norcal.export.torch_runner import TorchRunner
+
+        runner = TorchRunner(self.model, name=name, calibration=calibration, metadata=self.runtime_metadata())
+        runner.output_names = [n for n in contract.OUTPUT_NAMES if n != "masks" or self.has_masks]
+        return runner
+
+    # --- tuning
+    def _anchors(self) -> int:
+        return sum(math.ceil(self.imgsz / float(s)) ** 2 for s in self.model.head.stride)
+
+    def cache_bytes(self, num_images: int, num_gammas: int) -> int:
+        per_anchor = 4 + self.num_classes + (self.model.head.nm if self.has_masks else 0)
+        protos = (self.model.head.nm * (self.imgsz // 4) ** 2) if self.has_masks else 0
+        return int(num_images) * 4 * (self._anchors() * per_anchor + protos)
+
+    def cache(self, images: Sequence[tuple[Any, PathLike]], priors: Sequence[np.ndarray], mechanism: str,
+              batch_size: int, on_step: Callable[[int], None] | None = None,
+              with_masks: bool = False) -> YoloTuneCache:
+        """One network pass; per image the anchors whose score passes the threshold under some
+        prior of the sweep (the only ones a rescoring can detect)."""
+        import torch
+
+        from norcal.core.calibration import calibrate
+
+        if batch_size < 1:
+            raise NorcalError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
+        if not images:
+            raise NorcalError("no images to cache")
+        lps = [torch.as_tensor(np.asarray(p, np.float64), dtype=torch.float32) for p in priors]
+        for lp in lps:
+            if lp.shape != (self.num_classes,):
+                raise NorcalError(f"log prior has shape {tuple(lp.shape)}, the YOLO head needs ({self.num_classes},)")
+        cache = YoloTuneCache(image_ids=[])
+        masks = with_masks and self.has_masks
+        thresh = self.model.score_thresh
+        for s in range(0, len(images), batch_size):
+            chunk = images[s:s + batch_size]
+            feeds, originals = _letterboxed([p for _, p in chunk], self.preprocessing)
+            with torch.no_grad():
+                head = self.model.head_outputs(torch.as_tensor(feeds["images"]))
+            for j, (image_id, _) in enumerate(chunk):
+                logits = head["cls_logits"][j]
+                best = torch.zeros(logits.shape[0], dtype=torch.bool)
+                for lp in lps or [None]:
+                    p = torch.sigmoid(logits) if lp is None else calibrate(
+                        logits, lp, mechanism=mechanism, activation="sigmoid", background="none")
+                    best |= (p > thresh).any(dim=1)
+                keep = best.nonzero()[:, 0]
+                cache.image_ids.append(image_id)
+                cache.boxes.append(head["boxes"][j, keep].numpy())
+                cache.logits.append(logits[keep].numpy())
+                cache.coefs.append(head["coefs"][j, keep].numpy() if masks else None)
+                cache.protos.append(head["protos"][j].numpy() if masks else None)
+                cache.image_sizes.append(tuple(int(v) for v in feeds["image_sizes"][j]))
+                cache.original_sizes.append(originals[j])
+            if on_step:
+                on_step(len(chunk))
+        return cache
+
+    def rescore(self, cache: YoloTuneCache, index: int, prior: np.ndarray, mechanism: str,
+                batch_size: int) -> list[Detections]:
+        """The cached anchors scored with ``prior``, through the export's own NMS and masks; boxes
+        in original image coordinates (scaled and clipped as the host does)."""
+        import torch
+
+        from norcal.export.torch_runner import predictor_state
+
+        out = []
+        s = self.imgsz
+        with torch.no_grad(), predictor_state(self.model):
+            self.model.set_log_prior(prior, mechanism)
+            for i in range(len(cache)):
+                logits = torch.as_tensor(cache.logits[i])[None]
+                coefs = None if cache.coefs[i] is None else torch.as_tensor(cache.coefs[i])[None]
+                protos = None if cache.protos[i] is None else torch.as_tensor(cache.protos[i])[None]
+                det = self.model.detections(torch.as_tensor(cache.boxes[i])[None], self.model.probs(logits),
+                                            torch.tensor([cache.image_sizes[i]], dtype=torch.int64), (s, s),
+                                            coefs, protos)
+                out.append(_to_original(det, cache.image_sizes[i], cache.original_sizes[i]))
+        return out
+
+
+def _letterboxed(paths, spec: contract.Preprocessing):
+    """Feeds of these image files (read as the host reads them: EXIF orientation applied, RGB),
+    letterboxed per ``spec``, and each image's original (h, w)."""
+    from PIL import Image, ImageOps
+
+    from norcal.core.letterbox import letterbox_images
+
+    arrays = []
+    for p in paths:
+        try:
+            with Image.open(p) as im:
+                arrays.append(np.asarray(ImageOps.exif_transpose(im).convert("RGB")).copy())
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            raise NorcalError(f"{p}: not a readable image ({str(e).splitlines()[0] if str(e) else type(e).__name__})") \
+                from None
+    images, sizes = letterbox_images(arrays, spec.input_size, spec.input_format, spec.pad_value)
+    return {"images": images, "image_sizes": sizes}, [a.shape[:2] for a in arrays]
+
+
+def _to_original(det: dict, resized, original) -> Detections:
+    """One image's outputs (batch of one) -> Detections in original coordinates, as the host's
+    ``rescale_boxes`` does (scale by original/resized, clip, drop empty boxes)."""
+    n = int(det["num_detections"][0])
+    boxes = det["boxes"][0, :n].numpy().astype(np.float32)
+    (rh, rw), (oh, ow) = resized, original
+    boxes[:, 0::2] *= np.float32(ow / rw)
+    boxes[:, 1::2] *= np.float32(oh / rh)
+    np.clip(boxes[:, 0::2], 0, ow, out=boxes[:, 0::2])
+    np.clip(boxes[:, 1::2], 0, oh, out=boxes[:, 1::2])
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    masks = det.get("masks")
+    return Detections(boxes=boxes[keep], scores=det["scores"][0, :n].numpy()[keep],
+                      classes=det["classes"][0, :n].numpy().astype(np.int64)[keep],
+                      masks=None if masks is None else masks[0, :n].numpy()[keep])

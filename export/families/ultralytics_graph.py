@@ -1,0 +1,172 @@
+"""Our export module around an Ultralytics YOLOv8 / YOLO11 detect or segment model.
+
+The Ultralytics model runs unchanged up to its head's raw outputs; everything after is ours and
+written once for the eager model and the ONNX trace alike:
+
+- input: the letterboxed square, RGB 0-255 (norcal.core.contract RESIZE = letterbox); the
+  graph divides by 255 as Ultralytics' predictor does;
+- the head's class logits [B, C, A] are transposed to ``cls_logits`` [B, A, C] (the tensor the
+  NorCal node reads, class axis last, no background) and go through one Sigmoid;
+- boxes decoded as Ultralytics does (DFL expectation, distances from the anchor points
+  ``make_anchors(feats, stride, 0.5)``, times the level's stride), here straight to x0,y0,x1,y1;
+- NMS as Ultralytics' ``non_max_suppression(multi_label=True)`` (its validation setting): every
+  (anchor, class) pair with score > score_thresh is a candidate, class-wise NMS at nms_thresh
+  (ONNX NonMaxSuppression), the top K kept; unlike Ultralytics there is no 30000-candidate cap
+  before the NMS (it only changes anything when more candidates pass the threshold);
+- the letterbox's centring offset ((S - h) // 2, (S - w) // 2 from ``image_sizes``) is removed,
+  so boxes are in resized-image coordinates like every export of ours;
+- segment models: our contract's masks are box-relative [B, K, M, M] probabilities (detectron2's
+  form, pasted into the box by the host). Ultralytics' mask of a detection is the logit map
+  coefficients . prototypes, upsampled bilinearly to the input, > 0 and cropped to the box; we
+  sample that same logit map inside the box with RoIAlign (half-pixel, on the prototypes: it is
+  linear, so pooling the prototypes then taking the coefficients' dot product is the same) and
+  apply the sigmoid, so the host's paste-and-threshold at 0.5 gives the cropped mask at M x M
+  resolution inside the box.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from norcal.core.calibration import calibrate, check_variant
+from norcal.core.contract import OUTPUT_NAMES
+from norcal.core.errors import NorcalError
+from norcal.export.modeling.ops import non_max_suppression, roi_align
+
+MASK_SIZE = 28  # M of the masks output (detectron2's mask head resolution)
+
+
+class YoloGraph(nn.Module):
+    """images [B,3,S,S] (letterboxed RGB 0-255), image_sizes [B,2] -> our output contract."""
+
+    def __init__(self, model: nn.Module, *, num_classes: int, score_thresh: float, nms_thresh: float,
+                 detections_per_image: int, mask_size: int = MASK_SIZE):
+        super().__init__()
+        self.model = model
+        layers = list(model.model)
+        self.head = layers[-1]
+        if getattr(self.head, "cv2", None) is None or getattr(self.head, "cv3", None) is None:
+            raise NorcalError("the Ultralytics head has no one-to-many branch (a fused end-to-end head)")
+        self.has_masks = hasattr(self.head, "proto")
+        self.num_classes = int(num_classes)
+        self.score_thresh = float(score_thresh)
+        self.nms_thresh = float(nms_thresh)
+        self.topk = int(detections_per_image)
+        self.mask_size = int(mask_size)
+        # NorCal state, named like the R-CNN box predictor's so the PyTorch runner treats all alike
+        self.log_prior: torch.Tensor | None = None
+        self.mechanism, self.renormalize, self.use_sigmoid = "exp", False, True
+
+    # --- NorCal in eager PyTorch (the reference and the tuning sweep)
+    def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool | None = None) -> None:
+        """``log_prior`` [C] (background none) from ``norcal.core.calibration.log_prior``; None
+        restores the plain sigmoid."""
+        self.renormalize = check_variant(mechanism, renormalize, "sigmoid")
+        self.mechanism = mechanism
+        if log_prior is None:
+            self.log_prior = None
+            return
+        lp = torch.as_tensor(np.asarray(log_prior, dtype=np.float64), dtype=torch.float32)
+        if lp.shape != (self.num_classes,):
+            raise NorcalError(f"log prior has shape {tuple(lp.shape)}, the YOLO head needs "
+                              f"({self.num_classes},) (C classes, no background)")
+        self.log_prior = lp
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.log_prior is None:
+            return torch.sigmoid(logits)
+        if torch.onnx.is_in_onnx_export():
+            raise NorcalError("export the plain model (no log prior set); the NorCal node is "
+                              "inserted into the ONNX graph afterwards (norcal.export.surgery)")
+        return calibrate(logits, self.log_prior.to(logits.device), mechanism=self.mechanism,
+                         renormalize=self.renormalize, activation="sigmoid", background="none")
+
+    # --- the network
+    def features(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The head's input maps: the Ultralytics layers' own loop (``_predict_once``) minus the head."""
+        y: list = []
+        save = self.model.save
+        for m in list(self.model.model)[:-1]:
+            if m.f != -1:
+                x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
+            x = m(x)
+            y.append(x if m.i in save else None)
+        f = self.head.f
+        return [x if j == -1 else y[j] for j in (f if isinstance(f, (list, tuple)) else [f])]
+
+    def head_outputs(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """boxes [B, A, 4] x0,y0,x1,y1 in letterboxed-input pixels, cls_logits [B, A, C], and for
+        segment models coefs [B, A, nm] and protos [B, nm, S/4, S/4]."""
+        from ultralytics.utils.tal import make_anchors
+
+        head = self.head
+        feats = self.features(images / 255.0)
+        raw = head.forward_head(feats, **head.one2many)
+        anchors, strides = make_anchors(feats, head.stride, 0.5)  # [A, 2] grid units, [A, 1]
+        dist = head.dfl(raw["boxes"]).transpose(1, 2)  # [B, A, 4] l, t, r, b in grid units
+        boxes = torch.cat([anchors - dist[..., :2], anchors + dist[..., 2:]], dim=-1) * strides
+        out = {"boxes": boxes, "cls_logits": raw["scores"].transpose(1, 2)}
+        if self.has_masks:
+            out["coefs"] = raw["mask_coefficient"].transpose(1, 2)
+            out["protos"] = head.proto(feats[0])
+        return out
+
+    def detections(self, boxes: torch.Tensor, scores: torch.Tensor, image_sizes: torch.Tensor,
+                   input_hw: tuple, coefs: torch.Tensor | None = None,
+                   protos: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Class-wise NMS over every (anchor, class) of ``scores`` [B, A, C], the top K, masks,
+        and boxes moved from the letterboxed input to resized-image coordinates."""
+        b, a, c = scores.shape
+        dense = scores.transpose(1, 2)  # [B, C, A]: NonMaxSuppression's layout
+        sel = non_max_suppression(boxes, dense, self.topk, self.nms_thresh, self.score_thresh)
+        flat = (sel[:, 0] * c + sel[:, 1]) * a + sel[:, 2]
+        kept = torch.zeros_like(dense).reshape(-1)
+        kept = kept.scatter(0, flat, dense.reshape(-1)[flat]).reshape(b, -1)  # [B, C*A]
+        top, idx = kept.topk(self.topk, dim=1)
+        cls = torch.div(idx, a, rounding_mode="trunc")
+        anchor = idx - cls * a
+        det = torch.gather(boxes, 1, anchor[:, :, None].expand(-1, -1, 4))
+        keep = top > 0  # kept scores are > score_thresh >= 0; the rest are the zero padding
+        keep_f = keep.to(top.dtype)
+        h, w = input_hw
+        sizes = image_sizes.to(boxes.dtype)
+        top_pad = torch.div(h - sizes[:, 0], 2, rounding_mode="floor")
+        left_pad = torch.div(w - sizes[:, 1], 2, rounding_mode="floor")
+        offset = torch.stack([left_pad, top_pad, left_pad, top_pad], dim=1)[:, None, :]
+        out = {"num_detections": keep.sum(dim=1), "boxes": (det - offset) * keep_f[..., None],
+               "scores": top * keep_f, "classes": cls * keep.to(cls.dtype)}
+        if coefs is not None and protos is not None:
+            out["masks"] = self.masks(det * keep_f[..., None], anchor, coefs, protos, h) * keep_f[..., None, None]
+        return out
+
+    def masks(self, det: torch.Tensor, anchor: torch.Tensor, coefs: torch.Tensor, protos: torch.Tensor,
+              input_h) -> torch.Tensor:
+        """[B, K, M, M] mask probabilities inside each box (letterboxed-input coordinates)."""
+        b, k = anchor.shape
+        nm = protos.shape[1]
+        batch_idx = torch.arange(b, device=det.device)[:, None].expand(b, k).reshape(-1)
+        pooled = roi_align(protos, det.reshape(-1, 4), batch_idx, self.mask_size,
+                           float(protos.shape[2]) / float(input_h), 0, True)  # [B*K, nm, M, M]
+        co = torch.gather(coefs, 1, anchor[:, :, None].expand(-1, -1, nm)).reshape(b * k, nm, 1, 1)
+        logit = (pooled * co).sum(dim=1)
+        return torch.sigmoid(logit).reshape(b, k, self.mask_size, self.mask_size)
+
+    def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
+                  intermediates: bool = False) -> dict[str, torch.Tensor]:
+        """Detections by name; with ``intermediates`` also ``cls_logits`` [B, A, C]."""
+        head = self.head_outputs(images)
+        scores = self.probs(head["cls_logits"])
+        out = self.detections(head["boxes"], scores, image_sizes, images.shape[2:],
+                              head.get("coefs"), head.get("protos"))
+        if intermediates:
+            out["cls_logits"] = head["cls_logits"]
+        return out
+
+    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False):
+        """The outputs in OUTPUT_NAMES order; ``with_cls_logits`` appends the class logits (the
+        ONNX export names that tensor)."""
+        out = self.inference(images, image_sizes, intermediates=with_cls_logits)
+        outputs = tuple(out[k] for k in OUTPUT_NAMES if k in out)
+        return (*outputs, out["cls_logits"]) if with_cls_logits else outputs

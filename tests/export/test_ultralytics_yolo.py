@@ -1,0 +1,303 @@
+"""The Ultralytics family (YOLO11 / YOLOv8 detect and segment) against Ultralytics itself.
+
+The reference is computed from the Ultralytics PyTorch model alone: its own LetterBox, its own
+forward on that tensor, its raw class logits calibrated by hand (sigmoid(phi - gamma log N_c)),
+its own ``non_max_suppression(multi_label=True)`` and ``process_mask``. Ours is the exported
+NorCal ONNX in ONNX Runtime, fed by our host preprocessing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from yolo_models import IMAGES, NUM_CLASSES, make_checkpoint, write_table  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
+
+import torch  # noqa: E402
+from ultralytics.data.augment import LetterBox  # noqa: E402
+from ultralytics.utils import ops  # noqa: E402
+from ultralytics.utils.nms import non_max_suppression  # noqa: E402
+
+from norcal.core import contract  # noqa: E402
+from norcal.core.errors import NorcalError  # noqa: E402
+from norcal.export.families import FAMILIES, family_of, load_detector  # noqa: E402
+from norcal.export.families.ultralytics import UltralyticsFamily  # noqa: E402
+from norcal.runtime.images import read_rgb  # noqa: E402
+
+S = 160  # export input size (tiny models, quick)
+
+
+class _Work:
+    """The tests' checkpoints, each made when a test first needs it."""
+
+    def __init__(self, d: Path):
+        self.dir = d
+        self.table, self.counts = write_table(d / "table.json")
+
+    @property
+    def det(self) -> Path:
+        p = self.dir / "det.pt"
+        return p if p.exists() else make_checkpoint(p, "yolo11n.yaml")
+
+    @property
+    def seg(self) -> Path:
+        p = self.dir / "seg.pt"
+        return p if p.exists() else make_checkpoint(p, "yolo11n-seg.yaml")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return _Work(tmp_path_factory.mktemp("yolo"))
+
+
+# --- loading -------------------------------------------------------------------------------
+
+def test_model_save_checkpoints_load_and_are_claimed(work, tmp_path):
+    from ultralytics import YOLO
+
+    v8 = tmp_path / "yolov8n.pt"
+    YOLO("yolov8n.yaml").save(str(v8))  # 80 classes, as Ultralytics writes it
+    assert any(isinstance(f, UltralyticsFamily) for f in FAMILIES)
+    for path, task, nc in ((work.det, "detect", NUM_CLASSES), (v8, "detect", 80)):
+        assert isinstance(family_of(path), UltralyticsFamily)
+        det = load_detector(path)
+        assert (det.task, det.num_classes, det.has_masks) == (task, nc, task == "segment")
+        assert det.classifier == load_detector(path).classifier
+        assert det.classifier.background == "none" and det.classifier.activation == "sigmoid"
+        assert det.preprocessing.letterbox and det.preprocessing.input_size == 640  # yaml default imgsz
+    # not ours: a plain state dict, a detectron2 pickle, a non-zip file
+    torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "d2.pth")
+    (tmp_path / "junk.pt").write_bytes(b"not a zip")
+    fam = UltralyticsFamily()
+    assert not fam.claims(tmp_path / "d2.pth", None) and not fam.claims(tmp_path / "junk.pt", None)
+    assert not fam.claims(work.det, tmp_path / "config.yaml")
+
+
+def test_loading_leaves_pil_image_open_alone(work):
+    from PIL import Image
+
+    load_detector(work.det)
+    assert Image.open.__module__ == "PIL.Image"  # Ultralytics' import-time patches undone
+    assert np.get_printoptions()["formatter"] is None and np.get_printoptions()["linewidth"] == 75
+
+
+def test_trainer_checkpoint_loads(work, tmp_path):
+    """last.pt / best.pt as the trainer writes them: model None, the EMA, train_args, numpy
+    metrics, the optimizer state, the model's args as IterableSimpleNamespace."""
+    from ultralytics.nn.tasks import DetectionModel
+    from ultralytics.utils import DEFAULT_CFG_DICT, IterableSimpleNamespace
+
+    model = DetectionModel("yolo11n.yaml", nc=3, verbose=False)
+    model.names = {0: "a", 1: "b", 2: "c"}
+    model.args = IterableSimpleNamespace(**{**DEFAULT_CFG_DICT, "imgsz": 320})
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    path = tmp_path / "last.pt"
+    torch.save({"epoch": 3, "best_fitness": np.float64(0.25), "model": None, "ema": model.half(), "updates": 7,
+                "optimizer": opt.state_dict(), "train_args": {**DEFAULT_CFG_DICT, "imgsz": 320},
+                "train_metrics": {"metrics/mAP50(B)": np.float64(0.1), "fitness": np.float32(0.2)},
+                "train_results": {"epoch": [1.0, 2.0]}, "date": "2026-01-01", "version": "8.4.190",
+                "git": {"root": None}, "license": "AGPL-3.0", "docs": "x"}, path)
+    det = load_detector(path)
+    assert det.num_classes == 3 and det.imgsz == 320 and det.names == ["a", "b", "c"]
+
+
+class _System:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("payload,global_name", [
+    ("system", "posix.system"), ("eval", "builtins.eval"), ("optimizer", "torch.optim.sgd.SGD")])
+def test_malicious_checkpoint_is_refused_naming_the_global(work, tmp_path, payload, global_name):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "best.pt"
+    ckpt = torch.load(work.det, weights_only=False)  # our own file: a real Ultralytics checkpoint
+    # the payload rides along the real model, so the file still looks like an Ultralytics one
+    ckpt["train_args"] = {"system": _System(marker), "eval": eval, "optimizer": torch.optim.SGD}[payload]
+    torch.save(ckpt, path)
+    with pytest.raises(NorcalError) as e:
+        load_detector(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and f"'{global_name}'" in msg and "refused" in msg
+    assert not marker.exists()
+
+
+def test_plain_pickle_with_pt_suffix_is_not_loaded(tmp_path):
+    path = tmp_path / "evil.pt"
+    path.write_bytes(pickle.dumps(_System(tmp_path / "pwned")))
+    with pytest.raises(NorcalError, match="not a checkpoint of a known detector family"):
+        load_detector(path)  # no family claims a bare pickle; nothing unpickled
+    assert not (tmp_path / "pwned").exists()
+
+
+# --- the reference -------------------------------------------------------------------------
+
+def _reference(ckpt: Path, images, gamma: float, counts, seg: bool):
+    """Ultralytics' own pipeline with NorCal applied by hand to its raw logits."""
+    model = torch.load(ckpt, weights_only=False)["model"].float().eval()  # our test file
+    lb = [LetterBox((S, S), auto=False)(image=im.copy()) for im in images]
+    x = torch.from_numpy(np.stack(lb).transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
+    with torch.no_grad():
+        out = model(x)
+    (y, proto), raw = out if seg else ((out[0], None), out[1])
+    logits = raw["scores"].double().numpy()  # [B, C, A], before the head's sigmoid
+    probs = 1.0 / (1.0 + np.exp(-(logits - gamma * np.log(counts)[None, :, None])))
+    pred = torch.cat([y[:, :4], torch.from_numpy(probs.astype(np.float32))]
+                     + ([raw["mask_coefficient"]] if seg else []), 1)
+    dets = non_max_suppression(pred, conf_thres=0.001, iou_thres=0.7, multi_label=True, max_det=300,
+                               nc=NUM_CLASSES)
+    pads = []
+    for im in images:
+        p = LetterBox((S, S), auto=False).get_params({"img": im})
+        pads.append(np.array([p["left"], p["top"]] * 2, np.float32))
+    masks = [ops.process_mask(proto[b], d[:, 6:], d[:, :4], (S, S), upsample=True).numpy().astype(bool)
+             for b, d in enumerate(dets)] if seg else None
+    return [d.numpy() for d in dets], pads, masks
+
+
+def _iou(a, b):
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(rb - lt, 0, None), -1)
+    area = lambda z: np.prod(z[:, 2:] - z[:, :2], -1)  # noqa: E731
+    return inter / (area(a)[:, None] + area(b)[None] - inter)
+
+
+def _match(ref, ours_boxes, ours_scores, ours_classes):
+    """For each reference detection, the index of ours with the same class, IoU >= 0.99 and
+    score within 1e-4 (-1 when none)."""
+    ok = (_iou(ref[:, :4], ours_boxes) >= 0.99) & (ref[:, 5:6].astype(int) == ours_classes[None]) \
+        & (np.abs(ref[:, 4:5] - ours_scores[None]) <= 1e-4)
+    return np.where(ok.any(1), ok.argmax(1), -1)
+
+
+def _onnx(work, ckpt, gamma):
+    import onnxruntime as ort
+
+    from norcal.workflows.export_job import NorCal, calibrate_onnx
+
+    det = load_detector(ckpt)
+    graph = calibrate_onnx(det.export(SimpleNamespace(height=S, width=S)), NorCal(gamma=gamma, table=str(work.table)))
+    meta = {p.key: p.value for p in graph.metadata_props}
+    return det, ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]), meta
+
+
+def _run(sess, feeds):
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["det", "seg"])
+def test_onnx_matches_ultralytics_with_norcal(work, kind):
+    from norcal.runtime.inference import prepare
+    from norcal.runtime.postprocess import paste_masks
+
+    seg = kind == "seg"
+    images = [read_rgb(p) for p in IMAGES]
+    assert len(images) >= 4
+    for gamma in (0.0, 0.5):
+        det, sess, meta = _onnx(work, getattr(work, kind), gamma)
+        assert meta[contract.RESIZE] == "letterbox" and meta[contract.INPUT_SIZE] == str(S)
+        assert meta[contract.CLASSIFIER_LOGITS] == "cls_logits" and meta[contract.CLASSIFIER_BACKGROUND] == "none"
+        assert meta[contract.ACTIVATION] == "sigmoid" and float(meta[contract.GAMMA]) == gamma
+        out = _run(sess, prepare(images, contract.input_spec(meta)).feeds())
+        refs, pads, ref_masks = _reference(getattr(work, kind), images, gamma, work.counts, seg)
+        total = matched = 0
+        mask_ious = []
+        for b, ref in enumerate(refs):
+            n = int(out["num_detections"][b])
+            boxes = out["boxes"][b, :n] + pads[b]  # ours are in resized coordinates
+            idx = _match(ref, boxes, out["scores"][b, :n], out["classes"][b, :n])
+            assert n == len(ref) > 0
+            total += len(ref)
+            matched += int((idx >= 0).sum())
+            if seg:
+                pasted = paste_masks(out["masks"][b, :n], boxes, (S, S))
+                for i in np.nonzero(idx >= 0)[0]:
+                    a, o = ref_masks[b][i], pasted[idx[i]]
+                    if a.sum() >= 20:
+                        mask_ious.append((a & o).sum() / (a | o).sum())
+        assert total > 0 and matched / total >= 0.99, (gamma, matched, total)
+        if seg:  # loosely: M x M box-relative masks against Ultralytics' full-resolution ones
+            assert len(mask_ious) > 50 and np.mean(mask_ious) > 0.5, np.mean(mask_ious)
+
+
+@pytest.mark.slow
+def test_batch_of_two_equals_each_alone_and_torch_runner(work):
+    from norcal.runtime.inference import prepare
+    from norcal.export.torch_runner import onnx_calibration
+
+    det, sess, meta = _onnx(work, work.seg, 0.5)
+    images = [read_rgb(p) for p in IMAGES[:2]]
+    spec = contract.input_spec(meta)
+    both = _run(sess, prepare(images, spec).feeds())
+    for b, im in enumerate(images):
+        alone = _run(sess, prepare([im], spec).feeds())
+        assert int(alone["num_detections"][0]) == int(both["num_detections"][b]) > 0
+        for k in ("boxes", "scores", "classes", "masks"):
+            np.testing.assert_allclose(alone[k][0], both[k][b], rtol=1e-5, atol=1e-4)
+    # the PyTorch reference runner with the ONNX's own calibration gives the same detections
+    import onnx
+
+    from norcal.workflows.export_job import NorCal, calibrate_onnx
+
+    graph = calibrate_onnx(det.export(SimpleNamespace(height=S, width=S)), NorCal(gamma=0.5, table=str(work.table)))
+    runner = det.torch_runner(onnx_calibration(graph))
+    assert runner.output_names == list(contract.OUTPUT_NAMES)
+    feeds = prepare(images, spec).feeds()
+    theirs = runner.infer(feeds)
+    assert isinstance(graph, onnx.ModelProto)
+    np.testing.assert_array_equal(theirs["num_detections"], both["num_detections"])
+    for b in range(len(images)):  # as sets: float32 kernels differ, near-ties may swap slots
+        n = int(both["num_detections"][b])
+        ref = np.concatenate([theirs["boxes"][b, :n], theirs["scores"][b, :n, None],
+                              theirs["classes"][b, :n, None]], 1)
+        idx = _match(ref, both["boxes"][b, :n], both["scores"][b, :n], both["classes"][b, :n])
+        assert (idx >= 0).mean() >= 0.99
+
+
+@pytest.mark.slow
+def test_tune_rescore_equals_the_onnx(work):
+    from norcal.core.calibration import log_prior
+    from norcal.runtime.inference import prepare
+    from norcal.runtime.postprocess import split_outputs
+
+    det, sess, meta = _onnx(work, work.det, 0.5)
+    det.imgsz = S
+    priors = [log_prior(work.counts, g, background="none") for g in (0.0, 0.5)]
+    cache = det.cache([(i, p) for i, p in enumerate(IMAGES[:2])], priors, "exp", batch_size=2)
+    assert len(cache) == 2 and cache.nbytes > 0 and det.cache_bytes(2, 2) >= cache.nbytes
+    got = det.rescore(cache, 1, priors[1], "exp", batch_size=2)
+    batch = prepare([read_rgb(p) for p in IMAGES[:2]], contract.input_spec(meta))
+    want = split_outputs(_run(sess, batch.feeds()), batch.image_sizes, batch.original_sizes)
+    for g, w in zip(got, want):  # original coordinates; as sets (torch vs ONNX Runtime kernels)
+        assert len(g.scores) == len(w.scores) > 0
+        ref = np.concatenate([g.boxes, g.scores[:, None], g.classes[:, None]], 1)
+        assert (_match(ref, w.boxes, w.scores, w.classes) >= 0).mean() >= 0.99
+
+
+@pytest.mark.slow
+def test_cli_export_infer_check(work, tmp_path):
+    from norcal.cli import export_main, main
+
+    out = tmp_path / "best.norcal.onnx"
+    best = tmp_path / "best.pt"
+    best.write_bytes(work.det.read_bytes())
+    assert export_main([str(best), "--gamma", "0.5", "--table", str(work.table), "--height", str(S),
+                        "--width", str(S), "-o", str(out)]) == 0
+    results = tmp_path / "results.json"
+    assert main(["infer", str(out), *map(str, IMAGES), "-o", str(results)]) == 0
+    rows = json.loads(results.read_text())
+    assert rows and {r["category_id"] for r in rows} <= set(range(1, NUM_CLASSES + 1))
+    assert main(["check", str(out)]) == 0
+    # the C++ host's sidecar reader and a size override refuse a letterbox model in one line
+    assert main(["infer", str(out), str(IMAGES[0]), "--min-size", "100", "-o", str(tmp_path / "r2.json")]) == 2

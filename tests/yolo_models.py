@@ -1,0 +1,81 @@
+"""Tiny Ultralytics checkpoints for the tests, built from the packaged yaml (no download) and
+saved by Ultralytics' own ``YOLO.save``; their class biases are raised so that a random-init
+head gives detections above the export's score threshold."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp(prefix="yolo_cfg_"))
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from norcal.export.families.ultralytics_checkpoint import import_ultralytics  # noqa: E402
+
+import_ultralytics()  # as the library imports it: PIL's Image.open stays PIL's for the other tests
+
+IMAGES = sorted((Path(__file__).parent / "fixtures" / "d2_lvis_tiny" / "images").glob("*.png"))
+NUM_CLASSES = 6
+# per-class biases of the final class convs: spread so classes score apart (sigmoid -2.2 = 0.1)
+BIASES = (-2.2, -3.5, -4.5, -5.5, -3.0, -6.0)
+
+
+def _spread(model, nc: int) -> None:
+    """A random-init network's activations vanish layer by layer (unit BatchNorm statistics):
+    set every BatchNorm's statistics from a pass over random images, then rescale the head's last
+    convs so their outputs vary across anchors (class logits std ~2 around BIASES, box and mask
+    outputs std ~1); all weights stay in float16 range (``model.save`` halves them)."""
+    g = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average: one pass sets the statistics
+    model.train()
+    with torch.no_grad():
+        model(torch.rand((4, 3, 160, 160), generator=g) * torch.rand((4, 1, 1, 1), generator=g))
+    model.eval()
+    head = model.model[-1]
+    convs = [(seq[-1], 2.0, True) for seq in head.cv3] + [(seq[-1], 1.0, False) for seq in head.cv2]
+    convs += [(seq[-1], 1.0, False) for seq in getattr(head, "cv4", [])]
+    seen = {}
+    hooks = [c.register_forward_hook(lambda m, i, o: seen.update({m: i[0].std().item()})) for c, _, _ in convs]
+    with torch.no_grad():
+        model(torch.rand((1, 3, 160, 160), generator=g))
+        for h in hooks:
+            h.remove()
+        for conv, std, is_cls in convs:
+            fan_in = conv.weight[0].numel()
+            conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) * std / (seen[conv] * fan_in ** 0.5 + 1e-12))
+            if is_cls:
+                conv.bias.copy_(torch.tensor([BIASES[c % len(BIASES)] for c in range(nc)]))
+
+
+def make_checkpoint(path: Path, yaml: str = "yolo11n.yaml", nc: int = NUM_CLASSES, seed: int = 0) -> Path:
+    """A ``model.save()`` checkpoint of a random-init ``yaml`` model with ``nc`` classes."""
+    from ultralytics import YOLO
+    from ultralytics.nn.tasks import DetectionModel, SegmentationModel
+
+    torch.manual_seed(seed)
+    kind = SegmentationModel if "-seg" in yaml else DetectionModel
+    model = kind(yaml, nc=nc, verbose=False)
+    model.names = {i: f"class{i}" for i in range(nc)}
+    _spread(model.eval(), nc)
+    yolo = YOLO(yaml)
+    yolo.model = model
+    yolo.save(str(path))
+    return path
+
+
+def write_table(path: Path, nc: int = NUM_CLASSES) -> tuple[Path, np.ndarray]:
+    """A calibration table JSON with ``nc`` classes; returns it and the image counts N_c."""
+    counts = np.array([5 * 3 ** (c % 7) for c in range(nc)], dtype=np.float64)
+    cats = [{"id": c + 1, "name": f"class{c}", "image_count": int(n), "instance_count": int(n) + 1,
+             "frequency": "f"} for c, n in enumerate(counts)]
+    path.write_text(json.dumps({"name": "yolo_test", "source": "tests", "count_type": "image", "categories": cats}))
+    return path, counts
