@@ -49,8 +49,14 @@ NUM_CLASSES = "norcal.num_classes"  # foreground classes C
 TABLE = "norcal.table"  # calibration table name (maps class index -> category id)
 CATEGORY_IDS = "norcal.category_ids"  # optional JSON list: class index -> dataset category id
 DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, mask_on, score_thresh_test, ...)
+# How the host resizes: absent = detectron2's ResizeShortestEdge (min/max size above, padded to the
+# divisibility); "stretch" = every image resized to INPUT_SIZE exactly, aspect ratio not kept, no
+# padding (Ultralytics' RT-DETR predictor: LetterBox(auto=False, scale_fill=True)).
+RESIZE = "norcal.resize"
+RESIZE_STRETCH = "stretch"
+INPUT_SIZE = "norcal.input_size"  # "H,W" the host resizes every image to (RESIZE=stretch)
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
-                          TABLE, CATEGORY_IDS, DETECTOR})
+                          TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE})
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
 CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"
@@ -177,3 +183,21 @@ def metadata_category_ids(meta: dict[str, str]) -> list[int] | None:
     except (ValueError, TypeError):
         raise NorcalError(f"model metadata {CATEGORY_IDS} is not a JSON list of integers") from None
     return ids
+
+
+def stretch_size(meta: dict[str, str]) -> tuple[int, int] | None:
+    """(H, W) every image is stretched to, for a model whose metadata says ``norcal.resize`` =
+    stretch; None for ResizeShortestEdge models."""
+    resize = meta.get(RESIZE)
+    if resize is None:
+        return None
+    if resize != RESIZE_STRETCH:
+        raise NorcalError(f"model metadata {RESIZE}={resize!r} is not a known resize rule ({RESIZE_STRETCH})")
+    raw = meta.get(INPUT_SIZE, "")
+    try:
+        h, w = (int(v) for v in raw.split(","))
+    except ValueError:
+        raise NorcalError(f"model metadata {INPUT_SIZE}={raw!r} is not 'H,W'") from None
+    if h <= 0 or w <= 0:
+        raise NorcalError(f"model metadata {INPUT_SIZE}={raw!r} must be positive")
+    return h, w
