@@ -101,7 +101,11 @@ def _graph_module(detector: "RtdetrDetector"):
 
         def head(self, images):
             """The last decoder layer's boxes [B,Q,4] (cx,cy,w,h in [0,1]) and class logits [B,Q,C]."""
-            _, (dec_bboxes, dec_scores, *_) = self.model.predict(images / 255.0)
+            out = self.model.predict(images / 255.0)
+            if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple)):
+                raise NorcalError("the RT-DETR head returns no raw decoder outputs (is it in "
+                                  "Ultralytics' export mode?); load the model afresh")
+            dec_bboxes, dec_scores = out[1][:2]
             return dec_bboxes[-1], dec_scores[-1]
 
         def forward(self, images, image_sizes, with_cls_logits: bool = False):

@@ -56,6 +56,8 @@ def class_names(data: dict, where: str) -> list[str]:
     if isinstance(raw, list):
         names = [_scalar_name(where, f"names[{i}]", v) for i, v in enumerate(raw)]
     elif isinstance(raw, dict):
+        # Ultralytics reads keys written as text ('0': cat) as the class index too
+        raw = {int(k) if isinstance(k, str) and k.strip().isdigit() else k: v for k, v in raw.items()}
         keys = list(raw)
         bad = [k for k in keys if isinstance(k, bool) or not isinstance(k, int)]
         if bad:

@@ -70,6 +70,12 @@ def test_other_split_and_names_as_a_list(tmp_path):
     assert t.count_type == "instance"
 
 
+def test_names_keyed_by_text_indices(tmp_path):
+    y = small_dataset(tmp_path)
+    y.write_text("train: images/train\nnames: {'1': dog, '0': cat, 2: bird}\n")
+    assert rows(table_from_dataset(y)) == EXPECTED
+
+
 def test_txt_list_and_list_of_sources(tmp_path):
     y = small_dataset(tmp_path)
     d = y.parent

@@ -168,6 +168,13 @@ def test_detector_refuses_what_does_not_fit(rtdetr):
         RtdetrDetector.from_model(rtdetr, imgsz=150)
     with pytest.raises(NorcalError, match="score_thresh"):
         RtdetrDetector.from_model(rtdetr, imgsz=IMGSZ, score_thresh=float("nan"))
+    head = rtdetr.model[-1]
+    head.export = True  # Ultralytics' export mode hides the decoder's raw outputs
+    try:
+        with pytest.raises(NorcalError, match="no raw decoder outputs"):
+            d.head_outputs(np.zeros((1, 3, IMGSZ, IMGSZ), np.float32))
+    finally:
+        head.export = False
 
 
 # ---------------------------------------------------------------- the exported graph
