@@ -57,6 +57,7 @@ RESIZE_STRETCH = "stretch"
 INPUT_SIZE = "norcal.input_size"  # "H,W" the host resizes every image to (RESIZE=stretch)
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
                           TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE})
+OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE})  # absent on ResizeShortestEdge models
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
 CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"

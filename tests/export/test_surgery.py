@@ -171,7 +171,8 @@ def test_strip_removes_only_node_keys():
     runtime = {contract.MIN_SIZE_TEST: "320", contract.MAX_SIZE_TEST: "512", contract.INPUT_FORMAT: "BGR",
                contract.SIZE_DIVISIBILITY: "32", contract.NUM_CLASSES: str(len(COUNTS)),
                contract.TABLE: "toy", contract.CATEGORY_IDS: "[1, 2, 3, 4, 5]",
-               contract.DETECTOR: '{"depth": 50}', contract.CLASSIFIER_LOGITS: "logits0", "user.key": "kept"}
+               contract.DETECTOR: '{"depth": 50}', contract.RESIZE: contract.RESIZE_STRETCH,
+               contract.INPUT_SIZE: "320,320", contract.CLASSIFIER_LOGITS: "logits0", "user.key": "kept"}
     assert contract.RUNTIME_KEYS <= set(runtime)
     onnx.helper.set_model_props(model, runtime)
     for inline in (False, True):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import FIXTURES
+from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
@@ -230,6 +230,7 @@ def test_onnx_matches_ultralytics_with_norcal(rtdetr, tmp_path):
             assert len(t.boxes) == len(i.boxes)
             np.testing.assert_allclose(t.boxes, i.boxes, atol=0.1)  # original pixels
             np.testing.assert_allclose(t.scores, i.scores, atol=1e-4)
+    assert_tensorrt_compatible(model)  # the NorCal graph, gamma 0.5
     # our PyTorch reference (the parity runner) with the NorCal the graph carries
     pair = {k: v[:2] for k, v in batch.feeds().items()}
     torch_out = det.torch_runner(onnx_calibration(model)).infer(pair)
