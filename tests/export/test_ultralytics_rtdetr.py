@@ -28,9 +28,18 @@ COUNTS = [40, 12, 4, 2, 1] + [2] * 75  # 80 classes (rtdetr-l.yaml's nc)
 
 @pytest.fixture(scope="module")
 def ultralytics_env(tmp_path_factory):
+    """Ultralytics offline, its settings in a temporary folder, and PIL as it was: importing
+    ultralytics replaces PIL.Image.open process-wide (an unreadable image then tries to install
+    pi-heif and raises ModuleNotFoundError instead of PIL's error), which later tests would see."""
+    from PIL import Image
+
     old = {k: os.environ.get(k) for k in ("YOLO_OFFLINE", "YOLO_CONFIG_DIR")}
     os.environ["YOLO_OFFLINE"] = "1"
     os.environ["YOLO_CONFIG_DIR"] = str(tmp_path_factory.mktemp("yolo_cfg"))
+    pil_open = Image.open
+    import ultralytics.utils.patches as patches
+
+    Image.open = getattr(patches, "_image_open", pil_open)
     yield
     for k, v in old.items():
         if v is None:
