@@ -12,7 +12,7 @@ background none, last axis); boxes come out as x0,y0,x1,y1 in the input's pixels
 stretched, ``image_sizes`` = (H, W)). The host stretches every image to the model's square
 size without keeping the aspect ratio, as the RT-DETR predictor does (LetterBox(auto=False,
 scale_fill=True)); the graph takes RGB 0-255 and divides by 255. The metadata says so
-(``norcal.resize`` = stretch, ``norcal.input_size`` = "H,W", ``norcal.input_format`` = RGB).
+(``norcal.resize`` = stretch, ``norcal.input_size`` = S, ``norcal.input_format`` = RGB).
 """
 
 from __future__ import annotations
@@ -42,14 +42,13 @@ Prepare = Callable[[Sequence[PathLike]], tuple[np.ndarray, np.ndarray]]
 
 @dataclass(frozen=True)
 class StretchPreprocessing:
-    """How the host prepares images for RT-DETR: stretched to height x width, RGB, 0-255."""
+    """How the host prepares images for RT-DETR: stretched to size x size, RGB, 0-255."""
 
-    height: int
-    width: int
+    size: int
     input_format: str = "RGB"
 
     def metadata(self) -> dict[str, str]:
-        return {contract.RESIZE: contract.RESIZE_STRETCH, contract.INPUT_SIZE: f"{self.height},{self.width}",
+        return {contract.RESIZE: contract.RESIZE_STRETCH, contract.INPUT_SIZE: str(self.size),
                 contract.INPUT_FORMAT: self.input_format}
 
 
@@ -146,7 +145,7 @@ class RtdetrDetector(Detector):
 
     family: ClassVar[str] = "ultralytics"
 
-    def __init__(self, model, names: Sequence[str], imgsz: int | tuple[int, int], topk: int = 300,
+    def __init__(self, model, names: Sequence[str], imgsz: int, topk: int = 300,
                  score_thresh: float = DEFAULT_SCORE_THRESH, prepare: Prepare | None = None):
         head = model.model[-1]
         if type(head).__name__ != "RTDETRDecoder":
@@ -158,11 +157,11 @@ class RtdetrDetector(Detector):
             raise NorcalError(f"names lists {len(self.names)} classes but the RT-DETR head has "
                               f"{self.num_classes}", param="names")
         self.num_queries = int(head.num_queries)
-        h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
-        if h <= 0 or w <= 0 or h % 32 or w % 32:
-            raise NorcalError(f"imgsz {h}x{w} must be positive multiples of 32 (the model's stride)",
-                              param="imgsz")
-        self.height, self.width = int(h), int(w)
+        # Ultralytics' RT-DETR predictor takes square sizes only ("must be square and scale-filled")
+        if isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz <= 0 or imgsz % 32:
+            raise NorcalError(f"imgsz {imgsz!r} must be a positive multiple of 32 (the model's stride; "
+                              "RT-DETR's input is square)", param="imgsz")
+        self.height = self.width = int(imgsz)
         if not 1 <= int(topk) <= self.num_queries * self.num_classes:
             raise NorcalError(f"topk must be in 1..{self.num_queries * self.num_classes}, got {topk}",
                               param="topk")
@@ -173,7 +172,7 @@ class RtdetrDetector(Detector):
         self.prepare = prepare
 
     @classmethod
-    def from_model(cls, model, names: Sequence[str] | dict | None = None, imgsz: int | tuple[int, int] = 640,
+    def from_model(cls, model, names: Sequence[str] | dict | None = None, imgsz: int = 640,
                    **options) -> "RtdetrDetector":
         """An Ultralytics ``RTDETRDetectionModel`` already in memory (``RTDETR(...).model``);
         names default to the model's own (``model.names``)."""
@@ -192,12 +191,12 @@ class RtdetrDetector(Detector):
 
     @property
     def preprocessing(self) -> StretchPreprocessing:
-        return StretchPreprocessing(self.height, self.width)
+        return StretchPreprocessing(self.height)
 
     def settings(self) -> dict[str, Any]:
         """The detector settings recorded in ``norcal.detector``."""
         return {"family": self.family, "architecture": ARCHITECTURE, "num_queries": self.num_queries,
-                "topk": self.topk, "score_thresh": self.score_thresh, "imgsz": [self.height, self.width]}
+                "topk": self.topk, "score_thresh": self.score_thresh, "imgsz": self.height}
 
     def metadata(self) -> dict[str, str]:
         """The runtime and graph keys of the plain export."""

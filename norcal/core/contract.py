@@ -50,11 +50,12 @@ TABLE = "norcal.table"  # calibration table name (maps class index -> category i
 CATEGORY_IDS = "norcal.category_ids"  # optional JSON list: class index -> dataset category id
 DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, mask_on, score_thresh_test, ...)
 # How the host resizes: absent = detectron2's ResizeShortestEdge (min/max size above, padded to the
-# divisibility); "stretch" = every image resized to INPUT_SIZE exactly, aspect ratio not kept, no
-# padding (Ultralytics' RT-DETR predictor: LetterBox(auto=False, scale_fill=True)).
+# divisibility); "stretch" = every image resized to the square INPUT_SIZE x INPUT_SIZE exactly,
+# aspect ratio not kept, no padding (Ultralytics' RT-DETR predictor: LetterBox(auto=False,
+# scale_fill=True)).
 RESIZE = "norcal.resize"
 RESIZE_STRETCH = "stretch"
-INPUT_SIZE = "norcal.input_size"  # "H,W" the host resizes every image to (RESIZE=stretch)
+INPUT_SIZE = "norcal.input_size"  # side S of the square input, e.g. "640"
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
                           TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE})
 OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE})  # absent on ResizeShortestEdge models
@@ -187,7 +188,7 @@ def metadata_category_ids(meta: dict[str, str]) -> list[int] | None:
 
 
 def stretch_size(meta: dict[str, str]) -> tuple[int, int] | None:
-    """(H, W) every image is stretched to, for a model whose metadata says ``norcal.resize`` =
+    """(S, S) every image is stretched to, for a model whose metadata says ``norcal.resize`` =
     stretch; None for ResizeShortestEdge models."""
     resize = meta.get(RESIZE)
     if resize is None:
@@ -196,9 +197,9 @@ def stretch_size(meta: dict[str, str]) -> tuple[int, int] | None:
         raise NorcalError(f"model metadata {RESIZE}={resize!r} is not a known resize rule ({RESIZE_STRETCH})")
     raw = meta.get(INPUT_SIZE, "")
     try:
-        h, w = (int(v) for v in raw.split(","))
+        side = int(raw)
     except ValueError:
-        raise NorcalError(f"model metadata {INPUT_SIZE}={raw!r} is not 'H,W'") from None
-    if h <= 0 or w <= 0:
+        raise NorcalError(f"model metadata {INPUT_SIZE}={raw!r} is not an integer") from None
+    if side <= 0:
         raise NorcalError(f"model metadata {INPUT_SIZE}={raw!r} must be positive")
-    return h, w
+    return side, side

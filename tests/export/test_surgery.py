@@ -172,7 +172,7 @@ def test_strip_removes_only_node_keys():
                contract.SIZE_DIVISIBILITY: "32", contract.NUM_CLASSES: str(len(COUNTS)),
                contract.TABLE: "toy", contract.CATEGORY_IDS: "[1, 2, 3, 4, 5]",
                contract.DETECTOR: '{"depth": 50}', contract.RESIZE: contract.RESIZE_STRETCH,
-               contract.INPUT_SIZE: "320,320", contract.CLASSIFIER_LOGITS: "logits0", "user.key": "kept"}
+               contract.INPUT_SIZE: "320", contract.CLASSIFIER_LOGITS: "logits0", "user.key": "kept"}
     assert contract.RUNTIME_KEYS <= set(runtime)
     onnx.helper.set_model_props(model, runtime)
     for inline in (False, True):

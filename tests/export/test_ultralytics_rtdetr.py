@@ -156,11 +156,11 @@ def test_stretch_batch_fills_the_input():
 
 
 def test_stretch_metadata_is_read_back():
-    meta = {contract.RESIZE: contract.RESIZE_STRETCH, contract.INPUT_SIZE: "160,224"}
-    assert contract.stretch_size(meta) == (160, 224)
+    meta = {contract.RESIZE: contract.RESIZE_STRETCH, contract.INPUT_SIZE: "224"}
+    assert contract.stretch_size(meta) == (224, 224)
     assert contract.stretch_size({}) is None
-    for bad in ({contract.RESIZE: "letterbox?"}, {**meta, contract.INPUT_SIZE: "160"},
-                {**meta, contract.INPUT_SIZE: "0,160"}):
+    for bad in ({contract.RESIZE: "letterbox?"}, {**meta, contract.INPUT_SIZE: "160,160"},
+                {**meta, contract.INPUT_SIZE: "0"}):
         with pytest.raises(NorcalError):
             contract.stretch_size(bad)
 
@@ -173,8 +173,9 @@ def test_detector_refuses_what_does_not_fit(rtdetr):
     assert d.classifier.background == "none" and d.classifier.activation == "sigmoid"
     with pytest.raises(NorcalError, match="names lists 3 classes but the RT-DETR head has 80"):
         RtdetrDetector.from_model(rtdetr, ["a", "b", "c"], imgsz=IMGSZ)
-    with pytest.raises(NorcalError, match="imgsz 150x150 must be positive multiples of 32"):
-        RtdetrDetector.from_model(rtdetr, imgsz=150)
+    for bad in (150, (160, 160), 0):
+        with pytest.raises(NorcalError, match="must be a positive multiple of 32"):
+            RtdetrDetector.from_model(rtdetr, imgsz=bad)
     with pytest.raises(NorcalError, match="score_thresh"):
         RtdetrDetector.from_model(rtdetr, imgsz=IMGSZ, score_thresh=float("nan"))
     head = rtdetr.model[-1]
@@ -199,7 +200,7 @@ def test_onnx_matches_ultralytics_with_norcal(rtdetr, tmp_path):
     det = RtdetrDetector.from_model(rtdetr, imgsz=IMGSZ, score_thresh=CONF)
     plain = det.export()
     meta = {p.key: p.value for p in plain.metadata_props}
-    assert meta[contract.RESIZE] == "stretch" and meta[contract.INPUT_SIZE] == "160,160"
+    assert meta[contract.RESIZE] == "stretch" and meta[contract.INPUT_SIZE] == "160"
     assert meta[contract.INPUT_FORMAT] == "RGB" and meta[contract.CLASSIFIER_BACKGROUND] == "none"
     raw = images_rgb()
     batch = prepare_stretch_batch(raw, IMGSZ, IMGSZ)
