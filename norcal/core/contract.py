@@ -60,11 +60,15 @@ DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, ma
 # left = (S - w') // 2, the rest filled with pad_value. image_sizes holds (h', w') either way, and
 # a letterbox graph removes the centring offset itself, so its boxes are in resized coordinates.
 RESIZE = "norcal.resize"
+# "stretch": every image resized to the INPUT_SIZE square exactly, aspect not kept, no padding
+# (Ultralytics' RT-DETR predictor: LetterBox(auto=False, scale_fill=True)).
+RESIZE_STRETCH = "stretch"
 RESIZE_RULES = ("shortest_edge", "letterbox")  # the first is the default
 INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
 PAD_VALUE = "norcal.pad_value"  # letterbox: the padding's pixel value 0-255 (absent: 114)
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
                           TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE, PAD_VALUE})
+OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE, PAD_VALUE})  # absent on ResizeShortestEdge models
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
 CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"
@@ -292,3 +296,21 @@ def metadata_category_ids(meta: dict[str, str]) -> list[int] | None:
     except (ValueError, TypeError):
         raise NorcalError(f"model metadata {CATEGORY_IDS} is not a JSON list of integers") from None
     return ids
+
+
+def stretch_size(meta: dict[str, str]) -> tuple[int, int] | None:
+    """(S, S) every image is stretched to, for a model whose metadata says ``norcal.resize`` =
+    stretch; None for ResizeShortestEdge models."""
+    resize = meta.get(RESIZE)
+    if resize is None:
+        return None
+    if resize != RESIZE_STRETCH:
+        raise NorcalError(f"model metadata {RESIZE}={resize!r} is not a known resize rule ({RESIZE_STRETCH})")
+    raw = meta.get(INPUT_SIZE, "")
+    try:
+        side = int(raw)
+    except ValueError:
+        raise NorcalError(f"model metadata {INPUT_SIZE}={raw!r} is not an integer") from None
+    if side <= 0:
+        raise NorcalError(f"model metadata {INPUT_SIZE}={raw!r} must be positive")
+    return side, side
