@@ -96,6 +96,42 @@ def _own_bias_initializers(model: onnx.ModelProto) -> int:
     return len(copies)
 
 
+# ops a layer's result passes through unchanged in kind on its way to the next layer
+PASS_THROUGH = frozenset({"Relu", "Add", "Mul", "Sub", "MaxPool", "AveragePool", "Resize", "Clip", "LeakyRelu",
+                          "Reshape", "Flatten", "Transpose", "Concat", "Identity", "Squeeze", "Unsqueeze"})
+
+
+def final_layers(model: onnx.ModelProto, quantized: set[str]) -> set[str]:
+    """The layers of ``quantized`` whose result reaches no other layer of ``quantized`` (through
+    :data:`PASS_THROUGH` ops): the RPN's objectness and box-delta convolutions, the box head's
+    last fully connected layer. Their results go to float arithmetic that ranks proposals,
+    decodes boxes or computes the classifier's logits, so the ort form keeps them float: a
+    per-tensor uint8 rounding of an objectness map or of the box predictor's features costs
+    AP; their inputs are still int8-rounded, as in the tensorrt form."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for t in n.input:
+            consumers.setdefault(t, []).append(n)
+    final = set()
+    for n in model.graph.node:
+        if n.name not in quantized:
+            continue
+        todo, seen, feeds_layer = list(n.output), set(), False
+        while todo and not feeds_layer:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            for c in consumers.get(t, ()):
+                if c.name in quantized:
+                    feeds_layer = True
+                elif c.op_type in PASS_THROUGH:
+                    todo.extend(o for o in c.output if o)
+        if not feeds_layer:
+            final.add(n.name)
+    return final
+
+
 def _quantize_options(form: str) -> dict:
     """quantize_static's keyword arguments for one form."""
     from onnxruntime.quantization import QuantFormat, QuantType
@@ -145,6 +181,9 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
     keep = fp32_nodes(work, where)
     int8_masks = mask_only_layers(work) & keep if mask_head else set()
     keep -= int8_masks
+    if form == "ort":
+        layers = {n.name for n in work.graph.node if n.op_type in COMPUTE_OPS} - keep
+        keep |= final_layers(work, layers) - int8_masks
     count = [0]
 
     class Reader(CalibrationDataReader):
