@@ -131,18 +131,37 @@ def _optimized_op_types(model, tmp_path) -> list[str]:
     return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
 
 
+def deep_head_model() -> onnx.ModelProto:
+    """head_model with a second fc (head/fc2, then a ReLU) between head/fc and the predictor."""
+    m = head_model()
+    g = m.graph
+    rng = np.random.default_rng(3)
+    g.initializer.append(numpy_helper.from_array(rng.normal(size=(16, 16)).astype(np.float32) * 0.3, "fc2_w"))
+    for n in g.node:
+        if n.name.startswith("predictor/"):
+            n.input[0] = "fr2"
+    at = next(i for i, n in enumerate(g.node) if n.name == "head/relu") + 1
+    g.node.insert(at, h.make_node("Gemm", ["fr", "fc2_w"], ["fc2"], name="head/fc2", transB=1))
+    g.node.insert(at + 1, h.make_node("Relu", ["fc2"], ["fr2"], name="head/relu2"))
+    onnx.checker.check_model(m)
+    return m
+
+
 def test_ort_form_runs_int8_kernels_in_onnxruntime(tmp_path):
     """The ort form: ONNX Runtime fuses the backbone's conv into QLinearConv and the box head's
-    fc into QGemm (int8 kernels); the tensorrt form leaves both in float (the reason for the
-    ort form); the box predictor stays an fp32 Gemm in both."""
-    m = head_model()
+    first fc into QGemm (int8 kernels); the tensorrt form leaves the conv in float (the reason
+    for the ort form). The last fc (its result feeds the box predictor only) and the predictor
+    stay float Gemms."""
+    m = deep_head_model()
     ort_form, _ = quantize_int8(m, iter(_batches()), form="ort")
     trt_form, _ = quantize_int8(m, iter(_batches()))
     ops = _optimized_op_types(ort_form, tmp_path)
     assert ops.count("QLinearConv") == 1 and "Conv" not in ops and ops.count("QGemm") == 1, ops
-    assert sum(op in ("Gemm", "FusedGemm") for op in ops) == 2, ops  # predictor/cls, predictor/bbox
+    assert sum(op in ("Gemm", "FusedGemm") for op in ops) == 3, ops  # head/fc2, predictor/cls, /bbox
     trt_ops = _optimized_op_types(trt_form, tmp_path)
-    assert not {"QLinearConv", "QGemm", "ConvInteger", "MatMulInteger"} & set(trt_ops), trt_ops
+    # its convolutions have no Q on their outputs: float kernels (Gemms fuse either way: QGemm
+    # may write float)
+    assert not {"QLinearConv", "ConvInteger"} & set(trt_ops) and "FusedConv" in trt_ops, trt_ops
     # uint8 activations with a zero point, int8 weights with none, int32 biases
     inits = {t.name: t for t in ort_form.graph.initializer}
     nodes = {x.name: x for x in ort_form.graph.node}
