@@ -246,6 +246,11 @@ def test_cli_writes_the_int8_model_from_a_folder(fp32, tmp_path, capsys):
     assert meta[contract.CALIBRATION_IMAGES] == "2"
     assert main(["quantize", str(tmp_path / "model.onnx"), "--precision", "fp16"]) == 0
     assert (tmp_path / "model.fp16.onnx").is_file()
+    assert main(["quantize", str(tmp_path / "model.onnx"), "--images", str(SYNTH / "train_subset"),
+                 "--num-images", "1", "--form", "ort", "--int8-mask-head"]) == 0
+    assert "(int8: ort form," in capsys.readouterr().out
+    meta = {p.key: p.value for p in onnx.load(str(tmp_path / "model.int8-ort.onnx")).metadata_props}
+    assert meta[contract.INT8_FORM] == "ort" and "mask head int8 (4 layers)" in meta[contract.QUANTIZATION]
 
 
 def test_ort_form_runs_int8_kernels_after_onnxruntimes_optimizer(int8_ort, tmp_path):

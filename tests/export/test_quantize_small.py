@@ -251,3 +251,14 @@ def test_int8_mask_head_quantizes_the_mask_layer_only_when_asked():
         assert got == mask_head
         assert ("mask head int8 (1 layers)" in {p.key: p.value for p in q.metadata_props}[contract.QUANTIZATION]) \
             == mask_head
+
+
+def test_cli_refuses_int8_form_options_for_fp16_in_one_line(tmp_path, capsys):
+    from norcal.cli import main
+
+    onnx.save(head_model(), str(tmp_path / "m.onnx"))
+    for extra in (["--form", "ort"], ["--int8-mask-head"]):
+        assert main(["quantize", str(tmp_path / "m.onnx"), "--precision", "fp16", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "fp16 takes neither" in err, err
+    assert not (tmp_path / "m.fp16.onnx").exists()
