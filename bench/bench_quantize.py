@@ -13,7 +13,7 @@ the same setting (median of the per-image ratios), and NorCal's APr gain over th
 each precision: does it survive quantization?
 
 --fullsize MODEL.onnx: latency only, on another fp32 export (e.g. a full-size R50-FPN): its
-int8-trt and int8-ort variants (calibrated on the example's training images, prepared at the
+int8 variants (calibrated on the example's training images, prepared at the
 model's own resize) against it on the example's validation images.
 
   .venv/bin/python bench/bench_quantize.py
@@ -173,9 +173,9 @@ def fullsize(path: Path, n_cal: int, threads: int, repeats: int, say) -> None:
 
     d = default_data_dir()
     fp32 = load_onnx(path)
-    models = variants(fp32, sorted((d / "train_subset").glob("*.png"))[:n_cal], ("int8-trt", "int8-ort"), say)
+    models = variants(fp32, sorted((d / "train_subset").glob("*.png"))[:n_cal], list(INT8), say)
     spec = input_spec({p.key: p.value for p in fp32.metadata_props})
-    feeds = [prepare([read_rgb(p)], spec).feeds() for p in sorted((d / "val").glob("*.png"))[:8]]
+    feeds = [prepare([read_rgb(p)], spec).feeds() for p in sorted((d / "val").glob("*.png"))[:6]]
     with tempfile.TemporaryDirectory() as tmp:
         runners = {}
         for prec, model in models.items():
