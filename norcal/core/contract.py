@@ -90,7 +90,12 @@ GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND, MASK_HEAD_ROIS
 PRECISION = "norcal.precision"  # int8 (explicit Q/DQ) or fp16 (mixed: NorCal, NMS, decoding in fp32)
 QUANTIZATION = "norcal.quantization"  # how: tool, version, method, e.g. "onnxruntime 1.32.0 quantize_static ..."
 CALIBRATION_IMAGES = "norcal.calibration_images"  # int8: how many images calibrated the activation ranges
-PRECISION_KEYS = frozenset({PRECISION, QUANTIZATION, CALIBRATION_IMAGES})
+# int8: which Q/DQ layout. "tensorrt": signed, symmetric, Q/DQ on layer inputs only (what TensorRT
+# builds); "ort": uint8 activations, int32 biases, Q/DQ on layer outputs too (ONNX Runtime's CPU
+# int8 kernels; TensorRT does not build it). Absent on an int8 model: tensorrt (written before the key).
+INT8_FORM = "norcal.int8_form"
+INT8_FORMS = ("tensorrt", "ort")  # the first is the default
+PRECISION_KEYS = frozenset({PRECISION, QUANTIZATION, CALIBRATION_IMAGES, INT8_FORM})
 
 # The NorCal node: ai.norcal::NorCal(logits, norcal.log_prior) backed by a model-local function.
 NODE_DOMAIN = "ai.norcal"
