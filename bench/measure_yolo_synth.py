@@ -16,9 +16,14 @@ validation images (val.json: LVIS federated rules, the frequency groups of the t
     norcal infer best.gG.onnx val/ --image-ids val.json -o val.gG.json
     norcal eval --gt val.json --results val.gG.json --json val.gG.metrics.json
 --path ultralytics (independent of the product's export / runtime): Ultralytics' own predictor
-(conf 0.001, class-wise NMS IoU 0.7, one class per box, 300 per image, imgsz 256) with NorCal put
+(--conf 0.001 by default, class-wise NMS IoU 0.7, one class per box, 300 per image, imgsz 256) with NorCal put
 into the head by hand: the class logits' conv bias is lowered by gamma * log N_c, so each score
 is sigmoid(logit - gamma * log N_c); the detections go through norcal.evaluation (LVIS AP).
+
+A sigmoid head has no background logit to renormalise against: NorCal lowers every class's
+scores (N_c >= 1), rare classes least. A per-class monotone change leaves each class's ranking,
+hence its AP, as it is, except through the cuts: the score threshold (--conf), the one class kept
+per box (argmax) before NMS, and the 300 detections per image.
 """
 
 from __future__ import annotations
@@ -54,11 +59,12 @@ def fmt(stats: dict) -> str:
 class HandNorcal:
     """Ultralytics' predictor on a trained checkpoint, with sigmoid(logit - gamma log N_c)."""
 
-    def __init__(self, weights: Path, log_n: np.ndarray, imgsz: int):
+    def __init__(self, weights: Path, log_n: np.ndarray, imgsz: int, conf: float = 0.001):
         from ultralytics import YOLO
 
         self.yolo = YOLO(str(weights))
         self.imgsz = imgsz
+        self.conf = conf
         self.log_n = log_n
         self.heads = None
 
@@ -80,7 +86,7 @@ class HandNorcal:
                 c.bias.copy_(b - shift)
 
     def detect(self, files: list[Path], gamma: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        kw = dict(imgsz=self.imgsz, conf=0.001, iou=0.7, max_det=300, device="cpu", verbose=False)
+        kw = dict(imgsz=self.imgsz, conf=self.conf, iou=0.7, max_det=300, device="cpu", verbose=False)
         if self.yolo.predictor is None:
             self.yolo.predict(str(files[0]), **kw)  # builds the predictor
         self._set_gamma(gamma)
@@ -106,7 +112,7 @@ def run_ultralytics(args, counts: np.ndarray, cat_ids: list[int]) -> dict:
 
     fx = args.fixture
     sets = {"train_subset": (fx / "train_subset.json", fx / "train_subset"), "val": (fx / "val.json", fx / "val")}
-    model = HandNorcal(args.weights, np.log(counts), args.imgsz)
+    model = HandNorcal(args.weights, np.log(counts), args.imgsz, args.conf)
     sweep: dict[str, list] = {"train_subset": [], "val": []}
     for split, (gt_path, img_dir) in sets.items():
         gt = json.loads(gt_path.read_text())
@@ -156,11 +162,15 @@ def main() -> int:
     ap.add_argument("--gammas", default="0:1.5:0.1", help="start:stop:step or a comma list (default 0:1.5:0.1)")
     ap.add_argument("--fixture", type=Path, default=SHARED / "fixtures" / "d2_synth_trained")
     ap.add_argument("--imgsz", type=int, default=256, help="--path ultralytics: predictor image size")
+    ap.add_argument("--conf", type=float, default=0.001,
+                    help="--path ultralytics: the predictor's score threshold (default 0.001, Ultralytics' "
+                         "validation value; 0 keeps every anchor's best class, so only the top 300 cut)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="folder for the results (default: next to the weights)")
     args = ap.parse_args()
     args.gamma_list = gamma_grid(args.gammas)
-    out = (args.out or args.weights.resolve().parent / f"measure_{args.path}").resolve()
+    name = f"measure_{args.path}" + (f"_conf{args.conf:g}" if args.path == "ultralytics" else "")
+    out = (args.out or args.weights.resolve().parent / name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.environ["YOLO_OFFLINE"] = "1"
     os.environ.setdefault("YOLO_CONFIG_DIR", str(out / "ultralytics_cfg"))
@@ -178,7 +188,7 @@ def main() -> int:
     tuned = max(sweep["train_subset"], key=lambda r: r["stats"]["AP"])  # first best: the smallest gamma
     g_best = tuned["gamma"]
     val = {r["gamma"]: r["stats"] for r in sweep["val"]}
-    summary = {"path": args.path, "weights": str(args.weights), "gammas": args.gammas, "best_gamma": g_best,
+    summary = {"path": args.path, "conf": args.conf if args.path == "ultralytics" else None, "weights": str(args.weights), "gammas": args.gammas, "best_gamma": g_best,
                "val_gamma0": val[0.0], "val_best": val[g_best], "sweep": sweep, "seconds": time.time() - t}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"\ngamma chosen on train_subset (120 images): {g_best:g} "
