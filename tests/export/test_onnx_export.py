@@ -17,6 +17,7 @@ from norcal.core.calibration import log_prior
 from norcal.core.errors import NorcalError
 from norcal.export.modeling.build import model_from_state, random_state_dict
 from norcal.export.onnx_export import export_onnx
+from norcal.export.padding_switch import IF_NODE
 from norcal.export.spec import ModelSpec
 from conftest import assert_tensorrt_compatible
 from test_modeling_parity import check_detections
@@ -83,7 +84,14 @@ def test_graph_contract(tiny_onnx):
 def test_graph_uses_only_tensorrt_friendly_ops(tiny_onnx):
     nodes = list(tiny_onnx.graph.node)
     assert_tensorrt_compatible(tiny_onnx)
-    assert not {n.op_type for n in nodes} & {"Loop", "If", "Scan"}  # a detector needs no control flow
+    # a detector needs no control flow, but for the padding switch: one If choosing the
+    # backbone with or without padding masks, branches without control flow
+    switch = [n for n in nodes if n.op_type == "If"]
+    assert [n.name for n in switch] == [IF_NODE]
+    branches = [a.g for a in switch[0].attribute]
+    assert sorted(a.name for a in switch[0].attribute) == ["else_branch", "then_branch"]
+    assert not {n.op_type for g in [tiny_onnx.graph, *branches] for n in g.node} & {"Loop", "Scan"}
+    assert not {n.op_type for g in branches for n in g.node} & {"If"}
     rois = [n for n in nodes if n.op_type == "RoiAlign"]
     assert len(rois) == 8  # 4 FPN levels for the box head, 4 for the mask head
     for n in rois:
