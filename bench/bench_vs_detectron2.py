@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -181,7 +182,11 @@ def main(argv=None) -> int:
     p.add_argument("--many-thresh", type=float, default=0.02, help="fixture model only")
     p.add_argument("--few-thresh", type=float, default=0.4, help="fixture model only")
     p.add_argument("--profile", action="store_true", help="print time per op type")
+    p.add_argument("--regimes", nargs="+", choices=("many", "few"), default=["many", "few"])
+    p.add_argument("--forms", nargs="+", choices=tuple(FORMS), default=list(FORMS),
+                   help=f"our graphs to time ({DEFAULT!r} and 'ours --batch 1' are always in)")
     args = p.parse_args(argv)
+    args.forms = [f for f in FORMS if f in args.forms or f in (DEFAULT, "ours --batch 1")]
     if args.detectron2_onnx and not args.full_size:
         p.error("--detectron2-onnx goes with --full-size (the fixture's graph is built in)")
     console = Console()
@@ -198,10 +203,12 @@ def main(argv=None) -> int:
         table.add_column(col, justify="right")
     profiles = []
     for r in regimes:
+        if r.name not in args.regimes:
+            continue
         graphs = {}
         with console.status(f"{r.name}: exporting our graphs"):
-            for label, kw in FORMS.items():
-                graphs[label] = export_detector(r.model, r.spec, **kw)
+            for label in args.forms:
+                graphs[label] = export_detector(r.model, r.spec, **FORMS[label])
         if r.d2 is not None:
             graphs["detectron2"] = r.d2
         with console.status(f"{r.name}: sessions, proposals, detections"):
@@ -214,6 +221,9 @@ def main(argv=None) -> int:
         with console.status(f"{r.name}: timing"):
             med = time_all({k: (lambda s=s, f=feeds[k]: s.run(None, f)) for k, s in sessions.items()},
                            args.repeats)
+        if not args.profile:  # the sessions hold what they need: the full-size protos are large
+            graphs = {k: None for k in graphs}
+            gc.collect()
         for k in graphs:
             vs_d2 = f"{med[k] / med['detectron2']:.2f}" if "detectron2" in med else "-"
             if k == DEFAULT and "detectron2" in med:

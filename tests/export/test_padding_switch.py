@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 
 import golden as G
+from test_padding_heads import assert_same_detections, per_image, rcnn_spec, trained_like
 from norcal.export.modeling.build import model_from_state
 from norcal.export.onnx_export import export_onnx
 from norcal.export.padding_switch import IF_NODE, inline_masked
@@ -30,17 +31,18 @@ def session(proto: onnx.ModelProto, outputs: tuple[str, ...] = ()) -> ort.Infere
 
 @pytest.fixture(scope="module")
 def graphs():
-    spec = G.tiny_spec()
-    model = model_from_state(spec, G.tiny_state_dict())
+    # test_padding_heads' trained-like R-18-FPN: decisive scores, so float rounding of fused
+    # against unfused convolutions cannot reorder near-ties at the K-th detection
+    spec = rcnn_spec()
+    model = model_from_state(spec, trained_like(spec))
     return export_onnx(model, spec), export_onnx(model, spec, padding_switch=False)
 
 
 def feeds(sizes, hw):
-    """Zero-padded random images of ``sizes`` in one [B, 3, *hw] input."""
-    rng = np.random.default_rng(0)
+    """Crops of fixture images (200 x 300), zero-padded into one [B, 3, *hw] input."""
     x = np.zeros((len(sizes), 3, *hw), np.float32)
     for b, (h, w) in enumerate(sizes):
-        x[b, :, :h, :w] = rng.uniform(0, 255, (3, h, w))
+        x[b, :, :h, :w] = G.load_bgr_resized(b, 200, 300)[:h, :w].transpose(2, 0, 1)
     return {"images": x, "image_sizes": np.array(sizes, np.int64)}
 
 
@@ -64,18 +66,15 @@ def test_switch_picks_the_unmasked_backbone_only_when_no_image_has_extra_padding
 
 @pytest.mark.parametrize("sizes,hw,fills", CASES)
 def test_switched_graph_gives_the_masked_graphs_detections(graphs, sizes, hw, fills):
+    """One to one (test_padding_heads' matcher): class, boxes within 1e-3, scores 1e-4."""
     switched, masked = graphs
     f = feeds(sizes, hw)
-    got, want = session(switched).run(None, f), session(masked).run(None, f)
-    assert (got[0] == want[0]).all() and want[0].sum() > 0  # num_detections
+    names = [o.name for o in switched.graph.output]
+    got = dict(zip(names, session(switched).run(None, f)))
+    want = dict(zip(names, session(masked).run(None, f)))
+    assert want["num_detections"].min() > 0
     for b in range(len(sizes)):
-        n = int(want[0][b])
-        # near-equal scores may come out in another order: compare sorted by score
-        order_g = np.argsort(-got[2][b][:n], kind="stable")
-        order_w = np.argsort(-want[2][b][:n], kind="stable")
-        np.testing.assert_allclose(got[2][b][order_g], want[2][b][order_w], atol=1e-5)  # scores
-        np.testing.assert_allclose(got[1][b][order_g], want[1][b][order_w], atol=1e-3)  # boxes
-        assert (got[3][b][order_g] == want[3][b][order_w]).all()  # classes
+        assert_same_detections(per_image(want, b), per_image(got, b), f"image {b}")
 
 
 def test_inlined_masked_branch_is_the_always_masked_graph(graphs):
