@@ -142,6 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for both backends")
     p.add_argument("--process-runs", type=int, default=3,
                    help="whole-process `norcal export` runs (median; 0: none)")
+    p.add_argument("--compare-no-switch", action="store_true",
+                   help="also time the job in this process with the padding switch off")
     p.add_argument("--latency", action="store_true", help="also time ONNX Runtime against eager")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2], help="batch sizes")
@@ -164,6 +166,17 @@ def main(argv=None) -> int:
         table.add_row("total", f"{total:.2f}")
         console.print(table)
         console.print(f"export time in this process: {total:.1f} s")
+        if args.compare_no_switch:
+            import norcal.export.onnx_export as onnx_export
+            plain = onnx_export.export_onnx
+            onnx_export.export_onnx = functools.partial(plain, padding_switch=False)
+            try:
+                with console.status("exporting again, padding switch off"):
+                    total2 = time_export(src, config, Path(tmp) / "plain.onnx")[0]
+            finally:
+                onnx_export.export_onnx = plain
+            console.print(f"the same job with the padding switch off: {total2:.1f} s "
+                          f"(switch on / off: {total / total2:.2f})")
         if args.process_runs > 0:
             walls = []
             for i in range(args.process_runs):
