@@ -42,3 +42,35 @@ def local_ray():
     ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False)
     yield ray
     ray.shutdown()
+
+
+class YoloWork:
+    """The Ultralytics tests' checkpoints (trained-at size :attr:`size`), each made once per
+    session when a test first needs it, and their calibration table."""
+
+    size = 96  # the export input size: tiny models, quick
+
+    def __init__(self, d: Path):
+        from yolo_models import write_table  # imports Ultralytics: only Ultralytics tests get here
+
+        self.dir = d
+        self.table, self.counts = write_table(d / "table.json")
+
+    def _made(self, name: str, yaml: str) -> Path:
+        from yolo_models import make_checkpoint
+
+        p = self.dir / name
+        return p if p.exists() else make_checkpoint(p, yaml, imgsz=self.size)
+
+    @property
+    def det(self) -> Path:
+        return self._made("det.pt", "yolo11n.yaml")
+
+    @property
+    def seg(self) -> Path:
+        return self._made("seg.pt", "yolo11n-seg.yaml")
+
+
+@pytest.fixture(scope="session")
+def yolo_work(tmp_path_factory) -> YoloWork:
+    return YoloWork(tmp_path_factory.mktemp("yolo"))

@@ -267,19 +267,29 @@ def test_batch_of_two_equals_each_alone_and_torch_runner(work):
 
 @pytest.mark.slow
 def test_tune_rescore_equals_the_onnx(work):
+    """The family's tune cache from the host's prepared batches, re-scored at gamma 0.5, gives
+    the graph's outputs (resized coordinates; the host maps both back alike)."""
     from norcal.core.calibration import log_prior
     from norcal.runtime.inference import prepare
     from norcal.runtime.postprocess import split_outputs
 
     det, sess, meta = _onnx(work, work.det, 0.5)
-    det.imgsz = S
+    spec = contract.input_spec(meta)
+    assert det.preprocessing == spec
     priors = [log_prior(work.counts, g, background="none") for g in (0.0, 0.5)]
-    cache = det.cache([(i, p) for i, p in enumerate(IMAGES[:2])], priors, "exp", batch_size=2)
-    assert len(cache) == 2 and cache.nbytes > 0 and det.cache_bytes(2, 2) >= cache.nbytes
-    got = det.rescore(cache, 1, priors[1], "exp", batch_size=2)
-    batch = prepare([read_rgb(p) for p in IMAGES[:2]], contract.input_spec(meta))
+    arrays = [read_rgb(p) for p in IMAGES]
+    batches = [([0, 1], prepare(arrays[:2], spec)), ([2, 3], prepare(arrays[2:4], spec))]
+    parts = [det.cache([b], priors, "exp") for b in batches]
+    cache = type(parts[0]).concat(parts)
+    assert len(cache) == 4 and cache.image_ids == [0, 1, 2, 3] and cache.nbytes > 0
+    assert det.cache_bytes(4, 2) >= cache.nbytes
+    got = det.rescore(cache, 1, priors[1], "exp", batch_size=3)
+    assert got["boxes"].shape == (4, det.topk, 4)
+    batch = prepare(arrays[:4], spec)
+    np.testing.assert_array_equal(cache.image_sizes, batch.image_sizes)
+    mine = split_outputs(got, cache.image_sizes, cache.original_sizes)
     want = split_outputs(_run(sess, batch.feeds()), batch.image_sizes, batch.original_sizes)
-    for g, w in zip(got, want):  # original coordinates; as sets (torch vs ONNX Runtime kernels)
+    for g, w in zip(mine, want):  # original coordinates; as sets (torch vs ONNX Runtime kernels)
         assert len(g.scores) == len(w.scores) > 0
         ref = np.concatenate([g.boxes, g.scores[:, None], g.classes[:, None]], 1)
         assert (_match(ref, w.boxes, w.scores, w.classes) >= 0).mean() >= 0.99
