@@ -48,12 +48,11 @@ class YoloWork:
     """The Ultralytics tests' checkpoints (trained-at size :attr:`size`), each made once per
     session when a test first needs it, and their calibration table."""
 
-    size = 96  # the export input size: tiny models, quick
-
     def __init__(self, d: Path):
-        from yolo_models import write_table  # imports Ultralytics: only Ultralytics tests get here
+        from yolo_models import IMGSZ, write_table  # imports Ultralytics: only Ultralytics tests get here
 
-        self.dir = d
+        self.dir, self.size = d, IMGSZ
+        self._graphs: dict = {}
         self.table, self.counts = write_table(d / "table.json")
 
     def _made(self, name: str, yaml: str) -> Path:
@@ -69,6 +68,16 @@ class YoloWork:
     @property
     def seg(self) -> Path:
         return self._made("seg.pt", "yolo11n-seg.yaml")
+
+    def plain(self, kind: str):
+        """(detector, plain ONNX graph) of the ``kind`` ("det" / "seg") checkpoint, exported
+        once per session at :attr:`size` (the tests calibrate copies of it)."""
+        if kind not in self._graphs:
+            from norcal.export.families import load_detector
+
+            det = load_detector(getattr(self, kind))
+            self._graphs[kind] = det, det.export(None)
+        return self._graphs[kind]
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,11 @@ class UltralyticsFamily(Family):
     def claims(self, path: Path, config: Path | None) -> bool:
         return config is None and path.suffix.lower() in SUFFIXES and path.is_file() and task_of(path) in TASKS
 
+    def check_export_options(self, options) -> None:
+        """mask_head_rois is detectron2's (the YOLO graph's masks always cover the K slots)."""
+        if getattr(options, "mask_head_rois", None) is not None:
+            raise NorcalError(f"mask_head_rois does not apply to {self.name} checkpoints", param="mask_head_rois")
+
     def load(self, path: Path, config: Path | None = None, **options) -> "YoloDetector":
         if config is not None:
             raise NorcalError(f"{config}: an Ultralytics checkpoint carries its own architecture; it takes no config",
@@ -172,6 +177,15 @@ class YoloDetector(Detector):
             raise NorcalError(f"export size {h} must be a positive multiple of the model's stride {self.stride}",
                               param=("height", "width"))
         return int(h)
+
+    def export_options(self, options) -> Any:
+        """The export job's options, checked before the export: a square size that is a
+        multiple of the stride (default the trained imgsz), a positive batch."""
+        self._input_size(options)
+        batch = getattr(options, "batch", None)
+        if batch is not None and int(batch) <= 0:
+            raise NorcalError(f"export batch must be positive, got {batch}", param="batch")
+        return options
 
     def export(self, options=None) -> Any:
         """The plain ONNX graph: fixed S x S input (the model's imgsz, or the options' equal
