@@ -84,3 +84,30 @@ def test_tune_yolo_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_pat
         matched += int(same.any(1).sum())
     # as sets: torch's and ONNX Runtime's float32 kernels differ by ~1e-5, near-ties may swap slots
     assert matched / len(rows) >= 0.99, (matched, len(rows))
+
+
+@pytest.mark.slow
+def test_tune_yolo_on_two_ray_workers_gives_the_single_process_sweep(yolo_work, tmp_path, local_ray):
+    """The workers cache with the family's methods, the driver's gammas re-score the joined
+    caches (YoloTuneCache.concat): the sweep is the single process's, number for number."""
+    import torch
+
+    from norcal.export.families import load_detector
+    from norcal.runtime.ray_inference import RayOptions
+    from norcal.workflows.ray_tune import tune_ray
+    from norcal.workflows.tune import tune
+
+    gt = _gt(tmp_path / "gt.json")
+    per_image = load_detector(yolo_work.det).cache_bytes(1, 3)
+    args = (yolo_work.det, gt, IMAGES[0].parent, [0.0, 0.5, 1.0], str(yolo_work.table))
+    kwargs = dict(batch_size=1, max_cache_bytes=2 * per_image)  # 2 chunks of 2 one-image batches
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = tune(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+    got = tune_ray(*args, **kwargs, options=RayOptions(num_workers=2))
+    assert [(p.gamma, p.num_detections, p.stats) for p in got.points] == \
+        [(p.gamma, p.num_detections, p.stats) for p in want.points]
+    assert got.best.gamma == want.best.gamma and len({p.num_detections for p in got.points}) > 1
