@@ -44,15 +44,16 @@ def error_line(error: NorcalError, flags: Mapping[str, str] | None = None) -> st
     """The error as the CLI shows it: each parameter the error names spelled as its flag.
 
     Only whole names outside paths change: "batch" must not touch "batch_size", "--batch" or
-    "batch.json", and "checkpoint" not the folder of "/x/checkpoint/m.pth" (a word with a path
-    separator is a path, whatever it holds)."""
+    "batch.json", and "checkpoint" not the folder of "/x/checkpoint/m.pth". A word with a path
+    separator is a path unless each of its parts is a known parameter ("min_size/max_size")."""
     names = {**COMMON_FLAGS, **(flags or {})}
     pairs = [(p, names[p]) for p in error.params if names.get(p)]
     if not pairs:
         return str(error)
     words = re.split(r"(\s+)", str(error))  # separators kept: the text comes back as it was
     for i, word in enumerate(words):
-        if "/" in word or "\\" in word:
+        parts = re.split(r"[/\\]", word.strip("()[]{},;:'\"`"))
+        if len(parts) > 1 and not all(part in names for part in parts):
             continue
         for param, flag in pairs:
             word = re.sub(rf"(?<![\w.-]){re.escape(param)}(?![\w=]|\.\w)", flag, word)

@@ -77,3 +77,7 @@ def test_error_line_leaves_paths_alone():
                                     "and --table C:\\table\\t.json do not fit")
     e = NorcalError("checkpoint/m.pth: config goes with checkpoint", param=("config", "checkpoint"))
     assert error_line(e, flags) == "checkpoint/m.pth: --config goes with --checkpoint"
+    # names joined by a slash are names, not a path
+    e = NorcalError("no metadata, resized to 800/1333 unless (min_size/max_size) are given",
+                    param=("min_size", "max_size"))
+    assert error_line(e) == "no metadata, resized to 800/1333 unless (--min-size/--max-size) are given"
