@@ -142,41 +142,6 @@ def letterbox_batch(images_rgb: list[np.ndarray], size: int, fmt: str = "RGB", p
     images, sizes = letterbox_images(images_rgb, size, fmt, pad_value)
     return Batch(images=images, image_sizes=sizes,
                  original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2))
-def _linear_taps(n_in: int, n_out: int):
-    """OpenCV's INTER_LINEAR taps along one axis: first source index, second, and their 11-bit
-    fixed-point weights (``resize.cpp``: float32 offsets, edges clamped with weight 0)."""
-    scale = 1.0 / (np.float64(n_out) / np.float64(n_in))
-    f = ((np.arange(n_out, dtype=np.float64) + 0.5) * scale - 0.5).astype(np.float32)
-    i0 = np.floor(f)
-    f = (f - i0).astype(np.float32)
-    i0 = i0.astype(np.int64)
-    f[i0 < 0] = 0
-    i0[i0 < 0] = 0
-    last = i0 >= n_in - 1
-    f[last] = 0
-    i0[last] = n_in - 1
-    w0 = np.rint((np.float32(1) - f) * np.float32(2048)).astype(np.int64)
-    w1 = np.rint(f * np.float32(2048)).astype(np.int64)
-    return i0, np.minimum(i0 + 1, n_in - 1), w0, w1
-
-
-def resize_linear_uint8(image: np.ndarray, new_h: int, new_w: int) -> np.ndarray:
-    """uint8 [H,W,C] -> uint8 [new_h,new_w,C], bilinear as OpenCV's ``cv2.resize(...,
-    INTER_LINEAR)`` (what Ultralytics' LetterBox uses): pixel centres aligned, edges clamped,
-    no antialiasing (PIL's bilinear widens its filter when shrinking), OpenCV's fixed-point
-    weights and rounding. Equal to OpenCV when shrinking; enlarging, a pixel in a few hundred
-    may differ by 1."""
-    h, w = image.shape[:2]
-    if (h, w) == (new_h, new_w):
-        return image
-    y0, y1, b0, b1 = _linear_taps(h, new_h)
-    x0, x1, a0, a1 = _linear_taps(w, new_w)
-    img = image.astype(np.int64)
-    rows = img[:, x0] * a0[None, :, None] + img[:, x1] * a1[None, :, None]  # value * 2**11
-    b0, b1 = b0[:, None, None], b1[:, None, None]
-    # OpenCV's vertical pass (VResizeLinearVec_32s8u): 16-bit products, then a rounding shift
-    out = (((b0 * (rows[y0] >> 4)) >> 16) + ((b1 * (rows[y1] >> 4)) >> 16) + 2) >> 2
-    return np.clip(out, 0, 255).astype(np.uint8)
 
 
 def prepare_stretch_batch(images_rgb: list[np.ndarray], height: int, width: int,

@@ -134,15 +134,11 @@ def test_stretch_resize_is_opencvs_linear():
     import cv2
 
     rng = np.random.default_rng(0)
-    for h, w, nh, nw in [(480, 640, 160, 160), (333, 500, 256, 256), (320, 320, 160, 160)]:  # shrinking
+    for h, w, nh, nw in [(480, 640, 160, 160), (333, 500, 256, 256), (320, 320, 160, 160),  # shrinking
+                         (100, 37, 160, 160), (7, 9, 23, 5)]:  # enlarging, stretching
         im = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         np.testing.assert_array_equal(resize_linear_uint8(im, nh, nw),
                                       cv2.resize(im, (nw, nh), interpolation=cv2.INTER_LINEAR))
-    for h, w, nh, nw in [(100, 37, 160, 160), (7, 9, 23, 5)]:  # enlarging: within 1
-        im = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-        d = np.abs(resize_linear_uint8(im, nh, nw).astype(int)
-                   - cv2.resize(im, (nw, nh), interpolation=cv2.INTER_LINEAR).astype(int))
-        assert d.max() <= 1 and (d > 0).mean() < 0.01
 
 
 def test_stretch_batch_fills_the_input():
