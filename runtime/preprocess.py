@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from norcal.core.contract import Preprocessing
+from norcal.core.contract import RESIZE_STRETCH, Preprocessing
 from norcal.core.errors import NorcalError
 from norcal.core.letterbox import letterbox_images, letterbox_offset, letterbox_size, resize_linear_uint8  # noqa: F401
 
@@ -104,6 +104,8 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, m
         spec = min_size
         if spec.letterbox:
             return letterbox_batch(images_rgb, spec.input_size, spec.input_format, spec.pad_value)
+        if spec.resize == RESIZE_STRETCH:
+            return prepare_stretch_batch(images_rgb, spec.input_size, spec.input_size, spec.input_format)
         min_size, max_size, fmt, divisibility = spec.min_size, spec.max_size, spec.input_format, spec.divisibility
     if not images_rgb:
         raise NorcalError("prepare_batch needs at least one image")

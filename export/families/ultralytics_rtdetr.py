@@ -40,18 +40,6 @@ MIN_OPSET = 17
 Prepare = Callable[[Sequence[PathLike]], tuple[np.ndarray, np.ndarray]]
 
 
-@dataclass(frozen=True)
-class StretchPreprocessing:
-    """How the host prepares images for RT-DETR: stretched to size x size, RGB, 0-255."""
-
-    size: int
-    input_format: str = "RGB"
-
-    def metadata(self) -> dict[str, str]:
-        return {contract.RESIZE: contract.RESIZE_STRETCH, contract.INPUT_SIZE: str(self.size),
-                contract.INPUT_FORMAT: self.input_format}
-
-
 @dataclass
 class RtdetrExportOptions:
     """batch: fixed batch size (None: dynamic); opset; check: onnx.checker full check."""
@@ -134,6 +122,11 @@ class RtdetrCache(TuneCache):
     def nbytes(self) -> int:
         return int(self.boxes.nbytes + self.logits.nbytes + self.original_sizes.nbytes)
 
+    @classmethod
+    def concat(cls, parts: Sequence["RtdetrCache"]) -> "RtdetrCache":
+        return cls([i for c in parts for i in c.image_ids], np.concatenate([c.boxes for c in parts]),
+                   np.concatenate([c.logits for c in parts]), np.concatenate([c.original_sizes for c in parts]))
+
 
 class RtdetrDetector(Detector):
     """An Ultralytics RT-DETR in eval mode, with its class names and input size.
@@ -190,8 +183,8 @@ class RtdetrDetector(Detector):
                           activation="sigmoid")
 
     @property
-    def preprocessing(self) -> StretchPreprocessing:
-        return StretchPreprocessing(self.height)
+    def preprocessing(self) -> contract.Preprocessing:
+        return contract.stretch_preprocessing(self.height)
 
     def settings(self) -> dict[str, Any]:
         """The detector settings recorded in ``norcal.detector``."""
@@ -355,7 +348,7 @@ class RtdetrTorchRunner:
             if calibration.activation != "sigmoid":
                 raise NorcalError(f"the ONNX model's NorCal node uses {calibration.activation} but "
                                   "RT-DETR's classifier uses sigmoid: they are not the same model")
-            lp = np.asarray(calibration.log_prior, np.float64).reshape(-1)
+            lp = np.asarray(calibration.log_prior(), np.float64).reshape(-1)
             if lp.size != detector.num_classes:
                 raise NorcalError(f"the ONNX model's NorCal prior has {lp.size} entries but the RT-DETR "
                                   f"has {detector.num_classes} classes")

@@ -63,7 +63,7 @@ RESIZE = "norcal.resize"
 # "stretch": every image resized to the INPUT_SIZE square exactly, aspect not kept, no padding
 # (Ultralytics' RT-DETR predictor: LetterBox(auto=False, scale_fill=True)).
 RESIZE_STRETCH = "stretch"
-RESIZE_RULES = ("shortest_edge", "letterbox")  # the first is the default
+RESIZE_RULES = ("shortest_edge", "letterbox", RESIZE_STRETCH)  # the first is the default
 INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
 PAD_VALUE = "norcal.pad_value"  # letterbox: the padding's pixel value 0-255 (absent: 114)
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
@@ -200,13 +200,20 @@ class Preprocessing:
     def letterbox(self) -> bool:
         return self.resize == "letterbox"
 
+    @property
+    def square(self) -> bool:
+        """Letterbox or stretch: every image becomes the one input_size square."""
+        return self.resize in ("letterbox", RESIZE_STRETCH)
+
     def metadata(self) -> dict[str, str]:
         """The runtime keys that record this preprocessing in a graph's metadata."""
         meta = {INPUT_FORMAT: self.input_format}
-        if self.letterbox:
-            meta.update({RESIZE: self.resize, INPUT_SIZE: str(self.input_size), PAD_VALUE: str(self.pad_value),
+        if self.square:
+            meta.update({RESIZE: self.resize, INPUT_SIZE: str(self.input_size),
                          MIN_SIZE_TEST: str(self.input_size), MAX_SIZE_TEST: str(self.input_size),
                          SIZE_DIVISIBILITY: str(self.input_size)})
+            if self.letterbox:
+                meta[PAD_VALUE] = str(self.pad_value)
         else:
             meta.update({MIN_SIZE_TEST: str(self.min_size), MAX_SIZE_TEST: str(self.max_size),
                          SIZE_DIVISIBILITY: str(self.divisibility)})
@@ -218,6 +225,12 @@ def letterbox_preprocessing(input_size: int, input_format: str = "RGB",
     """Ultralytics' LetterBox to an ``input_size`` square (centred, ``pad_value`` padding)."""
     return Preprocessing(min_size=input_size, max_size=input_size, input_format=input_format,
                          divisibility=input_size, resize="letterbox", input_size=input_size, pad_value=pad_value)
+
+
+def stretch_preprocessing(input_size: int, input_format: str = "RGB") -> Preprocessing:
+    """Every image resized to the ``input_size`` square, aspect not kept (Ultralytics' RT-DETR)."""
+    return Preprocessing(min_size=input_size, max_size=input_size, input_format=input_format,
+                         divisibility=input_size, resize=RESIZE_STRETCH, input_size=input_size)
 
 
 InputSpec = Preprocessing  # the name the runtime used before letterbox existed
@@ -264,13 +277,15 @@ def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int 
     rule = meta.get(RESIZE) or RESIZE_RULES[0]
     if rule not in RESIZE_RULES:
         raise NorcalError(f"model metadata {RESIZE}={rule!r} is not one of {', '.join(RESIZE_RULES)}")
-    if rule == "letterbox":
+    if rule in ("letterbox", RESIZE_STRETCH):
         if min_size is not None or max_size is not None:
-            raise NorcalError(f"min_size and max_size cannot change a letterbox model's input "
-                              f"({RESIZE}=letterbox, {INPUT_SIZE}={meta.get(INPUT_SIZE)!r})",
+            raise NorcalError(f"min_size and max_size cannot change a {rule} model's input "
+                              f"({RESIZE}={rule}, {INPUT_SIZE}={meta.get(INPUT_SIZE)!r})",
                               param=("min_size", "max_size"))
         if INPUT_SIZE not in meta:
-            raise NorcalError(f"model metadata {RESIZE}=letterbox needs {INPUT_SIZE}")
+            raise NorcalError(f"model metadata {RESIZE}={rule} needs {INPUT_SIZE}")
+        if rule == RESIZE_STRETCH:
+            return stretch_preprocessing(_int(meta, INPUT_SIZE), fmt)
         pad = meta.get(PAD_VALUE, str(LETTERBOX_PAD_VALUE))
         try:
             pad_value = int(pad)
@@ -301,21 +316,3 @@ def metadata_category_ids(meta: dict[str, str]) -> list[int] | None:
     except (ValueError, TypeError):
         raise NorcalError(f"model metadata {CATEGORY_IDS} is not a JSON list of integers") from None
     return ids
-
-
-def stretch_size(meta: dict[str, str]) -> tuple[int, int] | None:
-    """(S, S) every image is stretched to, for a model whose metadata says ``norcal.resize`` =
-    stretch; None for ResizeShortestEdge models."""
-    resize = meta.get(RESIZE)
-    if resize is None:
-        return None
-    if resize != RESIZE_STRETCH:
-        raise NorcalError(f"model metadata {RESIZE}={resize!r} is not a known resize rule ({RESIZE_STRETCH})")
-    raw = meta.get(INPUT_SIZE, "")
-    try:
-        side = int(raw)
-    except ValueError:
-        raise NorcalError(f"model metadata {INPUT_SIZE}={raw!r} is not an integer") from None
-    if side <= 0:
-        raise NorcalError(f"model metadata {INPUT_SIZE}={raw!r} must be positive")
-    return side, side

@@ -153,12 +153,16 @@ def test_stretch_batch_fills_the_input():
 
 def test_stretch_metadata_is_read_back():
     meta = {contract.RESIZE: contract.RESIZE_STRETCH, contract.INPUT_SIZE: "224"}
-    assert contract.stretch_size(meta) == (224, 224)
-    assert contract.stretch_size({}) is None
+    spec = contract.input_spec(meta)
+    assert (spec.resize, spec.input_size, spec.input_format) == ("stretch", 224, "BGR")
+    assert contract.input_spec({**meta, contract.INPUT_FORMAT: "RGB"}) == contract.stretch_preprocessing(224)
+    assert contract.input_spec({}).resize == "shortest_edge"
     for bad in ({contract.RESIZE: "letterbox?"}, {**meta, contract.INPUT_SIZE: "160,160"},
-                {**meta, contract.INPUT_SIZE: "0"}):
+                {**meta, contract.INPUT_SIZE: "0"}, {contract.RESIZE: contract.RESIZE_STRETCH}):
         with pytest.raises(NorcalError):
-            contract.stretch_size(bad)
+            contract.input_spec(bad)
+    with pytest.raises(NorcalError, match="cannot change a stretch model"):
+        contract.input_spec(meta, min_size=800)
 
 
 def test_detector_refuses_what_does_not_fit(rtdetr):
