@@ -29,6 +29,8 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 
+from norcal.core.contract import CLS_LOGITS_TENSOR
+
 PathLike = str | os.PathLike
 
 
@@ -45,6 +47,11 @@ class Classifier:
     class_axis: int
     background: str
     activation: str
+
+
+def sigmoid_classifier(logits: str = CLS_LOGITS_TENSOR) -> Classifier:
+    """One sigmoid over class logits [.., C] with no background slot (RetinaNet, YOLO, RT-DETR)."""
+    return Classifier(logits=(logits,), class_axis=-1, background="none", activation="sigmoid")
 
 
 @dataclass

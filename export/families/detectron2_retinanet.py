@@ -15,9 +15,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from norcal.core import calibration
-from norcal.core.contract import cls_logits_tensors
 from norcal.core.errors import NorcalError
-from norcal.export.families.base import Classifier, TuneCache
+from norcal.export.families.base import Classifier, TuneCache, sigmoid_classifier
 from norcal.export.families.detectron2_detector import Detectron2Detector, join_outputs, torch_threads
 
 _KEYS = ("boxes", "scores", "classes")
@@ -122,8 +121,7 @@ class RetinaNetDetector(Detectron2Detector):
 
     @property
     def classifier(self) -> Classifier:
-        return Classifier(logits=tuple(cls_logits_tensors()), class_axis=-1, background="none",
-                          activation="sigmoid")
+        return sigmoid_classifier()
 
     def cache_bytes(self, num_images: int, num_gammas: int = 1) -> int:
         return estimate_cache_bytes(self.spec, num_images, num_gammas)

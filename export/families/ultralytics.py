@@ -20,9 +20,9 @@ import numpy as np
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.export.families.base import Classifier, Detector, Family, TuneCache
+from norcal.export.families.base import Classifier, Detector, Family, TuneCache, sigmoid_classifier
 from norcal.export.families.ultralytics_checkpoint import (TASKS, checkpoint_model, import_ultralytics,
-                                                           read_ultralytics_checkpoint, task_of)
+                                                           ordered_names, read_ultralytics_checkpoint, task_of)
 
 SUFFIXES = (".pt", ".pth")
 # Ultralytics' validation settings (DetectionValidator: conf 0.001, iou 0.7, max_det 300):
@@ -67,15 +67,9 @@ class UltralyticsFamily(Family):
 
 
 def _names(model, path) -> list[str]:
-    names = getattr(model, "names", None)
     nc = int(model.model[-1].nc)
-    if isinstance(names, dict):
-        if sorted(int(k) for k in names) != list(range(len(names))):
-            raise NorcalError(f"{path}: the model's class names are not indexed 0..{len(names) - 1}")
-        names = [str(names[k]) for k in sorted(names, key=int)]
-    elif isinstance(names, (list, tuple)):
-        names = [str(n) for n in names]
-    else:
+    names = ordered_names(getattr(model, "names", None), path)
+    if names is None:
         names = [str(i) for i in range(nc)]
     if len(names) != nc:
         raise NorcalError(f"{path}: the model names {len(names)} classes but its head predicts {nc}")
@@ -139,8 +133,7 @@ class YoloDetector(Detector):
 
     @property
     def classifier(self) -> Classifier:
-        return Classifier(logits=(contract.CLS_LOGITS_TENSOR,), class_axis=-1, background="none",
-                          activation="sigmoid")
+        return sigmoid_classifier()
 
     @property
     def preprocessing(self) -> contract.Preprocessing:

@@ -186,3 +186,15 @@ def checkpoint_model(ckpt: dict, path) -> Any:
         raise NorcalError(f"{path}: holds a {type(model).__name__}, not an Ultralytics "
                           f"{' or '.join(TASKS)}")
     return model.float().eval()
+
+
+def ordered_names(names, where) -> list[str] | None:
+    """An Ultralytics model's class names (a list, or ``{index: name}``) in class-index order;
+    None when the model has none."""
+    if isinstance(names, dict):
+        if sorted(int(k) for k in names) != list(range(len(names))):
+            raise NorcalError(f"{where}: the model's class names are not indexed 0..{len(names) - 1}")
+        return [str(names[k]) for k in sorted(names, key=int)]
+    if isinstance(names, (list, tuple)):
+        return [str(n) for n in names]
+    return None

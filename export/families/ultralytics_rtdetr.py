@@ -29,7 +29,9 @@ import numpy as np
 from norcal.core import contract
 from norcal.core.calibration import calibrate
 from norcal.core.errors import NorcalError
-from norcal.export.families.base import Classifier, Detections, Detector, PathLike, TuneCache
+from norcal.export.families.ultralytics_checkpoint import ordered_names
+from norcal.export.families.base import (Classifier, Detections, Detector, PathLike, TuneCache,
+                                         sigmoid_classifier)
 
 ARCHITECTURE = "rtdetr"
 DEFAULT_SCORE_THRESH = 0.001  # Ultralytics' validation conf: AP is measured over low scores too
@@ -169,9 +171,7 @@ class RtdetrDetector(Detector):
                    **options) -> "RtdetrDetector":
         """An Ultralytics ``RTDETRDetectionModel`` already in memory (``RTDETR(...).model``);
         names default to the model's own (``model.names``)."""
-        names = getattr(model, "names", None) if names is None else names
-        if isinstance(names, dict):
-            names = [names[k] for k in sorted(names)]
+        names = ordered_names(getattr(model, "names", None) if names is None else names, "names")
         if names is None:
             names = [str(i) for i in range(int(model.model[-1].nc))]
         return cls(model, list(names), imgsz, **options)
@@ -179,8 +179,7 @@ class RtdetrDetector(Detector):
     # ------------------------------------------------------------------ what the product reads
     @property
     def classifier(self) -> Classifier:
-        return Classifier(logits=(contract.CLS_LOGITS_TENSOR,), class_axis=-1, background="none",
-                          activation="sigmoid")
+        return sigmoid_classifier()
 
     @property
     def preprocessing(self) -> contract.Preprocessing:
