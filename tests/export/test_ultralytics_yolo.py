@@ -24,6 +24,7 @@ from ultralytics.utils import ops  # noqa: E402
 from ultralytics.utils.nms import non_max_suppression  # noqa: E402
 
 from norcal.core import contract  # noqa: E402
+from norcal.core.boxes import box_iou  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
 from norcal.export.families import FAMILIES, family_of, load_detector  # noqa: E402
 from norcal.export.families.ultralytics import UltralyticsFamily  # noqa: E402
@@ -148,18 +149,10 @@ def _reference(ckpt: Path, images, gamma: float, counts, seg: bool):
     return [d.numpy() for d in dets], pads, masks
 
 
-def _iou(a, b):
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(rb - lt, 0, None), -1)
-    area = lambda z: np.prod(z[:, 2:] - z[:, :2], -1)  # noqa: E731
-    return inter / (area(a)[:, None] + area(b)[None] - inter)
-
-
 def _match(ref, ours_boxes, ours_scores, ours_classes):
     """For each reference detection, the index of ours with the same class, IoU >= 0.99 and
     score within 1e-4 (-1 when none)."""
-    ok = (_iou(ref[:, :4], ours_boxes) >= 0.99) & (ref[:, 5:6].astype(int) == ours_classes[None]) \
+    ok = (box_iou(ref[:, :4], ours_boxes) >= 0.99) & (ref[:, 5:6].astype(int) == ours_classes[None]) \
         & (np.abs(ref[:, 4:5] - ours_scores[None]) <= 1e-4)
     return np.where(ok.any(1), ok.argmax(1), -1)
 

@@ -22,6 +22,24 @@ GAMMAS = [0.0, 0.5, 1.0]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+def tune_here_and_on_ray(args, kwargs):
+    """The same sweep in this process (one torch thread, as each worker has) and on two Ray
+    workers: (here, on Ray)."""
+    import torch
+
+    from norcal.runtime.ray_inference import RayOptions
+    from norcal.workflows.ray_tune import tune_ray
+    from norcal.workflows.tune import tune
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = tune(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+    return want, tune_ray(*args, **kwargs, options=RayOptions(num_workers=2))
+
+
 @pytest.fixture(scope="module")
 def subset_gt(tmp_path_factory):
     """val.json restricted to 8 images (LVIS fields kept)."""
@@ -154,22 +172,10 @@ def retina_gt(tmp_path_factory):
 
 def test_retinanet_candidates_on_two_workers_give_the_single_process_sweep(local_ray, retina_gt):
     """RetinaNet caches each gamma's candidates in the network pass: the workers do that too."""
-    import torch
-
-    from norcal.runtime.ray_inference import RayOptions
-    from norcal.workflows.ray_tune import tune_ray
-    from norcal.workflows.tune import tune
-
     fixture, table, gt = retina_gt
     args = (fixture / "model_final.pth", gt, fixture / "images", [0.0, 0.5, 1.0], table)
     kwargs = dict(config=fixture / "config.yaml", batch_size=1)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        want = tune(*args, **kwargs)
-    finally:
-        torch.set_num_threads(threads)
-    got = tune_ray(*args, **kwargs, options=RayOptions(num_workers=2))
+    want, got = tune_here_and_on_ray(args, kwargs)
     assert [(p.gamma, p.num_detections, p.stats) for p in got.points] == \
         [(p.gamma, p.num_detections, p.stats) for p in want.points]
     assert got.best.gamma == want.best.gamma and len({p.stats["AP"] for p in got.points}) > 1

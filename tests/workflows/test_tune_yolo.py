@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 
+from norcal.core.boxes import box_iou
+
 from yolo_models import IMAGES, NUM_CLASSES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 # hand-written GT: a few boxes per image (x, y, w, h, category id); sizes are the files' own (h, w)
@@ -29,14 +31,6 @@ def _gt(path):
     cats = [{"id": c + 1, "name": f"class{c}", "frequency": "rcf"[c % 3]} for c in range(NUM_CLASSES)]
     path.write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
     return path
-
-
-def _iou(a, b):
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(rb - lt, 0, None), -1)
-    area = lambda z: np.prod(z[:, 2:] - z[:, :2], -1)  # noqa: E731
-    return inter / (area(a)[:, None] + area(b)[None] - inter)
 
 
 def _xyxy(b):
@@ -78,7 +72,7 @@ def test_tune_yolo_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_pat
         theirs = [r for r in rows if r["image_id"] == image_id]
         assert len(theirs) == int(mine.sum())
         b = _xyxy(np.array([r["bbox"] for r in theirs], np.float64).reshape(-1, 4))
-        same = (_iou(_xyxy(ours.boxes[mine]), b) >= 0.99) \
+        same = (box_iou(_xyxy(ours.boxes[mine]), b) >= 0.99) \
             & (ours.category_ids[mine][:, None] == np.array([r["category_id"] for r in theirs])[None]) \
             & (np.abs(ours.scores[mine][:, None] - np.array([r["score"] for r in theirs])[None]) <= 1e-4)
         matched += int(same.any(1).sum())
@@ -90,24 +84,14 @@ def test_tune_yolo_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_pat
 def test_tune_yolo_on_two_ray_workers_gives_the_single_process_sweep(yolo_work, tmp_path, local_ray):
     """The workers cache with the family's methods, the driver's gammas re-score the joined
     caches (YoloTuneCache.concat): the sweep is the single process's, number for number."""
-    import torch
-
     from norcal.export.families import load_detector
-    from norcal.runtime.ray_inference import RayOptions
-    from norcal.workflows.ray_tune import tune_ray
-    from norcal.workflows.tune import tune
+    from test_ray_tune import tune_here_and_on_ray
 
     gt = _gt(tmp_path / "gt.json")
     per_image = load_detector(yolo_work.det).cache_bytes(1, 3)
     args = (yolo_work.det, gt, IMAGES[0].parent, [0.0, 0.5, 1.0], str(yolo_work.table))
     kwargs = dict(batch_size=1, max_cache_bytes=2 * per_image)  # 2 chunks of 2 one-image batches
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        want = tune(*args, **kwargs)
-    finally:
-        torch.set_num_threads(threads)
-    got = tune_ray(*args, **kwargs, options=RayOptions(num_workers=2))
+    want, got = tune_here_and_on_ray(args, kwargs)
     assert [(p.gamma, p.num_detections, p.stats) for p in got.points] == \
         [(p.gamma, p.num_detections, p.stats) for p in want.points]
     assert got.best.gamma == want.best.gamma and len({p.num_detections for p in got.points}) > 1
