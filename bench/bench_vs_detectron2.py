@@ -1,22 +1,29 @@
 """Our deployed graph against detectron2's own ONNX export of the same weights, side by side.
 
-Model: the fixture tests/fixtures/d2_lvis_tiny (LVIS v1 R50-FPN Mask R-CNN topology, reduced
-width) and ``detectron2_export_800x1216.onnx``, detectron2's TracingAdapter export of it. One
-image (img0 resized to 800x1216), batch 1, ONNX Runtime on the CPU, both sessions in one
-process, runs interleaved; the fastest of ``--repeats`` runs each. Two regimes, the same score
-threshold written into both graphs:
+Two models, one image (img0 of tests/fixtures/d2_lvis_tiny resized to 800x1216), batch 1, ONNX
+Runtime on the CPU, every graph in one process, runs interleaved, the median of ``--repeats``:
 
-- many detections (``--many-thresh``, default 0.02): 300 detections, the mask head on 300;
-- few detections (``--few-thresh``, default 0.4): a handful. Also our graph exported with K =
-  that count: the same graph doing only the work the detections need (the ideal).
+- default: the fixture d2_lvis_tiny (LVIS v1 R50-FPN Mask R-CNN topology, reduced width) and
+  ``detectron2_export_800x1216.onnx``, detectron2's TracingAdapter export of it. Its random
+  weights score every class ~1e-3, so the config's 1e-4 threshold would pass 1.2M (box, class)
+  pairs (detectron2's one NMS over them takes minutes): ``--many-thresh`` (0.02: 300 detections)
+  and ``--few-thresh`` (0.4: a handful) are written into both graphs.
+- ``--full-size``: detectron2's full-width LVIS R50-FPN (64-channel stem, 256 FPN, 1024 fc,
+  1203 classes) built with our modeling code, weights conditioned like a trained model
+  (bench/full_size_model.py: the RPN gives 1000 proposals, a peaked classifier; 300 detections
+  at the config's 1e-4; the few regime raises the background bias, ``--background-bias``).
+  detectron2's graphs of the same weights, where given (``--detectron2-onnx MANY FEW``: write
+  the checkpoints with ``python bench/full_size_model.py DIR`` and export DIR/many, DIR/few
+  with detectron2's TracingAdapter at 800x1216).
 
-Why not the config's 1e-4: this random-weight model scores every class ~1e-3, so 1.2M
-(box, class) candidates pass 1e-4; detectron2's graph runs one NonMaxSuppression over all of
-them (class offsets) and takes more than 10 minutes. 0.02 keeps ~4000 candidates and still
-300 detections. Target: ratio ours / detectron2 <= 1.0 in both regimes. ``--profile`` adds
-each graph's time per op type (ONNX Runtime profiling).
+Our graphs: the default export (dynamic batch and size, padding masks behind the padding
+switch), the same without the switch (the masks always on), and the ``--batch 1`` export (no
+padding masks). Each row prints the proposals the RPN kept (read from the graph itself) and the
+detections. Target: our default / detectron2 <= 0.8 in both regimes. ``--profile`` adds each
+graph's time per op type (ONNX Runtime profiling).
 
-    python bench/bench_vs_detectron2.py [--threads 2] [--repeats 7] [--profile]
+    python bench/bench_vs_detectron2.py [--full-size] [--detectron2-onnx MANY FEW]
+        [--threads 2] [--repeats 7] [--profile]
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import gc
 import json
 import os
+import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -33,8 +43,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import torch
 from onnx import numpy_helper
-from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
@@ -42,22 +52,20 @@ from norcal.export.detector import export_detector
 from norcal.export.loader import load_detector_spec
 from norcal.export.modeling.build import model_from_state
 
-from fixture_files import fixture_dir  # noqa: E402
-FIXTURE = fixture_dir("d2_lvis_tiny")
+from full_size_model import FIXTURE, H, W, full_size_spec, image_800x1216, trained_like  # noqa: E402
+
 D2_ONNX = FIXTURE / "detectron2_export_800x1216.onnx"
-H, W = 800, 1216
+TARGET = 0.8
+DEFAULT = "ours default"
+FORMS = {DEFAULT: {}, "ours, padding switch (opt-in)": {"padding_switch": True},
+         "ours --batch 1": {"batch": 1}}
 
 
-def image_800x1216() -> np.ndarray:
-    """img0 as BGR float32 [3, 800, 1216] (a plain resize: both graphs get the same pixels)."""
-    rgb = Image.open(FIXTURE / "images" / "img0.png").convert("RGB").resize((W, H), Image.BILINEAR)
-    return np.ascontiguousarray(np.asarray(rgb)[:, :, ::-1].transpose(2, 0, 1), dtype=np.float32)
-
-
-def d2_with_threshold(thresh: float) -> onnx.ModelProto:
+def d2_with_threshold(model: onnx.ModelProto, thresh: float | None) -> onnx.ModelProto:
     """detectron2's graph with its box score threshold (the ROI heads' one Greater against
-    SCORE_THRESH_TEST) set to ``thresh``."""
-    model = onnx.load(D2_ONNX)
+    SCORE_THRESH_TEST) set to ``thresh`` (None: as exported)."""
+    if thresh is None:
+        return model
     consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
     hits = [consts[n.input[1]] for n in model.graph.node
             if n.op_type == "Greater" and n.name.startswith("/roi_heads/") and n.input[1] in consts]
@@ -65,15 +73,6 @@ def d2_with_threshold(thresh: float) -> onnx.ModelProto:
         raise SystemExit(f"expected one score threshold in detectron2's ROI heads, found {len(hits)}")
     hits[0].attribute[0].t.CopyFrom(numpy_helper.from_array(np.array(thresh, np.float32)))
     return model
-
-
-def ours(thresh: float, k: int | None = None, **options) -> onnx.ModelProto:
-    """Our graph as `norcal export --batch 1` writes it, with this score threshold and K
-    (``options``: export_detector's, e.g. the static mask head)."""
-    spec, state = load_detector_spec(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
-    spec = dataclasses.replace(spec, score_thresh_test=thresh,
-                               detections_per_image=k or spec.detections_per_image)
-    return export_detector(model_from_state(spec, state).eval(), spec, batch=1, **options)
 
 
 def session(model: onnx.ModelProto, threads: int, profile_dir: str | None = None):
@@ -86,19 +85,35 @@ def session(model: onnx.ModelProto, threads: int, profile_dir: str | None = None
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def time_pair(runs, repeats: int) -> list[float]:
-    """Fastest seconds of each ``run`` callable, runs interleaved so load on the machine hits
-    both; the minimum, not the median: on a shared machine it is the run least disturbed
-    (what ``timeit`` recommends)."""
-    for run in runs:
+def proposals(model: onnx.ModelProto, feeds: dict, threads: int) -> int:
+    """Proposals the RPN hands to the ROI heads, read from the graph: the tensors made under
+    /proposal_generator/ and read under /roi_heads/ become outputs; ours has a validity mask
+    [B, P] (counted), detectron2's the boxes [N, 4] (N)."""
+    made = {o: n.name for n in model.graph.node for o in n.output}
+    cross = sorted({i for n in model.graph.node if n.name.startswith("/roi_heads/")
+                    for i in n.input if made.get(i, "").startswith("/proposal_generator/")})
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(c) for c in cross)
+    values = session(probe, threads).run(cross, feeds)
+    flags = [v for v in values if v.dtype == bool]
+    if flags:
+        return int(flags[0].sum())
+    boxes = [v for v in values if v.ndim == 2 and v.shape[-1] == 4]
+    return int(boxes[0].shape[0]) if boxes else -1
+
+
+def time_all(runs: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each callable, runs interleaved so load on the machine hits all."""
+    for run in runs.values():
         run()  # warm-up
-    times = [[] for _ in runs]
+    times = {k: [] for k in runs}
     for _ in range(repeats):
-        for t, run in zip(times, runs):
+        for k, run in runs.items():
             start = time.perf_counter()
             run()
-            t.append(time.perf_counter() - start)
-    return [min(t) for t in times]
+            times[k].append(time.perf_counter() - start)
+    return {k: statistics.median(t) for k, t in times.items()}
 
 
 def op_profile(model: onnx.ModelProto, feeds: dict, threads: int, runs: int = 2) -> collections.Counter:
@@ -117,65 +132,119 @@ def op_profile(model: onnx.ModelProto, feeds: dict, threads: int, runs: int = 2)
     return per_op
 
 
+@dataclasses.dataclass
+class Regime:
+    name: str
+    model: torch.nn.Module  # ours, in PyTorch
+    spec: object
+    d2: onnx.ModelProto | None
+    note: str
+
+
+def tiny_regimes(args) -> list[Regime]:
+    spec, state = load_detector_spec(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
+    d2 = onnx.load(D2_ONNX)
+    out = []
+    for name, thresh in (("many", args.many_thresh), ("few", args.few_thresh)):
+        s = dataclasses.replace(spec, score_thresh_test=thresh)
+        m2 = onnx.ModelProto()
+        m2.CopyFrom(d2)
+        out.append(Regime(name, model_from_state(s, state).eval(), s, d2_with_threshold(m2, thresh),
+                          f"d2_lvis_tiny, threshold {thresh}"))
+    return out
+
+
+def full_size_regimes(args, console) -> list[Regime]:
+    spec = full_size_spec()
+    with console.status("conditioning the full-size weights on the image (PyTorch)"):
+        cond = trained_like(spec, image_800x1216(), background_bias=args.background_bias)
+    console.print(f"full-size weights: PyTorch RPN proposals {cond.proposals}; (box, class) pairs "
+                  f"above {spec.score_thresh_test}: {cond.candidates_many} (many), "
+                  f"{cond.candidates_few} (few, background bias {cond.background_bias:.2f})")
+    d2 = [onnx.load(p) for p in args.detectron2_onnx] if args.detectron2_onnx else [None, None]
+    return [Regime(name, model_from_state(spec, getattr(cond, name)).eval(), spec, g,
+                   f"full-size, threshold {spec.score_thresh_test}")
+            for name, g in zip(("many", "few"), d2)]
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads for both graphs")
-    p.add_argument("--repeats", type=int, default=7, help="timed runs per graph (the fastest counts)")
-    p.add_argument("--many-thresh", type=float, default=0.02)
-    p.add_argument("--few-thresh", type=float, default=0.4)
+    p.add_argument("--full-size", action="store_true", help="the full-width LVIS R50-FPN")
+    p.add_argument("--detectron2-onnx", nargs=2, metavar=("MANY", "FEW"), type=Path,
+                   help="full size: detectron2's export of each regime's checkpoint")
+    p.add_argument("--background-bias", type=float, help="full size, few regime (default: searched)")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads for every graph")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs per graph (the median counts)")
+    p.add_argument("--many-thresh", type=float, default=0.02, help="fixture model only")
+    p.add_argument("--few-thresh", type=float, default=0.4, help="fixture model only")
     p.add_argument("--profile", action="store_true", help="print time per op type")
+    p.add_argument("--regimes", nargs="+", choices=("many", "few"), default=["many", "few"])
+    p.add_argument("--forms", nargs="+", choices=tuple(FORMS), default=list(FORMS),
+                   help=f"our graphs to time ({DEFAULT!r} and 'ours --batch 1' are always in)")
     args = p.parse_args(argv)
+    args.forms = [f for f in FORMS if f in args.forms or f in (DEFAULT, "ours --batch 1")]
+    if args.detectron2_onnx and not args.full_size:
+        p.error("--detectron2-onnx goes with --full-size (the fixture's graph is built in)")
     console = Console()
+    torch.set_num_threads(args.threads)
+    console.print(f"start: {uptime()}")
     img = image_800x1216()
     our_feeds = {"images": img[None], "image_sizes": np.array([[H, W]], np.int64)}
-    d2_feeds = {"x.1": img}
-    table = Table(title=f"ours / detectron2's export, 1 image 800x1216, {args.threads} threads, ORT CPU")
-    for col in ("regime", "detections", "ours s", "detectron2 s", "ratio", "target"):
+    regimes = full_size_regimes(args, console) if args.full_size else tiny_regimes(args)
+    title = "full-size LVIS R50-FPN" if args.full_size else "d2_lvis_tiny"
+    table = Table(title=f"{title}, 1 image 800x1216, batch 1, {args.threads} threads, ORT CPU, "
+                        f"median of {args.repeats}")
+    for col in ("regime", "graph", "proposals", "detections", "median s", "/ detectron2",
+                "/ ours --batch 1"):
         table.add_column(col, justify="right")
     profiles = []
-    for regime, thresh in (("many", args.many_thresh), ("few", args.few_thresh)):
-        with console.status(f"{regime}: exporting our graph (threshold {thresh})"):
-            our_model, d2_model = ours(thresh), d2_with_threshold(thresh)
-            our_sess, d2_sess = session(our_model, args.threads), session(d2_model, args.threads)
-        n_ours = int(our_sess.run(None, our_feeds)[0][0])
-        n_d2 = int(d2_sess.run(None, d2_feeds)[0].shape[0])
-        with console.status(f"{regime}: timing"):
-            t_ours, t_d2 = time_pair([lambda: our_sess.run(None, our_feeds),
-                                      lambda: d2_sess.run(None, d2_feeds)], args.repeats)
-        ratio = t_ours / t_d2
-        table.add_row(regime, f"{n_ours} / {n_d2}", f"{t_ours:.3f}", f"{t_d2:.3f}", f"{ratio:.2f}",
-                      "ok (<= 1.0)" if ratio <= 1.0 else "MISSED (<= 1.0)")
-        if regime == "few":
-            # what the mask head on the detections only and no padding masks buy: the graph
-            # with the mask head on all K slots and padding masked (fixed size 800x1216)
-            with console.status("few: our graph, static mask head, padding masked"):
-                static = session(ours(thresh, mask_head_rois="static", height=H, width=W),
-                                 args.threads)
-                t_ours2, t_static = time_pair([lambda: our_sess.run(None, our_feeds),
-                                               lambda: static.run(None, our_feeds)], args.repeats)
-            table.add_row("few, vs ours static+masked", f"{n_ours}", f"{t_ours2:.3f}",
-                          f"{t_static:.3f}", f"{t_ours2 / t_static:.2f}", "")
-        if regime == "few" and n_ours > 0:
-            with console.status(f"few: our graph with K = {n_ours} (the ideal)"):
-                ideal = session(ours(thresh, k=n_ours), args.threads)
-                t_ours2, t_ideal = time_pair([lambda: our_sess.run(None, our_feeds),
-                                              lambda: ideal.run(None, our_feeds)], args.repeats)
-            r = t_ours2 / t_ideal
-            table.add_row(f"few, vs ours K={n_ours}", f"{n_ours}", f"{t_ours2:.3f}", f"{t_ideal:.3f}",
-                          f"{r:.2f}", "ok (<= 1.0)" if r <= 1.0 else "MISSED (<= 1.0)")
+    for r in regimes:
+        if r.name not in args.regimes:
+            continue
+        graphs = {}
+        with console.status(f"{r.name}: exporting our graphs"):
+            for label in args.forms:
+                graphs[label] = export_detector(r.model, r.spec, **FORMS[label])
+        if r.d2 is not None:
+            graphs["detectron2"] = r.d2
+        with console.status(f"{r.name}: sessions, proposals, detections"):
+            sessions = {k: session(g, args.threads) for k, g in graphs.items()}
+            d2_feeds = ({r.d2.graph.input[0].name: img} if r.d2 is not None else None)
+            feeds = {k: d2_feeds if k == "detectron2" else our_feeds for k in graphs}
+            props = {k: proposals(g, feeds[k], args.threads) for k, g in graphs.items()}
+            dets = {k: (int(s.run(None, feeds[k])[0].shape[0]) if k == "detectron2"
+                        else int(s.run(None, feeds[k])[0][0])) for k, s in sessions.items()}
+        with console.status(f"{r.name}: timing"):
+            med = time_all({k: (lambda s=s, f=feeds[k]: s.run(None, f)) for k, s in sessions.items()},
+                           args.repeats)
+        if not args.profile:  # the sessions hold what they need: the full-size protos are large
+            graphs = {k: None for k in graphs}
+            gc.collect()
+        for k in graphs:
+            vs_d2 = f"{med[k] / med['detectron2']:.2f}" if "detectron2" in med else "-"
+            if k == DEFAULT and "detectron2" in med:
+                vs_d2 += " ok" if med[k] / med["detectron2"] <= TARGET else f" MISSED (<= {TARGET})"
+            table.add_row(r.name, k, str(props[k]), str(dets[k]), f"{med[k]:.3f}", vs_d2,
+                          f"{med[k] / med['ours --batch 1']:.2f}")
         if args.profile:
-            with console.status(f"{regime}: profiling"):
-                profiles.append((regime, op_profile(our_model, our_feeds, args.threads),
-                                 op_profile(d2_model, d2_feeds, args.threads)))
+            other = "detectron2" if "detectron2" in graphs else "ours --batch 1"
+            with console.status(f"{r.name}: profiling"):
+                profiles.append((r.name, other, op_profile(graphs[DEFAULT], our_feeds, args.threads),
+                                 op_profile(graphs[other], feeds[other], args.threads)))
     console.print(table)
-    for regime, mine, theirs in profiles:
+    for regime, other, mine, theirs in profiles:
         prof = Table(title=f"{regime} detections: seconds per run by op type (ORT profiler)")
-        for col in ("op type", "ours s", "detectron2 s"):
+        for col in ("op type", DEFAULT + " s", other + " s"):
             prof.add_column(col, justify="right")
         for op in sorted(set(mine) | set(theirs), key=lambda o: -max(mine[o], theirs[o]))[:16]:
             prof.add_row(op, f"{mine[op]:.4f}", f"{theirs[op]:.4f}")
         prof.add_row("total", f"{sum(mine.values()):.4f}", f"{sum(theirs.values()):.4f}")
         console.print(prof)
+    console.print(f"end: {uptime()}")
     return 0
 
 

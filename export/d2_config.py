@@ -14,10 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError, shown
+from norcal.core.yaml_io import read_yaml_mapping
 
 from .d2_defaults import d2_defaults
 from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
@@ -41,67 +40,9 @@ _NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naive
 
 # ---------------------------------------------------------------- YAML with _BASE_ chains
 
-# a detectron2 config is a few hundred values: far beyond this is a crafted file ("billion
-# laughs" aliases), which would expand to gigabytes once merged or printed
-MAX_YAML_VALUES = 100_000
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that counts the values a document expands to (an alias counts as
-    everything it stands for) while composing it, and refuses past :data:`MAX_YAML_VALUES`."""
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self._values = 0
-        self._sizes: dict[int, int] = {}  # id(node) -> values it expands to
-
-    def _size(self, node) -> int:
-        if id(node) not in self._sizes:
-            items = node.value if isinstance(node.value, list) else []
-            parts = (p for item in items for p in (item if isinstance(item, tuple) else (item,)))
-            self._sizes[id(node)] = 1 + sum(self._size(p) for p in parts)
-        return self._sizes[id(node)]
-
-    def compose_node(self, parent, index):
-        alias = self.check_event(yaml.AliasEvent)
-        node = super().compose_node(parent, index)
-        self._values += self._size(node) if alias else 1
-        if self._values > MAX_YAML_VALUES:
-            raise _TooLarge(f"expands to more than {MAX_YAML_VALUES} values (aliases repeated "
-                            "too often?)")
-        return node
-
-
-class _TooLarge(Exception):
-    pass
-
-
 def _read_yaml(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise NorcalError(f"{path}: config file not found") from None
-    except UnicodeDecodeError:
-        raise NorcalError(f"{path}: not a config file (not UTF-8 text)") from None
-    except OSError as e:
-        raise NorcalError(f"{path}: cannot read config: {e.strerror or e}") from None
-    try:
-        loader = _BoundedLoader(text)
-        try:
-            data = loader.get_single_data()
-        finally:
-            loader.dispose()
-    except _TooLarge as e:
-        raise NorcalError(f"{path}: not a detectron2 config: {e}") from None
-    except RecursionError:
-        raise NorcalError(f"{path}: not a detectron2 config: nested too deeply") from None
-    except yaml.YAMLError as e:
-        raise NorcalError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
-    if data is None:  # an empty file would silently mean detectron2's defaults, not the model's
-        raise NorcalError(f"{path}: the config file is empty")
-    if not isinstance(data, dict):
-        raise NorcalError(f"{path}: a detectron2 config must be a YAML mapping, found {type(data).__name__}")
-    return data
+    # an empty file would silently mean detectron2's defaults, not the model's: refused there
+    return read_yaml_mapping(path, "detectron2 config")
 
 
 def _merge_base(child: dict, base: dict, path: Path, prefix: str = "") -> None:

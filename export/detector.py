@@ -44,13 +44,15 @@ def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
 
 def export_detector(model, spec: ModelSpec, *, batch: int | None = None, height: int | None = None,
                     width: int | None = None, opset: int = 17, mask_head_rois: str = "valid",
-                    padding_masks: bool | None = None, check: bool = True) -> onnx.ModelProto:
+                    padding_masks: bool | None = None, padding_switch: bool = False,
+                    check: bool = True) -> onnx.ModelProto:
     """The batched ONNX graph (plain softmax classifier) with runtime metadata set; the
     options are :func:`norcal.export.onnx_export.export_onnx`'s."""
     from norcal.export.onnx_export import export_onnx
 
     graph = export_onnx(model, spec, batch=batch, height=height, width=width, opset=opset,
-                        mask_head_rois=mask_head_rois, padding_masks=padding_masks, check=check)
+                        mask_head_rois=mask_head_rois, padding_masks=padding_masks,
+                        padding_switch=padding_switch, check=check)
     props = {p.key: p.value for p in graph.metadata_props}
     props.update(runtime_metadata(spec))
     onnx.helper.set_model_props(graph, props)

@@ -100,3 +100,35 @@ def fp32_nodes(model: onnx.ModelProto, where: str = "model") -> set[str]:
         keep.add(p.name)
         keep.update(s.name for s in consumers.get(p.input[0], ()) if s.op_type in COMPUTE_OPS)
     return keep
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Every value name the node's subgraphs (If / Loop / Scan bodies) read: outer-scope values
+    among them are inputs of the node too."""
+    names: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in g.node:
+                names.update(i for i in n.input if i)
+                names.update(_subgraph_reads(n))
+    return names
+
+
+def mask_only_layers(model: onnx.ModelProto, output: str = "masks") -> set[str]:
+    """Names of the layers (:data:`COMPUTE_OPS`) whose results reach the graph output ``output``
+    and no other output: the mask head's convolutions. Quantizing them changes the masks only,
+    never the boxes, scores or classes. Empty for a model without that output."""
+    outputs = {o.name for o in model.graph.output}
+    if output not in outputs:
+        return set()
+    # which graph outputs each tensor reaches, walking the (topologically sorted) nodes backwards
+    reach: dict[str, frozenset[str]] = {t: frozenset({t}) for t in outputs}
+    layers = set()
+    for n in reversed(model.graph.node):
+        got = frozenset().union(*(reach.get(o, frozenset()) for o in n.output if o))
+        for t in [*n.input, *_subgraph_reads(n)]:
+            if t:
+                reach[t] = reach.get(t, frozenset()) | got
+        if n.op_type in COMPUTE_OPS and got == {output}:
+            layers.add(n.name)
+    return layers

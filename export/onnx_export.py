@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import onnx
 import torch
@@ -24,6 +24,7 @@ from norcal.core.contract import (CLASSIFIER_BACKGROUND, CLASSIFIER_LOGITS, INPU
 from norcal.core.errors import NorcalError
 
 from .modeling.folding import frozen_bn_folded
+from .padding_switch import join_branches, placeholder_backbone, switchable, trace_branches
 from .modeling.roi_heads import MASK_ROIS, MASK_ROIS_STATIC, MASK_ROIS_VALID
 from .spec import RETINANET, ModelSpec
 
@@ -95,7 +96,8 @@ def _graph_choices(model: torch.nn.Module, padding_masks: bool, mask_head_rois: 
 def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = None,
                 height: int | None = None, width: int | None = None,
                 opset: int = 17, mask_head_rois: str = MASK_ROIS_VALID,
-                padding_masks: bool | None = None, check: bool = True) -> onnx.ModelProto:
+                padding_masks: bool | None = None, padding_switch: bool = False,
+                check: bool = True) -> onnx.ModelProto:
     """Trace ``model`` (from ``modeling.model_from_state``) to an ONNX model in memory.
 
     ``batch``/``height``/``width``: fix that dimension (height/width a multiple of the spec's
@@ -103,6 +105,9 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     head on the detections only (NonZero: data-dependent shapes), "static" on all K slots.
     ``padding_masks``: mask batch padding in the feature maps; None: where padding can reach
     (:func:`needs_padding_masks`). False with a fixed size promises images that fill it.
+    ``padding_switch`` (with padding masks, R-CNN backbones): the backbone is traced with and
+    without masks and the graph picks the unmasked one when every image fills the input to its
+    own multiple of the size divisibility (``norcal.export.padding_switch``).
     FrozenBN is folded into the convolutions. With ``check`` the graph is checked with
     ``onnx.checker.check_model(full_check=True)`` before it is returned (a caller that checks
     the final graph anyway, like the export job, passes False: a full check of a full-size
@@ -140,18 +145,25 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     names = [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on]
     logits = cls_logits_tensors(len(spec.cascade_bbox_reg_weights))
     buf = io.BytesIO()
+    switch = padding_masks and padding_switch and switchable(model)
     with torch.no_grad(), warnings.catch_warnings(), frozen_bn_folded(model), \
             _graph_choices(model, padding_masks, mask_head_rois):
         warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
-        torch.onnx.export(
-            # the logits as one more output get their name; _drop_output makes them internal again
-            model, (images, sizes, {"with_cls_logits": True}), buf, input_names=list(INPUT_NAMES),
-            output_names=[*names, *logits],
-            dynamic_axes={k: v for k, v in dynamic.items()
-                          if v and (k in INPUT_NAMES or k in names)},
-            opset_version=opset, dynamo=False, do_constant_folding=True, autograd_inlining=False,
-        )
+        branches = trace_branches(model, images, sizes, dynamic, opset) if switch else None
+        with placeholder_backbone(model) if switch else nullcontext():
+            torch.onnx.export(
+                # the logits as one more output get their name; _drop_output makes them
+                # internal again
+                model, (images, sizes, {"with_cls_logits": True}), buf,
+                input_names=list(INPUT_NAMES), output_names=[*names, *logits],
+                dynamic_axes={k: v for k, v in dynamic.items()
+                              if v and (k in INPUT_NAMES or k in names)},
+                opset_version=opset, dynamo=False, do_constant_folding=True,
+                autograd_inlining=False,
+            )
     proto = onnx.load_from_string(buf.getvalue())
+    if switch:
+        join_branches(proto, *branches, model.size_divisibility)
     proto.producer_name = "norcal-deploy"
     for name in logits:
         _drop_output(proto, name)

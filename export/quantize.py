@@ -1,12 +1,19 @@
 """Lower-precision variants of an exported detector: int8 with explicit Q/DQ, and fp16.
 
-int8 is written the way TensorRT 10 consumes explicit quantization: QuantizeLinear /
+int8 comes in two Q/DQ forms (:data:`norcal.core.contract.INT8_FORMS`, recorded as
+``norcal.int8_form``). The ``tensorrt`` form is written the way TensorRT 10 consumes explicit quantization: QuantizeLinear /
 DequantizeLinear pairs on the inputs of the convolutions and fully connected layers, signed
 int8, zero point 0 (symmetric), weights per output channel (the DequantizeLinear ``axis``),
 activations per tensor, biases left in float (TensorRT has no int32 Q/DQ), no Q/DQ on the
 layers' outputs (TensorRT fuses the pair into the next layer). The activation ranges come from
 calibration images the caller feeds (:func:`quantize_int8`); ONNX Runtime's static quantizer
-does the work. fp16 converts the same layers (and the elementwise ops between them) to
+does the work. ONNX Runtime runs that form at fp32's speed: its CPU provider turns into int8
+kernels only DequantizeLinear -> Conv/Gemm -> QuantizeLinear units. The ``ort`` form is that
+one: Q/DQ on the layers' outputs too, activations uint8 with a zero point, weights int8
+symmetric per output channel (U8S8, what ONNX Runtime's x86 int8 GEMMs take; with AVX512-VNNI or
+AVX-VNNI there is no intermediate saturation) and biases int32, so ONNX Runtime's optimizer
+fuses each unit into QLinearConv / QGemm. TensorRT does not build it (uint8 zero points, int32
+biases). fp16 converts the same layers (and the elementwise ops between them) to
 float16 with Casts at the boundary. Both keep :func:`norcal.export.fp32_region.fp32_nodes`
 in fp32: the NorCal node, the box predictor, decoding, NMS, TopK and the mask branch.
 
@@ -29,9 +36,10 @@ import onnx
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.export.fp32_region import COMPUTE_OPS, fp32_nodes, name_nodes
+from norcal.export.fp32_region import COMPUTE_OPS, fp32_nodes, mask_only_layers, name_nodes
 
 CalibrationMethod = Literal["minmax", "entropy", "percentile"]
+Int8Form = Literal["tensorrt", "ort"]
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 # elementwise ops that run in fp16 when a value they read comes from an fp16 layer: the ReLUs,
@@ -71,28 +79,111 @@ def _quiet_root_logger() -> Iterator[None]:
         root.setLevel(level)
 
 
+def _own_bias_initializers(model: onnx.ModelProto) -> int:
+    """Replace each Identity that copies an initializer by an initializer of its own (the
+    exporter shares equal biases that way). ONNX Runtime fuses a Conv into QLinearConv only when
+    its bias is an int32 initializer, and the quantizer quantizes initializers only. Returns
+    how many were replaced."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    copies = [n for n in g.node if n.op_type == "Identity" and n.input[0] in inits]
+    for n in copies:
+        t = onnx.TensorProto()
+        t.CopyFrom(inits[n.input[0]])
+        t.name = n.output[0]
+        g.initializer.append(t)
+        g.node.remove(n)
+    return len(copies)
+
+
+# ops a layer's result passes through unchanged in kind on its way to the next layer
+PASS_THROUGH = frozenset({"Relu", "Add", "Mul", "Sub", "MaxPool", "AveragePool", "Resize", "Clip", "LeakyRelu",
+                          "Reshape", "Flatten", "Transpose", "Concat", "Identity", "Squeeze", "Unsqueeze"})
+
+
+def final_layers(model: onnx.ModelProto, quantized: set[str]) -> set[str]:
+    """The layers of ``quantized`` whose result reaches no other layer of ``quantized`` (through
+    :data:`PASS_THROUGH` ops): the RPN's objectness and box-delta convolutions, the box head's
+    last fully connected layer. Their results go to float arithmetic that ranks proposals,
+    decodes boxes or computes the classifier's logits, so the ort form keeps them float: a
+    per-tensor uint8 rounding of an objectness map or of the box predictor's features costs
+    AP; their inputs are still int8-rounded, as in the tensorrt form."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for t in n.input:
+            consumers.setdefault(t, []).append(n)
+    final = set()
+    for n in model.graph.node:
+        if n.name not in quantized:
+            continue
+        todo, seen, feeds_layer = list(n.output), set(), False
+        while todo and not feeds_layer:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            for c in consumers.get(t, ()):
+                if c.name in quantized:
+                    feeds_layer = True
+                elif c.op_type in PASS_THROUGH:
+                    todo.extend(o for o in c.output if o)
+        if not feeds_layer:
+            final.add(n.name)
+    return final
+
+
+def _quantize_options(form: str) -> dict:
+    """quantize_static's keyword arguments for one form."""
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    common = dict(quant_format=QuantFormat.QDQ, op_types_to_quantize=list(COMPUTE_OPS), per_channel=True,
+                  weight_type=QuantType.QInt8)
+    if form == "tensorrt":
+        return dict(common, activation_type=QuantType.QInt8, extra_options={
+            "ActivationSymmetric": True, "WeightSymmetric": True,  # zero point 0
+            "QuantizeBias": False,  # TensorRT dequantizes no int32
+            "OpTypesToExcludeOutputQuantization": list(COMPUTE_OPS),
+        })
+    # ONNX Runtime: uint8 activations (asymmetric: a ReLU's output uses all 256 levels), int8
+    # symmetric weights, int32 biases, Q on every layer's output: DQ -> Conv -> Q units
+    return dict(common, activation_type=QuantType.QUInt8, extra_options={
+        "ActivationSymmetric": False, "WeightSymmetric": True})
+
+
 def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.ndarray]],
                   method: CalibrationMethod = "minmax", where: str = "model",
-                  on_batch: Callable[[int], None] | None = None) -> tuple[onnx.ModelProto, int]:
+                  on_batch: Callable[[int], None] | None = None, form: Int8Form = "tensorrt",
+                  mask_head: bool = False) -> tuple[onnx.ModelProto, int]:
     """The explicit-quantization (Q/DQ) int8 model and the number of calibration images used.
 
     calibration: input feeds (``images``, ``image_sizes`` as the runners get them), each one
     batch, prepared exactly as at inference; on_batch(n) is called after each batch of n
     images. method: how activation ranges are taken from the calibration outputs (minmax:
     the observed range; entropy / percentile: clipped, ONNX Runtime's calibrators).
+    form: ``tensorrt`` (for ``norcal build``) or ``ort`` (int8 kernels in ONNX Runtime's CPU
+    provider). mask_head: also quantize the mask head's layers (they feed the masks only, so
+    boxes, scores and classes are as without; the ConvTranspose stays fp32).
     """
     import onnxruntime
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod as OrtMethod,
-                                          QuantFormat, QuantType, quantize_static)
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod as OrtMethod, quantize_static
 
     if method not in CALIBRATION_METHODS:
         raise NorcalError(f"calibration method {method!r}: choose one of {', '.join(CALIBRATION_METHODS)}",
                           param="method")
+    if form not in contract.INT8_FORMS:
+        raise NorcalError(f"int8 form {form!r}: choose one of {', '.join(contract.INT8_FORMS)}", param="form")
     check_fp32_model(model, where)
     work = onnx.ModelProto()
     work.CopyFrom(model)
     name_nodes(work)
+    if form == "ort":
+        _own_bias_initializers(work)
     keep = fp32_nodes(work, where)
+    int8_masks = mask_only_layers(work) & keep if mask_head else set()
+    keep -= int8_masks
+    if form == "ort":
+        layers = {n.name for n in work.graph.node if n.op_type in COMPUTE_OPS} - keep
+        keep |= final_layers(work, layers) - int8_masks
     count = [0]
 
     class Reader(CalibrationDataReader):
@@ -114,17 +205,8 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
     with tempfile.TemporaryDirectory(prefix="norcal-quantize-") as tmp, _quiet_root_logger():
         out = Path(tmp) / "int8.onnx"
         try:
-            quantize_static(
-                work, str(out), Reader(), quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=list(COMPUTE_OPS), nodes_to_exclude=sorted(keep),
-                per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                calibrate_method=ort_method,
-                extra_options={
-                    "ActivationSymmetric": True, "WeightSymmetric": True,  # zero point 0
-                    "QuantizeBias": False,  # TensorRT dequantizes no int32
-                    "OpTypesToExcludeOutputQuantization": list(COMPUTE_OPS),
-                },
-            )
+            quantize_static(work, str(out), Reader(), nodes_to_exclude=sorted(keep),
+                            calibrate_method=ort_method, **_quantize_options(form))
         except ValueError as e:
             if count[0] == 0:
                 raise NorcalError(f"{where}: no calibration images were given", param="images") from None
@@ -132,11 +214,16 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
         quantized = onnx.load(str(out))
     if count[0] == 0:
         raise NorcalError(f"{where}: no calibration images were given", param="images")
+    how = ("QDQ int8 symmetric, weights per channel, activations per tensor" if form == "tensorrt" else
+           "QDQ on layer inputs and outputs, activations uint8 per tensor, weights int8 symmetric per "
+           "channel, int32 biases")
+    kept = "box predictor, NorCal, decoding, NMS" + (f"; mask head int8 ({len(int8_masks)} layers)"
+                                                     if int8_masks else ", masks")
     _set_meta(quantized, {
         contract.PRECISION: "int8",
-        contract.QUANTIZATION: (f"onnxruntime {onnxruntime.__version__} quantize_static: QDQ int8 symmetric, "
-                                f"weights per channel, activations per tensor, {method} calibration; "
-                                f"{len(keep)} nodes kept fp32 (box predictor, NorCal, decoding, NMS, masks)"),
+        contract.INT8_FORM: form,
+        contract.QUANTIZATION: (f"onnxruntime {onnxruntime.__version__} quantize_static ({form} form): {how}, "
+                                f"{method} calibration; {len(keep)} nodes kept fp32 ({kept})"),
         contract.CALIBRATION_IMAGES: str(count[0]),
     })
     return quantized, count[0]

@@ -114,12 +114,18 @@ class TorchRunner:
 
     @classmethod
     def from_checkpoint(cls, weights, config=None, name: str = "pytorch",
-                        calibration: Calibration | None = None, **kw) -> "TorchRunner":
-        """Load a detectron2 checkpoint (+ optional config) as ``load_detector`` does."""
-        from norcal.export.detector import load_detector, runtime_metadata
+                        calibration: Calibration | None = None, device: str = "cpu",
+                        threads: int | None = None) -> "TorchRunner":
+        """A checkpoint of any detector family (detectron2 + optional config, Ultralytics),
+        loaded by :func:`norcal.export.families.load_detector`, as its family's runner."""
+        import torch
 
-        spec, model = load_detector(weights, config)
-        return cls(model, name=name, calibration=calibration, metadata=runtime_metadata(spec), **kw)
+        from norcal.export.families import load_detector
+
+        runner = load_detector(weights, config).torch_runner(calibration, name)
+        runner.model = runner.model.to(device)
+        runner.device, runner.threads = torch.device(device), threads
+        return runner
 
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """images float32 [B,3,H,W], image_sizes int64 [B,2] -> outputs by name (numpy)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from norcal.core.contract import Preprocessing
+from norcal.core.contract import RESIZE_STRETCH, Preprocessing
 from norcal.core.errors import NorcalError
 from norcal.core.letterbox import letterbox_images, letterbox_offset, letterbox_size, resize_linear_uint8  # noqa: F401
 
@@ -104,6 +104,8 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, m
         spec = min_size
         if spec.letterbox:
             return letterbox_batch(images_rgb, spec.input_size, spec.input_format, spec.pad_value)
+        if spec.resize == RESIZE_STRETCH:
+            return prepare_stretch_batch(images_rgb, spec.input_size, spec.input_size, spec.input_format)
         min_size, max_size, fmt, divisibility = spec.min_size, spec.max_size, spec.input_format, spec.divisibility
     if not images_rgb:
         raise NorcalError("prepare_batch needs at least one image")
@@ -142,3 +144,28 @@ def letterbox_batch(images_rgb: list[np.ndarray], size: int, fmt: str = "RGB", p
     images, sizes = letterbox_images(images_rgb, size, fmt, pad_value)
     return Batch(images=images, image_sizes=sizes,
                  original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2))
+
+
+def prepare_stretch_batch(images_rgb: list[np.ndarray], height: int, width: int,
+                          fmt: str = "RGB") -> Batch:
+    """RGB uint8 [H,W,3] images -> one float32 batch [B,3,height,width] for a model whose
+    metadata says ``norcal.resize`` = stretch (Ultralytics RT-DETR): each image resized to
+    exactly height x width (aspect ratio not kept, no padding; :func:`resize_linear_uint8`) and
+    put in ``fmt`` channel order, 0-255 (the graph divides by 255). ``image_sizes`` are all
+    (height, width): boxes come back in that frame and map to the original per axis."""
+    if not images_rgb:
+        raise NorcalError("prepare_stretch_batch needs at least one image")
+    if fmt not in ("BGR", "RGB"):
+        raise NorcalError(f"channel format must be BGR or RGB, got {fmt!r}")
+    if height <= 0 or width <= 0:
+        raise NorcalError(f"stretch size must be positive, got {height}x{width}")
+    out = np.zeros((len(images_rgb), 3, height, width), np.float32)
+    for b, img in enumerate(images_rgb):
+        _check_image(b, img)
+        chw = resize_linear_uint8(img, height, width).transpose(2, 0, 1)
+        out[b] = chw[::-1] if fmt == "BGR" else chw
+    return Batch(
+        images=out,
+        image_sizes=np.array([[height, width]] * len(images_rgb), np.int64).reshape(-1, 2),
+        original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
+    )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from norcal.core.contract import PRECISION
+from norcal.core.contract import INT8_FORM, PRECISION
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import check_range
 from norcal.core.profiles import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
@@ -181,9 +181,19 @@ def precision_name(options: BuildOptions) -> str:
     return "fp16" if options.fp16 else "fp32"
 
 
+def refuse_ort_form(model: onnx.ModelProto, options: BuildOptions) -> None:
+    """The int8 form written for ONNX Runtime's CPU kernels is no TensorRT input: say so in one line."""
+    if {p.key: p.value for p in model.metadata_props}.get(INT8_FORM) == "ort":
+        raise NorcalError(f"{options.onnx_path} is int8 in ONNX Runtime's form ({INT8_FORM}=ort: uint8 activations "
+                          f"with zero points, int32 biases), which TensorRT does not build; quantize the fp32 "
+                          f"model in the tensorrt form (form='tensorrt') for an engine", param="form='tensorrt'")
+
+
 def check_int8_model(model: onnx.ModelProto, options: BuildOptions) -> None:
     """An int8 build takes an explicitly quantized model: TensorRT 10 deprecates the implicit
-    calibrator, so the ranges must be in the graph (norcal quantize writes them)."""
+    calibrator, so the ranges must be in the graph (norcal quantize writes them), in the form
+    TensorRT takes."""
+    refuse_ort_form(model, options)
     if not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
         raise NorcalError(f"{options.onnx_path} has no QuantizeLinear nodes: int8 builds take an explicitly "
                           f"quantized (Q/DQ) model; run norcal quantize on {options.onnx_path} with "
@@ -193,6 +203,7 @@ def check_int8_model(model: onnx.ModelProto, options: BuildOptions) -> None:
 def check_precision(model: onnx.ModelProto, options: BuildOptions) -> None:
     """Refuse to build a quantized model (``norcal.precision`` int8) as a float engine: without
     the INT8 flag TensorRT runs its Q/DQ pairs in float, and the sidecar would say fp32."""
+    refuse_ort_form(model, options)
     meta = {p.key: p.value for p in model.metadata_props}
     if meta.get(PRECISION) == "int8":
         raise NorcalError(f"{options.onnx_path} is a quantized (Q/DQ) model, as its {PRECISION} "

@@ -42,3 +42,44 @@ def local_ray():
     ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False)
     yield ray
     ray.shutdown()
+
+
+class YoloWork:
+    """The Ultralytics tests' checkpoints (trained-at size :attr:`size`), each made once per
+    session when a test first needs it, and their calibration table."""
+
+    def __init__(self, d: Path):
+        from yolo_models import IMGSZ, write_table  # imports Ultralytics: only Ultralytics tests get here
+
+        self.dir, self.size = d, IMGSZ
+        self._graphs: dict = {}
+        self.table, self.counts = write_table(d / "table.json")
+
+    def _made(self, name: str, yaml: str) -> Path:
+        from yolo_models import make_checkpoint
+
+        p = self.dir / name
+        return p if p.exists() else make_checkpoint(p, yaml, imgsz=self.size)
+
+    @property
+    def det(self) -> Path:
+        return self._made("det.pt", "yolo11n.yaml")
+
+    @property
+    def seg(self) -> Path:
+        return self._made("seg.pt", "yolo11n-seg.yaml")
+
+    def plain(self, kind: str):
+        """(detector, plain ONNX graph) of the ``kind`` ("det" / "seg") checkpoint, exported
+        once per session at :attr:`size` (the tests calibrate copies of it)."""
+        if kind not in self._graphs:
+            from norcal.export.families import load_detector
+
+            det = load_detector(getattr(self, kind))
+            self._graphs[kind] = det, det.export(None)
+        return self._graphs[kind]
+
+
+@pytest.fixture(scope="session")
+def yolo_work(tmp_path_factory) -> YoloWork:
+    return YoloWork(tmp_path_factory.mktemp("yolo"))

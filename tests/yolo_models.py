@@ -22,6 +22,7 @@ import_ultralytics()  # as the library imports it: PIL's Image.open stays PIL's 
 
 IMAGES = sorted((Path(__file__).parent / "fixtures" / "d2_lvis_tiny" / "images").glob("*.png"))
 NUM_CLASSES = 6
+IMGSZ = 96  # the size the test checkpoints record as trained at: their exports' input, tiny and quick
 # per-class biases of the final class convs: spread so classes score apart (sigmoid -2.2 = 0.1)
 BIASES = (-2.2, -3.5, -4.5, -5.5, -3.0, -6.0)
 
@@ -56,8 +57,10 @@ def _spread(model, nc: int) -> None:
                 conv.bias.copy_(torch.tensor([BIASES[c % len(BIASES)] for c in range(nc)]))
 
 
-def make_checkpoint(path: Path, yaml: str = "yolo11n.yaml", nc: int = NUM_CLASSES, seed: int = 0) -> Path:
-    """A ``model.save()`` checkpoint of a random-init ``yaml`` model with ``nc`` classes."""
+def make_checkpoint(path: Path, yaml: str = "yolo11n.yaml", nc: int = NUM_CLASSES, seed: int = 0,
+                    imgsz: int | None = None) -> Path:
+    """A ``model.save()`` checkpoint of a random-init ``yaml`` model with ``nc`` classes
+    (``imgsz``: the size it records as trained at, in its ``args``, as a trainer's model holds it)."""
     from ultralytics import YOLO
     from ultralytics.nn.tasks import DetectionModel, SegmentationModel
 
@@ -65,6 +68,8 @@ def make_checkpoint(path: Path, yaml: str = "yolo11n.yaml", nc: int = NUM_CLASSE
     kind = SegmentationModel if "-seg" in yaml else DetectionModel
     model = kind(yaml, nc=nc, verbose=False)
     model.names = {i: f"class{i}" for i in range(nc)}
+    if imgsz is not None:
+        model.args = {"imgsz": int(imgsz)}
     _spread(model.eval(), nc)
     yolo = YOLO(yaml)
     yolo.model = model

@@ -21,6 +21,10 @@ def family_of(path, config=None) -> Family:
     for family in FAMILIES:
         if family.claims(p, c):
             return family
+    if c is not None:  # a family's own file given a config it takes none of: its load says so
+        for family in FAMILIES:
+            if family.claims(p, None):
+                return family
     names = ", ".join(f.name for f in FAMILIES) or "none"
     raise NorcalError(f"{p}: not a checkpoint of a known detector family ({names})")
 

@@ -90,6 +90,9 @@ class Detector(ABC):
     model: Any  # torch.nn.Module
     num_classes: int
     topk: int  # detections per image (the graph's K)
+    spec: Any = None  # the family's own description of the model, where it has one (detectron2's ModelSpec)
+    # where the checkpoint's config records NorCal settings (detectron2: "TEST.CALIBRATION"); None: no config
+    calibration_source: ClassVar[str | None] = None
 
     @property
     @abstractmethod
@@ -103,6 +106,17 @@ class Detector(ABC):
     @property
     def has_masks(self) -> bool:
         return False
+
+    def recorded_calibration(self):
+        """The NorCal settings the checkpoint's config records (gamma, factor, mechanism,
+        renormalize), used when the caller gives no gamma; None where it records none."""
+        return None
+
+    def export_options(self, options) -> Any:
+        """The options :meth:`export` takes, made from the export job's (batch, height, width,
+        opset, mask_head_rois: :class:`norcal.workflows.export_job.CheckpointExport`); refuses,
+        in one line naming the parameter, one this loaded model cannot apply. Default: as given."""
+        return options
 
     @abstractmethod
     def export(self, options) -> Any:
@@ -152,6 +166,11 @@ class Family(ABC):
     def claims(self, path: Path, config: Path | None) -> bool:
         """Whether ``path`` (and ``config``) is this family's checkpoint; reads at most the
         file's header, runs nothing from it."""
+
+    def check_export_options(self, options) -> None:
+        """Refuse, before anything is loaded, an export option (the export job's
+        :class:`norcal.workflows.export_job.CheckpointExport`) this family has no use for or
+        whose value it cannot take; one line naming the parameter. Default: none refused."""
 
     @abstractmethod
     def load(self, path: Path, config: Path | None = None, **options) -> Detector:

@@ -94,6 +94,15 @@ class Detectron2Family(Family):
     def claims(self, path: Path, config: Path | None) -> bool:
         return is_detectron2_checkpoint(path)
 
+    def check_export_options(self, options) -> None:
+        from norcal.core.contract import MASK_HEAD_ROIS_VALUES
+        from norcal.core.errors import NorcalError
+
+        rois = getattr(options, "mask_head_rois", None)
+        if rois is not None and rois not in MASK_HEAD_ROIS_VALUES:
+            raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_HEAD_ROIS_VALUES)}, got "
+                              f"{rois!r}", param="mask_head_rois")
+
     def load(self, path: Path, config: Path | None = None, *,
              detections_per_image: int | None = None) -> Detectron2Detector:
         """options: ``detections_per_image`` replaces the config's K."""

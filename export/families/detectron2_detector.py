@@ -33,10 +33,25 @@ class Detectron2Detector(Detector):
     :class:`norcal.export.spec.ModelSpec`."""
 
     family: ClassVar[str] = FAMILY
+    calibration_source: ClassVar[str | None] = "TEST.CALIBRATION"
 
     def __init__(self, spec, model):
         self.spec, self.model = spec, model
         self.num_classes = int(spec.num_classes)
+
+    def recorded_calibration(self):
+        """The config's TEST.CALIBRATION settings (the NorCal authors' keys), or None."""
+        return self.spec.calibration
+
+    def export_options(self, options) -> GraphOptions:
+        """GraphOptions from the export job's options; mask_head_rois only where the model has
+        something it changes (a mask head, or multi-level box pooling)."""
+        from norcal.core.contract import MASK_HEAD_ROIS_VALUES
+
+        check_mask_head_rois(options.mask_head_rois, self.spec)
+        return GraphOptions(batch=options.batch, height=options.height, width=options.width, opset=options.opset,
+                            mask_head_rois=options.mask_head_rois or MASK_HEAD_ROIS_VALUES[0],
+                            check=False)  # the export job checks the calibrated graph
 
     @property
     def preprocessing(self):
@@ -58,6 +73,20 @@ class Detectron2Detector(Detector):
         from norcal.export.torch_runner import TorchRunner
 
         return TorchRunner(self.model, name=name, calibration=calibration, metadata=runtime_metadata(self.spec))
+
+
+def check_mask_head_rois(choice: str | None, spec) -> None:
+    """Refuse a mask_head_rois choice the model has nothing to apply to: no mask head, and no
+    multi-level box pooler whose form it also sets."""
+    from norcal.core.errors import NorcalError
+    from norcal.export.spec import FPN_BACKBONE, RETINANET, arch_name
+
+    if choice is None or spec.mask_on:
+        return
+    if spec.meta_architecture == RETINANET or spec.backbone_name != FPN_BACKBONE:
+        raise NorcalError(f"mask_head_rois {choice!r} changes nothing in a {arch_name(spec)} model "
+                          "without a mask head (no multi-level ROI pooling either)",
+                          param="mask_head_rois")
 
 
 @contextlib.contextmanager

@@ -12,15 +12,15 @@ import io
 import json
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.export.families.base import Classifier, Detections, Detector, Family, PathLike, TuneCache
+from norcal.export.families.base import Classifier, Detector, Family, TuneCache
 from norcal.export.families.ultralytics_checkpoint import (TASKS, checkpoint_model, import_ultralytics,
                                                            read_ultralytics_checkpoint, task_of)
 
@@ -51,6 +51,11 @@ class UltralyticsFamily(Family):
     def claims(self, path: Path, config: Path | None) -> bool:
         return config is None and path.suffix.lower() in SUFFIXES and path.is_file() and task_of(path) in TASKS
 
+    def check_export_options(self, options) -> None:
+        """mask_head_rois is detectron2's (the YOLO graph's masks always cover the K slots)."""
+        if getattr(options, "mask_head_rois", None) is not None:
+            raise NorcalError(f"mask_head_rois does not apply to {self.name} checkpoints", param="mask_head_rois")
+
     def load(self, path: Path, config: Path | None = None, **options) -> "YoloDetector":
         if config is not None:
             raise NorcalError(f"{config}: an Ultralytics checkpoint carries its own architecture; it takes no config",
@@ -80,15 +85,18 @@ def _names(model, path) -> list[str]:
 @dataclass
 class YoloTuneCache(TuneCache):
     """Per image: the anchors that pass the score threshold at some prior of the sweep, with
-    their boxes (letterboxed input), class logits, mask coefficients; the prototypes."""
+    their boxes (letterboxed-input pixels), class logits and mask coefficients, and the
+    prototypes; ``input_hw`` the letterboxed input's (h, w); image_sizes / original_sizes int64
+    [N, 2] as :class:`TuneCache` says."""
 
     image_ids: list
-    boxes: list = field(default_factory=list)  # [a, 4] float32
-    logits: list = field(default_factory=list)  # [a, C] float32
-    coefs: list = field(default_factory=list)  # [a, nm] float32 or None
-    protos: list = field(default_factory=list)  # [nm, h, w] float32 or None
-    image_sizes: list = field(default_factory=list)  # (h, w) resized
-    original_sizes: list = field(default_factory=list)  # (h, w) as read
+    boxes: list  # [a_i, 4] float32 per image
+    logits: list  # [a_i, C] float32
+    coefs: list  # [a_i, nm] float32, or None (no masks cached)
+    protos: list  # [nm, h, w] float32, or None
+    image_sizes: np.ndarray
+    original_sizes: np.ndarray
+    input_hw: tuple
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -97,6 +105,15 @@ class YoloTuneCache(TuneCache):
     def nbytes(self) -> int:
         return int(sum(a.nbytes for part in (self.boxes, self.logits, self.coefs, self.protos)
                        for a in part if a is not None))
+
+    @classmethod
+    def concat(cls, parts: Sequence["YoloTuneCache"]) -> "YoloTuneCache":
+        if len({tuple(c.input_hw) for c in parts}) != 1:
+            raise NorcalError("caches of different input sizes do not join")
+        return cls(*([x for c in parts for x in getattr(c, k)]
+                     for k in ("image_ids", "boxes", "logits", "coefs", "protos")),
+                   np.concatenate([c.image_sizes for c in parts]),
+                   np.concatenate([c.original_sizes for c in parts]), parts[0].input_hw)
 
 
 class YoloDetector(Detector):
@@ -161,6 +178,15 @@ class YoloDetector(Detector):
                               param=("height", "width"))
         return int(h)
 
+    def export_options(self, options) -> Any:
+        """The export job's options, checked before the export: a square size that is a
+        multiple of the stride (default the trained imgsz), a positive batch."""
+        self._input_size(options)
+        batch = getattr(options, "batch", None)
+        if batch is not None and int(batch) <= 0:
+            raise NorcalError(f"export batch must be positive, got {batch}", param="batch")
+        return options
+
     def export(self, options=None) -> Any:
         """The plain ONNX graph: fixed S x S input (the model's imgsz, or the options' equal
         height and width), batch dynamic unless the options fix it."""
@@ -224,104 +250,89 @@ class YoloDetector(Detector):
         protos = (self.model.head.nm * (self.imgsz // 4) ** 2) if self.has_masks else 0
         return int(num_images) * 4 * (self._anchors() * per_anchor + protos)
 
-    def cache(self, images: Sequence[tuple[Any, PathLike]], priors: Sequence[np.ndarray], mechanism: str,
-              batch_size: int, on_step: Callable[[int], None] | None = None,
-              with_masks: bool = False) -> YoloTuneCache:
-        """One network pass; per image the anchors whose score passes the threshold under some
-        prior of the sweep (the only ones a rescoring can detect)."""
+    def cache(self, batches: Iterable[tuple[list, Any]], priors: Sequence[np.ndarray | None], mechanism: str,
+              on_step: Callable[[int], None] | None = None, with_masks: bool = False) -> YoloTuneCache:
+        """One network pass over the host's prepared (letterboxed) batches; per image the
+        anchors whose score reaches the threshold under some prior of the sweep (no other
+        anchor can be a candidate of the graph's NMS at any of them)."""
         import torch
 
         from norcal.core.calibration import calibrate
 
-        if batch_size < 1:
-            raise NorcalError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
-        if not images:
-            raise NorcalError("no images to cache")
-        lps = [torch.as_tensor(np.asarray(p, np.float64), dtype=torch.float32) for p in priors]
+        lps = [None if p is None else torch.as_tensor(np.asarray(p, np.float64), dtype=torch.float32)
+               for p in priors]
         for lp in lps:
-            if lp.shape != (self.num_classes,):
+            if lp is not None and lp.shape != (self.num_classes,):
                 raise NorcalError(f"log prior has shape {tuple(lp.shape)}, the YOLO head needs ({self.num_classes},)")
-        cache = YoloTuneCache(image_ids=[])
         masks = with_masks and self.has_masks
         thresh = self.model.score_thresh
-        for s in range(0, len(images), batch_size):
-            chunk = images[s:s + batch_size]
-            feeds, originals = _letterboxed([p for _, p in chunk], self.preprocessing)
-            with torch.no_grad():
-                head = self.model.head_outputs(torch.as_tensor(feeds["images"]))
-            for j, (image_id, _) in enumerate(chunk):
-                logits = head["cls_logits"][j]
-                best = torch.zeros(logits.shape[0], dtype=torch.bool)
-                for lp in lps or [None]:
-                    p = torch.sigmoid(logits) if lp is None else calibrate(
-                        logits, lp, mechanism=mechanism, activation="sigmoid", background="none")
-                    best |= (p > thresh).any(dim=1)
-                keep = best.nonzero()[:, 0]
-                cache.image_ids.append(image_id)
-                cache.boxes.append(head["boxes"][j, keep].numpy())
-                cache.logits.append(logits[keep].numpy())
-                cache.coefs.append(head["coefs"][j, keep].numpy() if masks else None)
-                cache.protos.append(head["protos"][j].numpy() if masks else None)
-                cache.image_sizes.append(tuple(int(v) for v in feeds["image_sizes"][j]))
-                cache.original_sizes.append(originals[j])
-            if on_step:
-                on_step(len(chunk))
-        return cache
+        ids, boxes, logits, coefs, protos, sizes, originals = [], [], [], [], [], [], []
+        input_hw = None
+        with torch.no_grad():
+            for chunk_ids, b in batches:
+                hw = tuple(int(v) for v in b.images.shape[2:])
+                if input_hw not in (None, hw):
+                    raise NorcalError(f"batches of different input sizes {input_hw} and {hw}")
+                input_hw = hw
+                head = self.model.head_outputs(torch.from_numpy(np.ascontiguousarray(b.images, np.float32)))
+                for j in range(len(chunk_ids)):
+                    lg = head["cls_logits"][j]
+                    best = torch.zeros(lg.shape[0], dtype=torch.bool)
+                    for lp in lps or [None]:
+                        p = torch.sigmoid(lg) if lp is None else calibrate(
+                            lg, lp, mechanism=mechanism, activation="sigmoid", background="none")
+                        best |= (p >= thresh).any(dim=1)
+                    keep = best.nonzero()[:, 0]
+                    boxes.append(head["boxes"][j, keep].numpy())
+                    logits.append(lg[keep].numpy())
+                    coefs.append(head["coefs"][j, keep].numpy() if masks else None)
+                    protos.append(head["protos"][j].numpy() if masks else None)
+                sizes.append(np.asarray(b.image_sizes, np.int64).reshape(-1, 2))
+                originals.append(np.asarray(b.original_sizes, np.int64).reshape(-1, 2))
+                ids.extend(chunk_ids)
+                if on_step:
+                    on_step(len(chunk_ids))
+        if not ids:
+            raise NorcalError("no images to cache")
+        return YoloTuneCache(ids, boxes, logits, coefs, protos, np.concatenate(sizes), np.concatenate(originals),
+                             input_hw)
 
-    def rescore(self, cache: YoloTuneCache, index: int, prior: np.ndarray, mechanism: str,
-                batch_size: int) -> list[Detections]:
-        """The cached anchors scored with ``prior``, through the export's own NMS and masks; boxes
-        in original image coordinates (scaled and clipped as the host does)."""
+    def rescore(self, cache: YoloTuneCache, index: int, prior: np.ndarray | None, mechanism: str,
+                batch_size: int) -> dict[str, np.ndarray]:
+        """The cached anchors scored with ``prior`` through the graph's own NMS, top K and
+        masks: the contract's outputs in resized-image coordinates, in cache order. Images are
+        batched with their anchor lists padded by anchors no prior can score (logit -1e4)."""
         import torch
 
+        from norcal.export.families.detectron2_detector import join_outputs
         from norcal.export.torch_runner import predictor_state
 
+        if batch_size < 1:
+            raise NorcalError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
+        least = -(-self.topk // self.num_classes)  # the top-K cut takes K (anchor, class) pairs per image
         out = []
-        s = self.imgsz
         with torch.no_grad(), predictor_state(self.model):
             self.model.set_log_prior(prior, mechanism)
-            for i in range(len(cache)):
-                logits = torch.as_tensor(cache.logits[i])[None]
-                coefs = None if cache.coefs[i] is None else torch.as_tensor(cache.coefs[i])[None]
-                protos = None if cache.protos[i] is None else torch.as_tensor(cache.protos[i])[None]
-                det = self.model.detections(torch.as_tensor(cache.boxes[i])[None], self.model.probs(logits),
-                                            torch.tensor([cache.image_sizes[i]], dtype=torch.int64), (s, s),
-                                            coefs, protos)
-                out.append(_to_original(det, cache.image_sizes[i], cache.original_sizes[i]))
-        return out
+            for s in range(0, len(cache), batch_size):
+                sl = slice(s, s + batch_size)
+                a = max([least, *(len(x) for x in cache.boxes[sl])])
+                boxes = torch.stack([_pad(x, a, 0.0) for x in cache.boxes[sl]])
+                logits = torch.stack([_pad(x, a, -1e4) for x in cache.logits[sl]])
+                coefs = protos = None
+                if cache.coefs[s] is not None:
+                    coefs = torch.stack([_pad(x, a, 0.0) for x in cache.coefs[sl]])
+                    protos = torch.stack([torch.as_tensor(x) for x in cache.protos[sl]])
+                det = self.model.detections(boxes, self.model.probs(logits), torch.from_numpy(cache.image_sizes[sl]),
+                                            cache.input_hw, coefs, protos)
+                out.append({k: v.numpy() for k, v in det.items()})
+        return join_outputs(out)
 
 
-def _letterboxed(paths, spec: contract.Preprocessing):
-    """Feeds of these image files (read as the host reads them: EXIF orientation applied, RGB),
-    letterboxed per ``spec``, and each image's original (h, w)."""
-    from PIL import Image, ImageOps
+def _pad(x: np.ndarray, rows: int, value: float):
+    """``x`` [a, ...] as a torch tensor padded with ``value`` rows to ``rows``."""
+    import torch
 
-    from norcal.core.letterbox import letterbox_images
-
-    arrays = []
-    for p in paths:
-        try:
-            with Image.open(p) as im:
-                arrays.append(np.asarray(ImageOps.exif_transpose(im).convert("RGB")).copy())
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-            raise NorcalError(f"{p}: not a readable image ({str(e).splitlines()[0] if str(e) else type(e).__name__})") \
-                from None
-    images, sizes = letterbox_images(arrays, spec.input_size, spec.input_format, spec.pad_value)
-    return {"images": images, "image_sizes": sizes}, [a.shape[:2] for a in arrays]
-
-
-def _to_original(det: dict, resized, original) -> Detections:
-    """One image's outputs (batch of one) -> Detections in original coordinates, as the host's
-    ``rescale_boxes`` does (scale by original/resized, clip, drop empty boxes)."""
-    n = int(det["num_detections"][0])
-    boxes = det["boxes"][0, :n].numpy().astype(np.float32)
-    (rh, rw), (oh, ow) = resized, original
-    boxes[:, 0::2] *= np.float32(ow / rw)
-    boxes[:, 1::2] *= np.float32(oh / rh)
-    np.clip(boxes[:, 0::2], 0, ow, out=boxes[:, 0::2])
-    np.clip(boxes[:, 1::2], 0, oh, out=boxes[:, 1::2])
-    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-    masks = det.get("masks")
-    return Detections(boxes=boxes[keep], scores=det["scores"][0, :n].numpy()[keep],
-                      classes=det["classes"][0, :n].numpy().astype(np.int64)[keep],
-                      masks=None if masks is None else masks[0, :n].numpy()[keep])
+    t = torch.as_tensor(x)
+    if len(t) == rows:
+        return t
+    return torch.cat([t, torch.full((rows - len(t), *t.shape[1:]), value, dtype=t.dtype)])

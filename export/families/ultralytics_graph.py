@@ -26,20 +26,21 @@ written once for the eager model and the ONNX trace alike:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
-from norcal.core.calibration import calibrate, check_variant
 from norcal.core.contract import OUTPUT_NAMES
 from norcal.core.errors import NorcalError
 from norcal.export.modeling.ops import non_max_suppression, roi_align
+from norcal.export.modeling.sigmoid_norcal import SigmoidNorCal
 
 MASK_SIZE = 28  # M of the masks output (detectron2's mask head resolution)
 
 
-class YoloGraph(nn.Module):
+class YoloGraph(SigmoidNorCal, nn.Module):
     """images [B,3,S,S] (letterboxed RGB 0-255), image_sizes [B,2] -> our output contract."""
+
+    head_name = "the YOLO head"
 
     def __init__(self, model: nn.Module, *, num_classes: int, score_thresh: float, nms_thresh: float,
                  detections_per_image: int, mask_size: int = MASK_SIZE):
@@ -56,33 +57,9 @@ class YoloGraph(nn.Module):
         self.topk = int(detections_per_image)
         self.mask_size = int(mask_size)
         # NorCal state, named like the R-CNN box predictor's so the PyTorch runner treats all alike
-        self.log_prior: torch.Tensor | None = None
-        self.mechanism, self.renormalize, self.use_sigmoid = "exp", False, True
+        self.init_norcal()
 
     # --- NorCal in eager PyTorch (the reference and the tuning sweep)
-    def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool | None = None) -> None:
-        """``log_prior`` [C] (background none) from ``norcal.core.calibration.log_prior``; None
-        restores the plain sigmoid."""
-        self.renormalize = check_variant(mechanism, renormalize, "sigmoid")
-        self.mechanism = mechanism
-        if log_prior is None:
-            self.log_prior = None
-            return
-        lp = torch.as_tensor(np.asarray(log_prior, dtype=np.float64), dtype=torch.float32)
-        if lp.shape != (self.num_classes,):
-            raise NorcalError(f"log prior has shape {tuple(lp.shape)}, the YOLO head needs "
-                              f"({self.num_classes},) (C classes, no background)")
-        self.log_prior = lp
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.log_prior is None:
-            return torch.sigmoid(logits)
-        if torch.onnx.is_in_onnx_export():
-            raise NorcalError("export the plain model (no log prior set); the NorCal node is "
-                              "inserted into the ONNX graph afterwards (norcal.export.surgery)")
-        return calibrate(logits, self.log_prior.to(logits.device), mechanism=self.mechanism,
-                         renormalize=self.renormalize, activation="sigmoid", background="none")
-
     # --- the network
     def features(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The head's input maps: the Ultralytics layers' own loop (``_predict_once``) minus the head."""

@@ -330,7 +330,7 @@ def _post_module_class():
             self.num_classes, self.size, self.xyxy = int(num_classes), int(size), bool(xyxy)
             self.score_thresh, self.nms_thresh = float(score_thresh), float(nms_thresh)
             self.topk, self.mask_size = int(topk), int(mask_size)
-            self.log_prior, self.mechanism, self.renormalize, self.use_sigmoid = None, "exp", False, True
+            self.init_norcal()  # plain sigmoid: the NorCal node goes into the graph afterwards
 
         def forward(self, boxes, logits, image_sizes, coefs=None, protos=None):
             import torch

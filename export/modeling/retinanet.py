@@ -11,14 +11,11 @@ tensor [B, sum(H*W*A), C] before the one Sigmoid, so the NorCal node sits there 
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from norcal.core.calibration import calibrate, check_variant
 from norcal.core.contract import OUTPUT_NAMES
-from norcal.core.errors import NorcalError
 
 from .anchors import AnchorGenerator
 from .box_coder import BoxCoder
@@ -26,6 +23,7 @@ from .fpn import FPN
 from .layers import PaddingMasks
 from .ops import non_max_suppression
 from .rpn import topk_in_steps
+from .sigmoid_norcal import SigmoidNorCal
 
 
 class RetinaFPN(FPN):
@@ -84,9 +82,11 @@ def _per_anchor(x: torch.Tensor, b: int, k: int) -> torch.Tensor:
     return x.reshape(b, -1, k, h, w).permute(0, 3, 4, 1, 2).reshape(b, -1, k)
 
 
-class RetinaNet(nn.Module):
+class RetinaNet(SigmoidNorCal, nn.Module):
     """Same graph contract as ``GeneralizedRCNN``: images, image_sizes -> num_detections,
     boxes, scores, classes (no masks)."""
+
+    head_name = "the RetinaNet head"
 
     def __init__(self, backbone: RetinaFPN, head: RetinaNetHead, anchors: AnchorGenerator, *,
                  num_classes: int, pixel_mean, pixel_std, box_weights, score_thresh: float,
@@ -106,31 +106,7 @@ class RetinaNet(nn.Module):
         self.topk = int(detections_per_image)
         self.size_divisibility = int(size_divisibility)
         # NorCal state, named like FastRCNNOutputLayers' so the PyTorch runner treats both alike
-        self.log_prior: torch.Tensor | None = None
-        self.mechanism, self.renormalize, self.use_sigmoid = "exp", False, True
-
-    def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool | None = None) -> None:
-        """NorCal in eager PyTorch: ``log_prior`` [C] (background "none") from
-        ``norcal.core.calibration.log_prior``; None restores the plain sigmoid."""
-        self.renormalize = check_variant(mechanism, renormalize, "sigmoid")
-        self.mechanism = mechanism
-        if log_prior is None:
-            self.log_prior = None
-            return
-        lp = torch.as_tensor(np.asarray(log_prior, dtype=np.float64), dtype=torch.float32)
-        if lp.shape != (self.num_classes,):
-            raise NorcalError(f"log prior has shape {tuple(lp.shape)}, the RetinaNet head needs "
-                              f"({self.num_classes},) (C classes, no background)")
-        self.log_prior = lp
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.log_prior is None:
-            return torch.sigmoid(logits)
-        if torch.onnx.is_in_onnx_export():
-            raise NorcalError("export the plain model (no log prior set); the NorCal node is "
-                              "inserted into the ONNX graph afterwards (norcal.export.surgery)")
-        return calibrate(logits, self.log_prior.to(logits.device), mechanism=self.mechanism,
-                         renormalize=self.renormalize, activation="sigmoid", background="none")
+        self.init_norcal()
 
     def head_outputs(self, images: torch.Tensor, image_sizes: torch.Tensor) -> list[tuple]:
         """Backbone and head: per level (logits [B, n, C], deltas [B, n, 4], anchors [n, 4],

@@ -7,6 +7,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from norcal.core.contract import INT8_FORM
 from norcal.core.errors import NorcalError
 from norcal.core.profiles import default_profiles
 from norcal.export import trt_support as ts
@@ -110,6 +111,11 @@ def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
         profiles = {p.input: p for p in profiles}
     given = dict(profiles or {})
     findings: list[Finding] = []
+    form = {p.key: p.value for p in model.metadata_props}.get(INT8_FORM)
+    if form == "ort":
+        findings.append(Finding("error", "model", "-", f"{INT8_FORM}=ort: int8 in ONNX Runtime's form (uint8 "
+                                f"activations with zero points, int32 biases), which TensorRT does not build; "
+                                f"quantize the fp32 model in the tensorrt form for TensorRT"))
     opset = check_opsets(model, findings)
     flat = Flattener(model, opset or ts.OPSET_MAX)
     flat.run(model.graph)

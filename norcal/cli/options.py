@@ -41,15 +41,24 @@ COMMON_FLAGS = {
 
 
 def error_line(error: NorcalError, flags: Mapping[str, str] | None = None) -> str:
-    """The error as the CLI shows it: each parameter the error names spelled as its flag."""
-    text = str(error)
+    """The error as the CLI shows it: each parameter the error names spelled as its flag.
+
+    Only whole names outside paths change: "batch" must not touch "batch_size", "--batch" or
+    "batch.json", and "checkpoint" not the folder of "/x/checkpoint/m.pth". A word with a path
+    separator is a path unless each of its parts is a known parameter ("min_size/max_size")."""
     names = {**COMMON_FLAGS, **(flags or {})}
-    for param in error.params:
-        flag = names.get(param)
-        if flag:
-            # whole names only: "batch" must not touch "batch_size", "--batch" or "batch.json"
-            text = re.sub(rf"(?<![\w.-]){re.escape(param)}(?![\w=]|\.\w)", flag, text)
-    return text
+    pairs = [(p, names[p]) for p in error.params if names.get(p)]
+    if not pairs:
+        return str(error)
+    words = re.split(r"(\s+)", str(error))  # separators kept: the text comes back as it was
+    for i, word in enumerate(words):
+        parts = re.split(r"[/\\]", word.strip("()[]{},;:'\"`"))
+        if len(parts) > 1 and not all(part in names for part in parts):
+            continue
+        for param, flag in pairs:
+            word = re.sub(rf"(?<![\w.-]){re.escape(param)}(?![\w=]|\.\w)", flag, word)
+        words[i] = word
+    return "".join(words)
 
 
 # ----------------------------------------------------------------------------- outputs

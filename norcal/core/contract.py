@@ -60,11 +60,15 @@ DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, ma
 # left = (S - w') // 2, the rest filled with pad_value. image_sizes holds (h', w') either way, and
 # a letterbox graph removes the centring offset itself, so its boxes are in resized coordinates.
 RESIZE = "norcal.resize"
-RESIZE_RULES = ("shortest_edge", "letterbox")  # the first is the default
+# "stretch": every image resized to the INPUT_SIZE square exactly, aspect not kept, no padding
+# (Ultralytics' RT-DETR predictor: LetterBox(auto=False, scale_fill=True)).
+RESIZE_STRETCH = "stretch"
+RESIZE_RULES = ("shortest_edge", "letterbox", RESIZE_STRETCH)  # the first is the default
 INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
 PAD_VALUE = "norcal.pad_value"  # letterbox: the padding's pixel value 0-255 (absent: 114)
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
                           TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE, PAD_VALUE})
+OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE, PAD_VALUE})  # absent on ResizeShortestEdge models
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
 CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"
@@ -86,7 +90,12 @@ GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND, MASK_HEAD_ROIS
 PRECISION = "norcal.precision"  # int8 (explicit Q/DQ) or fp16 (mixed: NorCal, NMS, decoding in fp32)
 QUANTIZATION = "norcal.quantization"  # how: tool, version, method, e.g. "onnxruntime 1.32.0 quantize_static ..."
 CALIBRATION_IMAGES = "norcal.calibration_images"  # int8: how many images calibrated the activation ranges
-PRECISION_KEYS = frozenset({PRECISION, QUANTIZATION, CALIBRATION_IMAGES})
+# int8: which Q/DQ layout. "tensorrt": signed, symmetric, Q/DQ on layer inputs only (what TensorRT
+# builds); "ort": uint8 activations, int32 biases, Q/DQ on layer outputs too (ONNX Runtime's CPU
+# int8 kernels; TensorRT does not build it). Absent on an int8 model: tensorrt (written before the key).
+INT8_FORM = "norcal.int8_form"
+INT8_FORMS = ("tensorrt", "ort")  # the first is the default
+PRECISION_KEYS = frozenset({PRECISION, QUANTIZATION, CALIBRATION_IMAGES, INT8_FORM})
 
 # The NorCal node: ai.norcal::NorCal(logits, norcal.log_prior) backed by a model-local function.
 NODE_DOMAIN = "ai.norcal"
@@ -191,13 +200,20 @@ class Preprocessing:
     def letterbox(self) -> bool:
         return self.resize == "letterbox"
 
+    @property
+    def square(self) -> bool:
+        """Letterbox or stretch: every image becomes the one input_size square."""
+        return self.resize in ("letterbox", RESIZE_STRETCH)
+
     def metadata(self) -> dict[str, str]:
         """The runtime keys that record this preprocessing in a graph's metadata."""
         meta = {INPUT_FORMAT: self.input_format}
-        if self.letterbox:
-            meta.update({RESIZE: self.resize, INPUT_SIZE: str(self.input_size), PAD_VALUE: str(self.pad_value),
+        if self.square:
+            meta.update({RESIZE: self.resize, INPUT_SIZE: str(self.input_size),
                          MIN_SIZE_TEST: str(self.input_size), MAX_SIZE_TEST: str(self.input_size),
                          SIZE_DIVISIBILITY: str(self.input_size)})
+            if self.letterbox:
+                meta[PAD_VALUE] = str(self.pad_value)
         else:
             meta.update({MIN_SIZE_TEST: str(self.min_size), MAX_SIZE_TEST: str(self.max_size),
                          SIZE_DIVISIBILITY: str(self.divisibility)})
@@ -209,6 +225,12 @@ def letterbox_preprocessing(input_size: int, input_format: str = "RGB",
     """Ultralytics' LetterBox to an ``input_size`` square (centred, ``pad_value`` padding)."""
     return Preprocessing(min_size=input_size, max_size=input_size, input_format=input_format,
                          divisibility=input_size, resize="letterbox", input_size=input_size, pad_value=pad_value)
+
+
+def stretch_preprocessing(input_size: int, input_format: str = "RGB") -> Preprocessing:
+    """Every image resized to the ``input_size`` square, aspect not kept (Ultralytics' RT-DETR)."""
+    return Preprocessing(min_size=input_size, max_size=input_size, input_format=input_format,
+                         divisibility=input_size, resize=RESIZE_STRETCH, input_size=input_size)
 
 
 InputSpec = Preprocessing  # the name the runtime used before letterbox existed
@@ -255,13 +277,15 @@ def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int 
     rule = meta.get(RESIZE) or RESIZE_RULES[0]
     if rule not in RESIZE_RULES:
         raise NorcalError(f"model metadata {RESIZE}={rule!r} is not one of {', '.join(RESIZE_RULES)}")
-    if rule == "letterbox":
+    if rule in ("letterbox", RESIZE_STRETCH):
         if min_size is not None or max_size is not None:
-            raise NorcalError(f"min_size and max_size cannot change a letterbox model's input "
-                              f"({RESIZE}=letterbox, {INPUT_SIZE}={meta.get(INPUT_SIZE)!r})",
+            raise NorcalError(f"min_size and max_size cannot change a {rule} model's input "
+                              f"({RESIZE}={rule}, {INPUT_SIZE}={meta.get(INPUT_SIZE)!r})",
                               param=("min_size", "max_size"))
         if INPUT_SIZE not in meta:
-            raise NorcalError(f"model metadata {RESIZE}=letterbox needs {INPUT_SIZE}")
+            raise NorcalError(f"model metadata {RESIZE}={rule} needs {INPUT_SIZE}")
+        if rule == RESIZE_STRETCH:
+            return stretch_preprocessing(_int(meta, INPUT_SIZE), fmt)
         pad = meta.get(PAD_VALUE, str(LETTERBOX_PAD_VALUE))
         try:
             pad_value = int(pad)

@@ -20,6 +20,7 @@ from norcal.core.calibration import check_counts, clamp_counts
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json, write_json
 from norcal.core.schemas import ANNOTATIONS, TABLE, boxes_of, check_refs, ids_of, record_error
+from norcal.core.ultralytics_dataset import Progress, dataset_counts, is_dataset_description
 
 COUNT_TYPES = ("image", "instance")
 GROUPS = {"r": "rare", "c": "common", "f": "frequent"}
@@ -124,8 +125,9 @@ def _from_json(data: Any, where: str) -> CalibrationTable:
 
 
 def load_table(name_or_path: str | Path) -> CalibrationTable:
-    """A built-in table by name (``lvis_v1``, ``lvis_v0_5``), a table JSON file, or a COCO/LVIS
-    training annotation file (counted as :func:`build_table` does, N_c = images)."""
+    """A built-in table by name (``lvis_v1``, ``lvis_v0_5``), a table JSON file, a COCO/LVIS
+    training annotation file or an Ultralytics data.yaml (counted as :func:`build_table` does,
+    N_c = images)."""
     s = str(name_or_path)
     if s in builtin_names():
         text = resources.files("norcal.calibration_tables").joinpath(f"{s}.json").read_text()
@@ -135,6 +137,8 @@ def load_table(name_or_path: str | Path) -> CalibrationTable:
         raise NorcalError(
             f"no calibration table {s!r}: not a built-in ({', '.join(builtin_names())}) nor a file"
         )
+    if is_dataset_description(p):
+        return table_from_dataset(p)
     data = read_json(p)
     if isinstance(data, dict) and "annotations" in data:
         return table_from_annotations(data, p)
@@ -142,15 +146,34 @@ def load_table(name_or_path: str | Path) -> CalibrationTable:
 
 
 def build_table(annotations: str | Path, count_type: str = "image",
-                name: str | None = None) -> CalibrationTable:
-    """Count N_c from a COCO- or LVIS-format annotation file, classes in category id order.
+                name: str | None = None, progress: Progress | None = None) -> CalibrationTable:
+    """Count N_c from a COCO- or LVIS-format annotation file, classes in category id order, or
+    from an Ultralytics data.yaml (``.yaml``/``.yml``: :func:`table_from_dataset`).
 
     image_count: images containing the class; instance_count: its annotations. A file with
     no ``annotations`` but categories that carry image_count/instance_count (LVIS's category
-    lists) is taken as it stands.
+    lists) is taken as it stands. ``progress(stage, done, total)`` hears of the images counted
+    (data.yaml only).
     """
     p = Path(annotations)
+    if is_dataset_description(p):
+        return table_from_dataset(p, count_type, name, progress=progress)
     return table_from_annotations(read_json(p), p, count_type, name)
+
+
+def table_from_dataset(data_yaml: str | Path, count_type: str = "image", name: str | None = None,
+                       split: str = "train", progress: Progress | None = None) -> CalibrationTable:
+    """Count N_c over the ``split`` images of an Ultralytics dataset (its data.yaml and YOLO
+    label files, see :mod:`norcal.core.ultralytics_dataset`), classes in class-index order with
+    category id = class index + 1."""
+    if count_type not in COUNT_TYPES:
+        raise NorcalError(f"count must be one of {', '.join(COUNT_TYPES)}, got {count_type!r}", param="count")
+    p = Path(data_yaml)
+    names, images, instances, num_images = dataset_counts(p, split, progress)
+    categories = [{"id": i + 1, "name": n, "image_count": images[i], "instance_count": instances[i],
+                   "frequency": frequency_group(images[i])} for i, n in enumerate(names)]
+    return CalibrationTable(name=name or p.stem, source=f"{p.name} ({split}: {num_images} images)",
+                            count_type=count_type, categories=categories)
 
 
 def table_from_annotations(data: Any, path: str | Path, count_type: str = "image",

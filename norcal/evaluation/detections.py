@@ -31,6 +31,7 @@ class Detections:
     boxes: np.ndarray | None = None
     rles: list | None = None
     areas: np.ndarray | None = None
+    source: str | None = None  # the results file they were read from (errors name it)
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -88,7 +89,8 @@ def from_results(results: Any) -> Detections:
     scores = column(results, "score", np.float64)
     boxes = boxes_of(where, "", results) if "bbox" in keys else None
     rles = [d["segmentation"] for d in results] if "segmentation" in keys else None
-    return Detections(image_ids, category_ids, scores, boxes, rles)
+    return Detections(image_ids, category_ids, scores, boxes, rles,
+                      source=where if where != "results" else None)
 
 
 def check_rle(seg: Any, where: str, i: int) -> dict:

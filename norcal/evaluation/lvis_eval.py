@@ -24,6 +24,8 @@ category defines them):
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -99,13 +101,18 @@ def _check_iou_type(iou_type: str) -> None:
         raise NorcalError(f"iou_type must be bbox, segm or boundary, got {iou_type!r}", param="iou_type")
 
 
-def _check_ids(gt: LvisGT, dets: Detections, img_idx, cat_idx) -> None:
-    if (img_idx < 0).any():
-        bad = np.unique(dets.image_ids[img_idx < 0])
-        raise NorcalError(f"results have {bad.size} image id(s) not in the GT, e.g. {bad[:5].tolist()}")
-    if (cat_idx < 0).any():
-        bad = np.unique(dets.category_ids[cat_idx < 0])
-        raise NorcalError(f"results have {bad.size} category id(s) not in the GT, e.g. {bad[:5].tolist()}")
+def _check_ids(gt: LvisGT, dets: Detections, img_idx, cat_idx, results) -> None:
+    """Refuse results naming images or categories the GT lacks, naming the results file (when
+    given as a path), the first such record and the field."""
+    source = dets.source or (str(results) if isinstance(results, (str, os.PathLike)) else "results")
+    where = f"{source}: "
+    for field, ids, idx, what in (("image_id", dets.image_ids, img_idx, "image"),
+                                  ("category_id", dets.category_ids, cat_idx, "category")):
+        if (idx < 0).any():
+            first = int(np.flatnonzero(idx < 0)[0])
+            bad = np.unique(ids[idx < 0])
+            raise NorcalError(f"{where}record {first}: {field} {ids[first]}: the results have {bad.size} "
+                              f"{what} id(s) not in the GT, e.g. {bad[:5].tolist()}")
 
 
 def evaluate(gt, results, iou_type: str = "bbox", max_dets: int = 300, table=None) -> EvalResult:
@@ -122,7 +129,7 @@ def evaluate(gt, results, iou_type: str = "bbox", max_dets: int = 300, table=Non
     if len(dets) == 0:
         raise NorcalError("no detections (empty results)")
     img_idx = gt.img_index(dets.image_ids)
-    _check_ids(gt, dets, img_idx, gt.cat_index(dets.category_ids))
+    _check_ids(gt, dets, img_idx, gt.cat_index(dets.category_ids), results)
     dets = cap_per_image(dets, max_dets, img_idx)
     return _evaluate(gt, dets, iou_type, max_dets, -1)
 
@@ -137,7 +144,7 @@ def evaluate_fixed(gt, results, iou_type: str = "bbox", per_class: int = 10000, 
     dets = from_results(results)
     if len(dets) == 0:
         raise NorcalError("no detections (empty results)")
-    _check_ids(gt, dets, gt.img_index(dets.image_ids), gt.cat_index(dets.category_ids))
+    _check_ids(gt, dets, gt.img_index(dets.image_ids), gt.cat_index(dets.category_ids), results)
     dets = cap_per_class(dets, per_class)
     return _evaluate(gt, dets, iou_type, -1, per_class)
 

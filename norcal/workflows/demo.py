@@ -185,7 +185,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     from norcal.core.tables import build_table
     from norcal.evaluation import evaluate, evaluate_fixed, prepare_gt
     from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.families import load_detector
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import run_images
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
@@ -222,15 +222,15 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     seconds["validation_sweep"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    spec, model = load_detector(weights, config)
-    plain = export_detector(model, spec)
+    detector = load_detector(weights, config)
+    plain = detector.export(None)  # the family's default graph (dynamic batch, checked)
     wanted = [None] + sorted({g for g in (tuning.best.gamma, validation.best.gamma) if g})
     paths = {}
     for g in wanted:
         paths[g] = out / f"model_{_name(g)}.onnx"
         save_onnx(plain if g is None else calibrate_onnx(plain, g, table), paths[g])
     seconds["export"] = time.perf_counter() - t0
-    say(f"exported the {spec.num_classes}-class Mask R-CNN and inserted NorCal at gamma "
+    say(f"exported the {detector.num_classes}-class Mask R-CNN and inserted NorCal at gamma "
         f"{', '.join(f'{g:g}' for g in wanted[1:])} in {seconds['export']:.1f} s")
 
     t0 = time.perf_counter()
@@ -254,8 +254,8 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
         write_json(res_path, results, indent=None)
         if not results:
             raise NorcalError(f"{label}: no detections on any image")
-        bbox = evaluate(gt, results, "bbox", spec.detections_per_image)
-        segm = evaluate(gt, results, "segm", spec.detections_per_image)
+        bbox = evaluate(gt, results, "bbox", detector.topk)
+        segm = evaluate(gt, results, "segm", detector.topk)
         boundary = evaluate_fixed(gt, results, "boundary")
         settings[g] = Setting(label, g, paths[g], res_path, dict(bbox.stats), dict(segm.stats),
                               len(results), infer_s, dict(boundary.stats))

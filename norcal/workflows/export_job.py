@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import onnx
 
 
-from norcal.core.contract import MASK_HEAD_ROIS_VALUES as MASK_ROIS
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_TOPK, check_range
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
@@ -31,7 +30,7 @@ from norcal.export.calibrate_onnx import calibrate_onnx as _insert_norcal
 from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
 
 if TYPE_CHECKING:
-    from norcal.export.families import Classifier
+    from norcal.export.families import Classifier, Detector
     from norcal.export.spec import ModelSpec
     from norcal.export.trt_check import Report
     from norcal.workflows.verify import VerifyResult
@@ -46,12 +45,14 @@ NorCal = Calibration
 
 @dataclass(frozen=True)
 class CheckpointExport:
-    """How a detectron2 checkpoint becomes a graph: its config (None: inferred from the weights
-    with detectron2's LVIS test settings), fixed batch / padded height / width (None: dynamic),
-    the ONNX opset, K = detections per image (None: the config's TEST.DETECTIONS_PER_IMAGE)
-    and which ROIs the mask head runs on ("valid": the detections only; "static": all K slots,
-    no data-dependent shapes, and every proposal pooled at every FPN level; None: valid). A
-    model with no ROI pooling it could change (RetinaNet; a box-only C4/DC5) refuses it."""
+    """How a checkpoint becomes a graph: its config (detectron2 only; None: inferred from the
+    weights with detectron2's LVIS test settings), fixed batch / padded height / width (None:
+    dynamic; an Ultralytics model takes a square height = width, default its trained imgsz),
+    the ONNX opset, K = detections per image (None: the config's TEST.DETECTIONS_PER_IMAGE, or
+    the family's default) and, for detectron2, which ROIs the mask head runs on ("valid": the
+    detections only; "static": all K slots, no data-dependent shapes, and every proposal pooled
+    at every FPN level; None: valid). A model with no ROI pooling it could change (RetinaNet;
+    a box-only C4/DC5; another family) refuses it."""
 
     config: PathLike | None = None
     batch: int | None = None
@@ -185,32 +186,20 @@ def _ingest_foreign(model: onnx.ModelProto, src: Path, norcal: NorCal) -> tuple[
     return model, summary(head)
 
 
-def _calibration_for(norcal: NorCal, spec: ModelSpec) -> tuple[NorCal, str]:
-    """``norcal`` with its gamma (and variant) from the config's TEST.CALIBRATION keys when the
-    caller gave none, and a line saying so."""
+def _calibration_for(norcal: NorCal, detector: Detector) -> tuple[NorCal, str]:
+    """``norcal`` with its gamma (and variant) from the settings the checkpoint's config records
+    (detectron2's TEST.CALIBRATION keys) when the caller gave none, and a line saying so."""
     if norcal.gamma is not None:
         return norcal, ""
-    cal = spec.calibration
+    cal = detector.recorded_calibration()
     if cal is None:
-        raise NorcalError("gamma is required (0 gives the plain softmax): the config sets no "
-                          "TEST.CALIBRATION", param="gamma")
+        source = detector.calibration_source
+        raise NorcalError(f"gamma is required (0 gives the plain {detector.classifier.activation})"
+                          + (f": the config sets no {source}" if source else ""), param="gamma")
     chosen = replace(norcal, gamma=cal.gamma, factor=cal.factor, mechanism=cal.mechanism,
                      renormalize=cal.renormalize)  # the user's table and options stay
     return chosen, (f"gamma {cal.gamma:g}, factor {cal.factor}, mechanism {cal.mechanism}, "
                     f"renormalize {str(cal.renormalize).lower()}")
-
-
-def _check_mask_head_rois(choice: str | None, spec: ModelSpec) -> None:
-    """Refuse a mask_head_rois choice the model has nothing to apply to: no mask head, and no
-    multi-level box pooler whose form it also sets."""
-    from norcal.export.spec import FPN_BACKBONE, RETINANET, arch_name
-
-    if choice is None or spec.mask_on:
-        return
-    if spec.meta_architecture == RETINANET or spec.backbone_name != FPN_BACKBONE:
-        raise NorcalError(f"mask_head_rois {choice!r} changes nothing in a {arch_name(spec)} model "
-                          "without a mask head (no multi-level ROI pooling either)",
-                          param="mask_head_rois")
 
 
 def _check_classifier_options(norcal: NorCal, classifier: Classifier) -> str:
@@ -230,8 +219,13 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                       verify: Sequence[PathLike] = (), triton_repo: PathLike | None = None,
                       force: bool = False, progress: Callable[[str], None] | None = None,
                       skip_unreadable: bool = False) -> ExportResult:
-    """A detectron2 checkpoint -> batched ONNX with NorCal (see norcal.export.onnx_export).
+    """A checkpoint of a supported detector family (detectron2 .pth/.pkl, Ultralytics .pt;
+    :mod:`norcal.export.families`) -> batched ONNX with NorCal.
 
+    What differs between families goes through the family and its Detector: which options it
+    takes (:meth:`~norcal.export.families.Family.check_export_options`,
+    :meth:`~norcal.export.families.Detector.export_options`), a gamma its config records
+    (:meth:`~norcal.export.families.Detector.recorded_calibration`), the classifier, the graph.
     verify: images (files or folders) to run ONNX Runtime against the PyTorch model on; the
     result is ``result.verification``; an unreadable image is an error before the export, or
     with ``skip_unreadable`` left out of the comparison. A table for another class count than
@@ -239,27 +233,21 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     step as it starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
-    from norcal.export.families import FAMILIES, load_detector
-    from norcal.export.families.detectron2 import GraphOptions
+    from norcal.export.families import FAMILIES, family_of
 
     step = progress or (lambda _name: None)
     if norcal.logits:
         raise NorcalError("logits applies to ONNX input; a checkpoint export knows its classifier",
                           param="logits")
     src, out = Path(src), Path(out)
-    # a checkpoint a registered family claims (Ultralytics) goes through its Detector; the rest
-    # is detectron2's path below
     cfg = None if options.config is None else Path(options.config)
-    family = next((f for f in FAMILIES if f.claims(src, cfg)), None)
-    if family is not None and family.name != "detectron2":
-        return _export_family(family, src, out, norcal, options, verify=verify, triton_repo=triton_repo,
-                              force=force, step=step)
     k = options.detections_per_image
     if k is not None:
         check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")
-    if options.mask_head_rois is not None and options.mask_head_rois not in MASK_ROIS:
-        raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, got "
-                          f"{options.mask_head_rois!r}", param="mask_head_rois")
+    # a file no family claims is refused when loaded (after the output checks, as any bad input)
+    family = next((f for f in FAMILIES if f.claims(src, cfg)), None)
+    if family is not None:
+        family.check_export_options(options)
     _check_outputs(out, triton_repo, force, [src, options.config, *verify])
     if verify:  # bad images fail now, not after the export
         from norcal.workflows.verify import check_images
@@ -267,65 +255,24 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         check_images(verify, skip_unreadable)
     t0 = time.perf_counter()
     step("loading checkpoint")
-    detector = load_detector(src, options.config, detections_per_image=k)
-    spec, model = detector.spec, detector.model
-    _check_mask_head_rois(options.mask_head_rois, spec)
+    detector = (family or family_of(src, cfg)).load(src, cfg, detections_per_image=k)
+    graph_options = detector.export_options(options)
     slot = _check_classifier_options(norcal, detector.classifier)  # before the slow export, not after it
-    norcal, from_config = _calibration_for(replace(norcal, background=slot), spec)
-    norcal = norcal.resolve(spec.num_classes)  # the table, loaded once; refused now if it does not fit
+    norcal, from_config = _calibration_for(replace(norcal, background=slot), detector)
+    norcal = norcal.resolve(detector.num_classes)  # the table, loaded once; refused now if it does not fit
     step("exporting to ONNX")
-    graph = detector.export(GraphOptions(batch=options.batch, height=options.height, width=options.width,
-                                         opset=options.opset,
-                                         mask_head_rois=options.mask_head_rois or MASK_ROIS[0],
-                                         check=False))  # _finish checks the calibrated graph
+    graph = detector.export(graph_options)
     step("inserting the NorCal node")
     graph = calibrate_onnx(graph, norcal)
     with output_run():  # the model, its verification and the Triton folder: all, or nothing written
         step("checking and writing")
         report = _finish(graph, out)
-        result = ExportResult(src, out, graph, time.perf_counter() - t0, report, detector=spec,
+        result = ExportResult(src, out, graph, time.perf_counter() - t0, report, detector=detector.spec,
                               calibration_from_config=from_config)
         if verify:
-            from norcal.workflows.verify import verify_images
+            from norcal.workflows.verify import verify_detector
 
             step("verifying")
-            result.verification = verify_images(model, current_path(out), list(verify), spec,
-                                                skip_unreadable)
-        _write_triton(result, triton_repo, force)
-    return result
-
-
-def _export_family(family, src: Path, out: Path, norcal: NorCal, options: CheckpointExport, *, verify,
-                   triton_repo, force: bool, step) -> ExportResult:
-    """A checkpoint of a detector family (norcal.export.families) -> NorCal ONNX."""
-    from norcal.export.calibrate_onnx import check_background, check_background_scale
-
-    if verify:
-        raise NorcalError(f"{src}: verify images are not supported for {family.name} checkpoints yet "
-                          "(compare with parity instead)", param="verify")
-    if options.mask_head_rois is not None:
-        raise NorcalError(f"mask_head_rois does not apply to {family.name} checkpoints", param="mask_head_rois")
-    k = options.detections_per_image
-    if k is not None:
-        check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")
-    if norcal.gamma is None:
-        raise NorcalError("gamma is required (0 gives the plain sigmoid)", param="gamma")
-    _check_outputs(out, triton_repo, force, [src])
-    t0 = time.perf_counter()
-    step("loading checkpoint")
-    detector = family.load(src, None, detections_per_image=k)
-    cls = detector.classifier
-    if norcal.background is not None:
-        check_background(norcal.background, cls.background)
-    check_background_scale(norcal.background_scale, cls.activation, cls.background)
-    norcal = replace(norcal, background=cls.background).resolve(detector.num_classes)
-    step("exporting to ONNX")
-    graph = detector.export(options)
-    step("inserting the NorCal node")
-    graph = calibrate_onnx(graph, norcal)
-    with output_run():
-        step("checking and writing")
-        report = _finish(graph, out)
-        result = ExportResult(src, out, graph, time.perf_counter() - t0, report)
+            result.verification = verify_detector(detector, current_path(out), list(verify), skip_unreadable)
         _write_triton(result, triton_repo, force)
     return result

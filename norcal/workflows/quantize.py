@@ -23,7 +23,9 @@ PRECISIONS = ("int8", "fp16")
 class QuantizeOptions:
     """One quantization: the fp32 model, where to write, which precision; for int8 the folder
     of calibration images (all of them, or the first ``num_images`` in name order), the batch
-    they are run in, the range method and whether unreadable files are left out."""
+    they are run in, the range method, whether unreadable files are left out, the Q/DQ form
+    (``tensorrt`` for norcal build, ``ort`` for ONNX Runtime's CPU int8 kernels) and whether
+    the mask head's layers are quantized too (masks only; boxes and scores are unaffected)."""
 
     model: Path
     output: Path
@@ -33,6 +35,8 @@ class QuantizeOptions:
     batch_size: int = 1
     method: str = "minmax"
     skip_unreadable: bool = False
+    form: str = "tensorrt"
+    mask_head: bool = False
 
 
 @dataclass
@@ -46,12 +50,15 @@ class QuantizeResult:
     skipped: list[tuple[Path, str]]
     qdq_nodes: int
     seconds: float
+    form: str | None = None  # int8: tensorrt or ort
 
 
-def default_output(model: Path, precision: str) -> Path:
-    """``model.norcal.onnx`` -> ``model.norcal.int8.onnx``."""
+def default_output(model: Path, precision: str, form: str = "tensorrt") -> Path:
+    """``model.norcal.onnx`` -> ``model.norcal.int8.onnx`` (``model.norcal.int8-ort.onnx`` in
+    ONNX Runtime's form)."""
     name = model.name[:-len(".onnx")] if model.name.endswith(".onnx") else model.name
-    return model.with_name(f"{name}.{precision}.onnx")
+    suffix = f"{precision}-ort" if precision == "int8" and form == "ort" else precision
+    return model.with_name(f"{name}.{suffix}.onnx")
 
 
 def calibration_paths(images: Path | None, num_images: int | None) -> list[Path]:
@@ -103,6 +110,11 @@ def quantize_model(options: QuantizeOptions,
         raise NorcalError(f"num_images must be >= 1, got {options.num_images}", param="num_images")
     if options.batch_size < 1:
         raise NorcalError(f"batch_size must be >= 1, got {options.batch_size}", param="batch_size")
+    if options.form not in contract.INT8_FORMS:
+        raise NorcalError(f"form {options.form!r}: choose one of {', '.join(contract.INT8_FORMS)}", param="form")
+    if options.precision != "int8" and (options.form != "tensorrt" or options.mask_head):
+        raise NorcalError(f"form and mask_head choose how int8 is written; {options.precision} takes neither",
+                          param=("form", "mask_head=True"))
     src, dest = Path(options.model), Path(options.output)
     if src.exists() and same_file(src, dest):
         raise NorcalError(f"output {dest} is the input model; choose another (inputs are never modified)",
@@ -133,10 +145,11 @@ def quantize_model(options: QuantizeOptions,
                                                sizes=(spec.min_size, spec.max_size)),
                                    spec, options.batch_size)
         step = (lambda n: progress("calibrate", n, len(paths))) if progress is not None else None
-        out, n_images = quantize_int8(model, (b.feeds() for b in batches), options.method, where, step)
+        out, n_images = quantize_int8(model, (b.feeds() for b in batches), options.method, where, step,
+                                      form=options.form, mask_head=options.mask_head)
     save_onnx(out, dest)
     return QuantizeResult(
         output=dest, precision=options.precision, calibration_images=n_images, skipped=skipped,
         qdq_nodes=sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in out.graph.node),
-        seconds=time.perf_counter() - t0)
+        seconds=time.perf_counter() - t0, form=options.form if options.precision == "int8" else None)
 

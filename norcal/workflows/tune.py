@@ -58,8 +58,8 @@ def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable
 
 def image_batches(preprocessing, images: Sequence[tuple[Any, os.PathLike]], batch_size: int):
     """(image ids, prepared batch) for ``images`` ((image_id, path) pairs), resized, padded and
-    batched per ``preprocessing`` (the detector's :class:`norcal.core.contract.InputSpec`) as
-    the exported graph's host code does (:func:`norcal.runtime.preprocess.prepare_batch`)."""
+    batched per ``preprocessing`` (the detector's :class:`norcal.core.contract.Preprocessing`:
+    ResizeShortestEdge or letterbox) as the exported graph's host code does (:func:`norcal.runtime.preprocess.prepare_batch`)."""
     from norcal.runtime.images import read_images, unreadable_error
     from norcal.runtime.preprocess import prepare_batch
 
@@ -76,8 +76,7 @@ def image_batches(preprocessing, images: Sequence[tuple[Any, os.PathLike]], batc
             rest = [Path(p) for _, p in images[s:]]
             rest = rest[rest.index(bad[0][0]) + 1:]
             raise unreadable_error(bad[0][0], bad[0][1], rest, skippable=False)
-        yield [i for i, _ in chunk], prepare_batch(arrays, *sizes, preprocessing.input_format,
-                                                   preprocessing.divisibility)
+        yield [i for i, _ in chunk], prepare_batch(arrays, preprocessing)
 
 
 def cache_images(detector: Detector, images: Sequence[tuple[Any, os.PathLike]], priors: Sequence,

@@ -51,32 +51,55 @@ def check_images(image_paths, skip_unreadable: bool = False) -> tuple[list, list
 
 def verify_images(torch_model, onnx_path, image_paths, spec,
                   skip_unreadable: bool = False) -> VerifyResult:
-    """Run ``onnx_path`` (ONNX Runtime, CPU) and ``torch_model`` on ``image_paths`` (files or
-    folders) and return the comparison. An unreadable image is an error, or with
-    ``skip_unreadable`` left out (``result.skipped``); no readable image at all is an error.
+    """Run ``onnx_path`` (ONNX Runtime, CPU) and ``torch_model`` (our detectron2 PyTorch model,
+    described by ``spec``, a ModelSpec) on ``image_paths`` (files or folders) and return the
+    comparison. An unreadable image is an error, or with ``skip_unreadable`` left out
+    (``result.skipped``); no readable image at all is an error.
 
     The calibration is read from the written file itself (what was really baked in).
     Judged with fp32 tolerances; a model that fails even the loose fp16 ones (detections that
     do not pair up, scores off by > 2e-2) raises NorcalError with the numbers.
     """
-    from norcal.export.torch_runner import TorchRunner, onnx_calibration
+    from norcal.core.contract import InputSpec
+    from norcal.export.torch_runner import TorchRunner
+
+    return _verify(lambda cal: TorchRunner(torch_model, calibration=cal), onnx_path, image_paths,
+                   InputSpec(spec.min_size_test, spec.max_size_test, "BGR", spec.size_divisibility),
+                   spec.score_thresh_test, skip_unreadable)
+
+
+def verify_detector(detector, onnx_path, image_paths, skip_unreadable: bool = False) -> VerifyResult:
+    """:func:`verify_images` for a loaded detector of any family
+    (:class:`norcal.export.families.Detector`): its PyTorch runner against the ONNX file,
+    images prepared per the detector's preprocessing (ResizeShortestEdge or letterbox), score
+    threshold as the file records it."""
+    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.workflows.parity import model_score_thresh
+
+    thresh = model_score_thresh(OnnxRuntimeRunner(Path(onnx_path), "cpu").metadata)
+    return _verify(lambda cal: detector.torch_runner(cal), onnx_path, image_paths, detector.preprocessing, thresh,
+                   skip_unreadable)
+
+
+def _verify(make_reference, onnx_path, image_paths, spec, score_thresh: float,
+            skip_unreadable: bool) -> VerifyResult:
+    from norcal.export.torch_runner import onnx_calibration
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.workflows.parity import PRESETS, compare, fixed_input_shape, run_parity
 
     images, skipped = check_images(image_paths, skip_unreadable)
     ort = OnnxRuntimeRunner(Path(onnx_path), "cpu")
     calibration = onnx_calibration(onnx_path)
-    reference = TorchRunner(torch_model, calibration=calibration)
-    run = run_parity([reference, ort], images, min_size=spec.min_size_test, max_size=spec.max_size_test,
-                     input_format="BGR", divisibility=spec.size_divisibility, batch_size=1,
-                     score_thresh=spec.score_thresh_test, fixed_shape=fixed_input_shape(ort))
+    reference = make_reference(calibration)
+    run = run_parity([reference, ort], images, spec=spec, batch_size=1, score_thresh=score_thresh,
+                     fixed_shape=fixed_input_shape(ort))
     report = run.reports[0]
     result = VerifyResult(run, calibration.describe() if calibration else "plain scores",
                           skipped=skipped)
     if not report.passed:
         loose = compare(run.outputs[reference.name], run.outputs[ort.name], PRESETS["fp16"],
                         reference_name=reference.name, candidate_name=ort.name,
-                        score_thresh=spec.score_thresh_test)
+                        score_thresh=score_thresh)
         if not loose.passed:
             raise NorcalError("verify: ONNX Runtime and PyTorch disagree beyond even fp16 tolerances: "
                               + "; ".join(loose.failures) + f" (fp32 checks: {'; '.join(report.failures)})",

@@ -66,3 +66,18 @@ def test_infer_names_the_provider_flag(tmp_path, capsys):
                "--provider", "cuda"])
     assert rc == 2
     assert capsys.readouterr().err == "error: m.engine is a TensorRT engine; --provider cuda applies to .onnx models\n"
+
+
+def test_error_line_leaves_paths_alone():
+    """A parameter's name inside a path (a folder named like it) stays: the path is the user's."""
+    flags = {"checkpoint": "--checkpoint", "config": "--config", "table": "--table"}
+    e = NorcalError("checkpoint /x/checkpoint/m.pth has 6 classes; config ./config/c.yaml and "
+                    "table C:\\table\\t.json do not fit", param=("checkpoint", "config", "table"))
+    assert error_line(e, flags) == ("--checkpoint /x/checkpoint/m.pth has 6 classes; --config ./config/c.yaml "
+                                    "and --table C:\\table\\t.json do not fit")
+    e = NorcalError("checkpoint/m.pth: config goes with checkpoint", param=("config", "checkpoint"))
+    assert error_line(e, flags) == "checkpoint/m.pth: --config goes with --checkpoint"
+    # names joined by a slash are names, not a path
+    e = NorcalError("no metadata, resized to 800/1333 unless (min_size/max_size) are given",
+                    param=("min_size", "max_size"))
+    assert error_line(e) == "no metadata, resized to 800/1333 unless (--min-size/--max-size) are given"

@@ -52,7 +52,7 @@ def test_letterbox_preprocessing_round_trips_through_metadata():
 
 
 def test_letterbox_metadata_is_checked():
-    with pytest.raises(NorcalError, match="norcal.resize='stretch'"):
+    with pytest.raises(NorcalError, match="norcal.resize=stretch needs norcal.input_size"):
         contract.input_spec({contract.RESIZE: "stretch"})
     with pytest.raises(NorcalError, match="needs norcal.input_size"):
         contract.input_spec({contract.RESIZE: "letterbox"})

@@ -277,6 +277,20 @@ def test_bad_results_are_clear_errors(mutate, message):
         evaluate(gt, res)
 
 
+def test_unknown_ids_in_a_results_file_name_the_file_and_record(tmp_path):
+    gt, res = _hand_case()
+    n = len(res)
+    res.append(dict(res[0], category_id=77))
+    path = tmp_path / "res.json"
+    path.write_text(json.dumps(res))
+    with pytest.raises(NorcalError) as e:
+        evaluate(gt, str(path))
+    assert str(e.value).startswith(f"{path}: record {n}: category_id 77: ")
+    with pytest.raises(NorcalError) as e:  # loaded first, evaluated later: still the file's name
+        evaluate(gt, from_results(str(path)))
+    assert str(e.value).startswith(f"{path}: record {n}: ")
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda g: g["annotations"][1].pop("image_id"), r"GT: annotations\[1\] \(id 2\): image_id: missing"),
     (lambda g: g["annotations"][0].pop("category_id"), r"GT: annotations\[0\] \(id 1\): category_id: missing"),

@@ -69,20 +69,17 @@ def test_a_pickled_model_of_another_package_is_not_claimed(tmp_path, monkeypatch
     assert not is_detectron2_checkpoint(path)
 
 
-@pytest.mark.slow  # builds a YOLO11n (~10 s)
-def test_an_ultralytics_checkpoint_is_not_claimed(tmp_path, monkeypatch):
-    """The real thing: a YOLO11n built from its yaml (no download) and saved by Ultralytics."""
-    monkeypatch.setenv("YOLO_OFFLINE", "1")
-    monkeypatch.setenv("YOLO_CONFIG_DIR", str(tmp_path / "yolo_config"))
-    from ultralytics import YOLO
-
-    from norcal.core.errors import NorcalError
+@pytest.mark.slow  # builds a YOLO11n once per session (~6 s)
+def test_an_ultralytics_checkpoint_is_not_detectron2s(yolo_work):
+    """The real thing: a YOLO11n built from its yaml (no download) and saved by Ultralytics'
+    ``YOLO.save``: detectron2 does not claim it, the Ultralytics family does."""
     from norcal.export.families import family_of
+    from norcal.export.families.detectron2 import is_detectron2_checkpoint
+    from norcal.export.families.ultralytics import UltralyticsFamily
 
-    path = tmp_path / "yolo11n.pt"
-    YOLO("yolo11n.yaml").save(path)
-    with pytest.raises(NorcalError, match="not a checkpoint of a known detector family"):
-        family_of(path)
+    path = yolo_work.det
+    assert not is_detectron2_checkpoint(path)
+    assert isinstance(family_of(path), UltralyticsFamily)
 
 
 def test_a_pickle_naming_unsafe_globals_is_claimed_then_refused(tmp_path):

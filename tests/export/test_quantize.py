@@ -51,6 +51,14 @@ def int8(fp32):
 
 
 @pytest.fixture(scope="module")
+def int8_ort(fp32):
+    from norcal.export.quantize import quantize_int8
+
+    model, _ = quantize_int8(fp32, _feeds(CALIBRATION[:8]), form="ort")
+    return model
+
+
+@pytest.fixture(scope="module")
 def fp16(fp32):
     from norcal.export.quantize import convert_fp16
 
@@ -113,10 +121,10 @@ def test_int8_quantizes_every_backbone_and_head_layer_as_tensorrt_wants(int8):
     assert_tensorrt_compatible(int8)
 
 
-def test_norcal_node_and_its_function_are_unchanged(fp32, int8, fp16):
+def test_norcal_node_and_its_function_are_unchanged(fp32, int8, int8_ort, fp16):
     want = _norcal_node(fp32)
     prior = {t.name: numpy_helper.to_array(t) for t in fp32.graph.initializer}[contract.PRIOR_NAME]
-    for model in (int8, fp16):
+    for model in (int8, int8_ort, fp16):
         got = _norcal_node(model)
         assert (got.op_type, list(got.input), list(got.output)) == (want.op_type, list(want.input), list(want.output))
         assert [f.SerializeToString() for f in model.functions] == [f.SerializeToString() for f in fp32.functions]
@@ -238,3 +246,61 @@ def test_cli_writes_the_int8_model_from_a_folder(fp32, tmp_path, capsys):
     assert meta[contract.CALIBRATION_IMAGES] == "2"
     assert main(["quantize", str(tmp_path / "model.onnx"), "--precision", "fp16"]) == 0
     assert (tmp_path / "model.fp16.onnx").is_file()
+    assert main(["quantize", str(tmp_path / "model.onnx"), "--images", str(SYNTH / "train_subset"),
+                 "--num-images", "1", "--form", "ort", "--int8-mask-head"]) == 0
+    assert "(int8: ort form," in capsys.readouterr().out
+    meta = {p.key: p.value for p in onnx.load(str(tmp_path / "model.int8-ort.onnx")).metadata_props}
+    assert meta[contract.INT8_FORM] == "ort" and "mask head int8 (4 layers)" in meta[contract.QUANTIZATION]
+
+
+def test_ort_form_runs_int8_kernels_after_onnxruntimes_optimizer(int8_ort, tmp_path):
+    """What ONNX Runtime's CPU provider runs after its optimizer (the session's default level):
+    QLinearConv for the ResNet-50 (53), FPN (8) and the RPN's shared 3x3 conv (5 levels), QGemm
+    for the box head's fc1; float for the RPN's objectness and delta convs (5 levels each: their
+    results rank proposals and decode boxes), fc2 (it feeds the box predictor), the predictor
+    and the mask head (4 convs; its deconv)."""
+    import onnxruntime as ort
+
+    from norcal.core.onnx_io import save_onnx
+
+    save_onnx(int8_ort, tmp_path / "ort.onnx")
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "ort.onnx"), opts, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert ops.count("QLinearConv") == 53 + 8 + 5, ops.count("QLinearConv")
+    assert ops.count("QGemm") == 1
+    assert sum(op in ("Conv", "FusedConv") for op in ops) == 10 + 4
+    assert sum(op in ("Gemm", "FusedGemm") for op in ops) == 3  # fc2, cls_score, bbox_pred
+    meta = {p.key: p.value for p in int8_ort.metadata_props}
+    assert meta[contract.INT8_FORM] == "ort" and meta[contract.PRECISION] == "int8"
+    assert meta[contract.CALIBRATION_IMAGES] == "8"
+    # nothing after the classifier is quantized
+    assert not [n.name for n in _downstream(int8_ort, ["cls_logits"]) if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+
+
+def test_ort_form_detections_agree_and_parity_passes_at_the_int8_preset(fp32, int8_ort, tmp_path, capsys):
+    """The ort form against the fp32 model (ONNX Runtime) and, through norcal parity, against
+    the PyTorch model: the int8 preset, read from the model's metadata, applies to it too."""
+    import json
+
+    from norcal.cli import main
+    from norcal.core.onnx_io import save_onnx
+    from norcal.runtime.images import read_rgb
+    from norcal.runtime.inference import run_arrays
+    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+
+    images = [read_rgb(p) for p in VAL[:4]]
+    save_onnx(fp32, tmp_path / "fp32.onnx")
+    save_onnx(int8_ort, tmp_path / "int8-ort.onnx")
+    want = run_arrays(OnnxRuntimeRunner(tmp_path / "fp32.onnx"), images, 4)
+    got = run_arrays(OnnxRuntimeRunner(tmp_path / "int8-ort.onnx"), images, 4)
+    agree, total = _agreement(want, got)
+    assert total >= 25 and agree >= 0.85, (agree, total)
+    report = tmp_path / "parity.json"
+    rc = main(["parity", str(tmp_path / "int8-ort.onnx"), *map(str, VAL[:4]), "--checkpoint",
+               str(SYNTH / "model_final.pth"), "--config", str(SYNTH / "config.yaml"), "--json", str(report)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert "PASS  onnxruntime-cpu vs pytorch (int8)" in printed
+    assert json.loads(report.read_text())["comparisons"][0]["passed"]

@@ -119,3 +119,146 @@ def test_fp16_converts_the_layers_and_keeps_io_and_the_predictor_fp32():
     for got, want in zip(_run(half, x), _run(m, x)):
         np.testing.assert_allclose(got, want, rtol=5e-3, atol=5e-3)
     assert {p.key: p.value for p in half.metadata_props}[contract.PRECISION] == "fp16"
+
+
+def _optimized_op_types(model, tmp_path) -> list[str]:
+    """The op types ONNX Runtime's CPU provider runs after its optimizer (default level)."""
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+
+
+def deep_head_model() -> onnx.ModelProto:
+    """head_model with a second fc (head/fc2, then a ReLU) between head/fc and the predictor."""
+    m = head_model()
+    g = m.graph
+    rng = np.random.default_rng(3)
+    g.initializer.append(numpy_helper.from_array(rng.normal(size=(16, 16)).astype(np.float32) * 0.3, "fc2_w"))
+    for n in g.node:
+        if n.name.startswith("predictor/"):
+            n.input[0] = "fr2"
+    at = next(i for i, n in enumerate(g.node) if n.name == "head/relu") + 1
+    g.node.insert(at, h.make_node("Gemm", ["fr", "fc2_w"], ["fc2"], name="head/fc2", transB=1))
+    g.node.insert(at + 1, h.make_node("Relu", ["fc2"], ["fr2"], name="head/relu2"))
+    onnx.checker.check_model(m)
+    return m
+
+
+def test_ort_form_runs_int8_kernels_in_onnxruntime(tmp_path):
+    """The ort form: ONNX Runtime fuses the backbone's conv into QLinearConv and the box head's
+    first fc into QGemm (int8 kernels); the tensorrt form leaves the conv in float (the reason
+    for the ort form). The last fc (its result feeds the box predictor only) and the predictor
+    stay float Gemms."""
+    m = deep_head_model()
+    ort_form, _ = quantize_int8(m, iter(_batches()), form="ort")
+    trt_form, _ = quantize_int8(m, iter(_batches()))
+    ops = _optimized_op_types(ort_form, tmp_path)
+    assert ops.count("QLinearConv") == 1 and "Conv" not in ops and ops.count("QGemm") == 1, ops
+    assert sum(op in ("Gemm", "FusedGemm") for op in ops) == 3, ops  # head/fc2, predictor/cls, /bbox
+    trt_ops = _optimized_op_types(trt_form, tmp_path)
+    # its convolutions have no Q on their outputs: float kernels (Gemms fuse either way: QGemm
+    # may write float)
+    assert not {"QLinearConv", "ConvInteger"} & set(trt_ops) and "FusedConv" in trt_ops, trt_ops
+    # uint8 activations with a zero point, int8 weights with none, int32 biases
+    inits = {t.name: t for t in ort_form.graph.initializer}
+    nodes = {x.name: x for x in ort_form.graph.node}
+    producer = {o: x for x in ort_form.graph.node for o in x.output}
+    conv = nodes["backbone/conv"]
+    x_dq, w_dq = producer[conv.input[0]], producer[conv.input[1]]
+    assert inits[x_dq.input[2]].data_type == T.UINT8 and inits[w_dq.input[0]].data_type == T.INT8
+    assert not numpy_helper.to_array(inits[w_dq.input[2]]).any()
+    assert inits[producer[nodes["head/fc"].input[2]].input[0]].data_type == T.INT32
+    assert [c.op_type for c in ort_form.graph.node if conv.output[0] in c.input] == ["QuantizeLinear"]
+    # the fp32 graph's numbers to int8's rounding: measured 0.001 on the probabilities, 6.7% of
+    # the box range (the fc's output is quantized too, to a range 16 calibration images saw;
+    # the tensorrt form: 1%)
+    x = _batches(1, seed=7)[0]["images"]
+    (p32, b32), (p8, b8) = _run(m, x), _run(ort_form, x)
+    np.testing.assert_allclose(p8, p32, atol=0.05)
+    np.testing.assert_allclose(b8, b32, atol=0.1 * np.abs(b32).max())
+
+
+def test_ort_form_is_recorded_and_fails_the_tensorrt_check_in_its_first_line():
+    from norcal.export.trt_check import check_model
+
+    m = head_model()
+    q, _ = quantize_int8(m, iter(_batches(2)), form="ort")
+    meta = {p.key: p.value for p in q.metadata_props}
+    assert meta[contract.PRECISION] == "int8" and meta[contract.INT8_FORM] == "ort"
+    assert "(ort form)" in meta[contract.QUANTIZATION]
+    report = check_model(q)
+    assert not report.compatible and "norcal.int8_form=ort" in report.errors[0].reason
+    t, _ = quantize_int8(m, iter(_batches(2)))
+    assert {p.key: p.value for p in t.metadata_props}[contract.INT8_FORM] == "tensorrt"
+    with pytest.raises(NorcalError, match="int8 form 'qop': choose one of tensorrt, ort"):
+        quantize_int8(m, iter(_batches(2)), form="qop")
+
+
+def test_ort_form_gives_a_shared_bias_to_each_conv_and_fuses_both(tmp_path):
+    """The exporter writes a bias two convolutions share through Identity nodes; ONNX Runtime
+    fuses a Conv into QLinearConv only with an int32 bias initializer of its own."""
+    m = head_model()
+    g = m.graph
+    g.initializer.append(numpy_helper.from_array(np.full(8, 0.1, np.float32), "shared_b"))
+    conv = next(n for n in g.node if n.name == "backbone/conv")
+    conv.input.append("b1")
+    g.node.insert(0, h.make_node("Identity", ["shared_b"], ["b1"], name="id1"))
+    onnx.checker.check_model(m)
+    q, _ = quantize_int8(m, iter(_batches(2)), form="ort")
+    assert "Identity" not in [n.op_type for n in q.graph.node]
+    assert _optimized_op_types(q, tmp_path).count("QLinearConv") == 1
+    x = _batches(1, seed=7)[0]["images"]
+    np.testing.assert_allclose(_run(q, x)[0], _run(m, x)[0], atol=0.05)
+
+
+def mask_model() -> onnx.ModelProto:
+    """head_model with a mask branch: the backbone's features, selected by the classifier's
+    probabilities (as RoIAlign pools the kept detections' boxes) -> conv -> masks."""
+    m = head_model()
+    g = m.graph
+    g.initializer.append(numpy_helper.from_array(np.full((2, 8, 3, 3), 0.1, np.float32), "mask_w"))
+    g.node.extend([
+        h.make_node("ReduceMax", ["probs"], ["pmax"], name="mask/select", axes=[1], keepdims=1),
+        h.make_node("Unsqueeze", ["pmax", "axes23"], ["pmax4"], name="mask/unsq"),
+        h.make_node("Mul", ["r", "pmax4"], ["mask_in"], name="mask/pool"),
+        h.make_node("Conv", ["mask_in", "mask_w"], ["masks"], name="mask/conv", pads=[1, 1, 1, 1])])
+    g.initializer.append(numpy_helper.from_array(np.array([2, 3], np.int64), "axes23"))
+    g.output.append(h.make_tensor_value_info("masks", T.FLOAT, ["B", 2, 6, 6]))
+    onnx.checker.check_model(m)
+    return m
+
+
+def test_mask_only_layers_are_the_layers_feeding_masks_alone():
+    from norcal.export.fp32_region import mask_only_layers
+
+    m = mask_model()
+    name_nodes(m)
+    assert mask_only_layers(m) == {"mask/conv"}
+    assert mask_only_layers(head_model()) == set()  # no masks output
+
+
+def test_int8_mask_head_quantizes_the_mask_layer_only_when_asked():
+    m = mask_model()
+    producer = lambda q: {o: x for x in q.graph.node for o in x.output}  # noqa: E731
+    for mask_head in (False, True):
+        q, _ = quantize_int8(m, iter(_batches(2)), form="ort", mask_head=mask_head)
+        conv = next(x for x in q.graph.node if x.name == "mask/conv")
+        dq = producer(q).get(conv.input[1])
+        got = dq is not None and dq.op_type == "DequantizeLinear"
+        assert got == mask_head
+        assert ("mask head int8 (1 layers)" in {p.key: p.value for p in q.metadata_props}[contract.QUANTIZATION]) \
+            == mask_head
+
+
+def test_cli_refuses_int8_form_options_for_fp16_in_one_line(tmp_path, capsys):
+    from norcal.cli import main
+
+    onnx.save(head_model(), str(tmp_path / "m.onnx"))
+    for extra in (["--form", "ort"], ["--int8-mask-head"]):
+        assert main(["quantize", str(tmp_path / "m.onnx"), "--precision", "fp16", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "fp16 takes neither" in err, err
+    assert not (tmp_path / "m.fp16.onnx").exists()

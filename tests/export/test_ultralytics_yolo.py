@@ -12,12 +12,11 @@ import json
 import os
 import pickle
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from yolo_models import IMAGES, NUM_CLASSES, make_checkpoint, write_table  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
+from yolo_models import IMAGES, IMGSZ, NUM_CLASSES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 import torch  # noqa: E402
 from ultralytics.data.augment import LetterBox  # noqa: E402
@@ -30,30 +29,13 @@ from norcal.export.families import FAMILIES, family_of, load_detector  # noqa: E
 from norcal.export.families.ultralytics import UltralyticsFamily  # noqa: E402
 from norcal.runtime.images import read_rgb  # noqa: E402
 
-S = 160  # export input size (tiny models, quick)
-
-
-class _Work:
-    """The tests' checkpoints, each made when a test first needs it."""
-
-    def __init__(self, d: Path):
-        self.dir = d
-        self.table, self.counts = write_table(d / "table.json")
-
-    @property
-    def det(self) -> Path:
-        p = self.dir / "det.pt"
-        return p if p.exists() else make_checkpoint(p, "yolo11n.yaml")
-
-    @property
-    def seg(self) -> Path:
-        p = self.dir / "seg.pt"
-        return p if p.exists() else make_checkpoint(p, "yolo11n-seg.yaml")
+S = IMGSZ  # the test checkpoints' trained-at size: their exports' input
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    return _Work(tmp_path_factory.mktemp("yolo"))
+def work(yolo_work):
+    """The session's checkpoints, table and plain exports (tests/conftest.py YoloWork)."""
+    return yolo_work
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -64,13 +46,14 @@ def test_model_save_checkpoints_load_and_are_claimed(work, tmp_path):
     v8 = tmp_path / "yolov8n.pt"
     YOLO("yolov8n.yaml").save(str(v8))  # 80 classes, as Ultralytics writes it
     assert any(isinstance(f, UltralyticsFamily) for f in FAMILIES)
-    for path, task, nc in ((work.det, "detect", NUM_CLASSES), (v8, "detect", 80)):
+    for path, task, nc, size in ((work.det, "detect", NUM_CLASSES, S), (v8, "detect", 80, 640)):
         assert isinstance(family_of(path), UltralyticsFamily)
         det = load_detector(path)
         assert (det.task, det.num_classes, det.has_masks) == (task, nc, task == "segment")
         assert det.classifier == load_detector(path).classifier
         assert det.classifier.background == "none" and det.classifier.activation == "sigmoid"
-        assert det.preprocessing.letterbox and det.preprocessing.input_size == 640  # yaml default imgsz
+        # the size the model records (its args' imgsz), else the yaml default 640
+        assert det.preprocessing.letterbox and det.preprocessing.input_size == size
     # not ours: a plain state dict, a detectron2 pickle, a non-zip file
     torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "d2.pth")
     (tmp_path / "junk.pt").write_bytes(b"not a zip")
@@ -134,8 +117,9 @@ def test_malicious_checkpoint_is_refused_naming_the_global(work, tmp_path, paylo
 def test_plain_pickle_with_pt_suffix_is_not_loaded(tmp_path):
     path = tmp_path / "evil.pt"
     path.write_bytes(pickle.dumps(_System(tmp_path / "pwned")))
-    with pytest.raises(NorcalError, match="not a checkpoint of a known detector family"):
-        load_detector(path)  # no family claims a bare pickle; nothing unpickled
+    assert not UltralyticsFamily().claims(path, None)  # no Ultralytics classes named: not its file
+    with pytest.raises(NorcalError, match="evil.pt: refused to load"):
+        load_detector(path)  # detectron2's safe loader takes what no other family claims; nothing unpickled
     assert not (tmp_path / "pwned").exists()
 
 
@@ -180,13 +164,18 @@ def _match(ref, ours_boxes, ours_scores, ours_classes):
     return np.where(ok.any(1), ok.argmax(1), -1)
 
 
-def _onnx(work, ckpt, gamma):
-    import onnxruntime as ort
-
+def _graph(work, kind, gamma):
+    """The session's one plain export of ``kind``, calibrated at ``gamma`` (surgery only)."""
     from norcal.workflows.export_job import NorCal, calibrate_onnx
 
-    det = load_detector(ckpt)
-    graph = calibrate_onnx(det.export(SimpleNamespace(height=S, width=S)), NorCal(gamma=gamma, table=str(work.table)))
+    det, plain = work.plain(kind)
+    return det, calibrate_onnx(plain, NorCal(gamma=gamma, table=str(work.table)))
+
+
+def _onnx(work, kind, gamma):
+    import onnxruntime as ort
+
+    det, graph = _graph(work, kind, gamma)
     meta = {p.key: p.value for p in graph.metadata_props}
     return det, ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]), meta
 
@@ -205,7 +194,7 @@ def test_onnx_matches_ultralytics_with_norcal(work, kind):
     images = [read_rgb(p) for p in IMAGES]
     assert len(images) >= 4
     for gamma in (0.0, 0.5):
-        det, sess, meta = _onnx(work, getattr(work, kind), gamma)
+        det, sess, meta = _onnx(work, kind, gamma)
         assert meta[contract.RESIZE] == "letterbox" and meta[contract.INPUT_SIZE] == str(S)
         assert meta[contract.CLASSIFIER_LOGITS] == "cls_logits" and meta[contract.CLASSIFIER_BACKGROUND] == "none"
         assert meta[contract.ACTIVATION] == "sigmoid" and float(meta[contract.GAMMA]) == gamma
@@ -236,7 +225,7 @@ def test_batch_of_two_equals_each_alone_and_torch_runner(work):
     from norcal.runtime.inference import prepare
     from norcal.export.torch_runner import onnx_calibration
 
-    det, sess, meta = _onnx(work, work.seg, 0.5)
+    det, sess, meta = _onnx(work, "seg", 0.5)
     images = [read_rgb(p) for p in IMAGES[:2]]
     spec = contract.input_spec(meta)
     both = _run(sess, prepare(images, spec).feeds())
@@ -248,9 +237,7 @@ def test_batch_of_two_equals_each_alone_and_torch_runner(work):
     # the PyTorch reference runner with the ONNX's own calibration gives the same detections
     import onnx
 
-    from norcal.workflows.export_job import NorCal, calibrate_onnx
-
-    graph = calibrate_onnx(det.export(SimpleNamespace(height=S, width=S)), NorCal(gamma=0.5, table=str(work.table)))
+    _, graph = _graph(work, "seg", 0.5)
     runner = det.torch_runner(onnx_calibration(graph))
     assert runner.output_names == list(contract.OUTPUT_NAMES)
     feeds = prepare(images, spec).feeds()
@@ -267,33 +254,44 @@ def test_batch_of_two_equals_each_alone_and_torch_runner(work):
 
 @pytest.mark.slow
 def test_tune_rescore_equals_the_onnx(work):
+    """The family's tune cache from the host's prepared batches, re-scored at gamma 0.5, gives
+    the graph's outputs (resized coordinates; the host maps both back alike)."""
     from norcal.core.calibration import log_prior
     from norcal.runtime.inference import prepare
     from norcal.runtime.postprocess import split_outputs
 
-    det, sess, meta = _onnx(work, work.det, 0.5)
-    det.imgsz = S
+    det, sess, meta = _onnx(work, "det", 0.5)
+    spec = contract.input_spec(meta)
+    assert det.preprocessing == spec
     priors = [log_prior(work.counts, g, background="none") for g in (0.0, 0.5)]
-    cache = det.cache([(i, p) for i, p in enumerate(IMAGES[:2])], priors, "exp", batch_size=2)
-    assert len(cache) == 2 and cache.nbytes > 0 and det.cache_bytes(2, 2) >= cache.nbytes
-    got = det.rescore(cache, 1, priors[1], "exp", batch_size=2)
-    batch = prepare([read_rgb(p) for p in IMAGES[:2]], contract.input_spec(meta))
+    arrays = [read_rgb(p) for p in IMAGES]
+    batches = [([0, 1], prepare(arrays[:2], spec)), ([2, 3], prepare(arrays[2:4], spec))]
+    parts = [det.cache([b], priors, "exp") for b in batches]
+    cache = type(parts[0]).concat(parts)
+    assert len(cache) == 4 and cache.image_ids == [0, 1, 2, 3] and cache.nbytes > 0
+    assert det.cache_bytes(4, 2) >= cache.nbytes
+    got = det.rescore(cache, 1, priors[1], "exp", batch_size=3)
+    assert got["boxes"].shape == (4, det.topk, 4)
+    batch = prepare(arrays[:4], spec)
+    np.testing.assert_array_equal(cache.image_sizes, batch.image_sizes)
+    mine = split_outputs(got, cache.image_sizes, cache.original_sizes)
     want = split_outputs(_run(sess, batch.feeds()), batch.image_sizes, batch.original_sizes)
-    for g, w in zip(got, want):  # original coordinates; as sets (torch vs ONNX Runtime kernels)
+    for g, w in zip(mine, want):  # original coordinates; as sets (torch vs ONNX Runtime kernels)
         assert len(g.scores) == len(w.scores) > 0
         ref = np.concatenate([g.boxes, g.scores[:, None], g.classes[:, None]], 1)
         assert (_match(ref, w.boxes, w.scores, w.classes) >= 0).mean() >= 0.99
 
 
 @pytest.mark.slow
-def test_cli_export_infer_check(work, tmp_path):
+def test_cli_export_verify_infer_check(work, tmp_path):
     from norcal.cli import export_main, main
 
     out = tmp_path / "best.norcal.onnx"
     best = tmp_path / "best.pt"
     best.write_bytes(work.det.read_bytes())
+    # verify: the family's PyTorch runner against ONNX Runtime on the letterboxed images, fp32 tolerances
     assert export_main([str(best), "--gamma", "0.5", "--table", str(work.table), "--height", str(S),
-                        "--width", str(S), "-o", str(out)]) == 0
+                        "--width", str(S), "-o", str(out), "--verify", *map(str, IMAGES)]) == 0
     results = tmp_path / "results.json"
     assert main(["infer", str(out), *map(str, IMAGES), "-o", str(results)]) == 0
     rows = json.loads(results.read_text())
@@ -301,3 +299,21 @@ def test_cli_export_infer_check(work, tmp_path):
     assert main(["check", str(out)]) == 0
     # the C++ host's sidecar reader and a size override refuse a letterbox model in one line
     assert main(["infer", str(out), str(IMAGES[0]), "--min-size", "100", "-o", str(tmp_path / "r2.json")]) == 2
+
+
+@pytest.mark.slow
+def test_export_options_a_yolo_checkpoint_cannot_take(work, tmp_path):
+    """Refused by the family in one line naming the parameter, before anything is written."""
+    from norcal.workflows.export_job import CheckpointExport, NorCal, export_checkpoint
+
+    out = tmp_path / "m.onnx"
+    cases = [(CheckpointExport(mask_head_rois="static"), NorCal(gamma=0.5), "mask_head_rois does not apply to ultralytics"),
+             (CheckpointExport(config=tmp_path / "c.yaml"), NorCal(gamma=0.5), "takes no config"),
+             (CheckpointExport(), NorCal(gamma=None), "gamma is required (0 gives the plain sigmoid)"),
+             (CheckpointExport(height=S, width=2 * S), NorCal(gamma=0.5), "square letterbox input")]
+    (tmp_path / "c.yaml").write_text("MODEL: {}\n")
+    for options, norcal, message in cases:
+        with pytest.raises(NorcalError) as e:
+            export_checkpoint(work.det, out, norcal, options)
+        assert message in str(e.value) and "\n" not in str(e.value)
+        assert not out.exists()

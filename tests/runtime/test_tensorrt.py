@@ -460,3 +460,25 @@ def test_real_int8_engine_from_qdq_matches_onnxruntime(tmp_path, capsys):
     got = runner.infer(feeds)
     for o, ref in zip(model.graph.output, want):
         np.testing.assert_allclose(got[o.name].astype(np.float64), ref.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+def test_build_refuses_the_onnxruntime_int8_form_in_one_line(tmp_path, monkeypatch, capsys):
+    """norcal quantize --form ort writes uint8 activations and int32 biases, which TensorRT does
+    not build: refused by its metadata, with int8 and without, before TensorRT is asked; the
+    tensorrt form (recorded or written before the key) builds."""
+    from norcal.runtime.tensorrt_build import build_engine, prepare
+
+    monkeypatch.setitem(sys.modules, "tensorrt", _RecordingTensorRT())
+    model = tmp_path / "tiny.int8-ort.onnx"
+    onnx.save(tiny_qdq_detector({"norcal.precision": "int8", "norcal.int8_form": "ort"}), model)
+    engine = tmp_path / "tiny.engine"
+    for flags in (["--int8"], []):
+        assert main(["build", str(model), *flags, "-o", str(engine)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "norcal.int8_form=ort" in err and "TensorRT does not build" in err, err
+        assert "norcal quantize --form tensorrt" in err, err
+        assert not engine.exists() and not sidecar_path(engine).exists()
+    for form in ({"norcal.int8_form": "tensorrt"}, {}):
+        onnx.save(tiny_qdq_detector({"norcal.precision": "int8", **form}), model)
+        opts = BuildOptions(model, engine, int8=True, batch=(1, 2, 4), hw=((32, 32), (64, 96), (128, 128)))
+        assert build_engine(opts, *prepare(opts))["precision"] == "int8"

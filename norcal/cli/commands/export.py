@@ -1,4 +1,5 @@
-"""norcal export / norcal-export: a detectron2 checkpoint or any ONNX detector -> ONNX with NorCal."""
+"""norcal export / norcal-export: a checkpoint of a supported family (detectron2, Ultralytics) or
+any ONNX detector -> ONNX with NorCal."""
 
 from __future__ import annotations
 
@@ -12,20 +13,26 @@ HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
 DESCRIPTION = """Bake NorCal calibration into a detector's graph.
 
 MODEL is either
-  * a detectron2 checkpoint (.pth, or a model-zoo .pkl) [+ --config config.yaml]: it is loaded
-    safely, rebuilt as an export-friendly Mask/Faster R-CNN and exported to a batched ONNX graph
-    (inputs images [B,3,H,W] BGR 0-255 resized+padded, image_sizes [B,2]; outputs num_detections,
-    boxes, scores, classes, masks), or
+  * a checkpoint of a supported detector family, loaded safely (nothing in the file runs) and
+    exported to a batched ONNX graph (inputs images [B,3,H,W] 0-255 prepared as the model's
+    metadata says, image_sizes [B,2]; outputs num_detections, boxes, scores, classes, masks):
+    - detectron2 (.pth, or a model-zoo .pkl) [+ --config config.yaml]: rebuilt as an
+      export-friendly Mask/Faster R-CNN or RetinaNet; BGR input, ResizeShortestEdge + padding;
+    - Ultralytics YOLOv8 / YOLO11 detect or segment (best.pt, last.pt): RGB input letterboxed
+      to its trained imgsz (--height = --width changes it); NorCal replaces its class sigmoid;
+    or
   * an ONNX detector (any framework): the box classifier (a Softmax over the last axis or a
     Sigmoid fed by a Gemm/MatMul) is found and replaced by the NorCal node.
 Running it on a model that already has NorCal replaces the node (a new gamma); --strip removes it.
 
 NorCal: p(c) = softmax(logits - log a)_c with a_c = N_c^gamma (--factor cdt) or
-(1 - gamma^N_c)/(1 - gamma) (--factor ens); the background logit is left alone.
+(1 - gamma^N_c)/(1 - gamma) (--factor ens); the background logit is left alone (sigmoid heads:
+p(c) = sigmoid(logit_c - log a_c)).
 
 examples:
   norcal-export model_final.pth --gamma 0.6                     -> model_final.norcal.onnx
   norcal-export model_final.pth --config cfg.yaml --gamma 0.6 --verify img1.jpg img2.jpg
+  norcal-export best.pt --gamma 0.5 --table train_counts.json    -> best.norcal.onnx (Ultralytics)
   norcal-export detector.onnx --gamma 0.5 --table train_counts.json --background first
   norcal-export model.norcal.onnx --strip -o model.plain.onnx
 """
@@ -48,7 +55,7 @@ CALIBRATION_FLAGS = (("--gamma", "gamma"), ("--table", "table"), ("--factor", "f
 
 
 def add_arguments(p):
-    p.add_argument("model", help="detectron2 checkpoint (.pth/.pkl) or ONNX detector (.onnx)")
+    p.add_argument("model", help="checkpoint (detectron2 .pth/.pkl, Ultralytics .pt) or ONNX detector (.onnx)")
     p.add_argument("-o", "--output", help="output ONNX path (default: MODEL with .norcal.onnx)")
     p.add_argument("--gamma", type=float, help="NorCal gamma (>= 0; ENS: in [0, 1)); 0 = plain softmax")
     p.add_argument("--table", help="calibration table: built-in name (lvis_v1, lvis_v0_5), a table JSON, "
@@ -69,18 +76,19 @@ def add_arguments(p):
     p.add_argument("--logits", help="ONNX input only: the classifier logits tensor, if not found automatically")
     p.add_argument("--inline", action="store_true", help="write plain ops instead of the NorCal function node")
     p.add_argument("--strip", action="store_true", help="remove the NorCal node instead of adding one")
-    g = p.add_argument_group("detectron2 checkpoints")
-    g.add_argument("--config", help="detectron2 config yaml (_BASE_ chains followed); default: inferred "
-                                    "from the weights with detectron2's LVIS test settings")
+    g = p.add_argument_group("checkpoints (detectron2, Ultralytics)")
+    g.add_argument("--config", help="detectron2 only: its config yaml (_BASE_ chains followed); default: "
+                                    "inferred from the weights with detectron2's LVIS test settings")
     g.add_argument("--batch", type=int, help="fix the batch size (default dynamic)")
-    g.add_argument("--height", type=int, help="fix the padded input height (default dynamic)")
+    g.add_argument("--height", type=int, help="fix the padded input height (default dynamic; Ultralytics: "
+                                              "the letterbox square, = --width, default its imgsz)")
     g.add_argument("--width", type=int, help="fix the padded input width (default dynamic)")
     g.add_argument("--opset", type=int, help="ONNX opset (default 17)")
     g.add_argument("--detections-per-image", type=int, metavar="K",
                    help="K, the detections per image the outputs hold (default: the config's "
-                        "TEST.DETECTIONS_PER_IMAGE)")
+                        "TEST.DETECTIONS_PER_IMAGE; Ultralytics: 300)")
     g.add_argument("--mask-head-rois", choices=("valid", "static"), default=None,
-                   help="run the mask head on the detections only and pool each FPN level's own "
+                   help="detectron2 only: run the mask head on the detections only and pool each FPN level's own "
                         "proposals (valid, default: data-dependent shapes), or the mask head on all "
                         "K slots and every proposal at every level (static: fixed shapes, e.g. for "
                         "TensorRT profiles where data-dependent shapes cost more)")

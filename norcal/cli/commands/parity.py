@@ -9,11 +9,12 @@ from norcal.core.errors import NorcalError
 HELP = "check that ONNX Runtime / TensorRT give the same detections as the PyTorch model"
 DESCRIPTION = """Run the same prepared batches through every backend and compare their outputs.
 
-Backends: PyTorch (our detectron2-compatible model, rebuilt from --checkpoint), ONNX Runtime
+Backends: PyTorch (the model of --checkpoint, by its family: our detectron2-compatible model
+rebuilt from a detectron2 .pth/.pkl, or an Ultralytics .pt in our export wrapper), ONNX Runtime
 (MODEL.onnx) and TensorRT (--engine, when TensorRT and a GPU are present; otherwise a note).
 The reference is PyTorch when --checkpoint is given, else ONNX Runtime. For a NorCal model the
 PyTorch side gets the same calibration: the ONNX's norcal.log_prior initializer and norcal.*
-metadata (gamma, factor, mechanism, table) are applied to its box predictor.
+metadata (gamma, factor, mechanism, table) are applied to its classifier.
 
 How outputs are judged (norcal.workflows.parity):
   * detections are matched as sets per image (same class, box IoU >= a threshold), because
@@ -43,7 +44,8 @@ def add_arguments(p):
     p.add_argument("model", help="the ONNX model (run with ONNX Runtime)")
     p.add_argument("images", nargs="*", metavar="IMAGES_OR_DIRS",
                    help="images and/or folders (default: synthetic images, see --synthetic)")
-    p.add_argument("--checkpoint", metavar="MODEL.pth", help="detectron2 checkpoint the ONNX was exported from "
+    p.add_argument("--checkpoint", metavar="MODEL.pth", help="the checkpoint the ONNX was exported from: "
+                                                             "detectron2 .pth/.pkl or Ultralytics .pt "
                                                              "(adds PyTorch, the reference)")
     p.add_argument("--config", help="its detectron2 config yaml (default: inferred, as norcal export does)")
     p.add_argument("--engine", help="a TensorRT engine built from MODEL.onnx (norcal build)")

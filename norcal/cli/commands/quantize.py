@@ -17,6 +17,13 @@ ranges come from the images in --images, read and prepared as the runners prepar
 model's resize metadata); use images like the ones the model will see, not the ones you
 evaluate on. fp16: the same layers in float16, inputs and outputs stay float32.
 
+--form ort writes int8 for ONNX Runtime's CPU provider instead: Q/DQ on the layers' outputs
+too, uint8 activations, int8 weights per channel, int32 biases, which ONNX Runtime fuses into
+QLinearConv / QGemm int8 kernels (the tensorrt form runs at fp32's speed there). TensorRT does
+not build it. --int8-mask-head also quantizes the mask head's convolutions: they feed the
+masks only (boxes, scores and classes are the same as without), and on a Mask R-CNN with many
+detections they are most of the CPU time.
+
 Both keep in fp32 the box predictor and everything after the classifier: the NorCal node,
 box decoding, NMS, TopK and the mask branch. Quantization is done with ONNX Runtime's
 quantization tools (nvidia-modelopt cannot keep the NorCal function; see
@@ -24,13 +31,14 @@ norcal/export/quantize.py). The output's metadata records the precision, the met
 the number of calibration images.
 
   norcal quantize model.norcal.onnx --images train_images/ --num-images 256  -> model.norcal.int8.onnx
+  norcal quantize model.norcal.onnx --images train_images/ --form ort  -> model.norcal.int8-ort.onnx
   norcal quantize model.norcal.onnx --precision fp16 -o model.fp16.onnx
 """
 
 # parameters of norcal.workflows.quantize named in its errors -> the flags here
 FLAGS = {"images": "--images", "num_images": "--num-images", "batch_size": "--batch",
          "precision": "--precision", "method": "--method", "output": "-o",
-         "skip_unreadable=True": "--skip-unreadable"}
+         "skip_unreadable=True": "--skip-unreadable", "form": "--form", "mask_head=True": "--int8-mask-head"}
 
 
 def add_arguments(p):
@@ -43,6 +51,11 @@ def add_arguments(p):
     p.add_argument("--batch", type=int, default=1, help="int8: images per calibration batch (default 1)")
     p.add_argument("--method", choices=("minmax", "entropy", "percentile"), default="minmax",
                    help="int8: how activation ranges are taken from calibration (default minmax)")
+    p.add_argument("--form", choices=("tensorrt", "ort"), default="tensorrt",
+                   help="int8: tensorrt (Q/DQ on layer inputs, for norcal build; default) or ort (int8 kernels "
+                        "in ONNX Runtime's CPU provider)")
+    p.add_argument("--int8-mask-head", action="store_true",
+                   help="int8: quantize the mask head's convolutions too (they feed the masks only)")
     p.add_argument("--skip-unreadable", action="store_true",
                    help="leave out calibration files that cannot be read as images (counted) instead of stopping")
 
@@ -59,23 +72,26 @@ def run(args) -> int:
         raise NorcalError(f"{src}: {'is a folder, not an ONNX file' if src.is_dir() else 'no such file'}")
     if args.precision == "fp16" and args.images:
         raise NorcalError("--images calibrates int8; fp16 needs no images (leave --images out)")
+    if args.precision == "fp16" and (args.form != "tensorrt" or args.int8_mask_head):
+        raise NorcalError("--form and --int8-mask-head choose how int8 is written; fp16 takes neither")
     if args.num_images is not None and args.num_images < 1:
         raise NorcalError(f"--num-images must be >= 1, got {args.num_images}")
     if args.batch < 1:
         raise NorcalError(f"--batch must be >= 1, got {args.batch}")
-    output = Path(args.output) if args.output else default_output(src, args.precision)
+    output = Path(args.output) if args.output else default_output(src, args.precision, args.form)
     check_outputs([src, args.images], files={"-o": output})
     options = QuantizeOptions(model=src, output=output, precision=args.precision,
                               images=Path(args.images) if args.images else None,
                               num_images=args.num_images, batch_size=args.batch, method=args.method,
-                              skip_unreadable=args.skip_unreadable)
+                              skip_unreadable=args.skip_unreadable, form=args.form,
+                              mask_head=args.int8_mask_head)
     console = Console(soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         result = quantize_model(options, progress=progress_bars(progress))
     for path, why in result.skipped:
         console.print(f"skipped {path}: {why}")
-    how = (f"{result.qdq_nodes} Q/DQ nodes, calibrated on {result.calibration_images} images"
+    how = (f"{result.form} form, {result.qdq_nodes} Q/DQ nodes, calibrated on {result.calibration_images} images"
            if result.precision == "int8" else "NorCal, decoding, NMS and masks in fp32")
     console.print(f"wrote {result.output} ({result.precision}: {how}) in {result.seconds:.1f} s")
     return 0

@@ -9,14 +9,20 @@ DESCRIPTION = """Calibration tables hold N_c, the per-class training counts NorC
 
   norcal table show lvis_v1                 a built-in (lvis_v1, lvis_v0_5) or a JSON path
   norcal table build train.json -o t.json   count classes in a COCO/LVIS annotation file
+  norcal table build data.yaml -o t.json    count classes in an Ultralytics dataset (its YOLO
+                                            label files; category id = class index + 1)
   norcal table list                         the built-in tables
 """
 
 
 def add_arguments(p):
     sub = p.add_subparsers(dest="table_command", metavar="ACTION", required=True)
-    b = sub.add_parser("build", help="make a table from a COCO/LVIS annotation file")
-    b.add_argument("annotations", help="COCO- or LVIS-format annotation JSON")
+    b = sub.add_parser("build", help="make a table from a COCO/LVIS annotation file or an Ultralytics "
+                                     "data.yaml")
+    b.add_argument("annotations", help="COCO- or LVIS-format annotation JSON, or an Ultralytics data.yaml "
+                                       "(.yaml/.yml)")
+    b.add_argument("--split", default="train",
+                   help="data.yaml: the split whose labels are counted (default train)")
     b.add_argument("--count", choices=("image", "instance"), default="image",
                    help="N_c = images containing the class (default, the paper's) or instances")
     b.add_argument("--name", help="table name (default: the file's stem)")
@@ -40,8 +46,20 @@ def run(args) -> int:
     if args.table_command == "build":
         from norcal.cli.options import check_outputs
 
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from norcal.cli.options import progress_bars
+        from norcal.core.tables import table_from_dataset
+        from norcal.core.ultralytics_dataset import is_dataset_description
+
         check_outputs([args.annotations], files={"-o": args.output})
-        table = build_table(args.annotations, args.count, args.name)
+        if is_dataset_description(args.annotations):
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=console, transient=True) as progress:
+                table = table_from_dataset(args.annotations, args.count, args.name, args.split,
+                                           progress=progress_bars(progress))
+        else:
+            table = build_table(args.annotations, args.count, args.name)
         table.counts()  # refuse a table NorCal cannot use (a class with no training data)
         table.save(args.output)
         g = table.group_counts()

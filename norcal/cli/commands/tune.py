@@ -16,20 +16,25 @@ Boundary IoU, the paper's LVIS Challenge 2021 metric).
 
   norcal tune model_final.pth --config config.yaml --gt train_5k.json --images train2017/ \\
               --table lvis_v1 --gammas 0:1.5:0.1 --json sweep.json --plot sweep.png
+  norcal tune best.pt --gt train_subset.json --images train/ --table train.json --gammas 0:1:0.1
 
-The network (backbone, RPN, box head) runs once over the images, batched and resized as the
-exported model's host code does (detectron2's ResizeShortestEdge, zero padding). The box
-predictor's inputs are cached per image (proposal boxes, class logits, box deltas, image
-sizes; ~24 MB per image for an LVIS model, so images go through in chunks that fit
---max-cache-gb); then, for each gamma, NorCal is re-applied to the cached logits and the
+The network runs once over the images, batched and resized as the exported model's host
+code does (the model's rule: detectron2's ResizeShortestEdge with zero padding, Ultralytics'
+letterbox). What is cached depends on the family. A detectron2 R-CNN (backbone, RPN, box head
+run once) caches the box predictor's inputs per image (proposal boxes, class logits, box
+deltas, image sizes; ~24 MB per image for an LVIS model, so images go through in chunks that
+fit --max-cache-gb); then, for each gamma, NorCal is re-applied to the cached logits and the
 model's own post-processing runs again (per-class box decoding, clipping, score > 1e-4,
-class-wise NMS 0.5, top 300), boxes are mapped to original image coordinates and evaluated with LVIS's
-federated rules. Calibration acts before NMS and the top-300 cut, so the detections equal
+class-wise NMS 0.5, top 300), boxes are mapped to original image coordinates and evaluated
+with LVIS's federated rules. Calibration acts before NMS and the top-300 cut, so the detections equal
 a full run of the model exported with that gamma; a gamma costs a fraction of a network pass.
+A RetinaNet caches each gamma's per-level candidates and re-runs NMS; an Ultralytics YOLO the
+anchors that pass the score threshold at some gamma (boxes, class logits, mask coefficients)
+and re-runs its class-wise NMS 0.7 and top 300.
 
-MODEL must be a detectron2 checkpoint (.pth/.pkl): ONNX models are not accepted, because
-tuning needs the pre-NMS head outputs, which an exported graph does not expose (it ends in
-NMS), and re-running a whole graph per gamma is what the cache avoids. Export the chosen
+MODEL must be a checkpoint (detectron2 .pth/.pkl, Ultralytics .pt): ONNX models are not
+accepted, because tuning needs the pre-NMS head outputs, which an exported graph does not
+expose (it ends in NMS), and re-running a whole graph per gamma is what the cache avoids. Export the chosen
 gamma afterwards with `norcal-export MODEL --gamma G`.
 
 --iou-type segm / boundary (mask models; --gt needs masks): each gamma's detections also get
@@ -72,8 +77,9 @@ def _budget(text: str) -> float:
 
 
 def add_arguments(p):
-    p.add_argument("model", metavar="MODEL", help="detectron2 checkpoint (.pth/.pkl); not ONNX (see above)")
-    p.add_argument("--config", help="detectron2 config yaml (default: inferred from the weights)")
+    p.add_argument("model", metavar="MODEL", help="checkpoint: detectron2 .pth/.pkl or Ultralytics .pt; "
+                                                  "not ONNX (see above)")
+    p.add_argument("--config", help="detectron2 only: its config yaml (default: inferred from the weights)")
     p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json",
                    help="LVIS/COCO annotations of the tuning images (e.g. a 5k training subset)")
     p.add_argument("--images", required=True, metavar="DIR", help="folder holding those images")
@@ -104,11 +110,11 @@ def run(args) -> int:
 
     src = Path(args.model)
     if src.suffix.lower() == ".onnx":
-        raise NorcalError(f"{src}: tune needs a detectron2 checkpoint (.pth/.pkl), not ONNX: an "
+        raise NorcalError(f"{src}: tune needs a checkpoint (detectron2 .pth/.pkl, Ultralytics .pt), not ONNX: an "
                           "exported graph ends in NMS and hides the pre-NMS head outputs the sweep "
                           "re-scores (see `norcal tune --help`)")
     if src.suffix.lower() not in CHECKPOINT_SUFFIXES:
-        raise NorcalError(f"{src}: expected a detectron2 checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")
+        raise NorcalError(f"{src}: expected a checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")
     if not src.is_file():
         raise NorcalError(f"{src}: no such file")
     if args.batch < 1:

@@ -1,8 +1,8 @@
 """Which runners a parity check compares, and how each one is judged.
 
 A :class:`ParityRequest` names the model (run with ONNX Runtime) and, optionally, the
-detectron2 checkpoint it was exported from (PyTorch, rebuilt with the ONNX's NorCal prior: the
-reference when given) and a TensorRT engine built from it. :func:`build_runners` opens them,
+checkpoint it was exported from (any detector family: detectron2 .pth/.pkl, Ultralytics .pt;
+its family's PyTorch runner with the ONNX's NorCal prior: the reference when given) and a TensorRT engine built from it. :func:`build_runners` opens them,
 reference first, with each candidate's tolerance preset, the model's input spec and score
 threshold, and the batch the model allows.
 """
@@ -24,8 +24,9 @@ from norcal.workflows.parity.tolerances import PRESETS, Tolerances, runner_preci
 
 @dataclass(frozen=True)
 class ParityRequest:
-    """model: the ONNX model. checkpoint / config: the detectron2 checkpoint (and its config
-    yaml; default inferred) that adds PyTorch as the reference. engine: a TensorRT engine built
+    """model: the ONNX model. checkpoint / config: the checkpoint it was exported from (a
+    supported family's; config: detectron2's yaml, default inferred) that adds PyTorch as the
+    reference. engine: a TensorRT engine built
     from the model; engine_precision: its tolerance preset (default from the engine).
     provider: ONNX Runtime's execution provider. batch_size: images per batch, every backend."""
 
@@ -123,7 +124,8 @@ def build_runners(request: ParityRequest,
     stage(description): a context manager around slow steps (loading the PyTorch model), for
     a front end's spinner."""
     from norcal.core.contract import check_detector, input_spec
-    from norcal.export.torch_runner import TorchRunner, onnx_calibration
+    from norcal.export.families import load_detector
+    from norcal.export.torch_runner import onnx_calibration
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.workflows.parity.run import fixed_input_shape, model_score_thresh
 
@@ -136,8 +138,7 @@ def build_runners(request: ParityRequest,
     notes: list[str] = []
     if request.checkpoint:
         with stage("loading the PyTorch model"):
-            torch_runner = TorchRunner.from_checkpoint(request.checkpoint, request.config,
-                                                       calibration=calibration)
+            torch_runner = load_detector(request.checkpoint, request.config).torch_runner(calibration)
         ours, theirs = (r.metadata.get(contract.NUM_CLASSES) for r in (torch_runner, ort))
         if ours and theirs and ours != theirs:  # else the NorCal prior's length is what fails
             raise NorcalError(f"checkpoint {request.checkpoint} has {ours} classes but "

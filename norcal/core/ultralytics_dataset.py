@@ -1,0 +1,240 @@
+"""Calibration tables from an Ultralytics dataset: a ``data.yaml`` and its YOLO label files.
+
+The description names the class names (``names``: a list, or a mapping class index -> name),
+the dataset root (``path``; relative to the YAML's folder, absent: that folder) and the split
+(``train``: a folder, a ``.txt`` list of images, or a list of either). Each image's labels are
+in the file Ultralytics reads for it: the last ``images`` folder of its path replaced by
+``labels``, the suffix by ``.txt`` (no file: an image with no objects). A label line is
+``class x y w h`` (detection) or ``class x1 y1 x2 y2 ...`` (segmentation polygon), coordinates
+normalised to [0, 1]. Every file is checked as it is read; an error names the file, the line
+and the field. Identical lines of one file count once, as Ultralytics drops duplicate labels.
+
+The table lists the classes in class-index order with category id = class index + 1 (the
+default a model without ``norcal.category_ids`` is read with).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from norcal.core.errors import NorcalError, shown
+from norcal.core.yaml_io import read_yaml_mapping
+
+WHAT = "Ultralytics dataset description"
+# ultralytics.data.utils.IMG_FORMATS (8.4): the suffixes Ultralytics takes as images
+IMAGE_SUFFIXES = frozenset({"avif", "bmp", "dng", "heic", "heif", "jp2", "jpeg", "jpg", "mpo", "png",
+                            "tif", "tiff", "webp"})
+BOX_FIELDS = ("class", "x", "y", "w", "h")
+PROGRESS_STAGE = "count labels"
+
+Progress = Callable[[str, int, int], None]  # (stage, images done since last call, stage total)
+
+
+def is_dataset_description(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names an Ultralytics data.yaml (by its suffix) rather than a JSON file."""
+    return Path(path).suffix.lower() in (".yaml", ".yml")
+
+
+def _scalar_name(where: str, field: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise NorcalError(f"{where}: field '{field}' must be a class name (text), got {shown(value)}")
+    name = str(value)
+    if not name.strip():
+        raise NorcalError(f"{where}: field '{field}' is an empty class name")
+    return name
+
+
+def class_names(data: dict, where: str) -> list[str]:
+    """The class names of a loaded data.yaml in class-index order, checked."""
+    if data.get("names") is None:
+        raise NorcalError(f"{where}: field 'names' missing (the class names: a list, or a mapping "
+                          "class index -> name)")
+    raw = data["names"]
+    if isinstance(raw, list):
+        names = [_scalar_name(where, f"names[{i}]", v) for i, v in enumerate(raw)]
+    elif isinstance(raw, dict):
+        # Ultralytics reads keys written as text ('0': cat) as the class index too
+        raw = {int(k) if isinstance(k, str) and k.strip().isdigit() else k: v for k, v in raw.items()}
+        keys = list(raw)
+        bad = [k for k in keys if isinstance(k, bool) or not isinstance(k, int)]
+        if bad:
+            raise NorcalError(f"{where}: field 'names': key {shown(bad[0])} is not a class index "
+                              "(an integer)")
+        if sorted(keys) != list(range(len(keys))):
+            missing = sorted(set(range(len(keys))) - set(keys))
+            raise NorcalError(f"{where}: field 'names': class indices must be 0..{len(keys) - 1}, "
+                              f"{missing[0] if missing else min(keys)} is "
+                              f"{'missing' if missing else 'out of order'}")
+        names = [_scalar_name(where, f"names[{k}]", raw[k]) for k in range(len(keys))]
+    else:
+        raise NorcalError(f"{where}: field 'names' must be a list or a mapping class index -> name, "
+                          f"got {type(raw).__name__}")
+    if not names:
+        raise NorcalError(f"{where}: field 'names' lists no classes")
+    if "nc" in data:
+        nc = data["nc"]
+        if isinstance(nc, bool) or not isinstance(nc, int) or nc != len(names):
+            raise NorcalError(f"{where}: field 'nc' is {shown(nc)} but 'names' lists {len(names)} classes")
+    return names
+
+
+def dataset_root(data: dict, yaml_path: Path) -> Path:
+    """The dataset root: field ``path`` (relative to the YAML's folder), else that folder."""
+    raw = data.get("path")
+    if raw is None:
+        return yaml_path.parent
+    if not isinstance(raw, str) or not raw:
+        raise NorcalError(f"{yaml_path}: field 'path' must be a folder (text), got {shown(raw)}")
+    root = Path(raw).expanduser()
+    root = root if root.is_absolute() else yaml_path.parent / root
+    if not root.is_dir():
+        raise NorcalError(f"{yaml_path}: field 'path': {root} is not a folder (a relative path is "
+                          "taken from the YAML's folder)")
+    return root
+
+
+def _images_in(folder: Path) -> list[Path]:
+    out = []
+    for d, _, files in os.walk(folder):  # symlinked folders are not followed (no loops)
+        out += [Path(d) / f for f in files if f.rpartition(".")[-1].lower() in IMAGE_SUFFIXES]
+    return out
+
+
+def _images_listed(txt: Path) -> list[Path]:
+    try:
+        lines = txt.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        raise NorcalError(f"{txt}: not a list of images (not UTF-8 text)") from None
+    except OSError as e:
+        raise NorcalError(f"{txt}: cannot read: {e.strerror or e}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        entry = line.strip()
+        if not entry or entry.rpartition(".")[-1].lower() not in IMAGE_SUFFIXES:
+            continue  # Ultralytics keeps the lines with an image suffix only
+        p = Path(entry)
+        p = p if p.is_absolute() else txt.parent / p  # Ultralytics: "./" entries are the list's
+        if not p.is_file():
+            raise NorcalError(f"{txt}: line {n}: image {shown(entry)} not found")
+        out.append(p)
+    return out
+
+
+def split_images(data: dict, yaml_path: Path, split: str = "train") -> list[Path]:
+    """The images of ``split`` (sorted, each once, absolute): its folders searched recursively,
+    its ``.txt`` lists read."""
+    root = dataset_root(data, yaml_path)
+    raw = data.get(split)
+    if raw is None:
+        raise NorcalError(f"{yaml_path}: field '{split}' missing (a folder of images, a .txt list of "
+                          "images, or a list of either)")
+    entries = raw if isinstance(raw, list) else [raw]
+    if not entries:
+        raise NorcalError(f"{yaml_path}: field '{split}' is an empty list")
+    images: set[Path] = set()
+    for i, entry in enumerate(entries):
+        field = f"{split}[{i}]" if isinstance(raw, list) else split
+        if not isinstance(entry, str) or not entry:
+            raise NorcalError(f"{yaml_path}: field '{field}' must be a path (text), got {shown(entry)}")
+        p = Path(entry).expanduser()
+        p = (p if p.is_absolute() else root / p).resolve()  # as Ultralytics: labels sit by the real path
+        if p.is_dir():
+            images.update(_images_in(p))
+        elif p.is_file() and p.suffix.lower() == ".txt":
+            images.update(_images_listed(p))
+        elif p.exists():
+            raise NorcalError(f"{yaml_path}: field '{field}': {p} is neither a folder nor a .txt list "
+                              "of images")
+        else:
+            raise NorcalError(f"{yaml_path}: field '{field}': {p} not found")
+    if not images:
+        raise NorcalError(f"{yaml_path}: field '{split}' holds no images (suffixes "
+                          f"{', '.join(sorted(IMAGE_SUFFIXES))})")
+    return sorted(images)
+
+
+def label_path(image: Path) -> Path:
+    """Where Ultralytics reads ``image``'s labels (``img2label_paths``): the last ``images``
+    folder of the path replaced by ``labels``, the suffix by ``.txt``."""
+    sa, sb = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    return Path(sb.join(os.fspath(image).rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt")
+
+
+def _field_name(k: int, fields: int) -> str:
+    if fields == len(BOX_FIELDS):
+        return BOX_FIELDS[k]
+    return "class" if k == 0 else f"{'xy'[(k - 1) % 2]}{(k + 1) // 2}"
+
+
+def read_labels(path: Path, num_classes: int) -> list[int]:
+    """The class of each distinct label line of a YOLO label file, every field checked."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise NorcalError(f"{path}: not a YOLO label file (not UTF-8 text)") from None
+    except OSError as e:
+        raise NorcalError(f"{path}: cannot read labels: {e.strerror or e}") from None
+    seen: set[tuple] = set()
+    classes = []
+    for n, line in enumerate(text.splitlines(), 1):
+        tokens = line.split()
+        if not tokens:
+            continue
+        m = len(tokens)
+        if m != len(BOX_FIELDS) and (m < 7 or m % 2 == 0):
+            raise NorcalError(f"{path}: line {n}: {m} fields; a label is 'class x y w h' or a "
+                              "class and at least 3 'x y' polygon points")
+        try:
+            cls = int(tokens[0])
+        except ValueError:
+            raise NorcalError(f"{path}: line {n}, field 1 (class): {shown(tokens[0], 30)} is not an "
+                              "integer class id") from None
+        if not 0 <= cls < num_classes:
+            raise NorcalError(f"{path}: line {n}, field 1 (class): class id {cls} is outside names "
+                              f"(0..{num_classes - 1})")
+        values = []
+        for k in range(1, m):
+            name = _field_name(k, m)
+            try:
+                v = float(tokens[k])
+            except ValueError:
+                raise NorcalError(f"{path}: line {n}, field {k + 1} ({name}): {shown(tokens[k], 30)} "
+                                  "is not a number") from None
+            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+                raise NorcalError(f"{path}: line {n}, field {k + 1} ({name}): {shown(tokens[k], 30)} is "
+                                  "outside [0, 1] (coordinates are normalised by the image size)")
+            values.append(v)
+        key = (cls, *values)
+        if key not in seen:
+            seen.add(key)
+            classes.append(cls)
+    return classes
+
+
+def dataset_counts(data_yaml: str | os.PathLike, split: str = "train",
+                   progress: Progress | None = None) -> tuple[list[str], list[int], list[int], int]:
+    """(class names, image counts, instance counts, images) of a data.yaml's ``split``."""
+    p = Path(data_yaml)
+    data = read_yaml_mapping(p, WHAT)
+    names = class_names(data, str(p))
+    images = split_images(data, p, split)
+    image_counts = [0] * len(names)
+    instance_counts = [0] * len(names)
+    step, done = max(1, len(images) // 200), 0  # ~200 progress updates for any size
+    for i, image in enumerate(images):
+        labels = label_path(image)
+        if labels.is_file():
+            classes = read_labels(labels, len(names))
+            for c in classes:
+                instance_counts[c] += 1
+            for c in set(classes):
+                image_counts[c] += 1
+        elif labels.exists():
+            raise NorcalError(f"{labels}: the label file of {image.name} is not a file")
+        if progress is not None and ((i + 1) % step == 0 or i + 1 == len(images)):
+            progress(PROGRESS_STAGE, i + 1 - done, len(images))
+            done = i + 1
+    return names, image_counts, instance_counts, len(images)

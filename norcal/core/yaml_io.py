@@ -1,0 +1,79 @@
+"""YAML read safely: yaml.SafeLoader (no Python objects), with the values a document expands to
+bounded (alias "billion laughs" bombs) and deep nesting refused, errors in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from norcal.core.errors import NorcalError
+
+# a config or dataset description is a few hundred to a few thousand values: far beyond this is
+# a crafted file ("billion laughs" aliases), which would expand to gigabytes once walked or printed
+MAX_YAML_VALUES = 100_000
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that counts the values a document expands to (an alias counts as
+    everything it stands for) while composing it, and refuses past :data:`MAX_YAML_VALUES`."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._values = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> values it expands to
+
+    def _size(self, node) -> int:
+        if id(node) not in self._sizes:
+            items = node.value if isinstance(node.value, list) else []
+            parts = (p for item in items for p in (item if isinstance(item, tuple) else (item,)))
+            self._sizes[id(node)] = 1 + sum(self._size(p) for p in parts)
+        return self._sizes[id(node)]
+
+    def compose_node(self, parent, index):
+        alias = self.check_event(yaml.AliasEvent)
+        node = super().compose_node(parent, index)
+        self._values += self._size(node) if alias else 1
+        if self._values > MAX_YAML_VALUES:
+            raise _TooLarge(f"expands to more than {MAX_YAML_VALUES} values (aliases repeated "
+                            "too often?)")
+        return node
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """The YAML mapping in ``path``; ``what`` names the kind of file in errors ("detectron2
+    config", "Ultralytics dataset description"). Empty files and non-mappings are refused."""
+    path = Path(path)
+    a = "an" if what[:1].lower() in "aeiou" else "a"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise NorcalError(f"{path}: {what} file not found") from None
+    except IsADirectoryError:
+        raise NorcalError(f"{path}: is a folder, not {a} {what} file") from None
+    except UnicodeDecodeError:
+        raise NorcalError(f"{path}: not {a} {what} file (not UTF-8 text)") from None
+    except OSError as e:
+        raise NorcalError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    try:
+        loader = _BoundedLoader(text)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except _TooLarge as e:
+        raise NorcalError(f"{path}: not {a} {what}: {e}") from None
+    except RecursionError:
+        raise NorcalError(f"{path}: not {a} {what}: nested too deeply") from None
+    except yaml.YAMLError as e:
+        raise NorcalError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        raise NorcalError(f"{path}: the {what} file is empty")
+    if not isinstance(data, dict):
+        raise NorcalError(f"{path}: {a} {what} must be a YAML mapping, found {type(data).__name__}")
+    return data
