@@ -430,12 +430,18 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
     image = next(i for i in static.graph.input if i.name not in {x.name for x in static.graph.initializer})
     sizes = next(i for i in post.graph.input if i.name == "image_sizes")
     body.input.extend([image, sizes])
+    fixed = image.type.tensor_type.shape.dim[0]
+    fixed = fixed.dim_value if fixed.HasField("dim_value") else None  # a static export: batch fixed
+    if fixed is not None:
+        body.input[1].type.tensor_type.shape.dim[0].dim_value = fixed
     for out in post.graph.output:
         if out.name == contract.CLS_LOGITS_TENSOR:
             continue
         o = onnx.ValueInfoProto()
         o.CopyFrom(out)
         dims = o.type.tensor_type.shape.dim
+        if fixed is not None and dims:
+            dims[0].dim_value = fixed
         if out.name != "num_detections" and len(dims) >= 2:  # padded to K like EfficientNMS
             dims[1].Clear()
             dims[1].dim_value = topk
