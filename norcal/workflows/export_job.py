@@ -76,6 +76,7 @@ class ExportResult:
     verification: VerifyResult | None = None  # checkpoint exports with ``verify`` images
     triton_dir: Path | None = None  # the Triton model folder, when one was written
     calibration_from_config: str = ""  # the config's NorCal settings, when they were used
+    ingest: str = ""  # ONNX input from another tool (Ultralytics): what was done to it, one line
 
     @property
     def norcal(self) -> dict[str, str]:
@@ -144,7 +145,12 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
                      force: bool = False) -> ExportResult:
     """ONNX in, ONNX out: surgery only. ``norcal``: the calibration to bake in; ``strip=True``
     instead removes NorCal. ``triton_repo``: also write a Triton model repository there
-    (``force``: replace an existing model folder)."""
+    (``force``: replace an existing model folder).
+
+    Ultralytics' own ONNX export (detect / segment, with or without its NMS) is first converted
+    to our output contract (norcal.export.families.ultralytics_onnx) and NorCal goes on its
+    class logits, unless ``norcal.logits`` names a tensor: then the node goes there in place and
+    the outputs stay Ultralytics'. ``result.ingest`` says which happened."""
     if strip and norcal is not None:
         raise NorcalError("strip=True removes NorCal; it takes no norcal", param="strip=True")
     if not strip and norcal is None:
@@ -154,12 +160,30 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
     _check_outputs(out, triton_repo, force, [src])
     t0 = time.perf_counter()
     model = load_onnx(src)
+    ingest = ""
+    if not strip:
+        model, ingest = _ingest_foreign(model, src, norcal)
     model = strip_norcal(model) if strip else calibrate_onnx(model, norcal)
     with output_run():  # the model and the Triton folder land together, or neither
         report = _finish(model, out)
-        result = ExportResult(src, out, model, time.perf_counter() - t0, report)
+        result = ExportResult(src, out, model, time.perf_counter() - t0, report, ingest=ingest)
         _write_triton(result, triton_repo, force)
     return result
+
+
+def _ingest_foreign(model: onnx.ModelProto, src: Path, norcal: NorCal) -> tuple[onnx.ModelProto, str]:
+    """An Ultralytics graph converted to our contract (NorCal then on ``cls_logits``), unless the
+    caller named the logits; other graphs unchanged. Returns the graph and a line saying what
+    was done ("" for none)."""
+    from norcal.export.families.ultralytics_onnx import ingest_ultralytics, is_ultralytics, summary
+
+    if not is_ultralytics(model):
+        return model, ""
+    if norcal.logits:
+        return model, (f"Ultralytics ONNX kept as it is (logits {norcal.logits!r} given): NorCal placed on that "
+                       "tensor, the outputs stay Ultralytics' (our infer and eval cannot read them)")
+    model, head = ingest_ultralytics(model, str(src))
+    return model, summary(head)
 
 
 def _calibration_for(norcal: NorCal, detector: Detector) -> tuple[NorCal, str]:

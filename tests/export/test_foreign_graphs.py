@@ -99,12 +99,16 @@ def test_yolo_without_logits_is_refused_not_put_on_the_attention_softmax(yolo_se
 
 
 @pytest.mark.slow
-def test_yolo_cli_refusal_names_the_flag(yolo_seg, tmp_path, capsys):
+def test_yolo_cli_without_logits_converts_it_to_our_outputs(yolo_seg, tmp_path, capsys):
+    # norcal export (not the library's calibrate_onnx) takes Ultralytics' graph through the
+    # ingest (norcal.export.families.ultralytics_onnx): our outputs, NorCal on cls_logits
     out = tmp_path / "y.onnx"
     rc = export_main([str(yolo_seg), "-o", str(out), "--gamma", "0.5", "--table",
                       str(table_file(tmp_path / "t80.json", YOLO_COUNTS)), "--background", "none"])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and len(err.splitlines()) == 1 and "--logits" in err and not out.exists()
+    assert rc == 0 and "converted to our outputs" in " ".join(capsys.readouterr().out.split())
+    model = onnx.load(str(out))
+    assert [o.name for o in model.graph.output] == list(contract.OUTPUT_NAMES)
+    assert norcal_metadata(model)[contract.LOGITS] == "cls_logits"
 
 
 @pytest.mark.slow

@@ -205,6 +205,8 @@ def print_summary(result) -> None:
     meta = result.norcal
     t = Table(title=f"exported {result.output}", show_header=False)
     t.add_row("source", str(result.source))
+    if result.ingest:
+        t.add_row("ingest", escape(result.ingest))
     spec = result.detector
     if spec is not None:
         t.add_row("architecture", f"{spec.meta_architecture} R{spec.depth}-{arch_name(spec)}, {spec.num_classes} classes, "
