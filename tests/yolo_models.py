@@ -89,6 +89,7 @@ def write_table(path: Path, nc: int = NUM_CLASSES) -> tuple[Path, np.ndarray]:
 # --- RT-DETR: a tiny rtdetr-l (the same layer kinds: HGStem, HGBlock, AIFI, RepC3, RTDETRDecoder
 # with 300 queries), 2 decoder layers of width 32, quick on a CPU at RTDETR_IMGSZ
 RTDETR_IMGSZ = 128
+WH_BIAS = 0.6  # added to the inverse-sigmoid w, h by each box head: boxes of ~20-60% of the input
 RTDETR_YAML = """
 nc: {nc}
 backbone:
@@ -129,7 +130,8 @@ def redraw_rtdetr(model, seed: int = 1, biases: bool = False) -> None:
     decide the order) and boxes vary (its box heads start at zero: every box would be its
     query's anchor); the box heads gently (boxes of a few to tens of pixels, not slivers). With
     ``biases`` the class heads' biases are set per class (:data:`BIASES` cycled), so that
-    classes score apart and NorCal's reordering shows."""
+    classes score apart and NorCal's reordering shows, and the box heads' w, h biases raised
+    (boxes the size of objects in the test images, so that AP is not zero)."""
     head = model.model[-1]
     box_heads = {id(p) for m in (*head.dec_bbox_head, head.enc_bbox_head) for p in m.parameters()}
     g = torch.Generator().manual_seed(seed)
@@ -141,6 +143,8 @@ def redraw_rtdetr(model, seed: int = 1, biases: bool = False) -> None:
         if biases:
             for m in (*head.dec_score_head, head.enc_score_head):
                 m.bias.copy_(torch.tensor([BIASES[c % len(BIASES)] for c in range(len(m.bias))]))
+            for mlp in (*head.dec_bbox_head, head.enc_bbox_head):
+                mlp.layers[-1].bias[2:] = WH_BIAS
 
 
 def make_rtdetr_checkpoint(path: Path, nc: int = NUM_CLASSES, imgsz: int = RTDETR_IMGSZ, seed: int = 0) -> Path:
