@@ -19,6 +19,7 @@ from yolo_models import IMAGES, NUM_CLASSES, RTDETR_IMGSZ  # sets YOLO_OFFLINE /
 import torch  # noqa: E402
 
 from norcal.core import contract  # noqa: E402
+from norcal.core.errors import NorcalError  # noqa: E402
 from norcal.export.families import family_of, load_detector  # noqa: E402
 from norcal.export.families.ultralytics import UltralyticsFamily  # noqa: E402
 from norcal.export.families.ultralytics_rtdetr import RtdetrDetector  # noqa: E402
@@ -63,8 +64,10 @@ def test_rtdetr_checkpoints_load_and_are_claimed(yolo_work, tmp_path):
         assert det.classifier.background == "none" and det.classifier.activation == "sigmoid"
         assert det.preprocessing.resize == contract.RESIZE_STRETCH and det.preprocessing.input_size == size
         assert (det.topk, det.score_thresh) == (300, 0.001)  # Ultralytics' max_det and validation conf
-    with pytest.raises(Exception, match="nms_thresh does not apply"):
+    with pytest.raises(NorcalError, match="nms_thresh does not apply"):
         load_detector(yolo_work.rtdetr, nms_thresh=0.5)
+    with pytest.raises(NorcalError, match=r"detections_per_image must be in 1\.\.1800 \(queries x classes\)"):
+        load_detector(yolo_work.rtdetr, detections_per_image=1801)
 
 
 # --- parity through the .pt ----------------------------------------------------------------
