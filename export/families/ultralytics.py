@@ -85,18 +85,15 @@ def _load_rtdetr(model, path, imgsz: int, detections_per_image: int | None = Non
         raise NorcalError(f"{path}: an RT-DETR has no NMS: nms_thresh does not apply", param="nms_thresh")
     if imgsz % 32:
         raise NorcalError(f"{path}: trained at imgsz {imgsz}, not a multiple of 32 (RT-DETR's stride)")
-    names = ordered_names(getattr(model, "names", None), path)
-    nc = int(model.model[-1].nc)
-    if names is None:
-        names = [str(i) for i in range(nc)]
-    if len(names) != nc:
-        raise NorcalError(f"{path}: the model names {len(names)} classes but its head predicts {nc}")
-    pairs = int(model.model[-1].num_queries) * nc  # the top K is taken over queries x classes
+    names = _names(model, path)
+    pairs = int(model.model[-1].num_queries) * len(names)  # the top K is taken over queries x classes
     if detections_per_image is not None and not 1 <= int(detections_per_image) <= pairs:
         raise NorcalError(f"{path}: detections_per_image must be in 1..{pairs} (queries x classes), got "
                           f"{detections_per_image}", param="detections_per_image")
     return RtdetrDetector(model, names, imgsz, path=path,
-                          topk=DEFAULT_TOPK if detections_per_image is None else int(detections_per_image),
+                          # Ultralytics: its decoder's top num_queries, then the predictor's max_det (300)
+                          topk=min(DEFAULT_TOPK, int(model.model[-1].num_queries)) if detections_per_image is None
+                          else int(detections_per_image),
                           score_thresh=DEFAULT_SCORE_THRESH if score_thresh is None else float(score_thresh))
 
 
