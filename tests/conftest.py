@@ -69,9 +69,17 @@ class YoloWork:
     def seg(self) -> Path:
         return self._made("seg.pt", "yolo11n-seg.yaml")
 
+    @property
+    def rtdetr(self) -> Path:
+        """A tiny RT-DETR (tests/yolo_models.py) with the table's classes, trained at RTDETR_IMGSZ."""
+        from yolo_models import make_rtdetr_checkpoint
+
+        p = self.dir / "rtdetr.pt"
+        return p if p.exists() else make_rtdetr_checkpoint(p)
+
     def plain(self, kind: str):
-        """(detector, plain ONNX graph) of the ``kind`` ("det" / "seg") checkpoint, exported
-        once per session at :attr:`size` (the tests calibrate copies of it)."""
+        """(detector, plain ONNX graph) of the ``kind`` ("det" / "seg" / "rtdetr") checkpoint, exported
+        once per session at its trained size (the tests calibrate copies of it)."""
         if kind not in self._graphs:
             from norcal.export.families import load_detector
 

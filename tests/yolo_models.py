@@ -84,3 +84,81 @@ def write_table(path: Path, nc: int = NUM_CLASSES) -> tuple[Path, np.ndarray]:
              "frequency": "f"} for c, n in enumerate(counts)]
     path.write_text(json.dumps({"name": "yolo_test", "source": "tests", "count_type": "image", "categories": cats}))
     return path, counts
+
+
+# --- RT-DETR: a tiny rtdetr-l (the same layer kinds: HGStem, HGBlock, AIFI, RepC3, RTDETRDecoder
+# with 300 queries), 2 decoder layers of width 32, quick on a CPU at RTDETR_IMGSZ
+RTDETR_IMGSZ = 128
+WH_BIAS = 0.6  # added to the inverse-sigmoid w, h by each box head: boxes of ~20-60% of the input
+RTDETR_YAML = """
+nc: {nc}
+backbone:
+  - [-1, 1, HGStem, [16, 16]]
+  - [-1, 1, HGBlock, [16, 32, 3]]
+  - [-1, 1, DWConv, [32, 3, 2, 1, False]]  # 2-P3/8
+  - [-1, 1, HGBlock, [16, 32, 3]]
+  - [-1, 1, DWConv, [32, 3, 2, 1, False]]  # 4-P4/16
+  - [-1, 1, HGBlock, [16, 32, 3, True, False]]
+  - [-1, 1, DWConv, [32, 3, 2, 1, False]]  # 6-P5/32
+  - [-1, 1, HGBlock, [16, 64, 3, True, False]]
+head:
+  - [-1, 1, Conv, [32, 1, 1, None, 1, 1, False]]
+  - [-1, 1, AIFI, [64, 4]]
+  - [-1, 1, Conv, [32, 1, 1]]  # 10
+  - [-1, 1, nn.Upsample, [None, 2, "nearest"]]
+  - [5, 1, Conv, [32, 1, 1, None, 1, 1, False]]
+  - [[-2, -1], 1, Concat, [1]]
+  - [-1, 1, RepC3, [32]]
+  - [-1, 1, Conv, [32, 1, 1]]  # 15
+  - [-1, 1, nn.Upsample, [None, 2, "nearest"]]
+  - [3, 1, Conv, [32, 1, 1, None, 1, 1, False]]
+  - [[-2, -1], 1, Concat, [1]]
+  - [-1, 1, RepC3, [32]]  # 19
+  - [-1, 1, Conv, [32, 3, 2]]
+  - [[-1, 15], 1, Concat, [1]]
+  - [-1, 1, RepC3, [32]]  # 22
+  - [-1, 1, Conv, [32, 3, 2]]
+  - [[-1, 10], 1, Concat, [1]]
+  - [-1, 1, RepC3, [32]]  # 25
+  - [[19, 22, 25], 1, RTDETRDecoder, [nc, 32, 300, 4, 4, 2, 64]]
+"""
+
+
+def redraw_rtdetr(model, seed: int = 1, biases: bool = False) -> None:
+    """Redraw an RT-DETR's linear and conv weights (seeded) with a larger scale so that scores
+    spread (at Ultralytics' initialisation every query scores almost the same and ties would
+    decide the order) and boxes vary (its box heads start at zero: every box would be its
+    query's anchor); the box heads gently (boxes of a few to tens of pixels, not slivers). With
+    ``biases`` the class heads' biases are set per class (:data:`BIASES` cycled), so that
+    classes score apart and NorCal's reordering shows, and the box heads' w, h biases raised
+    (boxes the size of objects in the test images, so that AP is not zero)."""
+    head = model.model[-1]
+    box_heads = {id(p) for m in (*head.dec_bbox_head, head.enc_bbox_head) for p in m.parameters()}
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+                scale = 0.6 if id(m.weight) in box_heads else 1.5
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * (scale / m.weight[0].numel() ** 0.5))
+        if biases:
+            for m in (*head.dec_score_head, head.enc_score_head):
+                m.bias.copy_(torch.tensor([BIASES[c % len(BIASES)] for c in range(len(m.bias))]))
+            for mlp in (*head.dec_bbox_head, head.enc_bbox_head):
+                mlp.layers[-1].bias[2:] = WH_BIAS
+
+
+def make_rtdetr_checkpoint(path: Path, nc: int = NUM_CLASSES, imgsz: int = RTDETR_IMGSZ, seed: int = 0) -> Path:
+    """A ``model.save()`` checkpoint of the tiny RT-DETR above with ``nc`` classes, weights
+    redrawn (:func:`redraw_rtdetr`), recording ``imgsz`` as its trained size."""
+    from ultralytics import RTDETR
+
+    yaml = path.with_name(path.stem + "-tiny.yaml")
+    yaml.write_text(RTDETR_YAML.format(nc=nc))
+    torch.manual_seed(seed)
+    rt = RTDETR(str(yaml))
+    model = rt.model.eval()
+    model.names = {i: f"class{i}" for i in range(nc)}
+    model.args = {"imgsz": int(imgsz)}
+    redraw_rtdetr(model, biases=True)
+    rt.save(str(path))
+    return path

@@ -1,4 +1,5 @@
-"""The Ultralytics family: YOLOv8 / YOLO11 detect and segment checkpoints (``best.pt``).
+"""The Ultralytics family: YOLOv8 / YOLO11 detect and segment checkpoints (``best.pt``), and
+RT-DETR ones (loaded as :class:`norcal.export.families.ultralytics_rtdetr.RtdetrDetector`).
 
 Loading is safe (:mod:`norcal.export.families.ultralytics_checkpoint`); the graph is ours around
 the Ultralytics network (:mod:`norcal.export.families.ultralytics_graph`): letterbox input,
@@ -21,8 +22,9 @@ import numpy as np
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, Detector, Family, TuneCache, sigmoid_classifier
-from norcal.export.families.ultralytics_checkpoint import (TASKS, checkpoint_model, import_ultralytics,
-                                                           ordered_names, read_ultralytics_checkpoint, task_of)
+from norcal.export.families.ultralytics_checkpoint import (RTDETR_TASK, TASKS, checkpoint_model,
+                                                           import_ultralytics, ordered_names,
+                                                           read_ultralytics_checkpoint, task_of)
 
 SUFFIXES = (".pt", ".pth")
 # Ultralytics' validation settings (DetectionValidator: conf 0.001, iou 0.7, max_det 300):
@@ -56,14 +58,43 @@ class UltralyticsFamily(Family):
         if getattr(options, "mask_head_rois", None) is not None:
             raise NorcalError(f"mask_head_rois does not apply to {self.name} checkpoints", param="mask_head_rois")
 
-    def load(self, path: Path, config: Path | None = None, **options) -> "YoloDetector":
+    def load(self, path: Path, config: Path | None = None, **options) -> Detector:
+        """A :class:`YoloDetector`, or an RT-DETR's
+        :class:`~norcal.export.families.ultralytics_rtdetr.RtdetrDetector` when the checkpoint
+        holds an ``RTDETRDetectionModel``."""
         if config is not None:
             raise NorcalError(f"{config}: an Ultralytics checkpoint carries its own architecture; it takes no config",
                               param="config")
         import_ultralytics()
         ckpt = read_ultralytics_checkpoint(path)
         model = checkpoint_model(ckpt, path)
-        return YoloDetector(model, path, imgsz=_imgsz(ckpt, model, path), **options)
+        imgsz = _imgsz(ckpt, model, path)
+        if type(model).__name__ == RTDETR_TASK:
+            return _load_rtdetr(model, path, imgsz, **options)
+        return YoloDetector(model, path, imgsz=imgsz, **options)
+
+
+def _load_rtdetr(model, path, imgsz: int, detections_per_image: int | None = None,
+                 score_thresh: float | None = None, nms_thresh: float | None = None) -> Detector:
+    """An RT-DETR checkpoint's model as its detector; errors name the file. It has no NMS, so
+    ``nms_thresh`` (a YOLO setting) is refused when given."""
+    from norcal.export.families.ultralytics_rtdetr import (DEFAULT_SCORE_THRESH, DEFAULT_TOPK,
+                                                           RtdetrDetector)
+
+    if nms_thresh is not None:
+        raise NorcalError(f"{path}: an RT-DETR has no NMS: nms_thresh does not apply", param="nms_thresh")
+    if imgsz % 32:
+        raise NorcalError(f"{path}: trained at imgsz {imgsz}, not a multiple of 32 (RT-DETR's stride)")
+    names = _names(model, path)
+    pairs = int(model.model[-1].num_queries) * len(names)  # the top K is taken over queries x classes
+    if detections_per_image is not None and not 1 <= int(detections_per_image) <= pairs:
+        raise NorcalError(f"{path}: detections_per_image must be in 1..{pairs} (queries x classes), got "
+                          f"{detections_per_image}", param="detections_per_image")
+    return RtdetrDetector(model, names, imgsz, path=path,
+                          # Ultralytics: its decoder's top num_queries, then the predictor's max_det (300)
+                          topk=min(DEFAULT_TOPK, int(model.model[-1].num_queries)) if detections_per_image is None
+                          else int(detections_per_image),
+                          score_thresh=DEFAULT_SCORE_THRESH if score_thresh is None else float(score_thresh))
 
 
 def _names(model, path) -> list[str]:

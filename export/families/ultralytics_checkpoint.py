@@ -1,7 +1,7 @@
 """Read an Ultralytics checkpoint (``best.pt``, ``last.pt``, ``model.save()``) without running
 code from it.
 
-An Ultralytics ``.pt`` is ``torch.save`` of a dict holding the model as pickled ``nn.Module``
+An Ultralytics ``.pt`` (YOLO or RT-DETR) is ``torch.save`` of a dict holding the model as pickled ``nn.Module``
 objects (keys ``model`` / ``ema``, ``train_args``, ``date``, ...). Approach: ``torch.load`` with
 ``weights_only=True`` (torch's restricted unpickler: tensors, storages, plain containers) and an
 allow-list added through ``torch.serialization.safe_globals``: the ``nn.Module`` classes defined in
@@ -26,8 +26,14 @@ from typing import Any
 
 from norcal.core.errors import NorcalError
 
-# The task models this loader builds (YOLOv8 / YOLO11 detect and segment).
-TASKS = ("DetectionModel", "SegmentationModel")
+# The task models this loader builds (YOLOv8 / YOLO11 detect and segment, RT-DETR). RT-DETR's
+# task class is the only global it adds: its layers (HGStem, HGBlock, RepC3, AIFI, the
+# RTDETRDecoder with its deformable-attention decoder and MLPs) are nn.Modules of
+# ultralytics.nn.modules, and the torch layers it uses besides YOLO's (MultiheadAttention with
+# its NonDynamicallyQuantizableLinear, LayerNorm, Embedding, GELU) are torch.nn.modules classes,
+# both already allowed below; a trainer strips its loss (RTDETRDetectionLoss) before saving.
+TASKS = ("DetectionModel", "SegmentationModel", "RTDETRDetectionModel")
+RTDETR_TASK = "RTDETRDetectionModel"
 _TASK_MODULE = "ultralytics.nn.tasks"
 
 

@@ -22,33 +22,31 @@ import json
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 
 from norcal.core import contract
-from norcal.core.calibration import calibrate
 from norcal.core.errors import NorcalError
 from norcal.export.families.ultralytics_checkpoint import ordered_names
-from norcal.export.families.base import (Classifier, Detections, Detector, PathLike, TuneCache,
-                                         sigmoid_classifier)
+from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier
 
 ARCHITECTURE = "rtdetr"
 DEFAULT_SCORE_THRESH = 0.001  # Ultralytics' validation conf: AP is measured over low scores too
+DEFAULT_TOPK = 300  # Ultralytics' max_det
 MIN_OPSET = 17
-
-# (image paths) -> (images float32 [B,3,H,W] as the graph takes them, original sizes int64 [B,2]);
-# the host pre-processing lives in norcal.runtime, which this layer does not import
-Prepare = Callable[[Sequence[PathLike]], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
 class RtdetrExportOptions:
-    """batch: fixed batch size (None: dynamic); opset; check: onnx.checker full check."""
+    """batch: fixed batch size (None: dynamic); opset; check: onnx.checker full check; size:
+    the square input side (None: the detector's imgsz)."""
 
     batch: int | None = None
     opset: int = 17
     check: bool = True
+    size: int | None = None
 
 
 def decode(boxes, scores, topk: int, score_thresh: float, image_sizes):
@@ -76,17 +74,22 @@ def decode(boxes, scores, topk: int, score_thresh: float, image_sizes):
 
 
 def _graph_module(detector: "RtdetrDetector"):
-    """Our torch wrapper: contract feeds -> contract outputs (+ the class logits)."""
+    """Our torch wrapper: contract feeds -> contract outputs (+ the class logits). NorCal in
+    eager PyTorch (the parity reference, the tuning sweep) is the sigmoid heads' shared
+    :class:`~norcal.export.modeling.sigmoid_norcal.SigmoidNorCal`, which the PyTorch runner sets
+    as it sets any of our heads."""
     import torch
 
-    class RtdetrGraph(torch.nn.Module):
-        def __init__(self, model, topk: int, score_thresh: float, height: int, width: int):
+    from norcal.export.modeling.sigmoid_norcal import SigmoidNorCal
+
+    class RtdetrGraph(SigmoidNorCal, torch.nn.Module):
+        head_name = "the RT-DETR head"
+
+        def __init__(self, model, num_classes: int, topk: int, score_thresh: float):
             super().__init__()
             self.model = model
-            self.topk, self.score_thresh = topk, score_thresh
-            self.height, self.width = height, width
-            self.log_prior: torch.Tensor | None = None  # NorCal in PyTorch (the parity reference)
-            self.mechanism = "exp"
+            self.num_classes, self.topk, self.score_thresh = num_classes, topk, score_thresh
+            self.init_norcal()
 
         def head(self, images):
             """The last decoder layer's boxes [B,Q,4] (cx,cy,w,h in [0,1]) and class logits [B,Q,C]."""
@@ -97,51 +100,58 @@ def _graph_module(detector: "RtdetrDetector"):
             dec_bboxes, dec_scores = out[1][:2]
             return dec_bboxes[-1], dec_scores[-1]
 
+        def detections(self, boxes, logits, image_sizes) -> dict:
+            """The contract's outputs by name from the head's boxes and class logits."""
+            out = decode(boxes, self.probs(logits), self.topk, self.score_thresh, image_sizes)
+            return dict(zip(contract.OUTPUT_NAMES[:4], out))
+
+        def inference(self, images, image_sizes) -> dict:
+            """Detections by name (what the PyTorch runner reads)."""
+            return self.detections(*self.head(images), image_sizes)
+
         def forward(self, images, image_sizes, with_cls_logits: bool = False):
             boxes, logits = self.head(images)
-            if self.log_prior is None:
-                scores = logits.sigmoid()
-            else:
-                scores = calibrate(logits, self.log_prior, self.mechanism, None, "sigmoid", "none")
-            out = decode(boxes, scores, self.topk, self.score_thresh, image_sizes)
+            out = tuple(self.detections(boxes, logits, image_sizes).values())
             return (*out, logits) if with_cls_logits else out
 
-    return RtdetrGraph(detector.model, detector.topk, detector.score_thresh, detector.height,
-                       detector.width).eval()
+    return RtdetrGraph(detector.model, detector.num_classes, detector.topk, detector.score_thresh).eval()
 
 
 class RtdetrCache(TuneCache):
     """Per image the last decoder layer's boxes [Q,4] (cx,cy,w,h normalised) and class logits
-    [Q,C], float32; original sizes [N,2]."""
+    [Q,C], float32; image_sizes / original_sizes int64 [N,2] as :class:`TuneCache` says (the
+    former all the stretched input's (H, W))."""
 
-    def __init__(self, image_ids: list, boxes: np.ndarray, logits: np.ndarray, original_sizes: np.ndarray):
-        self.image_ids, self.boxes, self.logits, self.original_sizes = image_ids, boxes, logits, original_sizes
+    def __init__(self, image_ids: list, boxes: np.ndarray, logits: np.ndarray, image_sizes: np.ndarray,
+                 original_sizes: np.ndarray):
+        self.image_ids, self.boxes, self.logits = image_ids, boxes, logits
+        self.image_sizes, self.original_sizes = image_sizes, original_sizes
 
     def __len__(self) -> int:
         return len(self.image_ids)
 
     @property
     def nbytes(self) -> int:
-        return int(self.boxes.nbytes + self.logits.nbytes + self.original_sizes.nbytes)
+        return int(self.boxes.nbytes + self.logits.nbytes + self.image_sizes.nbytes + self.original_sizes.nbytes)
 
     @classmethod
     def concat(cls, parts: Sequence["RtdetrCache"]) -> "RtdetrCache":
-        return cls([i for c in parts for i in c.image_ids], np.concatenate([c.boxes for c in parts]),
-                   np.concatenate([c.logits for c in parts]), np.concatenate([c.original_sizes for c in parts]))
+        return cls([i for c in parts for i in c.image_ids],
+                   *(np.concatenate([getattr(c, k) for c in parts])
+                     for k in ("boxes", "logits", "image_sizes", "original_sizes")))
 
 
 class RtdetrDetector(Detector):
     """An Ultralytics RT-DETR in eval mode, with its class names and input size.
 
     topk: detections per image (Ultralytics' max_det, 300); score_thresh: Ultralytics' conf
-    (scores above it are kept); prepare: the host pre-processing for :meth:`cache` (the
-    workflow passes :func:`norcal.runtime.preprocess.prepare_stretch_batch` over read images).
+    (scores above it are kept); path: the checkpoint it was loaded from (None: built in memory).
     """
 
     family: ClassVar[str] = "ultralytics"
 
-    def __init__(self, model, names: Sequence[str], imgsz: int, topk: int = 300,
-                 score_thresh: float = DEFAULT_SCORE_THRESH, prepare: Prepare | None = None):
+    def __init__(self, model, names: Sequence[str], imgsz: int, topk: int = DEFAULT_TOPK,
+                 score_thresh: float = DEFAULT_SCORE_THRESH, path=None):
         head = model.model[-1]
         if type(head).__name__ != "RTDETRDecoder":
             raise NorcalError(f"not an RT-DETR: the model's head is {type(head).__name__}, not RTDETRDecoder")
@@ -164,7 +174,7 @@ class RtdetrDetector(Detector):
         if not (math.isfinite(score_thresh) and 0 <= score_thresh < 1):
             raise NorcalError(f"score_thresh must be in [0, 1), got {score_thresh}", param="score_thresh")
         self.score_thresh = float(score_thresh)
-        self.prepare = prepare
+        self.path = None if path is None else Path(path)
 
     @classmethod
     def from_model(cls, model, names: Sequence[str] | dict | None = None, imgsz: int = 640,
@@ -187,8 +197,10 @@ class RtdetrDetector(Detector):
 
     def settings(self) -> dict[str, Any]:
         """The detector settings recorded in ``norcal.detector``."""
+        # score_thresh_test: the key parity and verify read (as for every family)
         return {"family": self.family, "architecture": ARCHITECTURE, "num_queries": self.num_queries,
-                "topk": self.topk, "score_thresh": self.score_thresh, "imgsz": self.height}
+                "topk": self.topk, "score_thresh_test": self.score_thresh, "imgsz": self.height,
+                "names": self.names}
 
     def metadata(self) -> dict[str, str]:
         """The runtime and graph keys of the plain export."""
@@ -203,6 +215,26 @@ class RtdetrDetector(Detector):
         return _graph_module(self)
 
     # ------------------------------------------------------------------ export
+    def export_options(self, options) -> RtdetrExportOptions:
+        """The export job's options (:class:`norcal.workflows.export_job.CheckpointExport`) as
+        :meth:`export` takes them, checked first: a square height = width, a multiple of 32
+        (default: the trained imgsz), a positive batch."""
+        h, w = getattr(options, "height", None), getattr(options, "width", None)
+        size = None
+        if h is not None or w is not None:
+            if h is None or w is None or int(h) != int(w):
+                raise NorcalError(f"an RT-DETR takes a square stretched input: height and width must be "
+                                  f"equal, got {h} and {w}", param=("height", "width"))
+            size = int(h)
+            if size <= 0 or size % 32:
+                raise NorcalError(f"export size {size} must be a positive multiple of 32 (the model's stride)",
+                                  param=("height", "width"))
+        batch = getattr(options, "batch", None)
+        if batch is not None and int(batch) <= 0:
+            raise NorcalError(f"export batch must be positive, got {batch}", param="batch")
+        return RtdetrExportOptions(batch=None if batch is None else int(batch),
+                                   opset=int(getattr(options, "opset", 17) or 17), size=size)
+
     def export(self, options: RtdetrExportOptions | None = None):
         """The plain ONNX graph: inputs ``images`` [B,3,H,W] (RGB 0-255, stretched to imgsz) and
         ``image_sizes``; the contract's four outputs with K = topk; ``cls_logits`` named."""
@@ -215,6 +247,8 @@ class RtdetrDetector(Detector):
                               param="opset")
         if o.batch is not None and o.batch < 1:
             raise NorcalError(f"export batch must be positive, got {o.batch}", param="batch")
+        if o.size is not None:  # checked by export_options; the metadata then says this size
+            self.height = self.width = int(o.size)
         b = o.batch or 1
         gen = torch.Generator().manual_seed(0)
         images = torch.rand((b, 3, self.height, self.width), generator=gen) * 255.0
@@ -247,13 +281,15 @@ class RtdetrDetector(Detector):
 
     # ------------------------------------------------------------------ PyTorch reference
     def torch_runner(self, calibration=None, name: str = "pytorch"):
-        """A Runner over our torch wrapper (the graph the export traces), NorCal applied per
-        ``calibration`` (an :class:`norcal.export.torch_runner.OnnxCalibration`; None: plain)."""
-        return RtdetrTorchRunner(self, calibration, name)
+        """A :class:`norcal.export.torch_runner.TorchRunner` over our torch wrapper (the graph
+        the export traces), NorCal applied per ``calibration`` (None: plain)."""
+        from norcal.export.torch_runner import TorchRunner
+
+        return TorchRunner(self.graph_module(), name=name, calibration=calibration, metadata=self.metadata())
 
     # ------------------------------------------------------------------ tuning
     def cache_bytes(self, num_images: int, num_gammas: int) -> int:
-        per_image = self.num_queries * (self.num_classes + 4) * 4 + 16
+        per_image = self.num_queries * (self.num_classes + 4) * 4 + 32
         return int(num_images) * per_image
 
     def head_outputs(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -265,62 +301,49 @@ class RtdetrDetector(Detector):
             boxes, logits = module.head(torch.as_tensor(np.ascontiguousarray(images, np.float32)))
         return boxes.numpy().astype(np.float32), logits.numpy().astype(np.float32)
 
-    def cache(self, images, priors, mechanism, batch_size, on_step=None, with_masks=False) -> RtdetrCache:
-        """One network pass: each image's boxes and class logits (the priors play no part:
-        NorCal and the top K are re-done per prior by :meth:`rescore`)."""
+    def cache(self, batches: Iterable[tuple[list, Any]], priors: Sequence[np.ndarray | None], mechanism: str,
+              on_step: Callable[[int], None] | None = None, with_masks: bool = False) -> RtdetrCache:
+        """One network pass over the host's prepared (stretched) batches: each image's boxes and
+        class logits. The priors play no part: every query stays (NorCal reorders the top K of
+        queries x classes, so no query can be dropped before it), re-scored by :meth:`rescore`."""
         if with_masks:
-            raise NorcalError("RT-DETR has no mask head", param="with_masks")
-        if self.prepare is None:
-            raise NorcalError("RtdetrDetector.cache needs the host pre-processing: pass prepare",
-                              param="prepare")
-        if batch_size < 1:
-            raise NorcalError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
-        if not images:
-            raise NorcalError("no images to cache")
-        ids, boxes, logits, sizes = [], [], [], []
-        for s in range(0, len(images), batch_size):
-            chunk = images[s:s + batch_size]
-            batch, original = self.prepare([p for _, p in chunk])
-            b, lg = self.head_outputs(batch)
-            ids += [i for i, _ in chunk]
-            boxes.append(b)
+            raise NorcalError("RT-DETR has no mask head: tune it on boxes", param="with_masks")
+        ids, boxes, logits, sizes, originals = [], [], [], [], []
+        for chunk_ids, b in batches:
+            bx, lg = self.head_outputs(b.images)
+            ids.extend(chunk_ids)
+            boxes.append(bx)
             logits.append(lg)
-            sizes.append(np.asarray(original, np.int64).reshape(-1, 2))
+            sizes.append(np.asarray(b.image_sizes, np.int64).reshape(-1, 2))
+            originals.append(np.asarray(b.original_sizes, np.int64).reshape(-1, 2))
             if on_step is not None:
-                on_step(len(chunk))
-        return RtdetrCache(ids, np.concatenate(boxes), np.concatenate(logits), np.concatenate(sizes))
+                on_step(len(chunk_ids))
+        if not ids:
+            raise NorcalError("no images to cache")
+        return RtdetrCache(ids, np.concatenate(boxes), np.concatenate(logits), np.concatenate(sizes),
+                           np.concatenate(originals))
 
-    def rescore(self, cache: RtdetrCache, index: int, prior, mechanism: str, batch_size: int) -> list[Detections]:
-        """Each cached image's detections at ``prior`` ([C] log a_c; None: plain sigmoid), in
-        original image coordinates (scaled per axis, clipped, empty boxes dropped as ``norcal
-        infer`` does)."""
+    def rescore(self, cache: RtdetrCache, index: int, prior: np.ndarray | None, mechanism: str,
+                batch_size: int) -> dict[str, np.ndarray]:
+        """The cached queries scored with ``prior`` ([C] log a_c; None: the plain sigmoid) and
+        selected as the graph does (top K of queries x classes, conf): the contract's outputs in
+        the stretched input's pixels, in cache order."""
         import torch
 
+        from norcal.export.families.detectron2_detector import join_outputs
+
+        if batch_size < 1:
+            raise NorcalError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
+        module = self.graph_module()
+        module.set_log_prior(prior, mechanism)
         out = []
-        for s in range(0, len(cache), max(1, int(batch_size))):
-            logits = torch.from_numpy(cache.logits[s:s + batch_size])
-            if prior is None:
-                scores = logits.sigmoid()
-            else:
-                lp = np.asarray(prior, np.float64).reshape(-1)
-                if lp.size != self.num_classes:
-                    raise NorcalError(f"the prior has {lp.size} entries but the model has "
-                                      f"{self.num_classes} classes", param="prior")
-                scores = calibrate(logits, lp, mechanism, None, "sigmoid", "none")
-            with torch.no_grad():
-                num, boxes, sc, cls = (t.numpy() for t in decode(
-                    torch.from_numpy(cache.boxes[s:s + batch_size]), scores, self.topk,
-                    self.score_thresh, torch.tensor([[self.height, self.width]] * len(logits))))
-            for j in range(len(num)):
-                n = int(num[j])
-                oh, ow = (int(v) for v in cache.original_sizes[s + j])
-                bx = boxes[j, :n].astype(np.float32).copy()
-                bx[:, 0::2] = np.clip(bx[:, 0::2] * np.float32(ow / self.width), 0, ow)
-                bx[:, 1::2] = np.clip(bx[:, 1::2] * np.float32(oh / self.height), 0, oh)
-                keep = (bx[:, 2] > bx[:, 0]) & (bx[:, 3] > bx[:, 1])
-                out.append(Detections(boxes=bx[keep], scores=sc[j, :n].astype(np.float32)[keep],
-                                      classes=cls[j, :n].astype(np.int64)[keep]))
-        return out
+        with torch.no_grad():
+            for s in range(0, len(cache), batch_size):
+                sl = slice(s, s + batch_size)
+                det = module.detections(torch.from_numpy(cache.boxes[sl]), torch.from_numpy(cache.logits[sl]),
+                                        torch.from_numpy(cache.image_sizes[sl]))
+                out.append({k: v.numpy() for k, v in det.items()})
+        return join_outputs(out)
 
 
 def _check_classifier(proto) -> None:
@@ -330,38 +353,3 @@ def _check_classifier(proto) -> None:
         raise NorcalError(f"RT-DETR export: {contract.CLS_LOGITS_TENSOR} feeds "
                           f"{', '.join(n.op_type for n in readers) or 'nothing'}, not one Sigmoid "
                           "(a changed Ultralytics decoder?)")
-
-
-class RtdetrTorchRunner:
-    """Runner over an RT-DETR's torch wrapper on the contract's feeds (CPU)."""
-
-    def __init__(self, detector: RtdetrDetector, calibration=None, name: str = "pytorch"):
-        import torch
-
-        self.name = name
-        self.input_names = list(contract.INPUT_NAMES)
-        self.output_names = list(contract.OUTPUT_NAMES[:4])
-        self.metadata = detector.metadata()
-        self.module = detector.graph_module()
-        if calibration is not None:
-            if calibration.activation != "sigmoid":
-                raise NorcalError(f"the ONNX model's NorCal node uses {calibration.activation} but "
-                                  "RT-DETR's classifier uses sigmoid: they are not the same model")
-            lp = np.asarray(calibration.log_prior(), np.float64).reshape(-1)
-            if lp.size != detector.num_classes:
-                raise NorcalError(f"the ONNX model's NorCal prior has {lp.size} entries but the RT-DETR "
-                                  f"has {detector.num_classes} classes")
-            self.module.log_prior = torch.from_numpy(lp)
-            self.module.mechanism = calibration.mechanism
-
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import torch
-
-        missing = [n for n in self.input_names if n not in feeds]
-        if missing:
-            raise NorcalError(f"{self.name}: missing inputs {', '.join(missing)}")
-        images = torch.as_tensor(np.ascontiguousarray(feeds["images"], np.float32))
-        sizes = torch.as_tensor(np.asarray(feeds["image_sizes"], np.int64))
-        with torch.no_grad():
-            out = self.module(images, sizes)
-        return {k: v.numpy() for k, v in zip(self.output_names, out)}

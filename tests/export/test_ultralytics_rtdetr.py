@@ -54,17 +54,11 @@ def rtdetr(ultralytics_env):
     import torch
     from ultralytics import RTDETR
 
+    from yolo_models import redraw_rtdetr
+
     torch.manual_seed(0)
     model = RTDETR("rtdetr-l.yaml").model.eval()
-    head = model.model[-1]
-    box_heads = {id(p) for m in (*head.dec_bbox_head, head.enc_bbox_head) for p in m.parameters()}
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
-                # the box heads gently (boxes of 6-45 pixels, not collapsed to slivers)
-                scale = 0.6 if id(m.weight) in box_heads else 1.5
-                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * (scale / m.weight[0].numel() ** 0.5))
+    redraw_rtdetr(model)
     return model
 
 
@@ -88,22 +82,23 @@ def ultralytics_forward(model, images: np.ndarray):
     return preds, dec_boxes[-1], dec_logits[-1]
 
 
-def reference(model, forward, gamma: float) -> list[np.ndarray]:
-    """Ultralytics' detections per image, [N, 6] x0,y0,x1,y1 (pixels of the input), score,
-    class: NorCal by hand on its logits, its decoder's top K and its predictor's conf filter."""
+def reference(model, forward, gamma: float, counts=COUNTS, imgsz: int = IMGSZ, conf: float = CONF) -> list[np.ndarray]:
+    """Ultralytics' detections per image, [N, 6] x0,y0,x1,y1 (pixels of the imgsz input), score,
+    class: NorCal by hand on its logits (``counts``: N_c), its decoder's top K and its
+    predictor's conf filter."""
     import torch
     from ultralytics.utils.ops import xywh2xyxy
 
     preds, dec_boxes, dec_logits = forward
     if gamma:
         logits = dec_logits.numpy().astype(np.float64)
-        calibrated = 1.0 / (1.0 + np.exp(-(logits - gamma * np.log(np.array(COUNTS, np.float64)))))
+        calibrated = 1.0 / (1.0 + np.exp(-(logits - gamma * np.log(np.array(counts, np.float64)))))
         with torch.no_grad():
             preds = model.model[-1].postprocess(dec_boxes, torch.from_numpy(calibrated).float())
     out = []
     for p in preds.numpy():
-        p = p[p[:, 4] > CONF]  # RTDETRPredictor.postprocess
-        boxes = xywh2xyxy(p[:, :4]) * np.array([IMGSZ, IMGSZ, IMGSZ, IMGSZ], np.float32)
+        p = p[p[:, 4] > conf]  # RTDETRPredictor.postprocess
+        boxes = xywh2xyxy(p[:, :4]) * np.array([imgsz] * 4, np.float32)
         out.append(np.concatenate([boxes, p[:, 4:6]], axis=1))
     return out
 
@@ -205,11 +200,8 @@ def test_onnx_matches_ultralytics_with_norcal(rtdetr, tmp_path):
     raw = images_rgb()
     batch = prepare_stretch_batch(raw, IMGSZ, IMGSZ)
     forward = ultralytics_forward(rtdetr, batch.images)
-    cache = RtdetrDetector.from_model(
-        rtdetr, imgsz=IMGSZ, score_thresh=CONF,
-        prepare=lambda paths: (lambda bt: (bt.images, bt.original_sizes))(
-            prepare_stretch_batch([raw[int(p)] for p in paths], IMGSZ, IMGSZ))
-    ).cache([(i, str(i)) for i in range(4)], [], "exp", 3)
+    parts = [([0, 1, 2], prepare_stretch_batch(raw[:3], IMGSZ, IMGSZ)), ([3], prepare_stretch_batch(raw[3:], IMGSZ, IMGSZ))]
+    cache = det.cache(parts, [], "exp")
     assert cache.logits.shape == (4, 300, 80) and cache.boxes.shape == (4, 300, 4)
     for gamma in (0.0, 0.5):
         model = calibrate_onnx(plain, gamma, table())
@@ -235,7 +227,7 @@ def test_onnx_matches_ultralytics_with_norcal(rtdetr, tmp_path):
                 np.testing.assert_allclose(x[b], y[0], rtol=0, atol=2e-4)
         # the tuning path (cached logits re-scored) gives what norcal infer would write
         prior = gamma * np.log(np.array(COUNTS, np.float64))
-        tuned = det.rescore(cache, 0, prior, "exp", 3)
+        tuned = split_outputs(det.rescore(cache, 0, prior, "exp", 3), cache.image_sizes, cache.original_sizes)
         for t, i in zip(tuned, split_outputs(out, batch.image_sizes, batch.original_sizes)):
             assert len(t.boxes) == len(i.boxes)
             np.testing.assert_allclose(t.boxes, i.boxes, atol=0.1)  # original pixels

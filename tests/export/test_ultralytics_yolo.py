@@ -99,15 +99,17 @@ class _System:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.parametrize("kind", ["det", "rtdetr"])
 @pytest.mark.parametrize("payload,global_name", [
     ("system", "posix.system"), ("eval", "builtins.eval"), ("optimizer", "torch.optim.sgd.SGD")])
-def test_malicious_checkpoint_is_refused_naming_the_global(work, tmp_path, payload, global_name):
+def test_malicious_checkpoint_is_refused_naming_the_global(work, tmp_path, payload, global_name, kind):
     marker = tmp_path / "pwned"
     path = tmp_path / "best.pt"
-    ckpt = torch.load(work.det, weights_only=False)  # our own file: a real Ultralytics checkpoint
+    ckpt = torch.load(getattr(work, kind), weights_only=False)  # our own file: a real YOLO / RT-DETR checkpoint
     # the payload rides along the real model, so the file still looks like an Ultralytics one
     ckpt["train_args"] = {"system": _System(marker), "eval": eval, "optimizer": torch.optim.SGD}[payload]
     torch.save(ckpt, path)
+    assert isinstance(family_of(path), UltralyticsFamily)  # it looks like one of Ultralytics' files
     with pytest.raises(NorcalError) as e:
         load_detector(path)
     msg = str(e.value)
