@@ -19,7 +19,7 @@ import pytest
 
 from conftest import SYNTH
 
-from yolo_models import IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
+from yolo_models import IMAGES, IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 from norcal.core import contract  # noqa: E402
 
@@ -150,6 +150,35 @@ def test_quantize_both_forms_keep_the_classifier_fp32_and_detect_as_fp32(graphs,
         agree, total = _agreement(want, _run(path, images))
         assert total >= 150 and agree >= 0.85, (form, agree, total)
         assert main(["check", str(path), "--quiet"]) == (0 if form == "tensorrt" else 1)
+
+
+def test_quantize_calibrates_on_the_letterboxed_input(graphs, monkeypatch, tmp_path):
+    """The calibration images reach the quantizer as the graph's host prepares them: equal to
+    Ultralytics' own LetterBox (non-square images: centred, 114 around), image_sizes the
+    resized (h, w). The quantizer is replaced by a recorder (the feeds are what is checked)."""
+    import norcal.export.quantize as quantize
+    from ultralytics.data.augment import LetterBox
+
+    from norcal.cli import main
+    from norcal.runtime.images import read_rgb
+
+    feeds = []
+
+    def record(model, calibration, *args, **kwargs):
+        feeds.extend(calibration)
+        return model, sum(len(f["images"]) for f in feeds)
+
+    monkeypatch.setattr(quantize, "quantize_int8", record)
+    assert main(["quantize", str(graphs["det"]), "--images", str(IMAGES[0].parent), "--batch", "2",
+                 "-o", str(tmp_path / "x.onnx")]) == 0
+    rgb = [read_rgb(p) for p in sorted(IMAGES)]
+    assert len({im.shape[0] / im.shape[1] for im in rgb}) > 1  # aspect ratios differ: padding shows
+    want = np.stack([LetterBox((IMGSZ, IMGSZ), auto=False)(image=im.copy()) for im in rgb]).astype(np.float32)
+    got = np.concatenate([f["images"] for f in feeds]).transpose(0, 2, 3, 1)
+    np.testing.assert_array_equal(got, want)
+    r = [min(IMGSZ / h, IMGSZ / w) for h, w, _ in (im.shape for im in rgb)]
+    sizes = [[round(im.shape[0] * k), round(im.shape[1] * k)] for im, k in zip(rgb, r)]
+    assert np.concatenate([f["image_sizes"] for f in feeds]).tolist() == sizes
 
 
 def _hide_tensorrt(monkeypatch):
