@@ -1,8 +1,9 @@
 """norcal quantize, eval, check and build on Ultralytics YOLO graphs: the family's own export of
 a detect and a segment checkpoint, and a segment graph converted from Ultralytics' own ONNX.
 
-References that are not our numbers: which layers write the class logits is read from
-Ultralytics' module names (the head's ``cv3[i][2]``); the int8 graphs are judged against the
+References that are not our numbers: which layers write the class logits, and which feed only
+the masks, is read from Ultralytics' module names (the head's ``cv3[i][2]``; ``proto``, ``cv4``);
+calibration feeds against Ultralytics' own LetterBox; the int8 graphs are judged against the
 fp32 graph's detections in ONNX Runtime; eval's AP of a model against its own detections taken
 as the ground truth is 1 by hand (every ground truth is its own top-scoring detection)."""
 
