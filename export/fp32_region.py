@@ -55,8 +55,10 @@ def name_nodes(model: onnx.ModelProto) -> None:
 
 
 def fp32_nodes(model: onnx.ModelProto, where: str = "model") -> set[str]:
-    """Names of the nodes that stay fp32: the box predictor and everything downstream of the
-    classifier logits. Nodes must be named (:func:`name_nodes`)."""
+    """Names of the nodes that stay fp32: the box predictor, everything downstream of the
+    classifier logits, and the layers that feed the masks output only (:func:`mask_only_layers`:
+    an R-CNN's mask head runs after NMS and is downstream anyway, a YOLO's prototype and mask
+    coefficient convolutions run before it). Nodes must be named (:func:`name_nodes`)."""
     logits = classifier_logits(model, where)
     nodes = list(model.graph.node)
     consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -99,7 +101,7 @@ def fp32_nodes(model: onnx.ModelProto, where: str = "model") -> set[str]:
     for p in predictors:
         keep.add(p.name)
         keep.update(s.name for s in consumers.get(p.input[0], ()) if s.op_type in COMPUTE_OPS)
-    return keep
+    return keep | mask_only_layers(model)
 
 
 def _subgraph_reads(node: onnx.NodeProto) -> set[str]:

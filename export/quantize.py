@@ -97,7 +97,7 @@ def _own_bias_initializers(model: onnx.ModelProto) -> int:
 
 
 # ops a layer's result passes through unchanged in kind on its way to the next layer
-PASS_THROUGH = frozenset({"Relu", "Add", "Mul", "Sub", "MaxPool", "AveragePool", "Resize", "Clip", "LeakyRelu",
+PASS_THROUGH = frozenset({"Relu", "Add", "Mul", "Sub", "MaxPool", "AveragePool", "Resize", "Clip", "LeakyRelu", "Split", "Slice",
                           "Reshape", "Flatten", "Transpose", "Concat", "Identity", "Squeeze", "Unsqueeze"})
 
 
@@ -217,8 +217,8 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
     how = ("QDQ int8 symmetric, weights per channel, activations per tensor" if form == "tensorrt" else
            "QDQ on layer inputs and outputs, activations uint8 per tensor, weights int8 symmetric per "
            "channel, int32 biases")
-    kept = "box predictor, NorCal, decoding, NMS" + (f"; mask head int8 ({len(int8_masks)} layers)"
-                                                     if int8_masks else ", masks")
+    kept = "classifier layers, NorCal, decoding, NMS" + (f"; mask head int8 ({len(int8_masks)} layers)"
+                                                         if int8_masks else _masks_kept(work))
     _set_meta(quantized, {
         contract.PRECISION: "int8",
         contract.INT8_FORM: form,
@@ -227,6 +227,12 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
         contract.CALIBRATION_IMAGES: str(count[0]),
     })
     return quantized, count[0]
+
+
+def _masks_kept(model: onnx.ModelProto) -> str:
+    """", masks" for a graph with the masks output (the recorded description names only what
+    the graph has: a detect-only YOLO or Faster R-CNN has no mask branch)."""
+    return ", masks" if any(o.name == "masks" for o in model.graph.output) else ""
 
 
 def fp16_nodes(model: onnx.ModelProto, keep: set[str]) -> set[str]:
@@ -321,7 +327,7 @@ def convert_fp16(model: onnx.ModelProto, where: str = "model") -> onnx.ModelProt
     _set_meta(work, {
         contract.PRECISION: "fp16",
         contract.QUANTIZATION: (f"fp16: {len(half)} nodes (convolutions, fully connected layers and the "
-                                f"elementwise ops between them); box predictor, NorCal, decoding, NMS, "
-                                f"masks and the graph I/O fp32"),
+                                f"elementwise ops between them); classifier layers, NorCal, decoding, NMS"
+                                f"{_masks_kept(work)} and the graph I/O fp32"),
     })
     return work

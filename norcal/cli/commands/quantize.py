@@ -24,8 +24,9 @@ not build it. --int8-mask-head also quantizes the mask head's convolutions: they
 masks only (boxes, scores and classes are the same as without), and on a Mask R-CNN with many
 detections they are most of the CPU time.
 
-Both keep in fp32 the box predictor and everything after the classifier: the NorCal node,
-box decoding, NMS, TopK and the mask branch. Quantization is done with ONNX Runtime's
+Both keep in fp32 the layers that compute the classifier logits (an R-CNN's box predictor,
+a YOLO head's last class convolutions) and everything after them: the NorCal node, box
+decoding, NMS, TopK and the mask branch. Quantization is done with ONNX Runtime's
 quantization tools (nvidia-modelopt cannot keep the NorCal function; see
 norcal/export/quantize.py). The output's metadata records the precision, the method and
 the number of calibration images.
@@ -92,6 +93,6 @@ def run(args) -> int:
     for path, why in result.skipped:
         console.print(f"skipped {path}: {why}")
     how = (f"{result.form} form, {result.qdq_nodes} Q/DQ nodes, calibrated on {result.calibration_images} images"
-           if result.precision == "int8" else "NorCal, decoding, NMS and masks in fp32")
+           if result.precision == "int8" else "classifier layers, NorCal, decoding and NMS in fp32")
     console.print(f"wrote {result.output} ({result.precision}: {how}) in {result.seconds:.1f} s")
     return 0
