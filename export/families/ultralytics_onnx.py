@@ -402,9 +402,10 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
                        ) -> tuple[onnx.ModelProto, HeadTensors | RtdetrHead]:
     """Ultralytics' ONNX -> our contract's plain graph (no NorCal node yet). An RT-DETR goes to
     :func:`~norcal.export.families.ultralytics_rtdetr_onnx.ingest_rtdetr` (its own outputs
-    and stretch input; ``nms_thresh`` plays no part). A YOLO: ``images`` RGB 0-255 letterboxed to imgsz, ``image_sizes`` -> num_detections, boxes, scores, classes(,
-    masks), with ``cls_logits`` recorded as the classifier. Thresholds default to the .pt
-    export's (Ultralytics' validation settings). Returns the graph and what was found."""
+    and stretch input; ``nms_thresh`` plays no part). A YOLO: ``images`` RGB 0-255 letterboxed
+    to imgsz, ``image_sizes`` -> num_detections, boxes, scores, classes(, masks), with
+    ``cls_logits`` recorded as the classifier. Thresholds default to the .pt export's
+    (Ultralytics' validation settings). Returns the graph and what was found."""
     from norcal.export.families.ultralytics import DETECTIONS, NMS_THRESH, SCORE_THRESH
     from norcal.export.families.ultralytics_graph import MASK_SIZE
 

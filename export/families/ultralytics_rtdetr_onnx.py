@@ -44,10 +44,6 @@ class RtdetrHead:
     layout: str  # "topk": Ultralytics' selection in the graph; "concat": [B, Q, 4 + C] output
     queries: int | None  # Q when shape inference tells it
 
-    @property
-    def task(self) -> str:
-        return "detect"
-
 
 def _graph_maps(g: onnx.GraphProto) -> tuple[dict, dict]:
     consumers: dict[str, list] = {}
@@ -165,6 +161,11 @@ def find_rtdetr_head(model: onnx.ModelProto, where: str = "model") -> RtdetrHead
             raise NorcalError(f"{where}: the RT-DETR class logits {logits!r} have {d[2]} classes, expected "
                               f"{width} (len(names) = {width})" if what == "class logits" else
                               f"{where}: the RT-DETR boxes {boxes!r} have {d[2]} values per query, expected 4")
+    for name in (logits, boxes):
+        elem = types[name].tensor_type.elem_type
+        if elem != onnx.TensorProto.FLOAT:
+            raise NorcalError(f"{where}: the RT-DETR tensor {name!r} is {onnx.TensorProto.DataType.Name(elem)}, not "
+                              "FLOAT (a half-precision export?); export it in float32")
     if dl[1] is not None and db[1] is not None and dl[1] != db[1]:
         raise NorcalError(f"{where}: the RT-DETR boxes cover {db[1]} queries, its class logits {dl[1]}")
     return RtdetrHead(names=names, imgsz=imgsz, boxes=boxes, logits=logits, sigmoid=sig.name, layout=layout,

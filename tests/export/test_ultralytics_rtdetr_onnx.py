@@ -214,6 +214,12 @@ def test_altered_rtdetr_graphs_are_refused(rt):
         n = producer[n.input[0]]
     n.op_type = "Relu"
     assert "come from Relu, not a Sigmoid" in _one_line(lambda: ingest_ultralytics(raw))
+    # half-precision logits: our post-processing is float32
+    half = _copy(source)
+    sig = next(n for n in half.graph.node if n.name == head.sigmoid)
+    half.graph.node.append(onnx.helper.make_node("Cast", [sig.input[0]], ["half_logits"], to=onnx.TensorProto.FLOAT16))
+    sig.input[0] = "half_logits"
+    assert "'half_logits' is FLOAT16, not FLOAT" in _one_line(lambda: ingest_ultralytics(half))
     # names that do not fit the head's class count
     wrong = _copy(source, {**meta, "names": "{0: 'a', 1: 'b'}"})
     assert "have 5 classes, expected 2" in _one_line(lambda: ingest_ultralytics(wrong))
