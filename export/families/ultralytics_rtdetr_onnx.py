@@ -243,6 +243,37 @@ def _post_graph(detector, opset: int) -> onnx.ModelProto:
     return onnx.load_from_string(buf.getvalue())
 
 
+def _integer_clips(body: onnx.GraphProto, model: onnx.ModelProto, imgsz: int, where: str) -> int:
+    """Ultralytics' dynamic export clamps shape values (int64) with Clip, which TensorRT takes on
+    floats only: each such Clip becomes the Max then Min it computes (exact on integers, also
+    when min > max: ONNX's Clip then gives max, as Min(Max(x, min), max) does). Returns how many."""
+    from norcal.export.families.ultralytics_onnx import _shapes, _static_input
+
+    if not any(n.op_type == "Clip" for n in body.node):
+        return 0
+    types = _shapes(_static_input(model, imgsz, where, batch=1))
+    integer = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+    nodes, count = [], 0
+    for n in body.node:
+        tp = types.get(n.input[0]) if n.op_type == "Clip" else None
+        if tp is None or tp.tensor_type.elem_type not in integer:
+            keep = onnx.NodeProto()
+            keep.CopyFrom(n)  # the repeated field is cleared below
+            nodes.append(keep)
+            continue
+        count += 1
+        x, bounds = n.input[0], [(op, b) for op, b in zip(("Max", "Min"), list(n.input[1:3])) if b]
+        for k, (op, bound) in enumerate(bounds):
+            out = n.output[0] if k == len(bounds) - 1 else f"{n.output[0]}/{op}"
+            nodes.append(onnx.helper.make_node(op, [x, bound], [out], name=f"norcal_ingest/{n.name}/{op}"))
+            x = out
+        if not bounds:
+            nodes.append(onnx.helper.make_node("Identity", [x], [n.output[0]], name=f"norcal_ingest/{n.name}"))
+    del body.node[:]
+    body.node.extend(nodes)
+    return count
+
+
 def ingest_rtdetr(model: onnx.ModelProto, where: str = "model", *, score_thresh: float | None = None,
                   detections_per_image: int | None = None) -> tuple[onnx.ModelProto, RtdetrHead]:
     """Ultralytics' RT-DETR ONNX -> the plain graph RtdetrDetector exports (no NorCal node yet):
@@ -256,6 +287,7 @@ def ingest_rtdetr(model: onnx.ModelProto, where: str = "model", *, score_thresh:
     model, opset = at_least_opset(model, where)
     static = _static_input(model, head.imgsz, where)
     body = _cut(static, [head.boxes, head.logits])
+    _integer_clips(body, static, head.imgsz, where)
     queries = head.queries or _probe_queries(body, static, head, opset, where)
     detector = RtdetrDetector(_OnnxNetwork(len(head.names), queries), head.names, head.imgsz,
                               topk=int(detections_per_image or 300),
