@@ -20,11 +20,15 @@ import io
 import json
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import onnx
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
+
+if TYPE_CHECKING:
+    from norcal.export.families.ultralytics_rtdetr_onnx import RtdetrHead
 
 AUTHOR = "Ultralytics"
 TASKS = ("detect", "segment")
@@ -252,11 +256,10 @@ def _opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def _cut(model: onnx.ModelProto, head: HeadTensors) -> onnx.GraphProto:
-    """Ultralytics' nodes that the head tensors need (its NMS and score Concat dropped), with
-    the image input scaled 0-255 -> 0-1 in front."""
+def _cut(model: onnx.ModelProto, wanted: list[str]) -> onnx.GraphProto:
+    """Ultralytics' nodes that the ``wanted`` tensors need (its NMS and score Concat dropped),
+    with the image input scaled 0-255 -> 0-1 in front."""
     g = model.graph
-    wanted = [t for t in (head.boxes, head.logits, head.coefs, head.protos) if t]
     producer = {o: i for i, n in enumerate(g.node) for o in n.output}
     keep, stack = set(), list(wanted)
     while stack:
@@ -396,34 +399,57 @@ def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, 
 
 def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_thresh: float | None = None,
                        nms_thresh: float | None = None, detections_per_image: int | None = None
-                       ) -> tuple[onnx.ModelProto, HeadTensors]:
-    """Ultralytics' ONNX -> our contract's plain graph (no NorCal node yet): ``images`` RGB
-    0-255 letterboxed to imgsz, ``image_sizes`` -> num_detections, boxes, scores, classes(,
-    masks), with ``cls_logits`` recorded as the classifier. Thresholds default to the .pt
-    export's (Ultralytics' validation settings). Returns the graph and what was found."""
+                       ) -> tuple[onnx.ModelProto, HeadTensors | RtdetrHead]:
+    """Ultralytics' ONNX -> our contract's plain graph (no NorCal node yet). An RT-DETR goes to
+    :func:`~norcal.export.families.ultralytics_rtdetr_onnx.ingest_rtdetr` (its own outputs
+    and stretch input; ``nms_thresh`` plays no part). A YOLO: ``images`` RGB 0-255 letterboxed
+    to imgsz, ``image_sizes`` -> num_detections, boxes, scores, classes(, masks), with
+    ``cls_logits`` recorded as the classifier. Thresholds default to the .pt export's
+    (Ultralytics' validation settings). Returns the graph and what was found."""
     from norcal.export.families.ultralytics import DETECTIONS, NMS_THRESH, SCORE_THRESH
     from norcal.export.families.ultralytics_graph import MASK_SIZE
 
+    from norcal.export.families.ultralytics_rtdetr_onnx import ingest_rtdetr, is_rtdetr
+
+    if is_rtdetr(model):  # RT-DETR's own structure and post-processing
+        return ingest_rtdetr(model, where, score_thresh=score_thresh, detections_per_image=detections_per_image)
     head = find_head(model, where)
     score = SCORE_THRESH if score_thresh is None else float(score_thresh)
     iou = NMS_THRESH if nms_thresh is None else float(nms_thresh)
     topk = int(detections_per_image or DETECTIONS)
-    opset = _opset(model)
-    if opset < MIN_OPSET:
-        from onnx import version_converter
-
-        try:
-            model = version_converter.convert_version(model, MIN_OPSET)
-        except Exception as e:  # the converter's own errors are of many kinds
-            raise NorcalError(f"{where}: the Ultralytics graph (opset {opset}) could not be converted to opset "
-                              f"{MIN_OPSET} ({type(e).__name__}); export it with opset >= {MIN_OPSET}") from None
-        opset = MIN_OPSET
+    model, opset = at_least_opset(model, where)
     static = _static_input(model, head.imgsz, where)
-    body = _cut(static, head)
+    body = _cut(static, [t for t in (head.boxes, head.logits, head.coefs, head.protos) if t])
     post = _post_graph(head, opset, score, iou, topk)
     io_map = {"ul_boxes": head.boxes, "ul_logits": head.logits}
     if head.coefs:
         io_map.update(ul_coefs=head.coefs, ul_protos=head.protos)
+    merged = assemble(static, body, post, io_map, topk, opset)
+    onnx.helper.set_model_props(merged, runtime_metadata(head, score, iou, topk, MASK_SIZE))
+    return merged, head
+
+
+def at_least_opset(model: onnx.ModelProto, where: str) -> tuple[onnx.ModelProto, int]:
+    """``model`` at opset >= MIN_OPSET (converted when older) and its opset."""
+    opset = _opset(model)
+    if opset >= MIN_OPSET:
+        return model, opset
+    from onnx import version_converter
+
+    try:
+        model = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # the converter's own errors are of many kinds
+        raise NorcalError(f"{where}: the Ultralytics graph (opset {opset}) could not be converted to opset "
+                          f"{MIN_OPSET} ({type(e).__name__}); export it with opset >= {MIN_OPSET}") from None
+    return model, MIN_OPSET
+
+
+def assemble(static: onnx.ModelProto, body: onnx.GraphProto, post: onnx.ModelProto, io_map: dict[str, str],
+             topk: int, opset: int) -> onnx.ModelProto:
+    """The cut Ultralytics network ``body`` and our traced ``post`` graph (its inputs mapped
+    onto the network's tensors by ``io_map``) as one model: inputs ``images`` (Ultralytics'
+    image input) and ``image_sizes``, the contract's outputs padded to ``topk``; a static
+    export's fixed batch fixes every input and output's batch."""
     nodes, inits = _prefixed(post.graph, io_map)
     body.node.extend(nodes)
     body.initializer.extend(inits)
@@ -455,12 +481,15 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
                                     producer_name="norcal-deploy")
     merged.ir_version = max(static.ir_version, post.ir_version)
     merged.functions.extend(static.functions)
-    onnx.helper.set_model_props(merged, runtime_metadata(head, score, iou, topk, MASK_SIZE))
-    return merged, head
+    return merged
 
 
-def summary(head: HeadTensors) -> str:
+def summary(head: HeadTensors | RtdetrHead) -> str:
     """One line saying what the ingest did."""
+    if not isinstance(head, HeadTensors):
+        from norcal.export.families.ultralytics_rtdetr_onnx import summary as rtdetr_summary
+
+        return rtdetr_summary(head)
     return (f"Ultralytics {head.task} ONNX ({len(head.names)} classes, imgsz {head.imgsz}"
             f"{', its NMS dropped' if head.nms else ''}) converted to our outputs; NorCal on "
             f"{contract.CLS_LOGITS_TENSOR} (its class logits, transposed from {head.logits!r})")

@@ -147,9 +147,9 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
     instead removes NorCal. ``triton_repo``: also write a Triton model repository there
     (``force``: replace an existing model folder).
 
-    Ultralytics' own ONNX export (detect / segment, with or without its NMS) is first converted
-    to our output contract (norcal.export.families.ultralytics_onnx) and NorCal goes on its
-    class logits, unless ``norcal.logits`` names a tensor: then the node goes there in place and
+    Ultralytics' own ONNX export (detect / segment, with or without its NMS; RT-DETR) is first
+    converted to our output contract (norcal.export.families.ultralytics_onnx) and NorCal goes
+    on its class logits, unless ``norcal.logits`` names a tensor: then the node goes there in place and
     the outputs stay Ultralytics'. ``result.ingest`` says which happened."""
     if strip and norcal is not None:
         raise NorcalError("strip=True removes NorCal; it takes no norcal", param="strip=True")

@@ -193,4 +193,8 @@ def test_altered_ultralytics_graphs_are_refused(ul, tmp_path):
     pose.CopyFrom(source)
     onnx.helper.set_model_props(pose, {**_meta(source), "task": "pose"})
     assert "pose" in _one_line(lambda: ingest_ultralytics(pose))
+    # RT-DETR's head in the metadata of a YOLO graph: the structure is not RT-DETR's
+    det = onnx.load(str(ul["det", False]))
+    onnx.helper.set_model_props(det, {**_meta(det), "head": "RTDETRDecoder"})
+    assert "0 Sigmoids ending the graph as RT-DETR's" in _one_line(lambda: ingest_ultralytics(det))
     assert os.environ.get("YOLO_OFFLINE") == "1"
