@@ -55,6 +55,31 @@ def _spread(model, nc: int) -> None:
             conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) * std / (seen[conv] * fan_in ** 0.5 + 1e-12))
             if is_cls:
                 conv.bias.copy_(torch.tensor([BIASES[c % len(BIASES)] for c in range(nc)]))
+    proto = getattr(head, "proto", None)
+    if proto is not None:  # segment: the prototypes' last BatchNorm set from the photos' own statistics
+        _unit_protos(model, proto.cv3.bn)
+
+
+def _unit_protos(model, bn) -> None:
+    """Left as the pass over random images sets them, a random-init model's prototypes reach ~500
+    on photographs and its mask logits (coefficients . prototypes, std ~850) change by ~3500 per
+    prototype pixel, where a trained model's change by tens: a box 3e-4 px apart between two
+    fp32 kernels then moved a mask probability by 0.02. Set the prototypes' last BatchNorm from
+    the test photographs so the prototypes are SiLU of unit-variance values there (mask logits
+    std ~9, slopes ~35 per prototype pixel)."""
+    from PIL import Image
+
+    seen = {}
+    hook = bn.register_forward_hook(lambda m, i, o: seen.update(x=i[0].detach()))
+    photos = [np.asarray(Image.open(p).convert("RGB").resize((160, 160)), np.float32) / 255.0 for p in IMAGES]
+    with torch.no_grad():
+        model(torch.from_numpy(np.stack(photos).transpose(0, 3, 1, 2)))
+        hook.remove()
+        x = seen["x"]
+        bn.running_mean.copy_(x.mean(dim=(0, 2, 3)))
+        bn.running_var.copy_(x.var(dim=(0, 2, 3)))
+        bn.weight.fill_(1.0)
+        bn.bias.zero_()
 
 
 def make_checkpoint(path: Path, yaml: str = "yolo11n.yaml", nc: int = NUM_CLASSES, seed: int = 0,
