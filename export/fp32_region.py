@@ -5,8 +5,12 @@ small amounts; box decoding works in pixels up to the image size; NMS and TopK c
 So everything from the box classifier's logits on (the NorCal node, the softmax, box decoding,
 NMS, TopK, the mask branch that the kept boxes select) stays fp32, and so does the box
 predictor itself (the layers that write the classifier logits and, beside them, the box
-deltas). What is left for lower precision is the backbone, the FPN, the RPN head and the box
-head: the convolutions and fully connected layers that do nearly all the arithmetic.
+deltas). The layers are found by walking back from the logits through ops that only move,
+stack or pick values and through a fully connected layer's bias Add (a transformer decoder's
+logits are its last layer's class head, MatMul + Add, gathered from every layer's). What is
+left for lower precision is the backbone, the FPN, the RPN head and the box head (a
+transformer's encoder and decoder layers): the convolutions and fully connected layers that do
+nearly all the arithmetic.
 """
 
 from __future__ import annotations
