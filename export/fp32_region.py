@@ -5,8 +5,12 @@ small amounts; box decoding works in pixels up to the image size; NMS and TopK c
 So everything from the box classifier's logits on (the NorCal node, the softmax, box decoding,
 NMS, TopK, the mask branch that the kept boxes select) stays fp32, and so does the box
 predictor itself (the layers that write the classifier logits and, beside them, the box
-deltas). What is left for lower precision is the backbone, the FPN, the RPN head and the box
-head: the convolutions and fully connected layers that do nearly all the arithmetic.
+deltas). The layers are found by walking back from the logits through ops that only move,
+stack or pick values and through a fully connected layer's bias Add (a transformer decoder's
+logits are its last layer's class head, MatMul + Add, gathered from every layer's). What is
+left for lower precision is the backbone, the FPN, the RPN head and the box head (a
+transformer's encoder and decoder layers): the convolutions and fully connected layers that do
+nearly all the arithmetic.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ COMPUTE_OPS = ("Conv", "Gemm", "MatMul")  # the ops int8 quantizes
 # ops that only move or reshape values: walking back from the logits through them reaches the
 # layer that computed them
 LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Concat", "Identity", "Squeeze", "Unsqueeze"})
+# ops that pick entries of their first input: a transformer decoder's logits are the last
+# layer's, gathered from the stack of every layer's
+SELECT_OPS = frozenset({"Gather", "Slice"})
 
 
 def classifier_logits(model: onnx.ModelProto, where: str = "model") -> list[str]:
@@ -68,6 +75,7 @@ def fp32_nodes(model: onnx.ModelProto, where: str = "model") -> set[str]:
             consumers[t].append(n)
         for t in n.output:
             producer[t] = n
+    constants = {t.name for t in model.graph.initializer}
     keep: set[str] = set()
 
     # downstream of the logits: the NorCal node(s), activation, decoding, NMS, TopK, masks
@@ -95,13 +103,35 @@ def fp32_nodes(model: onnx.ModelProto, where: str = "model") -> set[str]:
         seen_tensors.add(t)
         if n.op_type in COMPUTE_OPS:
             predictors.append(n)
-        elif n.op_type in LAYOUT_OPS:
+        elif n.op_type in LAYOUT_OPS or n.op_type in SELECT_OPS:
             keep.add(n.name)
             todo.extend(i for i in n.input[:1 if n.op_type != "Concat" else None] if i)
+        elif n.op_type == "Add" and _bias_add_input(n, producer, constants) is not None:
+            # a fully connected layer exported as MatMul + Add(bias): the bias Add is the layer's
+            keep.add(n.name)
+            todo.append(_bias_add_input(n, producer, constants))
     for p in predictors:
         keep.add(p.name)
         keep.update(s.name for s in consumers.get(p.input[0], ()) if s.op_type in COMPUTE_OPS)
     return keep | mask_only_layers(model)
+
+
+def _is_constant(t: str, producer: dict[str, onnx.NodeProto], constants: set[str]) -> bool:
+    """Whether ``t`` is an initializer, a Constant's output or an Identity copy of either."""
+    while t not in constants:
+        n = producer.get(t)
+        if n is None or n.op_type not in ("Constant", "Identity"):
+            return False
+        if n.op_type == "Constant":
+            return True
+        t = n.input[0]
+    return True
+
+
+def _bias_add_input(n: onnx.NodeProto, producer: dict[str, onnx.NodeProto], constants: set[str]) -> str | None:
+    """The computed input of an Add whose other input is a constant (a bias), else None."""
+    computed = [t for t in n.input if not _is_constant(t, producer, constants)]
+    return computed[0] if len(computed) == 1 and len(n.input) == 2 else None
 
 
 def _subgraph_reads(node: onnx.NodeProto) -> set[str]:

@@ -217,7 +217,7 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
     how = ("QDQ int8 symmetric, weights per channel, activations per tensor" if form == "tensorrt" else
            "QDQ on layer inputs and outputs, activations uint8 per tensor, weights int8 symmetric per "
            "channel, int32 biases")
-    kept = "classifier layers, NorCal, decoding, NMS" + (f"; mask head int8 ({len(int8_masks)} layers)"
+    kept = _kept_region(work) + (f"; mask head int8 ({len(int8_masks)} layers)"
                                                          if int8_masks else _masks_kept(work))
     _set_meta(quantized, {
         contract.PRECISION: "int8",
@@ -227,6 +227,25 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
         contract.CALIBRATION_IMAGES: str(count[0]),
     })
     return quantized, count[0]
+
+
+def _ops(graphs: Iterable[onnx.GraphProto]) -> set[str]:
+    """Op types of the graphs' nodes and of their subgraphs (If / Loop bodies)."""
+    ops: set[str] = set()
+    for g in graphs:
+        for n in g.node:
+            ops.add(n.op_type)
+            ops |= _ops(a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
+            ops |= _ops(sub for a in n.attribute for sub in a.graphs)
+    return ops
+
+
+def _kept_region(model: onnx.ModelProto) -> str:
+    """What the recorded description says stays fp32: NMS where the graph has it, the top-k
+    where it selects without (an RT-DETR's decoder: one box per query)."""
+    has_nms = "NonMaxSuppression" in _ops([model.graph]) or any(
+        n.op_type == "NonMaxSuppression" for f in model.functions for n in f.node)
+    return "classifier layers, NorCal, decoding, " + ("NMS" if has_nms else "top-k")
 
 
 def _masks_kept(model: onnx.ModelProto) -> str:
@@ -327,7 +346,7 @@ def convert_fp16(model: onnx.ModelProto, where: str = "model") -> onnx.ModelProt
     _set_meta(work, {
         contract.PRECISION: "fp16",
         contract.QUANTIZATION: (f"fp16: {len(half)} nodes (convolutions, fully connected layers and the "
-                                f"elementwise ops between them); classifier layers, NorCal, decoding, NMS"
+                                f"elementwise ops between them); {_kept_region(work)}"
                                 f"{_masks_kept(work)} and the graph I/O fp32"),
     })
     return work

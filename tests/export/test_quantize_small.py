@@ -262,3 +262,44 @@ def test_cli_refuses_int8_form_options_for_fp16_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "fp16 takes neither" in err, err
     assert not (tmp_path / "m.fp16.onnx").exists()
+
+
+def decoder_model() -> onnx.ModelProto:
+    """A transformer decoder's tail as torch exports it: x -> a residual block (MatMul + bias
+    Add, then x + it) -> the class head (MatMul + Add of a bias shared through an Identity, as
+    the exporter writes equal biases) and a box layer on the same features -> each layer's
+    logits stacked (Unsqueeze, Concat) and the last one gathered: cls_logits -> Sigmoid."""
+    rng = np.random.default_rng(0)
+    f = lambda name, *shape: numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)  # noqa: E731
+    inits = [f("w_ff", 8, 8), f("b_ff", 8), f("w_cls", 8, C), f("b_cls", C), f("w_box", 8, 4),
+             numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+             numpy_helper.from_array(np.array(0, np.int64), "last")]
+    nodes = [
+        h.make_node("MatMul", ["x", "w_ff"], ["ff"], name="layer/ff"),
+        h.make_node("Add", ["ff", "b_ff"], ["ffb"], name="layer/ff_bias"),
+        h.make_node("Add", ["x", "ffb"], ["feat"], name="layer/residual"),
+        h.make_node("MatMul", ["feat", "w_cls"], ["cls_mm"], name="score_head/MatMul"),
+        h.make_node("Identity", ["b_cls"], ["b_cls_copy"], name="score_head/bias_copy"),
+        h.make_node("Add", ["b_cls_copy", "cls_mm"], ["cls"], name="score_head/Add"),
+        h.make_node("MatMul", ["feat", "w_box"], ["box"], name="box_head/MatMul"),
+        h.make_node("Unsqueeze", ["cls", "axis0"], ["stacked1"], name="stack/unsqueeze"),
+        h.make_node("Concat", ["stacked1"], ["stacked"], name="stack/concat", axis=0),
+        h.make_node("Gather", ["stacked", "last"], ["cls_logits"], name="last/gather", axis=0),
+        h.make_node("Sigmoid", ["cls_logits"], ["scores"], name="post/sigmoid"),
+    ]
+    g = h.make_graph(nodes, "decoder", [h.make_tensor_value_info("x", T.FLOAT, ["B", 8])],
+                     [h.make_tensor_value_info("scores", T.FLOAT, ["B", C]),
+                      h.make_tensor_value_info("box", T.FLOAT, ["B", 4])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    h.set_model_props(m, {contract.CLASSIFIER_LOGITS: "cls_logits"})
+    onnx.checker.check_model(m)
+    return m
+
+
+def test_fp32_region_reaches_a_decoder_class_head_through_gather_and_its_bias_add():
+    """The walk back from the logits passes the Gather of the last layer, the stacking and the
+    class head's bias Add (one input a constant), not the residual Add (both inputs computed):
+    the feed-forward layer before stays int8."""
+    m = decoder_model()
+    assert fp32_nodes(m) == {"post/sigmoid", "last/gather", "stack/concat", "stack/unsqueeze", "score_head/Add",
+                             "score_head/MatMul", "box_head/MatMul"}

@@ -58,3 +58,21 @@ def test_tune_rtdetr_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_p
         matched += int(same.any(1).sum())
     # as sets: torch's and ONNX Runtime's float32 kernels differ by ~1e-5, near-ties may swap slots
     assert matched / len(rows) >= 0.99, (matched, len(rows))
+
+
+@pytest.mark.slow
+def test_tune_rtdetr_on_two_ray_workers_gives_the_single_process_sweep(yolo_work, tmp_path, local_ray):
+    """As for YOLO: the workers cache with the RT-DETR detector's methods, the driver's gammas
+    re-score the joined caches: the sweep is the single process's, number for number."""
+    from norcal.export.families import load_detector
+    from test_ray_tune import tune_here_and_on_ray
+
+    gt = _gt(tmp_path / "gt.json")
+    per_image = load_detector(yolo_work.rtdetr).cache_bytes(1, 3)
+    args = (yolo_work.rtdetr, gt, IMAGES[0].parent, [0.0, 0.5, 1.0], str(yolo_work.table))
+    kwargs = dict(batch_size=1, max_cache_bytes=2 * per_image)  # 2 chunks of 2 one-image batches
+    want, got = tune_here_and_on_ray(args, kwargs)
+    assert [(p.gamma, p.num_detections, p.stats) for p in got.points] == \
+        [(p.gamma, p.num_detections, p.stats) for p in want.points]
+    # 300 detections per image at every gamma (no score cut): NorCal shows in the AP
+    assert got.best.gamma == want.best.gamma and len({p.stats["AP"] for p in got.points}) > 1

@@ -117,6 +117,21 @@ def _quantized_layers(model):
             for n in model.graph.node if n.op_type in ("Conv", "MatMul", "Gemm")}
 
 
+def assert_int8_keeps_the_fp32_region(fp32, q, form, kept, resize):
+    """What norcal quantize writes into any int8 graph ``q`` of ``fp32``: its metadata (form, 8
+    calibration images, the fp32 region named ``kept``, the runtime keys with ``resize``), the
+    NorCal function as exported, and no Q/DQ from the class logits on."""
+    meta = {p.key: p.value for p in q.metadata_props}
+    assert meta[contract.PRECISION] == "int8" and meta[contract.INT8_FORM] == form
+    assert meta[contract.CALIBRATION_IMAGES] == "8"
+    assert f"({kept})" in meta[contract.QUANTIZATION], meta[contract.QUANTIZATION]
+    # the runtime keys survive: the host prepares images as for the fp32 graph
+    assert meta[contract.RESIZE] == resize and meta[contract.CLASSIFIER_LOGITS] == "cls_logits"
+    assert [f.SerializeToString() for f in q.functions] == [f.SerializeToString() for f in fp32.functions]
+    assert [n.input[0] for n in q.graph.node if n.op_type == "NorCal"] == ["cls_logits"]
+    assert not [n.name for n in _downstream(q, ["cls_logits"]) if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+
+
 @pytest.mark.parametrize("kind", ["det", "ul_seg"])  # seg from its .pt: in the eval test
 def test_quantize_both_forms_keep_the_classifier_fp32_and_detect_as_fp32(graphs, quantized, kind):
     from norcal.cli import main
@@ -128,18 +143,8 @@ def test_quantize_both_forms_keep_the_classifier_fp32_and_detect_as_fp32(graphs,
     for form in ("tensorrt", "ort"):
         path = quantized(kind, form)
         q = onnx.load(str(path))
-        meta = {p.key: p.value for p in q.metadata_props}
-        assert meta[contract.PRECISION] == "int8" and meta[contract.INT8_FORM] == form
-        assert meta[contract.CALIBRATION_IMAGES] == "8"
         kept = "classifier layers, NorCal, decoding, NMS" + (", masks" if kind != "det" else "")
-        assert f"({kept})" in meta[contract.QUANTIZATION], meta[contract.QUANTIZATION]
-        # the runtime keys survive: the host letterboxes as for the fp32 graph
-        assert meta[contract.RESIZE] == "letterbox" and meta[contract.CLASSIFIER_LOGITS] == "cls_logits"
-
-        # the NorCal node and its function as exported; nothing from the class logits on is quantized
-        assert [f.SerializeToString() for f in q.functions] == [f.SerializeToString() for f in fp32.functions]
-        assert [n.input[0] for n in q.graph.node if n.op_type == "NorCal"] == ["cls_logits"]
-        assert not [n.name for n in _downstream(q, ["cls_logits"]) if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+        assert_int8_keeps_the_fp32_region(fp32, q, form, kept, "letterbox")
         layers = _quantized_layers(q)
         class_convs = [n for n in layers if CLASS_CONV.search(n)]
         assert len(class_convs) == 3, class_convs
@@ -207,10 +212,16 @@ def test_check_passes_and_build_stops_cleanly_without_tensorrt(graphs, quantized
     """check: every op supported, H and W fixed at the letterbox size (a profile asking for
     another size is refused), batch profiled; build: the same check, then the one-line refusal
     for lack of TensorRT as for any model, with the trtexec line; nothing written."""
+    assert_check_and_build(graphs[kind], lambda form: quantized(kind, form), IMGSZ, "letterbox", tmp_path,
+                           monkeypatch, capsys)
+
+
+def assert_check_and_build(model, quantized, s, resize, tmp_path, monkeypatch, capsys):
+    """norcal check and build, TensorRT hidden, on the fp32 graph ``model`` (input fixed at
+    ``s`` x ``s``) and on its int8 graphs ``quantized(form)``."""
     from norcal.cli import main
 
     _hide_tensorrt(monkeypatch)
-    model, s = graphs[kind], IMGSZ
     assert main(["check", str(model)]) == 0
     printed = capsys.readouterr().out
     assert "compatible with the TensorRT 10.15 ONNX parser" in printed and "0 errors" in printed
@@ -230,12 +241,12 @@ def test_check_passes_and_build_stops_cleanly_without_tensorrt(graphs, quantized
     assert list(out.iterdir()) == []
 
     # int8: the quantized graph gets the --int8 trtexec line and its sidecar; the ort form is refused
-    assert main(["build", str(quantized(kind, "tensorrt")), "--int8", "--trtexec-only", "-o", str(engine)]) == 0
+    assert main(["build", str(quantized("tensorrt")), "--int8", "--trtexec-only", "-o", str(engine)]) == 0
     side = json.loads((out / "model.engine.json").read_text())
     assert side["precision"] == "int8" and "--int8" in side["trtexec"].split()
-    assert side["metadata"][contract.RESIZE] == "letterbox"
+    assert side["metadata"][contract.RESIZE] == resize
     capsys.readouterr()
-    assert main(["build", str(quantized(kind, "ort")), "--int8", "-o", str(out / "ort.engine")]) == 2
+    assert main(["build", str(quantized("ort")), "--int8", "-o", str(out / "ort.engine")]) == 2
     assert "norcal.int8_form=ort" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == ["model.engine.json"]
 
@@ -259,25 +270,39 @@ def test_eval_on_yolo_results_box_and_mask(graphs, quantized, tmp_path, capsys):
     (by hand: each ground truth is matched first by its own detection, at IoU 1); the int8
     graph's results against the same ground truth score below 1 and well above 0 (measured:
     box AP 0.87, AP50 0.94; mask AP 0.69, AP50 0.92)."""
+    stats = eval_against_own_detections(graphs["seg"], quantized("seg", "tensorrt"), 0.3, ("bbox", "segm"),
+                                        tmp_path, capsys)
+    for iou_type in ("bbox", "segm"):
+        assert 0.3 < stats[iou_type]["int8"]["AP"] < 1.0 and stats[iou_type]["int8"]["AP50"] > 0.6, \
+            (iou_type, stats[iou_type]["int8"])
+
+
+def eval_against_own_detections(fp32, int8, min_score, iou_types, tmp_path, capsys, min_classes=3):
+    """norcal infer of the ``fp32`` and ``int8`` graphs on VAL, norcal eval of both against the
+    fp32 graph's detections scoring >= ``min_score`` (the ground truth); asserts the fp32 AP and
+    AP50 are 1 (by hand: each ground truth is matched first by its own detection, at IoU 1) and
+    returns the stats: iou_type -> {"fp32": ..., "int8": ...}."""
     from norcal.cli import main
 
     gt = _gt_images(tmp_path / "gt.json")
     results = tmp_path / "fp32.json"
-    assert main(["infer", str(graphs["seg"]), *map(str, VAL), "--image-ids", str(gt), "-o", str(results)]) == 0
+    assert main(["infer", str(fp32), *map(str, VAL), "--image-ids", str(gt), "-o", str(results)]) == 0
     rows = json.loads(results.read_text())
-    assert rows and all("segmentation" in r for r in rows)
+    assert rows and all(("segmentation" in r) == ("segm" in iou_types) for r in rows)
     anns = [{"id": j + 1, "image_id": r["image_id"], "category_id": r["category_id"], "bbox": r["bbox"],
-             "area": r["bbox"][2] * r["bbox"][3], "segmentation": r["segmentation"], "iscrowd": 0}
-            for j, r in enumerate(x for x in rows if x["score"] >= 0.3)]
-    assert len(anns) >= 20 and len({a["category_id"] for a in anns}) >= 3
+             "area": r["bbox"][2] * r["bbox"][3], "iscrowd": 0,
+             **({"segmentation": r["segmentation"]} if "segmentation" in r else {})}
+            for j, r in enumerate(x for x in rows if x["score"] >= min_score)]
+    assert len(anns) >= 20 and len({a["category_id"] for a in anns}) >= min_classes
     data = json.loads(gt.read_text())
     gt.write_text(json.dumps(dict(data, annotations=anns)))
 
     int8_results = tmp_path / "int8.json"
-    assert main(["infer", str(quantized("seg", "tensorrt")), *map(str, VAL), "--image-ids", str(gt), "-o", str(int8_results)]) == 0
+    assert main(["infer", str(int8), *map(str, VAL), "--image-ids", str(gt), "-o", str(int8_results)]) == 0
     capsys.readouterr()
-    for iou_type in ("bbox", "segm"):
-        stats = {}
+    out = {}
+    for iou_type in iou_types:
+        stats = out[iou_type] = {}
         for name, res in (("fp32", results), ("int8", int8_results)):
             report = tmp_path / f"{name}.{iou_type}.metrics.json"
             assert main(["eval", "--gt", str(gt), "--results", str(res), "--iou-type", iou_type, "--no-fixed",
@@ -285,5 +310,5 @@ def test_eval_on_yolo_results_box_and_mask(graphs, quantized, tmp_path, capsys):
             stats[name] = json.loads(report.read_text())["stats"]
         assert stats["fp32"]["AP"] == pytest.approx(1.0, abs=1e-9), stats["fp32"]
         assert stats["fp32"]["AP50"] == pytest.approx(1.0, abs=1e-9)
-        assert 0.3 < stats["int8"]["AP"] < 1.0 and stats["int8"]["AP50"] > 0.6, (iou_type, stats["int8"])
         assert np.isfinite(stats["int8"]["AR"])
+    return out

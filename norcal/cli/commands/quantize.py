@@ -25,8 +25,8 @@ masks only (boxes, scores and classes are the same as without), and on a Mask R-
 detections they are most of the CPU time.
 
 Both keep in fp32 the layers that compute the classifier logits (an R-CNN's box predictor,
-a YOLO head's last class convolutions) and everything after them: the NorCal node, box
-decoding, NMS, TopK and the mask branch. Quantization is done with ONNX Runtime's
+a YOLO head's last class convolutions, an RT-DETR's last decoder class head) and everything
+after them: the NorCal node, box decoding, NMS, TopK and the mask branch. Quantization is done with ONNX Runtime's
 quantization tools (nvidia-modelopt cannot keep the NorCal function; see
 norcal/export/quantize.py). The output's metadata records the precision, the method and
 the number of calibration images.
