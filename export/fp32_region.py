@@ -147,12 +147,16 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
 
 
 def mask_only_layers(model: onnx.ModelProto, output: str = "masks") -> set[str]:
-    """Names of the layers (:data:`COMPUTE_OPS`) whose results reach the graph output ``output``
-    and no other output: the mask head's convolutions. Quantizing them changes the masks only,
-    never the boxes, scores or classes. Empty for a model without that output."""
+    """Names of the layers (:data:`COMPUTE_OPS` with a constant weight) whose results reach the
+    graph output ``output`` and no other output: the mask head's convolutions. Quantizing them
+    changes the masks only, never the boxes, scores or classes. Products of two activations
+    (a post-processing's sampling matrices times a map) are no layers. Empty for a model
+    without that output."""
     outputs = {o.name for o in model.graph.output}
     if output not in outputs:
         return set()
+    producer = {o: n for n in model.graph.node for o in n.output}
+    constants = {t.name for t in model.graph.initializer}
     # which graph outputs each tensor reaches, walking the (topologically sorted) nodes backwards
     reach: dict[str, frozenset[str]] = {t: frozenset({t}) for t in outputs}
     layers = set()
@@ -161,6 +165,7 @@ def mask_only_layers(model: onnx.ModelProto, output: str = "masks") -> set[str]:
         for t in [*n.input, *_subgraph_reads(n)]:
             if t:
                 reach[t] = reach.get(t, frozenset()) | got
-        if n.op_type in COMPUTE_OPS and got == {output}:
+        if (n.op_type in COMPUTE_OPS and got == {output}
+                and any(_is_constant(t, producer, constants) for t in n.input[:2])):
             layers.add(n.name)
     return layers

@@ -110,11 +110,13 @@ def _downstream(model, tensors):
 
 
 def _quantized_layers(model):
-    """Conv / MatMul / Gemm nodes by name -> whether their weights come from a DequantizeLinear
-    (an fp32 layer may still read a dequantized input that it shares with int8 layers)."""
+    """The network's Conv / MatMul / Gemm nodes by name -> whether their weights come from a
+    DequantizeLinear (an fp32 layer may still read a dequantized input that it shares with int8
+    layers). Products in the post-processing after the class logits (mask bin means) are no layers."""
     producer = {o: n for n in model.graph.node for o in n.output}
+    post = {n.name for n in _downstream(model, ["cls_logits"])}
     return {n.name: any(i in producer and producer[i].op_type == "DequantizeLinear" for i in n.input[1:])
-            for n in model.graph.node if n.op_type in ("Conv", "MatMul", "Gemm")}
+            for n in model.graph.node if n.op_type in ("Conv", "MatMul", "Gemm") and n.name not in post}
 
 
 def assert_int8_keeps_the_fp32_region(fp32, q, form, kept, resize):
