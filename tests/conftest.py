@@ -70,6 +70,16 @@ class YoloWork:
         return self._made("seg.pt", "yolo11n-seg.yaml")
 
     @property
+    def v8(self) -> Path:
+        return self._made("v8.pt", "yolov8n.yaml")
+
+    @property
+    def y26(self) -> Path:
+        """YOLO26: a DFL-free head (reg_max 1) with a one-to-one branch beside the one-to-many one
+        that Ultralytics predicts with by default (its ``nms`` None) and we export."""
+        return self._made("y26.pt", "yolo26n.yaml")
+
+    @property
     def rtdetr(self) -> Path:
         """A tiny RT-DETR (tests/yolo_models.py) with the table's classes, trained at RTDETR_IMGSZ."""
         from yolo_models import make_rtdetr_checkpoint

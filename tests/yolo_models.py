@@ -42,7 +42,10 @@ def _spread(model, nc: int) -> None:
         model(torch.rand((4, 3, 160, 160), generator=g) * torch.rand((4, 1, 1, 1), generator=g))
     model.eval()
     head = model.model[-1]
-    convs = [(seq[-1], 2.0, True) for seq in head.cv3] + [(seq[-1], 1.0, False) for seq in head.cv2]
+    # DFL-free heads (YOLO26, reg_max 1) regress distances directly around their bias 2 (Ultralytics'
+    # bias_init): a narrow spread keeps them positive, as a trained model's, so no box is inverted
+    box_std = 1.0 if head.reg_max > 1 else 0.4
+    convs = [(seq[-1], 2.0, True) for seq in head.cv3] + [(seq[-1], box_std, False) for seq in head.cv2]
     convs += [(seq[-1], 1.0, False) for seq in getattr(head, "cv4", [])]
     seen = {}
     hooks = [c.register_forward_hook(lambda m, i, o: seen.update({m: i[0].std().item()})) for c, _, _ in convs]

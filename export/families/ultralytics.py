@@ -71,6 +71,12 @@ class UltralyticsFamily(Family):
         imgsz = _imgsz(ckpt, model, path)
         if type(model).__name__ == RTDETR_TASK:
             return _load_rtdetr(model, path, imgsz, **options)
+        if getattr(model.model[-1], "end2end", False):
+            # Ultralytics predicts such a model with its one-to-one branch and a top-k, no NMS;
+            # our graph is the one-to-many branch's, so it would not be the model the user runs
+            raise NorcalError(f"{path}: an end-to-end YOLO head (one-to-one, NMS-free, as YOLO26's): only "
+                              "one-to-many heads with NMS are exported; set the head's end2end to False and "
+                              "save the model to deploy its one-to-many branch")
         return YoloDetector(model, path, imgsz=imgsz, **options)
 
 

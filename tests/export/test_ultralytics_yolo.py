@@ -136,6 +136,7 @@ def _reference(ckpt: Path, images, gamma: float, counts, seg: bool):
     with torch.no_grad():
         out = model(x)
     (y, proto), raw = out if seg else ((out[0], None), out[1])
+    raw = raw.get("one2many", raw)  # YOLO26: y is the one-to-many branch's (Ultralytics' nms None)
     logits = raw["scores"].double().numpy()  # [B, C, A], before the head's sigmoid
     probs = 1.0 / (1.0 + np.exp(-(logits - gamma * np.log(counts)[None, :, None])))
     pred = torch.cat([y[:, :4], torch.from_numpy(probs.astype(np.float32))]
@@ -180,7 +181,7 @@ def _run(sess, feeds):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["det", "seg"])
+@pytest.mark.parametrize("kind", ["det", "seg", "v8", "y26"])
 def test_onnx_matches_ultralytics_with_norcal(work, kind):
     from norcal.runtime.inference import prepare
     from norcal.runtime.postprocess import paste_masks
@@ -306,6 +307,21 @@ def test_tune_rescore_equals_the_onnx(work):
         assert len(g.scores) == len(w.scores) > 0
         ref = np.concatenate([g.boxes, g.scores[:, None], g.classes[:, None]], 1)
         assert (_match(ref, w.boxes, w.scores, w.classes) >= 0).mean() >= 0.99
+
+
+def test_end_to_end_head_is_refused(work, tmp_path):
+    """A YOLO26 saved with its one-to-one head selected (Ultralytics then predicts without NMS)
+    is not the graph we export: refused in one line, naming the file."""
+    from ultralytics import YOLO
+
+    yolo = YOLO(str(work.y26))
+    yolo.model.model[-1].end2end = True
+    e2e = tmp_path / "e2e.pt"
+    yolo.save(str(e2e))
+    assert YOLO(str(e2e)).model.model[-1].end2end  # as Ultralytics reads the file back
+    with pytest.raises(NorcalError) as e:
+        load_detector(e2e)
+    assert str(e.value).startswith(f"{e2e}: an end-to-end YOLO head") and "\n" not in str(e.value)
 
 
 @pytest.mark.slow
