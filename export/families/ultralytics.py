@@ -45,13 +45,14 @@ def _imgsz(ckpt: dict, model, path) -> int:
 
 
 class UltralyticsFamily(Family):
-    """Claims a torch zip checkpoint whose pickle names an Ultralytics task model of
-    :data:`TASKS` (read from the pickle's opcodes, nothing unpickled)."""
+    """Claims a torch zip checkpoint whose pickle names an Ultralytics task model (read from the
+    pickle's opcodes, nothing unpickled); loads those of :data:`TASKS` and names the others."""
 
     name = "ultralytics"
 
     def claims(self, path: Path, config: Path | None) -> bool:
-        return config is None and path.suffix.lower() in SUFFIXES and path.is_file() and task_of(path) in TASKS
+        # any Ultralytics task model is claimed, so that load names a pose / OBB / classify one
+        return config is None and path.suffix.lower() in SUFFIXES and path.is_file() and task_of(path) is not None
 
     def check_export_options(self, options) -> None:
         """mask_head_rois is detectron2's (the YOLO graph's masks always cover the K slots)."""
@@ -65,6 +66,9 @@ class UltralyticsFamily(Family):
         if config is not None:
             raise NorcalError(f"{config}: an Ultralytics checkpoint carries its own architecture; it takes no config",
                               param="config")
+        task = task_of(path)
+        if task not in TASKS:
+            raise NorcalError(f"{path}: an Ultralytics {task}; only {', '.join(TASKS)} checkpoints are exported")
         import_ultralytics()
         ckpt = read_ultralytics_checkpoint(path)
         model = checkpoint_model(ckpt, path)

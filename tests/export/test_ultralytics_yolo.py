@@ -309,6 +309,19 @@ def test_tune_rescore_equals_the_onnx(work):
         assert (_match(ref, w.boxes, w.scores, w.classes) >= 0).mean() >= 0.99
 
 
+@pytest.mark.parametrize("yaml, task", [("yolo11n-pose.yaml", "PoseModel"), ("yolo11n-obb.yaml", "OBBModel"),
+                                        ("yolo11n-cls.yaml", "ClassificationModel")])
+def test_other_ultralytics_tasks_are_refused_by_name(tmp_path, yaml, task):
+    from ultralytics import YOLO
+
+    f = tmp_path / "other.pt"
+    YOLO(yaml).save(str(f))
+    with pytest.raises(NorcalError) as e:
+        load_detector(f)
+    assert str(e.value) == (f"{f}: an Ultralytics {task}; only DetectionModel, SegmentationModel, "
+                            "RTDETRDetectionModel checkpoints are exported")
+
+
 def test_end_to_end_head_is_refused(work, tmp_path):
     """A YOLO26 saved with its one-to-one head selected (Ultralytics then predicts without NMS)
     is not the graph we export: refused in one line, naming the file."""
