@@ -132,7 +132,7 @@ def compare_detections(d2_outputs, our_outputs, *, min_iou: float = 0.99,
     """detectron2's graph's outputs (boxes, classes, masks, scores, size) against ours (num,
     boxes, scores, classes, masks; image 0), paired as sets (same class, IoU >= ``min_iou``,
     scores within ``max_score_diff``). Returns the counts, the pairs' worst IoU, score and
-    mask differences."""
+    mask differences, and the scores of detectron2's detections left unpaired."""
     from norcal.workflows.parity.matching import match_detections
 
     boxes, classes, masks, scores = d2_outputs[:4]
@@ -141,7 +141,9 @@ def compare_detections(d2_outputs, our_outputs, *, min_iou: float = 0.99,
     gi, oi, iou = match_detections(boxes, scores, classes, o_boxes[0, :n], o_scores[0, :n],
                                    o_classes[0, :n], min_iou, max_score_diff)
     pairs = len(gi)
+    unpaired = np.setdiff1d(np.arange(len(scores)), gi)
     return {"detectron2": len(scores), "ours": n, "matched": pairs,
+            "unpaired_scores": sorted(float(scores[i]) for i in unpaired),
             "min_iou": float(iou.min()) if pairs else None,
             "max_score_diff": float(np.abs(scores[gi] - o_scores[0, oi]).max()) if pairs else None,
             "max_mask_diff": float(np.abs(masks[gi, 0] - o_masks[0, oi]).max()) if pairs else None}
