@@ -132,20 +132,28 @@ def compare_detections(d2_outputs, our_outputs, *, min_iou: float = 0.99,
     """detectron2's graph's outputs (boxes, classes, masks, scores, size) against ours (num,
     boxes, scores, classes, masks; image 0), paired as sets (same class, IoU >= ``min_iou``,
     scores within ``max_score_diff``). Returns the counts, the pairs' worst IoU, score and
-    mask differences, and the scores of detectron2's detections left unpaired."""
+    mask differences, and detectron2's detections left unpaired as (score, the highest IoU
+    with one of ours of its class): a pair with IoU at the NMS threshold is a near tie that
+    detectron2's class-offset NMS (float32 coordinates shifted by class * image size) can
+    decide either way."""
+    from norcal.core.boxes import box_iou
     from norcal.workflows.parity.matching import match_detections
 
     boxes, classes, masks, scores = d2_outputs[:4]
     num, o_boxes, o_scores, o_classes, o_masks = our_outputs[:5]
     n = int(num[0])
-    gi, oi, iou = match_detections(boxes, scores, classes, o_boxes[0, :n], o_scores[0, :n],
-                                   o_classes[0, :n], min_iou, max_score_diff)
+    o_boxes, o_scores, o_classes = o_boxes[0, :n], o_scores[0, :n], o_classes[0, :n]
+    gi, oi, iou = match_detections(boxes, scores, classes, o_boxes, o_scores, o_classes,
+                                   min_iou, max_score_diff)
     pairs = len(gi)
-    unpaired = np.setdiff1d(np.arange(len(scores)), gi)
-    return {"detectron2": len(scores), "ours": n, "matched": pairs,
-            "unpaired_scores": sorted(float(scores[i]) for i in unpaired),
+    unpaired = []
+    for i in np.setdiff1d(np.arange(len(scores)), gi):
+        same = o_classes == classes[i]
+        best = float(box_iou(boxes[i:i + 1], o_boxes[same]).max()) if same.any() else 0.0
+        unpaired.append((float(scores[i]), best))
+    return {"detectron2": len(scores), "ours": n, "matched": pairs, "unpaired": unpaired,
             "min_iou": float(iou.min()) if pairs else None,
-            "max_score_diff": float(np.abs(scores[gi] - o_scores[0, oi]).max()) if pairs else None,
+            "max_score_diff": float(np.abs(scores[gi] - o_scores[oi]).max()) if pairs else None,
             "max_mask_diff": float(np.abs(masks[gi, 0] - o_masks[0, oi]).max()) if pairs else None}
 
 

@@ -86,7 +86,9 @@ def test_other_width_matches_our_export(d2_graph):
     our_out = session(ours, 2).run(None, feeds)
     got = widen_mod.compare_detections(d2_out, our_out, min_iou=0.99, max_score_diff=1e-4)
     assert got["detectron2"] == got["ours"] == 300, got
-    # the 300th place can be a near tie: every detection clearly above it must be in both
-    assert all(s <= d2_out[3].min() + 1e-4 for s in got["unpaired_scores"]), got
+    # left unpaired only: the 300th place (a near tie in score), or one of two same-class
+    # boxes overlapping at the NMS threshold (0.5), which float32 class offsets decide
+    cut = d2_out[3].min() + 1e-4
+    assert all(score <= cut or abs(iou - 0.5) < 2e-3 for score, iou in got["unpaired"]), got
     assert got["matched"] >= 297 and got["max_mask_diff"] < 2e-3, got
     assert proposals(graph, d2_feeds, 2) == proposals(ours, feeds, 2) == 1000
