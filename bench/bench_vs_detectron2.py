@@ -12,14 +12,17 @@ Runtime on the CPU, every graph in one process, runs interleaved, the median of 
   1203 classes) built with our modeling code, weights conditioned like a trained model
   (bench/full_size_model.py: the RPN gives 1000 proposals, a peaked classifier; 300 detections
   at the config's 1e-4; the few regime raises the background bias, ``--background-bias``).
-  detectron2's graphs of the same weights, where given (``--detectron2-onnx MANY FEW``: write
-  the checkpoints with ``python bench/full_size_model.py DIR`` and export DIR/many, DIR/few
-  with detectron2's TracingAdapter at 800x1216).
+  detectron2's graphs of the same weights: where given, its own exports (``--detectron2-onnx
+  MANY FEW``: write the checkpoints with ``python bench/full_size_model.py DIR`` and export
+  DIR/many, DIR/few with detectron2's TracingAdapter at 800x1216); otherwise detectron2's
+  traced graph of the fixture widened to these weights (bench/widen_detectron2_graph.py: the
+  same graph, full-width initializers, FrozenBN folded, pooler widths rewritten).
 
-Our graphs: the default export (dynamic batch and size, padding masks behind the padding
-switch), the same without the switch (the masks always on), and the ``--batch 1`` export (no
-padding masks). Each row prints the proposals the RPN kept (read from the graph itself) and the
-detections. Target: our default / detectron2 <= 0.8 in both regimes. ``--profile`` adds each
+Our graphs: the default export (dynamic batch and size, padding masks always on), the same
+with the padding switch (``padding_switch=True``: the backbone without masks where no image
+needs them), and the ``--batch 1`` export (no padding masks). Each row prints the proposals the RPN kept (read from the graph itself) and the
+detections, and how many of detectron2's detections it matches (same class, IoU >= 0.99,
+score within 1e-3; unpaired ones are listed). Target: our default / detectron2 <= 0.8 in both regimes. ``--profile`` adds each
 graph's time per op type (ONNX Runtime profiling).
 
     python bench/bench_vs_detectron2.py [--full-size] [--detectron2-onnx MANY FEW]
@@ -52,6 +55,7 @@ from norcal.export.detector import export_detector
 from norcal.export.loader import load_detector_spec
 from norcal.export.modeling.build import model_from_state
 
+from widen_detectron2_graph import compare_detections, widen  # noqa: E402
 from full_size_model import FIXTURE, H, W, full_size_spec, image_800x1216, trained_like  # noqa: E402
 
 D2_ONNX = FIXTURE / "detectron2_export_800x1216.onnx"
@@ -161,7 +165,14 @@ def full_size_regimes(args, console) -> list[Regime]:
     console.print(f"full-size weights: PyTorch RPN proposals {cond.proposals}; (box, class) pairs "
                   f"above {spec.score_thresh_test}: {cond.candidates_many} (many), "
                   f"{cond.candidates_few} (few, background bias {cond.background_bias:.2f})")
-    d2 = [onnx.load(p) for p in args.detectron2_onnx] if args.detectron2_onnx else [None, None]
+    if args.detectron2_onnx:
+        d2 = [onnx.load(p) for p in args.detectron2_onnx]
+        console.print(f"detectron2's graphs: {', '.join(map(str, args.detectron2_onnx))}")
+    else:
+        tiny = onnx.load(D2_ONNX)
+        d2 = [widen(tiny, getattr(cond, name)) for name in ("many", "few")]
+        console.print("detectron2's graphs: none given, so detectron2's traced graph of d2_lvis_tiny "
+                      "widened to these weights (bench/widen_detectron2_graph.py)")
     return [Regime(name, model_from_state(spec, getattr(cond, name)).eval(), spec, g,
                    f"full-size, threshold {spec.score_thresh_test}")
             for name, g in zip(("many", "few"), d2)]
@@ -189,7 +200,7 @@ def main(argv=None) -> int:
     args.forms = [f for f in FORMS if f in args.forms or f in (DEFAULT, "ours --batch 1")]
     if args.detectron2_onnx and not args.full_size:
         p.error("--detectron2-onnx goes with --full-size (the fixture's graph is built in)")
-    console = Console()
+    console = Console(width=160)  # the table's columns, also when written to a log
     torch.set_num_threads(args.threads)
     console.print(f"start: {uptime()}")
     img = image_800x1216()
@@ -198,8 +209,8 @@ def main(argv=None) -> int:
     title = "full-size LVIS R50-FPN" if args.full_size else "d2_lvis_tiny"
     table = Table(title=f"{title}, 1 image 800x1216, batch 1, {args.threads} threads, ORT CPU, "
                         f"median of {args.repeats}")
-    for col in ("regime", "graph", "proposals", "detections", "median s", "/ detectron2",
-                "/ ours --batch 1"):
+    for col in ("regime", "graph", "proposals", "detections", "= detectron2's", "median s",
+                "/ detectron2", "/ ours --batch 1", "load (1 min)"):
         table.add_column(col, justify="right")
     profiles = []
     for r in regimes:
@@ -216,11 +227,15 @@ def main(argv=None) -> int:
             d2_feeds = ({r.d2.graph.input[0].name: img} if r.d2 is not None else None)
             feeds = {k: d2_feeds if k == "detectron2" else our_feeds for k in graphs}
             props = {k: proposals(g, feeds[k], args.threads) for k, g in graphs.items()}
-            dets = {k: (int(s.run(None, feeds[k])[0].shape[0]) if k == "detectron2"
-                        else int(s.run(None, feeds[k])[0][0])) for k, s in sessions.items()}
+            outs = {k: s.run(None, feeds[k]) for k, s in sessions.items()}
+            dets = {k: int(o[0].shape[0]) if k == "detectron2" else int(o[0][0]) for k, o in outs.items()}
+            same = {k: compare_detections(outs["detectron2"], o) for k, o in outs.items()
+                    if k != "detectron2" and "detectron2" in outs}
+            outs = None
         with console.status(f"{r.name}: timing"):
             med = time_all({k: (lambda s=s, f=feeds[k]: s.run(None, f)) for k, s in sessions.items()},
                            args.repeats)
+        load = os.getloadavg()[0]
         if not args.profile:  # the sessions hold what they need: the full-size protos are large
             graphs = {k: None for k in graphs}
             gc.collect()
@@ -228,8 +243,13 @@ def main(argv=None) -> int:
             vs_d2 = f"{med[k] / med['detectron2']:.2f}" if "detectron2" in med else "-"
             if k == DEFAULT and "detectron2" in med:
                 vs_d2 += " ok" if med[k] / med["detectron2"] <= TARGET else f" MISSED (<= {TARGET})"
-            table.add_row(r.name, k, str(props[k]), str(dets[k]), f"{med[k]:.3f}", vs_d2,
-                          f"{med[k] / med['ours --batch 1']:.2f}")
+            match = f"{same[k]['matched']}/{same[k]['detectron2']}" if k in same else "-"
+            table.add_row(r.name, k, str(props[k]), str(dets[k]), match, f"{med[k]:.3f}", vs_d2,
+                          f"{med[k] / med['ours --batch 1']:.2f}", f"{load:.2f}")
+        for k, c in same.items():
+            if c["unpaired"]:
+                console.print(f"{r.name}, {k}: detectron2's detections not paired (score, best "
+                              f"same-class IoU with ours): {c['unpaired']}")
         if args.profile:
             other = "detectron2" if "detectron2" in graphs else "ours --batch 1"
             with console.status(f"{r.name}: profiling"):
