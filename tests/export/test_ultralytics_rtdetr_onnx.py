@@ -14,6 +14,7 @@ import pytest
 
 from conftest import assert_tensorrt_compatible
 from yolo_models import IMAGES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR, keeps PIL's Image.open
+from test_ultralytics_onnx import _meta, _run, _session  # noqa: E402
 
 from norcal.core import contract  # noqa: E402
 from norcal.core.boxes import box_iou  # noqa: E402
@@ -92,20 +93,6 @@ def rt(tmp_path_factory):
         {"id": i + 1, "name": n, "image_count": c, "instance_count": c, "frequency": "f"}
         for i, (n, c) in enumerate(zip(NAMES, COUNTS))]).save(files["table"])
     return files
-
-
-def _session(graph):
-    import onnxruntime as ort
-
-    return ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
-
-
-def _run(sess, feeds):
-    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-
-
-def _meta(graph):
-    return {p.key: p.value for p in graph.metadata_props}
 
 
 def _matched(ref, ours, b):
