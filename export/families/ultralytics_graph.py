@@ -89,8 +89,9 @@ class OneToOneTopk:
         first = scores.max(dim=-1).values.topk(k, dim=1).indices  # [B, k] anchors
         pairs = torch.gather(scores, 1, first[:, :, None].expand(-1, -1, c)).flatten(1)  # [B, k*C]
         top, idx = pairs.topk(k, dim=1)
-        cls = idx % c
-        anchor = torch.gather(first, 1, torch.div(idx, c, rounding_mode="trunc"))
+        row = torch.div(idx, c, rounding_mode="trunc")
+        cls = idx - row * c  # not Mod: older TensorRT parsers lack it
+        anchor = torch.gather(first, 1, row)
         top = top * (top > thresh).to(top.dtype)
         if k < topk:  # fewer anchors than K slots: pad like the NMS path's unused slots
             pad = topk - k

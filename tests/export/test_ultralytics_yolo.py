@@ -355,7 +355,7 @@ def test_end_to_end_head_loads_as_its_one_to_one_branch(work):
     one line naming the file; the same file with end2end False is the one-to-many NMS graph."""
     from ultralytics import YOLO
 
-    e2e = work.y26e2e  # work.y26 with head.end2end = True, saved by Ultralytics
+    e2e = work.y26e2e  # work.y26 with head.end2end = True
     assert YOLO(str(e2e)).model.model[-1].end2end  # as Ultralytics reads the file back
     det = load_detector(e2e)
     assert det.model.end2end and det.model.branch == "one2one"
