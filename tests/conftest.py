@@ -55,11 +55,11 @@ class YoloWork:
         self._graphs: dict = {}
         self.table, self.counts = write_table(d / "table.json")
 
-    def _made(self, name: str, yaml: str) -> Path:
+    def _made(self, name: str, yaml: str, end2end: bool = False) -> Path:
         from yolo_models import make_checkpoint
 
         p = self.dir / name
-        return p if p.exists() else make_checkpoint(p, yaml, imgsz=self.size)
+        return p if p.exists() else make_checkpoint(p, yaml, imgsz=self.size, end2end=end2end)
 
     @property
     def det(self) -> Path:
@@ -78,6 +78,25 @@ class YoloWork:
         """YOLO26: a DFL-free head (reg_max 1) with a one-to-one branch beside the one-to-many one
         that Ultralytics predicts with by default (its ``nms`` None) and we export."""
         return self._made("y26.pt", "yolo26n.yaml")
+
+    @property
+    def y26e2e(self) -> Path:
+        """:attr:`y26`'s checkpoint with its end-to-end head selected (``head.end2end = True``):
+        Ultralytics then predicts it with the one-to-one branch and a top-k, no NMS, and so do
+        our exports."""
+        p = self.dir / "y26e2e.pt"
+        if not p.exists():
+            import torch
+
+            ckpt = torch.load(self.y26, weights_only=False)  # our own test file
+            ckpt["model"].model[-1].end2end = True
+            torch.save(ckpt, p)
+        return p
+
+    @property
+    def y26e2e_seg(self) -> Path:
+        """:attr:`y26e2e`'s segment model (YOLO26's Segment26 head and Proto26 prototypes)."""
+        return self._made("y26e2e_seg.pt", "yolo26n-seg.yaml", end2end=True)
 
     @property
     def rtdetr(self) -> Path:

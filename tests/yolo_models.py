@@ -47,6 +47,9 @@ def _spread(model, nc: int) -> None:
     box_std = 1.0 if head.reg_max > 1 else 0.4
     convs = [(seq[-1], 2.0, True) for seq in head.cv3] + [(seq[-1], box_std, False) for seq in head.cv2]
     convs += [(seq[-1], 1.0, False) for seq in getattr(head, "cv4", [])]
+    # YOLO26's one-to-one branch (an end-to-end head predicts with it), spread alike, drawn last
+    for name, std, is_cls in (("one2one_cv3", 2.0, True), ("one2one_cv2", box_std, False), ("one2one_cv4", 1.0, False)):
+        convs += [(seq[-1], std, is_cls) for seq in (getattr(head, name, None) or [])]
     seen = {}
     hooks = [c.register_forward_hook(lambda m, i, o: seen.update({m: i[0].std().item()})) for c, _, _ in convs]
     with torch.no_grad():
@@ -86,9 +89,11 @@ def _unit_protos(model, bn) -> None:
 
 
 def make_checkpoint(path: Path, yaml: str = "yolo11n.yaml", nc: int = NUM_CLASSES, seed: int = 0,
-                    imgsz: int | None = None) -> Path:
+                    imgsz: int | None = None, end2end: bool = False) -> Path:
     """A ``model.save()`` checkpoint of a random-init ``yaml`` model with ``nc`` classes
-    (``imgsz``: the size it records as trained at, in its ``args``, as a trainer's model holds it)."""
+    (``imgsz``: the size it records as trained at, in its ``args``, as a trainer's model holds it;
+    ``end2end``: a YOLO26 saved with its one-to-one head selected, as ``head.end2end = True``
+    leaves it)."""
     from ultralytics import YOLO
     from ultralytics.nn.tasks import DetectionModel, SegmentationModel
 
@@ -99,6 +104,8 @@ def make_checkpoint(path: Path, yaml: str = "yolo11n.yaml", nc: int = NUM_CLASSE
     if imgsz is not None:
         model.args = {"imgsz": int(imgsz)}
     _spread(model.eval(), nc)
+    if end2end:
+        model.model[-1].end2end = True
     yolo = YOLO(yaml)
     yolo.model = model
     yolo.save(str(path))

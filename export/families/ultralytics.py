@@ -1,10 +1,11 @@
-"""The Ultralytics family: YOLOv8 / YOLO11 detect and segment checkpoints (``best.pt``), and
+"""The Ultralytics family: YOLOv8 / YOLO11 / YOLO26 detect and segment checkpoints (``best.pt``), and
 RT-DETR ones (loaded as :class:`norcal.export.families.ultralytics_rtdetr.RtdetrDetector`).
 
 Loading is safe (:mod:`norcal.export.families.ultralytics_checkpoint`); the graph is ours around
 the Ultralytics network (:mod:`norcal.export.families.ultralytics_graph`): letterbox input,
 ``cls_logits`` [B, A, C] before one Sigmoid (NorCal's sigmoid variant, background none),
-class-wise NMS to our fixed-K outputs, box-relative masks for segment models.
+class-wise NMS to our fixed-K outputs (an end-to-end head's one-to-one top-k instead, as
+Ultralytics predicts it), box-relative masks for segment models.
 """
 
 from __future__ import annotations
@@ -75,12 +76,6 @@ class UltralyticsFamily(Family):
         imgsz = _imgsz(ckpt, model, path)
         if type(model).__name__ == RTDETR_TASK:
             return _load_rtdetr(model, path, imgsz, **options)
-        if getattr(model.model[-1], "end2end", False):
-            # Ultralytics predicts such a model with its one-to-one branch and a top-k, no NMS;
-            # our graph is the one-to-many branch's, so it would not be the model the user runs
-            raise NorcalError(f"{path}: an end-to-end YOLO head (one-to-one, NMS-free, as YOLO26's): only "
-                              "one-to-many heads with NMS are exported; set the head's end2end to False and "
-                              "save the model to deploy its one-to-many branch")
         return YoloDetector(model, path, imgsz=imgsz, **options)
 
 
@@ -152,14 +147,19 @@ class YoloTuneCache(TuneCache):
 
 
 class YoloDetector(Detector):
-    """A loaded YOLOv8 / YOLO11 detect or segment model."""
+    """A loaded YOLOv8 / YOLO11 / YOLO26 detect or segment model; a head with ``end2end`` True
+    (YOLO26's one-to-one branch selected) is exported as Ultralytics predicts it: that branch,
+    its top-k, no NMS (``nms_thresh`` then refused)."""
 
     family = "ultralytics"
 
     def __init__(self, model, path, *, imgsz: int = DEFAULT_IMGSZ, detections_per_image: int | None = None,
                  score_thresh: float | None = None, nms_thresh: float | None = None):
-        from norcal.export.families.ultralytics_graph import YoloGraph
+        from norcal.export.families.ultralytics_graph import YoloGraph, is_end2end
 
+        if nms_thresh is not None and is_end2end(model.model[-1]):
+            raise NorcalError(f"{path}: an end-to-end YOLO head (one-to-one, no NMS): nms_thresh does not apply",
+                              param="nms_thresh")
         self.path = Path(path)
         self.names = _names(model, path)
         self.num_classes = len(self.names)
@@ -190,6 +190,9 @@ class YoloDetector(Detector):
         out = {"family": self.family, "task": self.task, "input_size": self.imgsz,
                "score_thresh_test": m.score_thresh, "nms_thresh_test": m.nms_thresh,
                "detections_per_image": self.topk, "multi_label": True, "names": self.names}
+        if m.end2end:  # no NMS: the one-to-one branch's top-k
+            del out["nms_thresh_test"], out["multi_label"]
+            out["selection"] = m.selection.name
         if self.has_masks:
             out["mask_size"] = m.mask_size
         return out
@@ -288,7 +291,8 @@ class YoloDetector(Detector):
               on_step: Callable[[int], None] | None = None, with_masks: bool = False) -> YoloTuneCache:
         """One network pass over the host's prepared (letterboxed) batches; per image the
         anchors whose score reaches the threshold under some prior of the sweep (no other
-        anchor can be a candidate of the graph's NMS at any of them)."""
+        anchor can be a candidate of the graph's NMS at any of them, nor pass the threshold
+        after an end-to-end head's top-k: that top-k is re-run per prior by :meth:`rescore`)."""
         import torch
 
         from norcal.core.calibration import calibrate
@@ -333,9 +337,12 @@ class YoloDetector(Detector):
 
     def rescore(self, cache: YoloTuneCache, index: int, prior: np.ndarray | None, mechanism: str,
                 batch_size: int) -> dict[str, np.ndarray]:
-        """The cached anchors scored with ``prior`` through the graph's own NMS, top K and
-        masks: the contract's outputs in resized-image coordinates, in cache order. Images are
-        batched with their anchor lists padded by anchors no prior can score (logit -1e4)."""
+        """The cached anchors scored with ``prior`` through the graph's own selection (NMS, or
+        an end-to-end head's top-k), top K and masks: the contract's outputs in resized-image
+        coordinates, in cache order. Images are batched with their anchor lists padded by
+        anchors no prior can score (logit -1e4), to at least as many as the selection needs to
+        fill its K slots as the whole image's anchors would (an end-to-end top-k takes
+        min(K, A) pairs)."""
         import torch
 
         from norcal.export.families.detectron2_detector import join_outputs
@@ -343,7 +350,7 @@ class YoloDetector(Detector):
 
         if batch_size < 1:
             raise NorcalError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
-        least = -(-self.topk // self.num_classes)  # the top-K cut takes K (anchor, class) pairs per image
+        least = self.model.selection.least_anchors(self.topk, self.num_classes, self._anchors())
         out = []
         with torch.no_grad(), predictor_state(self.model):
             self.model.set_log_prior(prior, mechanism)

@@ -1,4 +1,4 @@
-"""Our export module around an Ultralytics YOLOv8 / YOLO11 detect or segment model.
+"""Our export module around an Ultralytics YOLOv8 / YOLO11 / YOLO26 detect or segment model.
 
 The Ultralytics model runs unchanged up to its head's raw outputs; everything after is ours and
 written once for the eager model and the ONNX trace alike:
@@ -9,10 +9,17 @@ written once for the eager model and the ONNX trace alike:
   NorCal node reads, class axis last, no background) and go through one Sigmoid;
 - boxes decoded as Ultralytics does (DFL expectation, distances from the anchor points
   ``make_anchors(feats, stride, 0.5)``, times the level's stride), here straight to x0,y0,x1,y1;
-- NMS as Ultralytics' ``non_max_suppression(multi_label=True)`` (its validation setting): every
-  (anchor, class) pair with score > score_thresh is a candidate, class-wise NMS at nms_thresh
-  (ONNX NonMaxSuppression), the top K kept; unlike Ultralytics there is no 30000-candidate cap
-  before the NMS (it only changes anything when more candidates pass the threshold);
+- the detections are chosen by the head's selection (:class:`ClassWiseNms` or
+  :class:`OneToOneTopk`, picked from the head's ``end2end``):
+  - one-to-many heads (Ultralytics' default): NMS as its ``non_max_suppression(multi_label=True)``
+    (its validation setting): every (anchor, class) pair with score > score_thresh is a
+    candidate, class-wise NMS at nms_thresh (ONNX NonMaxSuppression), the top K kept; unlike
+    Ultralytics there is no 30000-candidate cap before the NMS (it only changes anything when
+    more candidates pass the threshold);
+  - end-to-end heads (YOLO26's one-to-one branch selected, ``end2end`` True): no NMS; the
+    one-to-one branch's boxes and logits, Ultralytics' ``Detect.get_topk_index`` (the top
+    min(K, A) anchors by their best class score, then the top min(K, A) of those anchors'
+    (anchor, class) pairs) and its predictor's ``score > conf`` filter, padded to K;
 - the letterbox's centring offset ((S - h) // 2, (S - w) // 2 from ``image_sizes``) is removed,
   so boxes are in resized-image coordinates like every export of ours;
 - segment models: our contract's masks are box-relative [B, K, M, M] probabilities (detectron2's
@@ -38,6 +45,73 @@ from norcal.export.modeling.sigmoid_norcal import SigmoidNorCal
 MASK_SIZE = 28  # M of the masks output (detectron2's mask head resolution)
 
 
+class ClassWiseNms:
+    """Ultralytics' multi-label NMS: every (anchor, class) above the threshold, class-wise NMS
+    at ``iou``, the top K of what it keeps."""
+
+    name = "nms"
+
+    def __init__(self, iou: float):
+        self.iou = float(iou)
+
+    def least_anchors(self, topk: int, num_classes: int, anchors: int) -> int:
+        """Anchors a re-scored subset needs so that the top-K cut sees K (anchor, class) pairs."""
+        return -(-int(topk) // int(num_classes))
+
+    def __call__(self, boxes: torch.Tensor, scores: torch.Tensor, topk: int, thresh: float):
+        """(scores [B, K], classes [B, K], anchors [B, K]); scores 0 in the unused slots."""
+        b, a, c = scores.shape
+        dense = scores.transpose(1, 2)  # [B, C, A]: NonMaxSuppression's layout
+        sel = non_max_suppression(boxes, dense, topk, self.iou, thresh)
+        flat = (sel[:, 0] * c + sel[:, 1]) * a + sel[:, 2]
+        kept = torch.zeros_like(dense).reshape(-1)
+        kept = kept.scatter(0, flat, dense.reshape(-1)[flat]).reshape(b, -1)  # [B, C*A]
+        top, idx = kept.topk(topk, dim=1)
+        cls = torch.div(idx, a, rounding_mode="trunc")
+        return top, cls, idx - cls * a
+
+
+class OneToOneTopk:
+    """An end-to-end head's selection, as Ultralytics' ``Detect.get_topk_index`` (class-aware)
+    and its predictor: the top k = min(K, A) anchors by best class score, the top k of their
+    (anchor, class) pairs, the scores above the threshold kept (the rest zeroed), padded to K."""
+
+    name = "one-to-one top-k"
+
+    def least_anchors(self, topk: int, num_classes: int, anchors: int) -> int:
+        """Ultralytics takes min(K, A) anchors and pairs: a re-scored subset needs as many rows."""
+        return min(int(topk), int(anchors))
+
+    def __call__(self, boxes: torch.Tensor, scores: torch.Tensor, topk: int, thresh: float):
+        """(scores [B, K], classes [B, K], anchors [B, K]); scores 0 where not above ``thresh``."""
+        a, c = int(scores.shape[1]), int(scores.shape[2])
+        k = min(int(topk), a)
+        first = scores.max(dim=-1).values.topk(k, dim=1).indices  # [B, k] anchors
+        pairs = torch.gather(scores, 1, first[:, :, None].expand(-1, -1, c)).flatten(1)  # [B, k*C]
+        top, idx = pairs.topk(k, dim=1)
+        row = torch.div(idx, c, rounding_mode="trunc")
+        cls = idx - row * c  # not Mod: older TensorRT parsers lack it
+        anchor = torch.gather(first, 1, row)
+        top = top * (top > thresh).to(top.dtype)
+        if k < topk:  # fewer anchors than K slots: pad like the NMS path's unused slots
+            pad = topk - k
+            top = torch.nn.functional.pad(top, (0, pad))
+            cls = torch.nn.functional.pad(cls, (0, pad))
+            anchor = torch.nn.functional.pad(anchor, (0, pad))
+        return top, cls, anchor
+
+
+def head_selection(head: nn.Module, nms_thresh: float):
+    """The selection Ultralytics predicts ``head`` with: its one-to-one top-k when the head is
+    end-to-end (``end2end`` True), else class-wise NMS at ``nms_thresh``."""
+    return OneToOneTopk() if is_end2end(head) else ClassWiseNms(nms_thresh)
+
+
+def is_end2end(head: nn.Module) -> bool:
+    """Whether Ultralytics predicts with ``head``'s one-to-one branch (Detect.end2end)."""
+    return bool(getattr(head, "end2end", False))
+
+
 class YoloGraph(SigmoidNorCal, nn.Module):
     """images [B,3,S,S] (letterboxed RGB 0-255), image_sizes [B,2] -> our output contract."""
 
@@ -49,8 +123,12 @@ class YoloGraph(SigmoidNorCal, nn.Module):
         self.model = model
         layers = list(model.model)
         self.head = layers[-1]
-        if getattr(self.head, "cv2", None) is None or getattr(self.head, "cv3", None) is None:
-            raise NorcalError("the Ultralytics head has no one-to-many branch (a fused end-to-end head)")
+        self.end2end = is_end2end(self.head)
+        self.branch = "one2one" if self.end2end else "one2many"
+        parts = getattr(self.head, self.branch)
+        if parts.get("box_head") is None or parts.get("cls_head") is None:
+            raise NorcalError(f"the Ultralytics head has no {self.branch} branch (removed by fusion)")
+        self.selection = head_selection(self.head, nms_thresh)
         self.has_masks = hasattr(self.head, "proto")
         self.num_classes = int(num_classes)
         self.score_thresh = float(score_thresh)
@@ -81,30 +159,25 @@ class YoloGraph(SigmoidNorCal, nn.Module):
 
         head = self.head
         feats = self.features(images / 255.0)
-        raw = head.forward_head(feats, **head.one2many)
+        raw = head.forward_head(feats, **getattr(head, self.branch))
         anchors, strides = make_anchors(feats, head.stride, 0.5)  # [A, 2] grid units, [A, 1]
+        # both branches share the DFL; an end-to-end head decodes to corners too (dist2bbox xyxy)
         dist = head.dfl(raw["boxes"]).transpose(1, 2)  # [B, A, 4] l, t, r, b in grid units
         boxes = torch.cat([anchors - dist[..., :2], anchors + dist[..., 2:]], dim=-1) * strides
         out = {"boxes": boxes, "cls_logits": raw["scores"].transpose(1, 2)}
         if self.has_masks:
             out["coefs"] = raw["mask_coefficient"].transpose(1, 2)
-            out["protos"] = head.proto(feats[0])
+            # YOLO26's Proto26 fuses every level, the older Proto reads the finest one
+            out["protos"] = head.proto(feats if type(head.proto).__name__ == "Proto26" else feats[0])
         return out
 
     def detections(self, boxes: torch.Tensor, scores: torch.Tensor, image_sizes: torch.Tensor,
                    input_hw: tuple, coefs: torch.Tensor | None = None,
                    protos: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Class-wise NMS over every (anchor, class) of ``scores`` [B, A, C], the top K, masks,
-        and boxes moved from the letterboxed input to resized-image coordinates."""
-        b, a, c = scores.shape
-        dense = scores.transpose(1, 2)  # [B, C, A]: NonMaxSuppression's layout
-        sel = non_max_suppression(boxes, dense, self.topk, self.nms_thresh, self.score_thresh)
-        flat = (sel[:, 0] * c + sel[:, 1]) * a + sel[:, 2]
-        kept = torch.zeros_like(dense).reshape(-1)
-        kept = kept.scatter(0, flat, dense.reshape(-1)[flat]).reshape(b, -1)  # [B, C*A]
-        top, idx = kept.topk(self.topk, dim=1)
-        cls = torch.div(idx, a, rounding_mode="trunc")
-        anchor = idx - cls * a
+        """The head's selection (class-wise NMS, or an end-to-end head's top-k) over every
+        (anchor, class) of ``scores`` [B, A, C] to K slots, masks, and boxes moved from the
+        letterboxed input to resized-image coordinates."""
+        top, cls, anchor = self.selection(boxes, scores, self.topk, self.score_thresh)
         det = torch.gather(boxes, 1, anchor[:, :, None].expand(-1, -1, 4))
         keep = top > 0  # kept scores are > score_thresh >= 0; the rest are the zero padding
         keep_f = keep.to(top.dtype)

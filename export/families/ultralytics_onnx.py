@@ -11,6 +11,12 @@ post-processing, traced from :class:`YoloGraph`'s own ``detections`` (the .pt ex
 class logits transposed to ``cls_logits`` [B, A, C] (the tensor the NorCal node then reads), one
 Sigmoid, class-wise multi-label NMS to K, letterbox offset removal, box-relative masks. Anything
 else is refused in one line naming what was found: a silently wrong graph is the worst outcome.
+
+An end-to-end export (YOLO26 with ``nms=False``: metadata ``end2end`` True) has the same head
+structure, its one Sigmoid over the one-to-one branch's logits concatenated with that branch's
+boxes (always corners) and coefficients; Ultralytics' top-k after it is dropped and
+:class:`~norcal.export.families.ultralytics_graph.OneToOneTopk` (the .pt export's selection for
+such a head) appended instead of the NMS.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class HeadTensors:
     names: list
     imgsz: int
     nms: bool  # Ultralytics' own NMS was in the graph (dropped by the ingest)
+    end2end: bool  # the one-to-one branch and Ultralytics' top-k (dropped): our graph selects by top-k
     boxes: str  # [B, 4, A] in input pixels: x, y, w, h, or x0, y0, x1, y1 when ``xyxy``
     xyxy: bool  # Ultralytics decodes to corners when it exports its NMS (Detect.xyxy)
     logits: str  # [B, C, A] class logits (the head Sigmoid's input)
@@ -144,9 +151,10 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
     if task not in TASKS:
         raise NorcalError(f"{where}: an Ultralytics {task or 'unknown-task'} model; only "
                           f"{' and '.join(TASKS)} models can be ingested")
-    if str(meta.get("end2end", "False")) == "True":
-        raise NorcalError(f"{where}: an end-to-end Ultralytics head (one-to-one, NMS-free): its class scores are "
-                          "not one Sigmoid over per-anchor logits; export it with end2end=False")
+    e2e = str(meta.get("end2end", "False"))
+    if e2e not in ("True", "False"):
+        raise NorcalError(f"{where}: Ultralytics metadata 'end2end' is {e2e[:40]!r}, not True or False")
+    end2end = e2e == "True"
     names, imgsz = _names(meta, where), _imgsz(meta, where)
     args = _literal(meta, "args", where) if "args" in meta else {}
     nms = bool(args.get("nms")) if isinstance(args, dict) else False
@@ -182,10 +190,13 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
         raise NorcalError(f"{where}: an Ultralytics {task} model whose head "
                           f"{'has' if coefs is not None else 'has no'} mask coefficients")
     xyxy = _box_format(boxes, producer, where)
-    if "nms" in (args if isinstance(args, dict) else {}) and xyxy != nms:
+    if end2end and not xyxy:
+        raise NorcalError(f"{where}: an end-to-end Ultralytics head whose boxes are decoded to centre and size "
+                          "(Ultralytics decodes an end-to-end head to corners); structure not recognised, refused")
+    if not end2end and "nms" in (args if isinstance(args, dict) else {}) and xyxy != nms:
         raise NorcalError(f"{where}: the Ultralytics head decodes boxes to {'corners' if xyxy else 'centre and size'} "
                           f"but its metadata says nms={nms} (Ultralytics decodes to corners exactly when it "
-                          "exports its NMS); structure not recognised, refused")
+                          "exports its NMS or an end-to-end head); structure not recognised, refused")
     types = _shapes(_static_input(model, imgsz, where, batch=1))
     want = {"boxes": (boxes, 4), "class logits": (sig.input[0], len(names))}
     found = {}
@@ -220,7 +231,7 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
         hw = (pd[2], pd[3])
         if producer.get(protos) is None:
             raise NorcalError(f"{where}: the prototypes {protos!r} are not computed by the graph")
-    return HeadTensors(task=task, names=names, imgsz=imgsz, nms=nms, boxes=boxes, xyxy=xyxy, logits=sig.input[0],
+    return HeadTensors(task=task, names=names, imgsz=imgsz, nms=nms, end2end=end2end, boxes=boxes, xyxy=xyxy, logits=sig.input[0],
                        sigmoid=sig.name, coefs=coefs, protos=protos, anchors=anchors, num_masks=nm, proto_hw=hw)
 
 
@@ -299,7 +310,8 @@ def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: 
 
     from norcal.export.families.ultralytics_graph import MASK_SIZE
 
-    post = _post_module_class()(len(head.names), head.imgsz, head.xyxy, score_thresh, nms_thresh, topk, MASK_SIZE)
+    post = _post_module_class()(len(head.names), head.imgsz, head.xyxy, score_thresh, nms_thresh, topk, MASK_SIZE,
+                                head.end2end)
     gen = torch.Generator().manual_seed(0)
     a, c = head.anchors, len(head.names)
     args = [torch.rand((1, 4, a), generator=gen) * head.imgsz, torch.randn((1, c, a), generator=gen) - 2.0,
@@ -323,15 +335,17 @@ def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: 
 def _post_module_class():
     from torch import nn
 
-    from norcal.export.families.ultralytics_graph import YoloGraph
+    from norcal.export.families.ultralytics_graph import ClassWiseNms, OneToOneTopk, YoloGraph
 
     class Post(YoloGraph):
         """YoloGraph's detections and masks without its network: the part after decoding."""
 
-        def __init__(self, num_classes, size, xyxy, score_thresh, nms_thresh, topk, mask_size):
+        def __init__(self, num_classes, size, xyxy, score_thresh, nms_thresh, topk, mask_size, end2end):
             nn.Module.__init__(self)  # no Ultralytics model: the network is Ultralytics' ONNX
             self.num_classes, self.size, self.xyxy = int(num_classes), int(size), bool(xyxy)
             self.score_thresh, self.nms_thresh = float(score_thresh), float(nms_thresh)
+            self.end2end = bool(end2end)
+            self.selection = OneToOneTopk() if self.end2end else ClassWiseNms(self.nms_thresh)
             self.topk, self.mask_size = int(topk), int(mask_size)
             self.init_norcal()  # plain sigmoid: the NorCal node goes into the graph afterwards
 
@@ -386,7 +400,13 @@ def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, 
     settings = {"family": "ultralytics", "task": head.task, "input_size": head.imgsz,
                 "score_thresh_test": score_thresh, "nms_thresh_test": nms_thresh,
                 "detections_per_image": topk, "multi_label": True, "names": head.names,
-                "source": "ultralytics-onnx" + (" (its NMS dropped)" if head.nms else "")}
+                "source": "ultralytics-onnx" + (" (its NMS dropped)" if head.nms else
+                                                " (end-to-end, its top-k replaced)" if head.end2end else "")}
+    if head.end2end:  # as the .pt export of the same head records it
+        from norcal.export.families.ultralytics_graph import OneToOneTopk
+
+        del settings["nms_thresh_test"], settings["multi_label"]
+        settings["selection"] = OneToOneTopk.name
     if head.coefs:
         settings["mask_size"] = mask_size
     meta[contract.DETECTOR] = json.dumps(settings)
@@ -414,6 +434,9 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
     if is_rtdetr(model):  # RT-DETR's own structure and post-processing
         return ingest_rtdetr(model, where, score_thresh=score_thresh, detections_per_image=detections_per_image)
     head = find_head(model, where)
+    if head.end2end and nms_thresh is not None:
+        raise NorcalError(f"{where}: an end-to-end Ultralytics head (one-to-one, no NMS): nms_thresh does not apply",
+                          param="nms_thresh")
     score = SCORE_THRESH if score_thresh is None else float(score_thresh)
     iou = NMS_THRESH if nms_thresh is None else float(nms_thresh)
     topk = int(detections_per_image or DETECTIONS)
@@ -491,5 +514,6 @@ def summary(head: HeadTensors | RtdetrHead) -> str:
 
         return rtdetr_summary(head)
     return (f"Ultralytics {head.task} ONNX ({len(head.names)} classes, imgsz {head.imgsz}"
-            f"{', its NMS dropped' if head.nms else ''}) converted to our outputs; NorCal on "
+            f"{', its NMS dropped' if head.nms else ''}"
+            f"{', end-to-end: its top-k replaced by ours' if head.end2end else ''}) converted to our outputs; NorCal on "
             f"{contract.CLS_LOGITS_TENSOR} (its class logits, transposed from {head.logits!r})")

@@ -1,9 +1,11 @@
-"""Ultralytics' own ONNX export (nms False and True, detect and segment) ingested into our
-contract: the same detections as the family's .pt export of the same model (itself checked
-against Ultralytics' PyTorch pipeline in test_ultralytics_yolo.py), in ONNX Runtime."""
+"""Ultralytics' own ONNX export (nms False and True, detect and segment; YOLO26's end-to-end
+head exported with nms False) ingested into our contract: the same detections as the family's
+.pt export of the same model (itself checked against Ultralytics' PyTorch pipeline in
+test_ultralytics_yolo.py), in ONNX Runtime."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +19,8 @@ from yolo_models import IMAGES, make_checkpoint, write_table  # sets YOLO_OFFLIN
 from norcal.core import contract  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
 from norcal.export.families import load_detector  # noqa: E402
-from norcal.export.families.ultralytics_onnx import find_head, ingest_ultralytics, is_ultralytics  # noqa: E402
+from norcal.export.families.ultralytics_onnx import (find_head, ingest_ultralytics, is_ultralytics,  # noqa: E402
+                                                     summary)
 from norcal.runtime.images import read_rgb  # noqa: E402
 from norcal.workflows.export_job import NorCal, calibrate_onnx, export_onnx_file  # noqa: E402
 
@@ -105,21 +108,62 @@ def test_ingested_equals_the_pt_export(ul, kind, nms):
         assert contract.CLASS_AXIS not in meta and float(meta[contract.GAMMA]) == gamma
         ours = _run(_session(ours_graph), feeds)
         ref = _run(_session(calibrate_onnx(pt, cal)), feeds)
-        assert sorted(ours) == sorted(ref)
-        total = matched = 0
-        for b in range(len(images)):
-            idx = _matched(ref, ours, b)
-            n = int(ours["num_detections"][b])  # a candidate at the threshold or an IoU tie may flip
-            assert len(idx) > 0 and abs(n - len(idx)) <= max(1, 0.01 * len(idx))
-            total += len(idx)
-            matched += int((idx >= 0).sum())
-            if kind == "seg":  # Ultralytics' export folds BatchNorm into the convs: float32 sums in
-                # another order; the random-init prototypes are large (~500), so compare as the host
-                # uses the masks (thresholded at 0.5) and on average
-                hit = np.nonzero(idx >= 0)[0]
-                a, o = ref["masks"][b, hit], ours["masks"][b, idx[hit]]
-                assert np.abs(a - o).mean() < 1e-3 and ((a > 0.5) == (o > 0.5)).mean() > 0.999
-        assert matched / total >= 0.99, (gamma, matched, total)
+        _assert_same_detections(ref, ours, len(images), kind == "seg", gamma)
+
+
+def _assert_same_detections(ref, ours, images: int, seg: bool, gamma: float) -> None:
+    """>= 99% of ``ref``'s detections in ``ours`` (as sets), counts within 1%, masks alike."""
+    assert sorted(ours) == sorted(ref)
+    total = matched = 0
+    for b in range(images):
+        idx = _matched(ref, ours, b)
+        n = int(ours["num_detections"][b])  # a candidate at the threshold or an IoU tie may flip
+        assert len(idx) > 0 and abs(n - len(idx)) <= max(1, 0.01 * len(idx))
+        total += len(idx)
+        matched += int((idx >= 0).sum())
+        if seg:  # Ultralytics' export folds BatchNorm into the convs: float32 sums in
+            # another order; the random-init prototypes are large (~500), so compare as the host
+            # uses the masks (thresholded at 0.5) and on average
+            hit = np.nonzero(idx >= 0)[0]
+            a, o = ref["masks"][b, hit], ours["masks"][b, idx[hit]]
+            assert np.abs(a - o).mean() < 1e-3 and ((a > 0.5) == (o > 0.5)).mean() > 0.999
+    assert matched / total >= 0.99, (gamma, matched, total)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["y26e2e", "y26e2e_seg"])
+def test_end_to_end_export_ingested_equals_the_pt_export(yolo_work, tmp_path, kind):
+    """YOLO26 with its end-to-end head selected, exported by Ultralytics with nms=False (how it
+    exports that head: metadata end2end True, its own top-k in the graph) at S (336 anchors, more
+    than the 300 slots): Ultralytics' top-k is dropped, ours appended after the one-to-one
+    branch's logits, the same detections as the .pt export at gamma 0.5."""
+    from ultralytics import YOLO
+
+    from norcal.runtime.inference import prepare
+
+    seg = kind == "y26e2e_seg"
+    model = YOLO(str(getattr(yolo_work, kind)))
+    model.model.task = model.task = "segment" if seg else "detect"  # model.save drops it
+    f = Path(model.export(format="onnx", dynamic=True, simplify=False, imgsz=S, nms=False, verbose=False))
+    source = onnx.load(str(f.rename(tmp_path / "e2e.onnx")))
+    assert _meta(source)["end2end"] == "True" and any(n.op_type == "TopK" for n in source.graph.node)
+    plain, head = ingest_ultralytics(source)
+    assert head.end2end and head.xyxy and not head.nms and (head.coefs is not None) == seg
+    assert not [n for n in plain.graph.node if n.op_type == "NonMaxSuppression"]
+    assert all(n.name.startswith("norcal_post/") for n in plain.graph.node if n.op_type == "TopK")
+    assert json.loads(_meta(plain)[contract.DETECTOR])["selection"] == "one-to-one top-k"
+    assert "end-to-end" in summary(head)
+    onnx.checker.check_model(plain, full_check=True)
+    pt = load_detector(getattr(yolo_work, kind)).export(SimpleNamespace(height=S, width=S))
+    images = [read_rgb(p) for p in IMAGES]
+    feeds = prepare(images, contract.input_spec(_meta(plain))).feeds()
+    cal = NorCal(gamma=0.5, table=str(yolo_work.table))
+    ours = _run(_session(calibrate_onnx(plain, cal)), feeds)
+    ref = _run(_session(calibrate_onnx(pt, cal)), feeds)
+    assert ours["scores"].shape == (len(images), 300)
+    _assert_same_detections(ref, ours, len(images), seg, 0.5)
+    with pytest.raises(NorcalError, match="nms_thresh does not apply"):
+        ingest_ultralytics(source, nms_thresh=0.5)
 
 
 @pytest.mark.slow

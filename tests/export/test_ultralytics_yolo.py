@@ -2,8 +2,11 @@
 
 The reference is computed from the Ultralytics PyTorch model alone: its own LetterBox, its own
 forward on that tensor, its raw class logits calibrated by hand (sigmoid(phi - gamma log N_c)),
-its own ``non_max_suppression(multi_label=True)`` and ``process_mask``. Ours is the exported
-NorCal ONNX in ONNX Runtime, fed by our host preprocessing.
+its own ``non_max_suppression(multi_label=True)`` and ``process_mask``; for an end-to-end head
+(YOLO26 with ``end2end`` True) its one-to-one branch's logits calibrated by hand, then its head's
+own box decoding and ``postprocess`` (``get_topk_index``: NorCal changes which pairs the top-k
+keeps, so it comes first) and ``non_max_suppression(end2end=True)`` (its predictor's conf filter).
+Ours is the exported NorCal ONNX in ONNX Runtime, fed by our host preprocessing.
 """
 
 from __future__ import annotations
@@ -128,21 +131,30 @@ def test_plain_pickle_with_pt_suffix_is_not_loaded(tmp_path):
 
 # --- the reference -------------------------------------------------------------------------
 
-def _reference(ckpt: Path, images, gamma: float, counts, seg: bool):
-    """Ultralytics' own pipeline with NorCal applied by hand to its raw logits."""
+def _reference(ckpt: Path, images, gamma: float, counts, seg: bool, max_det: int = 300):
+    """Ultralytics' own pipeline with NorCal applied by hand to its raw logits (an end-to-end
+    head's: its one-to-one branch's, before its top-k of ``max_det``)."""
     model = torch.load(ckpt, weights_only=False)["model"].float().eval()  # our test file
+    head = model.model[-1]
     lb = [LetterBox((S, S), auto=False)(image=im.copy()) for im in images]
     x = torch.from_numpy(np.stack(lb).transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
     with torch.no_grad():
         out = model(x)
     (y, proto), raw = out if seg else ((out[0], None), out[1])
-    raw = raw.get("one2many", raw)  # YOLO26: y is the one-to-many branch's (Ultralytics' nms None)
+    e2e = head.end2end
+    raw = raw["one2one"] if e2e else raw.get("one2many", raw)  # YOLO26 with nms None: one-to-many
     logits = raw["scores"].double().numpy()  # [B, C, A], before the head's sigmoid
     probs = 1.0 / (1.0 + np.exp(-(logits - gamma * np.log(counts)[None, :, None])))
-    pred = torch.cat([y[:, :4], torch.from_numpy(probs.astype(np.float32))]
+    with torch.no_grad():  # an end-to-end head's y is already its top-k: decode all anchors again
+        boxes = head._get_decode_boxes(raw) if e2e else y[:, :4]  # corners when end-to-end
+    pred = torch.cat([boxes, torch.from_numpy(probs.astype(np.float32))]
                      + ([raw["mask_coefficient"]] if seg else []), 1)
-    dets = non_max_suppression(pred, conf_thres=0.001, iou_thres=0.7, multi_label=True, max_det=300,
-                               nc=NUM_CLASSES)
+    if e2e:
+        head.max_det = max_det  # as the predictor sets it
+        with torch.no_grad():
+            pred = head.postprocess(pred.permute(0, 2, 1))  # [B, k, 6 (+nm)]: get_topk_index
+    dets = non_max_suppression(pred, conf_thres=0.001, iou_thres=0.7, multi_label=True, max_det=max_det,
+                               nc=NUM_CLASSES, end2end=e2e)
     pads = []
     for im in images:
         p = LetterBox((S, S), auto=False).get_params({"img": im})
@@ -181,12 +193,12 @@ def _run(sess, feeds):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["det", "seg", "v8", "y26"])
+@pytest.mark.parametrize("kind", ["det", "seg", "v8", "y26", "y26e2e", "y26e2e_seg"])
 def test_onnx_matches_ultralytics_with_norcal(work, kind):
     from norcal.runtime.inference import prepare
     from norcal.runtime.postprocess import paste_masks
 
-    seg = kind == "seg"
+    seg = kind in ("seg", "y26e2e_seg")
     images = [read_rgb(p) for p in IMAGES]
     assert len(images) >= 4
     for gamma in (0.0, 0.5):
@@ -217,11 +229,12 @@ def test_onnx_matches_ultralytics_with_norcal(work, kind):
 
 
 @pytest.mark.slow
-def test_batch_of_two_equals_each_alone_and_torch_runner(work):
+@pytest.mark.parametrize("kind", ["seg", "y26e2e_seg"])
+def test_batch_of_two_equals_each_alone_and_torch_runner(work, kind):
     from norcal.runtime.inference import prepare
     from norcal.export.torch_runner import onnx_calibration
 
-    det, sess, meta = _onnx(work, "seg", 0.5)
+    det, sess, meta = _onnx(work, kind, 0.5)
     images = [read_rgb(p) for p in IMAGES[:2]]
     spec = contract.input_spec(meta)
     both = _run(sess, prepare(images, spec).feeds())
@@ -233,7 +246,7 @@ def test_batch_of_two_equals_each_alone_and_torch_runner(work):
     # the PyTorch reference runner with the ONNX's own calibration gives the same detections
     import onnx
 
-    _, graph = _graph(work, "seg", 0.5)
+    _, graph = _graph(work, kind, 0.5)
     runner = det.torch_runner(onnx_calibration(graph))
     assert runner.output_names == list(contract.OUTPUT_NAMES)
     feeds = prepare(images, spec).feeds()
@@ -279,34 +292,61 @@ def test_torch_runner_masks_equal_onnx_runtime_for_boxes_past_the_border(work):
     assert past >= 100  # the random-init model's boxes are large: most reach past the input
 
 
+def _custom_onnx(work, kind, gamma, **options):
+    """``kind``'s checkpoint loaded with ``options``, exported and calibrated at ``gamma``."""
+    import onnxruntime as ort
+
+    from norcal.workflows.export_job import NorCal, calibrate_onnx
+
+    det = load_detector(getattr(work, kind), **options)
+    graph = calibrate_onnx(det.export(None), NorCal(gamma=gamma, table=str(work.table)))
+    meta = {p.key: p.value for p in graph.metadata_props}
+    return det, ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]), meta
+
+
 @pytest.mark.slow
-def test_tune_rescore_equals_the_onnx(work):
+@pytest.mark.parametrize("kind", ["det", "y26e2e"])
+def test_tune_rescore_equals_the_onnx(work, kind):
     """The family's tune cache from the host's prepared batches, re-scored at gamma 0.5, gives
-    the graph's outputs (resized coordinates; the host maps both back alike)."""
+    the graph's outputs (resized coordinates; the host maps both back alike). An end-to-end
+    head: fewer slots than anchors (K 50 of 189), a sweep of gammas 0.5 and 1 and a threshold
+    that leave most anchors out of the cache, so the top-k re-run at gamma 0.5 works on a subset
+    of each image's anchors, padded up to K rows where fewer are cached."""
     from norcal.core.calibration import log_prior
     from norcal.runtime.inference import prepare
     from norcal.runtime.postprocess import split_outputs
 
-    det, sess, meta = _onnx(work, "det", 0.5)
+    if kind == "det":
+        det, sess, meta = _onnx(work, "det", 0.5)
+    else:
+        det, sess, meta = _custom_onnx(work, kind, 0.5, detections_per_image=50, score_thresh=0.12)
+        assert det.model.end2end and det.topk == 50 < det._anchors()
+    gammas = (0.0, 0.5) if kind == "det" else (0.5, 1.0)
     spec = contract.input_spec(meta)
     assert det.preprocessing == spec
-    priors = [log_prior(work.counts, g, background="none") for g in (0.0, 0.5)]
+    priors = [log_prior(work.counts, g, background="none") for g in gammas]
     arrays = [read_rgb(p) for p in IMAGES]
     batches = [([0, 1], prepare(arrays[:2], spec)), ([2, 3], prepare(arrays[2:4], spec))]
     parts = [det.cache([b], priors, "exp") for b in batches]
     cache = type(parts[0]).concat(parts)
     assert len(cache) == 4 and cache.image_ids == [0, 1, 2, 3] and cache.nbytes > 0
+    if kind != "det":  # a subset cached: the top-k re-run per prior sees fewer anchors than the graph
+        lens = [len(b) for b in cache.boxes]
+        assert all(0 < n < det._anchors() for n in lens) and min(lens) < det.topk, lens
     assert det.cache_bytes(4, 2) >= cache.nbytes
-    got = det.rescore(cache, 1, priors[1], "exp", batch_size=3)
+    at = gammas.index(0.5)  # the graph's gamma
+    got = det.rescore(cache, at, priors[at], "exp", batch_size=3)
     assert got["boxes"].shape == (4, det.topk, 4)
     batch = prepare(arrays[:4], spec)
     np.testing.assert_array_equal(cache.image_sizes, batch.image_sizes)
     mine = split_outputs(got, cache.image_sizes, cache.original_sizes)
     want = split_outputs(_run(sess, batch.feeds()), batch.image_sizes, batch.original_sizes)
+    total = matched = 0
     for g, w in zip(mine, want):  # original coordinates; as sets (torch vs ONNX Runtime kernels)
         assert len(g.scores) == len(w.scores) > 0
         ref = np.concatenate([g.boxes, g.scores[:, None], g.classes[:, None]], 1)
-        assert (_match(ref, w.boxes, w.scores, w.classes) >= 0).mean() >= 0.99
+        total, matched = total + len(ref), matched + int((_match(ref, w.boxes, w.scores, w.classes) >= 0).sum())
+    assert matched / total >= 0.99, (matched, total)
 
 
 @pytest.mark.parametrize("yaml, task", [("yolo11n-pose.yaml", "PoseModel"), ("yolo11n-obb.yaml", "OBBModel"),
@@ -322,19 +362,44 @@ def test_other_ultralytics_tasks_are_refused_by_name(tmp_path, yaml, task):
                             "RTDETRDetectionModel checkpoints are exported")
 
 
-def test_end_to_end_head_is_refused(work, tmp_path):
+def test_end_to_end_head_loads_as_its_one_to_one_branch(work):
     """A YOLO26 saved with its one-to-one head selected (Ultralytics then predicts without NMS)
-    is not the graph we export: refused in one line, naming the file."""
+    loads as that branch with a top-k, recorded in its settings; an NMS threshold is refused in
+    one line naming the file; the same file with end2end False is the one-to-many NMS graph."""
     from ultralytics import YOLO
 
-    yolo = YOLO(str(work.y26))
-    yolo.model.model[-1].end2end = True
-    e2e = tmp_path / "e2e.pt"
-    yolo.save(str(e2e))
+    e2e = work.y26e2e  # work.y26 with head.end2end = True
     assert YOLO(str(e2e)).model.model[-1].end2end  # as Ultralytics reads the file back
+    det = load_detector(e2e)
+    assert det.model.end2end and det.model.branch == "one2one"
+    settings = det.settings()
+    assert settings["selection"] == "one-to-one top-k" and "nms_thresh_test" not in settings
+    assert not load_detector(work.y26).model.end2end and load_detector(work.y26).settings()["multi_label"]
     with pytest.raises(NorcalError) as e:
-        load_detector(e2e)
+        load_detector(e2e, nms_thresh=0.5)
     assert str(e.value).startswith(f"{e2e}: an end-to-end YOLO head") and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_end_to_end_top_k_with_fewer_slots_than_anchors_matches_ultralytics(work):
+    """K 50 of 189 anchors: Ultralytics' top-k first keeps 50 anchors by best class score, then
+    50 of their (anchor, class) pairs, both on NorCal's scores; ours in ONNX Runtime the same,
+    with no NMS in the graph."""
+    from norcal.runtime.inference import prepare
+
+    images = [read_rgb(p) for p in IMAGES]
+    det, sess, meta = _custom_onnx(work, "y26e2e", 0.5, detections_per_image=50)
+    assert det.topk == 50 < det._anchors()
+    out = _run(sess, prepare(images, contract.input_spec(meta)).feeds())
+    assert out["scores"].shape == (len(images), 50)
+    refs, pads, _ = _reference(work.y26e2e, images, 0.5, work.counts, False, max_det=50)
+    total = matched = 0
+    for b, ref in enumerate(refs):
+        n = int(out["num_detections"][b])
+        assert n == len(ref) > 0
+        idx = _match(ref, out["boxes"][b, :n] + pads[b], out["scores"][b, :n], out["classes"][b, :n])
+        total, matched = total + len(ref), matched + int((idx >= 0).sum())
+    assert matched / total >= 0.99, (matched, total)
 
 
 @pytest.mark.slow

@@ -40,7 +40,6 @@ def _xyxy(b):
 @pytest.mark.slow
 def test_tune_yolo_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_path):
     from norcal.cli import main
-    from norcal.workflows.tune import cache_images, plan_tune, rescore_gamma
 
     assert sorted(p.name for p in IMAGES) == sorted(_SIZES) and len(IMAGES) >= 4
     images = IMAGES[0].parent
@@ -57,7 +56,15 @@ def test_tune_yolo_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_pat
     # NorCal moves the sweep: its gammas do not all give the same detections
     assert len({(p["num_detections"], p["stats"]["AP"]) for p in res["sweep"]}) > 1
 
-    # gamma 0 as tune computes it (the same plan, cache and re-scoring) against norcal infer
+    _gamma_0_is_infer(best, gt, images, table, tmp_path)
+
+
+def _gamma_0_is_infer(best, gt, images, table, tmp_path):
+    """gamma 0 as tune computes it (the same plan, cache and re-scoring, gammas 0 and 0.5)
+    against norcal infer of the gamma-0 export: >= 99% of the detections matched."""
+    from norcal.cli import main
+    from norcal.workflows.tune import cache_images, plan_tune, rescore_gamma
+
     plan = plan_tune(best, gt, images, [0.0, 0.5], table, batch_size=3)
     cache = cache_images(plan.detector, plan.pairs, plan.acc.priors, "exp", 3)
     ours = rescore_gamma(plan.detector, cache, 0, plan.acc.priors[0], "exp", 2, plan.table.category_ids)
@@ -78,6 +85,18 @@ def test_tune_yolo_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_pat
         matched += int(same.any(1).sum())
     # as sets: torch's and ONNX Runtime's float32 kernels differ by ~1e-5, near-ties may swap slots
     assert matched / len(rows) >= 0.99, (matched, len(rows))
+
+
+@pytest.mark.slow
+def test_tune_end_to_end_yolo_gamma_0_is_infer(yolo_work, tmp_path):
+    """An end-to-end head (YOLO26, end2end True): tune's cache and re-scoring re-run the
+    one-to-one top-k per gamma; at gamma 0 that is norcal infer of the gamma-0 export."""
+    from norcal.export.families import load_detector
+
+    best = tmp_path / "best.pt"
+    best.write_bytes(yolo_work.y26e2e.read_bytes())
+    assert load_detector(best).model.end2end
+    _gamma_0_is_infer(best, _gt(tmp_path / "gt.json"), IMAGES[0].parent, str(yolo_work.table), tmp_path)
 
 
 @pytest.mark.slow
