@@ -61,7 +61,8 @@ def test_tune_yolo_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_pat
 
 def _gamma_0_is_infer(best, gt, images, table, tmp_path):
     """gamma 0 as tune computes it (the same plan, cache and re-scoring, gammas 0 and 0.5)
-    against norcal infer of the gamma-0 export: >= 99% of the detections matched."""
+    against norcal infer of the gamma-0 export: >= 99% of the detections matched. Returns the
+    plan and its cache."""
     from norcal.cli import main
     from norcal.workflows.tune import cache_images, plan_tune, rescore_gamma
 
@@ -85,6 +86,7 @@ def _gamma_0_is_infer(best, gt, images, table, tmp_path):
         matched += int(same.any(1).sum())
     # as sets: torch's and ONNX Runtime's float32 kernels differ by ~1e-5, near-ties may swap slots
     assert matched / len(rows) >= 0.99, (matched, len(rows))
+    return plan, cache
 
 
 @pytest.mark.slow
