@@ -33,6 +33,11 @@ SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) wit
 @dataclass
 class ModelSpec:
     meta_architecture: str = "GeneralizedRCNN"
+    # whose R-CNN the weights come from: "detectron2", or "torchvision" (its Faster / Mask R-CNN:
+    # rounded anchors with strides from each image's padded size, level mapping with the eps
+    # outside the log, background FIRST with a box per class and background, boxes under 1e-2
+    # dropped, mask channel = class + 1; the host's resize rule "torchvision")
+    convention: str = "detectron2"
     # input
     pixel_mean: tuple[float, float, float] = (103.53, 116.28, 123.675)
     pixel_std: tuple[float, float, float] = (1.0, 1.0, 1.0)
@@ -102,6 +107,13 @@ class ModelSpec:
     calibration: Calibration | None = None
     # free-form notes on where values came from (config file, inferred from weights)
     provenance: dict[str, str] = field(default_factory=dict)
+
+
+CONVENTIONS = ("detectron2", "torchvision")
+
+
+def is_torchvision(spec: ModelSpec) -> bool:
+    return spec.convention == "torchvision"
 
 
 def arch_name(spec: ModelSpec) -> str:

@@ -1,0 +1,230 @@
+"""The torchvision family: Faster / Mask R-CNN with a ResNet-FPN backbone saved as a bare state
+dict (``torch.save(model.state_dict())`` of ``fasterrcnn_resnet50_fpn``, ``maskrcnn_resnet50_fpn``
+or ``FasterRCNN`` / ``MaskRCNN`` around ``resnet_fpn_backbone``).
+
+The file holds no config, so the architecture comes from the key set and shapes (class count
+from the predictor, ResNet depth from the blocks) and the test-time settings are torchvision's
+defaults: resize 800 / 1333, ImageNet mean and std on RGB 0-1, RPN 1000 / 1000 at NMS 0.7,
+``MultiScaleRoIAlign`` (sampling 2, aligned False), box weights (10, 10, 5, 5), score 0.05,
+NMS 0.5, 100 detections. The model is our export-friendly R-CNN (``norcal.export.modeling``)
+in the torchvision convention (:data:`norcal.export.spec.ModelSpec.convention`): background
+FIRST in the classifier. RetinaNet, FCOS and other backbones are refused in one line.
+"""
+
+from __future__ import annotations
+
+import pickletools
+import re
+import zipfile
+from pathlib import Path
+
+from norcal.core.errors import NorcalError
+from norcal.export.checkpoint import TORCH_SUFFIXES
+from norcal.export.families.base import Classifier, Family
+from norcal.export.families.detectron2_rcnn import RCNNDetector
+
+FAMILY = "torchvision"
+# keys only a torchvision GeneralizedRCNN state dict has (detectron2 says bottom_up, rpn_head)
+_MARKERS = ("backbone.body.", "rpn.head.", "roi_heads.box_predictor.cls_score.weight")
+_OTHER_HEADS = {"head.classification_head.": "RetinaNet", "head.centerness": "FCOS"}
+_MAX_PICKLE_BYTES = 64 << 20
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # GeneralizedRCNNTransform's defaults, RGB 0-1
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BLOCKS = {(2, 2, 2, 2): 18, (3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
+
+# torchvision name -> ours (the patterns match the old names of torchvision < 0.13 too)
+_RENAMES = [
+    (r"backbone\.body\.conv1\.", "backbone.bottom_up.stem.conv1."),
+    (r"backbone\.body\.bn1\.", "backbone.bottom_up.stem.conv1.norm."),
+    (r"backbone\.body\.layer(\d)\.(\d+)\.conv(\d)\.", lambda m: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.conv{m[3]}."),
+    (r"backbone\.body\.layer(\d)\.(\d+)\.bn(\d)\.", lambda m: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.conv{m[3]}.norm."),
+    (r"backbone\.body\.layer(\d)\.(\d+)\.downsample\.0\.", lambda m: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.shortcut."),
+    (r"backbone\.body\.layer(\d)\.(\d+)\.downsample\.1\.", lambda m: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.shortcut.norm."),
+    (r"backbone\.fpn\.inner_blocks\.(\d)\.(0\.)?", lambda m: f"backbone.fpn_lateral{int(m[1]) + 2}."),
+    (r"backbone\.fpn\.layer_blocks\.(\d)\.(0\.)?", lambda m: f"backbone.fpn_output{int(m[1]) + 2}."),
+    (r"rpn\.head\.conv\.(0\.0\.)?", "proposal_generator.rpn_head.conv."),
+    (r"rpn\.head\.cls_logits\.", "proposal_generator.rpn_head.objectness_logits."),
+    (r"rpn\.head\.bbox_pred\.", "proposal_generator.rpn_head.anchor_deltas."),
+    (r"roi_heads\.box_head\.fc6\.", "roi_heads.box_head.fc1."),
+    (r"roi_heads\.box_head\.fc7\.", "roi_heads.box_head.fc2."),
+    (r"roi_heads\.box_predictor\.(cls_score|bbox_pred)\.", r"roi_heads.box_predictor.\1."),
+    (r"roi_heads\.mask_head\.(\d)\.0\.", lambda m: f"roi_heads.mask_head.mask_fcn{int(m[1]) + 1}."),
+    (r"roi_heads\.mask_head\.mask_fcn(\d)\.", r"roi_heads.mask_head.mask_fcn\1."),
+    (r"roi_heads\.mask_predictor\.conv5_mask\.", "roi_heads.mask_head.deconv."),
+    (r"roi_heads\.mask_predictor\.mask_fcn_logits\.", "roi_heads.mask_head.predictor."),
+]
+_RENAMES = [(re.compile(p), r) for p, r in _RENAMES]
+
+
+def pickle_strings(path: Path) -> set[str] | None:
+    """The strings a torch zip checkpoint's pickle holds (its state dict's keys among them),
+    read with pickletools: nothing unpickled. None when ``path`` is no torch zip file."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            name = next((n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            if name is None or z.getinfo(name).file_size > _MAX_PICKLE_BYTES:
+                return None
+            data = z.read(name)
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return None
+    found = set()
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if isinstance(arg, str) and "UNICODE" in op.name:
+                found.add(arg)
+    except Exception:  # noqa: BLE001 - a corrupt pickle: what was read so far decides
+        pass
+    return found
+
+
+def is_torchvision_checkpoint(path: Path) -> bool:
+    """A ``.pth``/``.pt`` torch zip whose keys are a torchvision detection model's."""
+    if path.suffix.lower() not in TORCH_SUFFIXES or not path.is_file():
+        return False
+    strings = pickle_strings(path)
+    if not strings:
+        return False
+    has = [any(s.startswith(m) for s in strings) for m in _MARKERS]
+    heads = [name for prefix, name in _OTHER_HEADS.items() if any(s.startswith(prefix) for s in strings)]
+    return all(has) or (has[0] and bool(heads))
+
+
+def rename_state_dict(state: dict, path: Path) -> dict:
+    """torchvision's key names -> ours (BN counters dropped); refuses keys it does not know."""
+    out, unknown = {}, []
+    for k, v in state.items():
+        if k.endswith("num_batches_tracked"):
+            continue
+        for pattern, repl in _RENAMES:
+            m = pattern.match(k)
+            if m:
+                new = repl(m) if callable(repl) else m.expand(repl)
+                out[new + k[m.end():]] = v
+                break
+        else:
+            unknown.append(k)
+    if unknown:
+        more = f" (+{len(unknown) - 4} more)" if len(unknown) > 4 else ""
+        raise NorcalError(f"{path}: weights a torchvision Faster / Mask R-CNN with a ResNet-FPN backbone "
+                          f"does not have: {', '.join(sorted(unknown)[:4])}{more}")
+    return out
+
+
+def _shape(state: dict, key: str, path: Path) -> tuple[int, ...]:
+    if key not in state:
+        raise NorcalError(f"{path}: no weight {key!r}: not a torchvision Faster / Mask R-CNN state dict")
+    return tuple(state[key].shape)
+
+
+def spec_from_state(state: dict, path: Path, detections_per_image: int | None = None):
+    """The ModelSpec (torchvision convention, torchvision's test-time defaults) of a torchvision
+    state dict (its own key names): class count, depth, widths and mask head from the shapes."""
+    from norcal.export.spec import ModelSpec
+
+    for prefix, name in _OTHER_HEADS.items():
+        if any(k.startswith(prefix) for k in state):
+            raise NorcalError(f"{path}: a torchvision {name} state dict; only Faster / Mask R-CNN "
+                              "(ResNet-FPN) are supported so far")
+    cls = _shape(state, "roi_heads.box_predictor.cls_score.weight", path)
+    box = _shape(state, "roi_heads.box_predictor.bbox_pred.weight", path)
+    num_classes = cls[0] - 1
+    if num_classes < 1 or box[0] != 4 * cls[0]:
+        raise NorcalError(f"{path}: roi_heads.box_predictor has {cls[0]} class logits and {box[0]} box "
+                          "outputs; torchvision's FastRCNNPredictor has C+1 (background first) and 4(C+1)")
+    blocks = []
+    for stage in range(1, 5):
+        ids = {int(m[1]) for k in state if (m := re.match(rf"backbone\.body\.layer{stage}\.(\d+)\.", k))}
+        blocks.append(len(ids))
+    depth = BLOCKS.get(tuple(blocks))
+    if depth is None:
+        raise NorcalError(f"{path}: a ResNet with {blocks} blocks per stage is not one of ResNet-18/50/101/152")
+    stem = _shape(state, "backbone.body.conv1.weight", path)[0]
+    conv1 = _shape(state, "backbone.body.layer1.0.conv1.weight", path)
+    conv2 = _shape(state, "backbone.body.layer1.0.conv2.weight", path)
+    bottleneck = depth >= 50
+    groups = conv1[0] // conv2[1] if bottleneck else 1
+    res2 = _shape(state, "backbone.body.layer1.0.conv3.weight" if bottleneck
+                  else "backbone.body.layer1.0.conv2.weight", path)[0]
+    anchors = _shape(state, "rpn.head.cls_logits.weight", path)[0]
+    if anchors != 3:
+        raise NorcalError(f"{path}: the RPN predicts {anchors} anchors per location; torchvision's "
+                          "default anchor generator (sizes 32-512, ratios 0.5, 1, 2) has 3")
+    fpn = _shape(state, "backbone.fpn.layer_blocks.0.0.weight" if "backbone.fpn.layer_blocks.0.0.weight" in state
+                 else "backbone.fpn.layer_blocks.0.weight", path)[0]
+    fc = _shape(state, "roi_heads.box_head.fc6.weight", path)[0]
+    mask_on = any(k.startswith("roi_heads.mask_predictor.") for k in state)
+    mask_convs = len({m[1] for k in state if (m := re.match(r"roi_heads\.mask_head\.(?:mask_fcn)?(\d+)\.", k))})
+    return ModelSpec(
+        convention="torchvision", input_format="RGB",
+        pixel_mean=tuple(255.0 * m for m in IMAGENET_MEAN), pixel_std=tuple(255.0 * s for s in IMAGENET_STD),
+        min_size_test=800, max_size_test=1333, size_divisibility=32,
+        depth=depth, norm="FrozenBN", stem_out_channels=stem, res2_out_channels=res2,
+        num_groups=groups, width_per_group=conv1[0] // groups, stride_in_1x1=False,
+        fpn_out_channels=fpn, rpn_min_size=1e-3,
+        num_classes=num_classes, pooler_type="ROIAlign", pooler_sampling_ratio=2,
+        box_head_num_fc=2, box_head_fc_dim=fc, score_thresh_test=0.05, nms_thresh_test=0.5,
+        detections_per_image=100 if detections_per_image is None else int(detections_per_image),
+        mask_on=mask_on, mask_head_num_conv=mask_convs, mask_pooler_type="ROIAlign",
+        mask_pooler_sampling_ratio=2,
+        provenance={"spec": "inferred from torchvision weights; test settings torchvision's defaults"},
+    )
+
+
+class TorchvisionDetector(RCNNDetector):
+    """A torchvision Faster / Mask R-CNN as our R-CNN in the torchvision convention: the box
+    classifier's background logit FIRST (``FastRCNNPredictor``), softmax."""
+
+    family = FAMILY
+    calibration_source = None
+
+    def recorded_calibration(self):
+        return None  # a bare state dict records no NorCal settings
+
+    @property
+    def classifier(self) -> Classifier:
+        return Classifier(logits=("cls_logits",), class_axis=-1, background="first", activation="softmax")
+
+
+def detector_from_state(state: dict, path: Path, detections_per_image: int | None = None,
+                        min_size: int | None = None, max_size: int | None = None) -> TorchvisionDetector:
+    """A torchvision state dict (its own names) as a detector; ``min_size`` / ``max_size``
+    replace torchvision's default resize (800 / 1333), as a model built with other sizes needs."""
+    from norcal.export.modeling.build import model_from_state
+
+    spec = spec_from_state(state, path, detections_per_image)
+    if min_size is not None:
+        spec.min_size_test = int(min_size)
+    if max_size is not None:
+        spec.max_size_test = int(max_size)
+    try:
+        model = model_from_state(spec, rename_state_dict(state, path))
+    except NorcalError as e:
+        raise NorcalError(f"{path}: {e}") from None
+    return TorchvisionDetector(spec, model)
+
+
+class TorchvisionFamily(Family):
+    """torchvision Faster / Mask R-CNN state dicts, read with ``torch.load(weights_only=True)``."""
+
+    name = FAMILY
+
+    def claims(self, path: Path, config: Path | None) -> bool:
+        return is_torchvision_checkpoint(path)  # a config given with it: load refuses it
+
+    def check_export_options(self, options) -> None:
+        from norcal.export.families.detectron2 import Detectron2Family
+
+        Detectron2Family().check_export_options(options)  # the same graph options
+
+    def load(self, path: Path, config: Path | None = None, *,
+             detections_per_image: int | None = None) -> TorchvisionDetector:
+        """options: ``detections_per_image`` replaces torchvision's 100."""
+        from norcal.export.checkpoint import read_checkpoint
+
+        if config is not None:
+            raise NorcalError(f"{config}: a torchvision state dict takes no config file")
+        return detector_from_state(read_checkpoint(path), path, detections_per_image)
+
+
+__all__ = ["TorchvisionFamily", "TorchvisionDetector", "detector_from_state", "is_torchvision_checkpoint",
+           "rename_state_dict", "spec_from_state"]

@@ -1,0 +1,204 @@
+"""The torchvision family: Faster / Mask R-CNN state dicts exported to our contract and proved
+against torchvision's own model (NorCal applied by hand to its class logits, then torchvision's
+own postprocess_detections), alone and batched."""
+
+import math
+import pickle
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from PIL import Image
+from torchvision.models.detection.transform import _resize_image_and_masks
+
+from norcal.core.boxes import box_iou
+from norcal.core.calibration_spec import Calibration
+from norcal.core.errors import NorcalError
+from norcal.export.families import family_of, load_detector
+from norcal.export.families.detectron2_detector import GraphOptions
+from norcal.export.families.torchvision import detector_from_state
+from norcal.export.surgery import insert_norcal
+from norcal.runtime.preprocess import prepare_batch, resize_bilinear_float, torchvision_size
+from norcal.workflows.parity.matching import match_detections
+from tests.torchvision_models import COUNTS, r50, table_file, tiny_rcnn
+
+MIN, MAX = 320, 512  # small inputs keep the parity tests fast; the family's default is 800 / 1333
+
+
+def _images(tiny_dir):
+    return [np.asarray(Image.open(p).convert("RGB")).copy() for p in sorted((tiny_dir / "images").glob("*.png"))]
+
+
+def _by_hand_prior(gamma: float) -> torch.Tensor:
+    """NorCal's log prior in torchvision's layout: background (first) untouched, then
+    gamma * log N_c (the table's counts)."""
+    return torch.tensor([0.0] + [gamma * math.log(c) for c in COUNTS])
+
+
+def _reference(model, img: np.ndarray, gamma: float) -> dict:
+    """torchvision's own pipeline (GeneralizedRCNN.forward before the boxes go back to the
+    original image) with the class logits shifted by NorCal's prior before its softmax."""
+    lp = _by_hand_prior(gamma)
+    hook = model.roi_heads.box_predictor.register_forward_hook(lambda m, a, out: (out[0] - lp, out[1]))
+    try:
+        with torch.no_grad():
+            images, _ = model.transform([torch.from_numpy(img).permute(2, 0, 1).float() / 255])
+            features = model.backbone(images.tensors)
+            proposals, _ = model.rpn(images, features)
+            dets, _ = model.roi_heads(features, proposals, images.image_sizes)
+    finally:
+        hook.remove()
+    d = {k: v.numpy() for k, v in dets[0].items()}
+    d["labels"] = d["labels"] - 1  # torchvision's labels count the background as 0
+    d["size"] = tuple(images.image_sizes[0])
+    return d
+
+
+def _assert_matches(ref: dict, boxes, scores, classes, masks=None):
+    ri, ci, ious = match_detections(ref["boxes"], ref["scores"], ref["labels"], boxes, scores, classes,
+                                    iou_threshold=0.99, max_score_diff=1e-4)
+    n = len(ref["scores"])
+    assert n > 20 and len(scores) == n
+    assert len(ri) >= 0.99 * n, f"{len(ri)} of {n} detections matched"
+    if masks is not None:
+        assert np.abs(masks[ci] - ref["masks"][ri, 0]).max() < 1e-3
+
+
+def _session(graph):
+    return ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _run(sess, batch):
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, batch.feeds())))
+
+
+@pytest.fixture(scope="module")
+def faster(tmp_path_factory):
+    ref = tiny_rcnn(min_size=MIN, max_size=MAX)
+    det = detector_from_state(ref.state_dict(), Path("faster.pth"), min_size=MIN, max_size=MAX)
+    return ref, det, det.export(GraphOptions())
+
+
+def test_host_resize_is_torchvision_transform():
+    rng = np.random.default_rng(0)
+    for h, w in [(480, 640), (427, 640), (333, 500), (640, 480), (100, 2000), (37, 53)]:
+        img = rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+        ref, _ = _resize_image_and_masks(torch.from_numpy(img).permute(2, 0, 1).float(), 800, 1333)
+        nh, nw = torchvision_size(h, w, 800, 1333)
+        assert (nh, nw) == tuple(ref.shape[1:])
+        ours = resize_bilinear_float(img, nh, nw).transpose(2, 0, 1)
+        # the same taps and weights; torch's compiled multiply-adds round up to 2 ulp apart at 255
+        assert np.abs(ours - ref.numpy()).max() <= 4e-5
+
+
+def test_family_claims_and_reads_shapes(tmp_path, tiny_dir):
+    for masks in (False, True):
+        path = tmp_path / f"r50_{masks}.pth"
+        torch.save(r50(masks, num_classes=7).state_dict(), path)
+        assert family_of(path).name == "torchvision"
+        det = load_detector(path)
+        assert (det.spec.depth, det.num_classes, det.has_masks, det.topk) == (50, 6, masks, 100)
+        assert det.classifier.background == "first" and det.classifier.activation == "softmax"
+        with pytest.raises(NorcalError, match="takes no config"):
+            load_detector(path, tmp_path / "config.yaml")
+    assert family_of(tiny_dir / "model_final.pth").name == "detectron2"
+
+
+def test_family_refuses_retinanet_and_malicious_pickles(tmp_path):
+    import torchvision
+
+    retina = torchvision.models.detection.retinanet_resnet50_fpn(weights=None, weights_backbone=None,
+                                                                 num_classes=3)
+    path = tmp_path / "retina.pth"
+    torch.save(retina.state_dict(), path)
+    with pytest.raises(NorcalError, match="RetinaNet"):
+        load_detector(path)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    sd = tiny_rcnn().state_dict()
+    sd["backbone.body.evil"] = Evil()
+    bad = tmp_path / "evil.pth"
+    torch.save(sd, bad)
+    assert zipfile.is_zipfile(bad)
+    assert family_of(bad).name == "torchvision"
+    with pytest.raises(NorcalError, match="weights_only"):
+        load_detector(bad)
+    legacy = tmp_path / "legacy.pth"  # a non-zip pickle is no torchvision state dict we can sniff
+    legacy.write_bytes(pickle.dumps({"rpn.head.cls_logits.weight": Evil()}))
+    assert family_of(legacy).name != "torchvision"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", [0.0, 0.5])
+def test_faster_rcnn_matches_torchvision_alone_and_batched(faster, tiny_dir, tmp_path, gamma):
+    ref_model, det, graph = faster
+    cal = Calibration(gamma=gamma, table=table_file(tmp_path / "t.json"), background="first").resolve(3)
+    sess = _session(insert_norcal(graph, cal))
+    images = _images(tiny_dir)
+    alone = []
+    for img in images:
+        ref = _reference(ref_model, img, gamma)
+        batch = prepare_batch([img], det.preprocessing)
+        assert tuple(batch.image_sizes[0]) == ref["size"]
+        out = _run(sess, batch)
+        n = int(out["num_detections"][0])
+        _assert_matches(ref, out["boxes"][0, :n], out["scores"][0, :n], out["classes"][0, :n])
+        alone.append(out)
+    for i in (0, 2):  # different sizes in one batch: each image as alone
+        out = _run(sess, prepare_batch(images[i:i + 2], det.preprocessing))
+        for j in range(2):
+            n = int(alone[i + j]["num_detections"][0])
+            assert int(out["num_detections"][j]) == n
+            for k in ("boxes", "scores", "classes"):
+                np.testing.assert_allclose(out[k][j], alone[i + j][k][0], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_mask_rcnn_matches_torchvision(tiny_dir, tmp_path):
+    ref_model = tiny_rcnn(masks=True, min_size=MIN, max_size=MAX)
+    det = detector_from_state(ref_model.state_dict(), Path("mask.pth"), min_size=MIN, max_size=MAX)
+    cal = Calibration(gamma=0.5, table=table_file(tmp_path / "t.json"), background="first").resolve(3)
+    sess = _session(insert_norcal(det.export(GraphOptions()), cal))
+    for img in _images(tiny_dir)[:2]:
+        ref = _reference(ref_model, img, 0.5)
+        out = _run(sess, prepare_batch([img], det.preprocessing))
+        n = int(out["num_detections"][0])
+        _assert_matches(ref, out["boxes"][0, :n], out["scores"][0, :n], out["classes"][0, :n],
+                        out["masks"][0, :n])
+
+
+@pytest.mark.slow
+def test_cli_export_records_torchvision_rules(tiny_dir, tmp_path):
+    """norcal-export on a state dict at the family's defaults (800 / 1333): the graph records
+    the torchvision resize and the background first, its prior puts 0 (-log b) at index 0, and
+    ONNX Runtime gives torchvision's detections."""
+    import onnx
+    from onnx import numpy_helper
+
+    from norcal.cli import export_main
+    from norcal.core.contract import input_spec
+
+    ref_model = tiny_rcnn()
+    path = tmp_path / "model.pth"
+    torch.save(ref_model.state_dict(), path)
+    out_path = tmp_path / "model.onnx"
+    table = table_file(tmp_path / "t.json")
+    assert export_main([str(path), "--gamma", "0.5", "--table", str(table), "-o", str(out_path)]) == 0
+    graph = onnx.load(out_path)
+    meta = {p.key: p.value for p in graph.metadata_props}
+    assert meta["norcal.resize"] == "torchvision" and meta["norcal.classifier_background"] == "first"
+    prior = next(numpy_helper.to_array(t) for t in graph.graph.initializer if t.name == "norcal.log_prior")
+    np.testing.assert_allclose(prior, _by_hand_prior(0.5).numpy(), rtol=1e-6, atol=1e-7)
+    spec = input_spec(meta)
+    img = _images(tiny_dir)[1]
+    ref = _reference(ref_model, img, 0.5)
+    out = _run(_session(graph), prepare_batch([img], spec))
+    n = int(out["num_detections"][0])
+    _assert_matches(ref, out["boxes"][0, :n], out["scores"][0, :n], out["classes"][0, :n])
