@@ -84,8 +84,9 @@ def is_torchvision_checkpoint(path: Path) -> bool:
     strings = pickle_strings(path)
     if not strings:
         return False
-    has = [any(s.startswith(m) for s in strings) for m in _MARKERS]
-    heads = [name for prefix, name in _OTHER_HEADS.items() if any(s.startswith(prefix) for s in strings)]
+    keys = {s[len("module."):] if s.startswith("module.") else s for s in strings}  # DDP's prefix
+    has = [any(k.startswith(m) for k in keys) for m in _MARKERS]
+    heads = [name for prefix, name in _OTHER_HEADS.items() if any(k.startswith(prefix) for k in keys)]
     return all(has) or (has[0] and bool(heads))
 
 

@@ -133,6 +133,10 @@ def test_family_claims_and_reads_shapes(tmp_path, tiny_dir):
         assert det.classifier.background == "first" and det.classifier.activation == "softmax"
         with pytest.raises(NorcalError, match="takes no config"):
             load_detector(path, tmp_path / "config.yaml")
+    # a training script's {"model": ...} of a DistributedDataParallel model
+    wrapped = tmp_path / "ddp.pth"
+    torch.save({"model": {f"module.{k}": v for k, v in r50(False, num_classes=3).state_dict().items()}}, wrapped)
+    assert family_of(wrapped).name == "torchvision" and load_detector(wrapped).num_classes == 2
     assert family_of(tiny_dir / "model_final.pth").name == "detectron2"
 
 
