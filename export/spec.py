@@ -102,6 +102,7 @@ class ModelSpec:
     # box weights and class count use the fields above
     retinanet_num_convs: int = 4
     retinanet_topk_candidates: int = 1000  # per level, before NMS
+    retinanet_p6_from_p5: bool = False  # torchvision's LastLevelP6P7(256, 256); detectron2 reads res5
     # NorCal settings from the config (the NorCal authors' TEST.CALIBRATION keys: gamma, factor,
     # mechanism, renormalize), used when the user gives none; None: the config has none
     calibration: Calibration | None = None

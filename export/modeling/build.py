@@ -151,9 +151,11 @@ def create_retinanet(spec: ModelSpec) -> RetinaNet:
     resnet = ResNet(depth=spec.depth, norm=spec.norm, stem_out_channels=spec.stem_out_channels,
                     res2_out_channels=spec.res2_out_channels, num_groups=spec.num_groups,
                     width_per_group=spec.width_per_group, stride_in_1x1=spec.stride_in_1x1)
-    backbone = RetinaFPN(resnet, spec.fpn_out_channels, spec.fpn_norm)
+    if spec.convention not in CONVENTIONS:
+        raise NorcalError(f"convention {spec.convention!r} must be one of {', '.join(CONVENTIONS)}")
+    backbone = RetinaFPN(resnet, spec.fpn_out_channels, spec.fpn_norm, spec.retinanet_p6_from_p5)
     anchors = AnchorGenerator(spec.anchor_sizes, spec.anchor_aspect_ratios, backbone.strides,
-                              spec.anchor_offset)
+                              spec.anchor_offset, convention=spec.convention)
     head = RetinaNetHead(spec.fpn_out_channels, anchors.num_anchors, spec.num_classes,
                          spec.retinanet_num_convs)
     mean, std = _pixel_stats(spec)
@@ -164,7 +166,7 @@ def create_retinanet(spec: ModelSpec) -> RetinaNet:
                       nms_thresh=spec.nms_thresh_test,
                       detections_per_image=spec.detections_per_image,
                       # detectron2 pads each image to FPN's largest input stride (res5's)
-                      size_divisibility=backbone.in_strides[-1])
+                      size_divisibility=backbone.in_strides[-1], clip_boxes=is_torchvision(spec))
     return model.eval()
 
 

@@ -23,7 +23,7 @@ from norcal.export.families.torchvision import detector_from_state
 from norcal.export.surgery import insert_norcal
 from norcal.runtime.preprocess import prepare_batch, resize_bilinear_float, torchvision_size
 from norcal.workflows.parity.matching import match_detections
-from tests.torchvision_models import COUNTS, r50, table_file, tiny_rcnn
+from tests.torchvision_models import COUNTS, r50, table_file, tiny_rcnn, tiny_retinanet
 
 # small inputs keep the parity tests fast (the family's default is 800 / 1333); a 288 side pads to
 # 9 stride-32 cells, so torchvision's P6 stride is 288 // 5 = 57, not 64: the anchors' quirk is in play
@@ -73,6 +73,17 @@ def _assert_matches(ref: dict, boxes, scores, classes, masks=None):
     assert len(ri) >= 0.99 * n, f"{len(ri)} of {n} detections matched"
     if masks is not None:
         assert np.abs(masks[ci] - ref["masks"][ri, 0]).max() < 1e-3
+
+
+def _assert_same(out: dict, i: int, alone: dict):
+    """Image ``i`` of ``out`` has the detections ``alone`` (a one-image run) has: the same count,
+    every one paired (class, IoU >= 0.999, score within 1e-5); equal scores may swap places."""
+    n = int(alone["num_detections"][0])
+    assert int(out["num_detections"][i]) == n
+    ri, _, _ = match_detections(alone["boxes"][0, :n], alone["scores"][0, :n], alone["classes"][0, :n],
+                                out["boxes"][i, :n], out["scores"][i, :n], out["classes"][i, :n],
+                                iou_threshold=0.999, max_score_diff=1e-5)
+    assert len(ri) == n
 
 
 def _session(graph):
@@ -140,14 +151,22 @@ def test_family_claims_and_reads_shapes(tmp_path, tiny_dir):
     assert family_of(tiny_dir / "model_final.pth").name == "detectron2"
 
 
-def test_family_refuses_retinanet_and_malicious_pickles(tmp_path):
+def test_family_reads_retinanet_refuses_fcos_and_malicious_pickles(tmp_path):
     import torchvision
 
     retina = torchvision.models.detection.retinanet_resnet50_fpn(weights=None, weights_backbone=None,
                                                                  num_classes=3)
     path = tmp_path / "retina.pth"
     torch.save(retina.state_dict(), path)
-    with pytest.raises(NorcalError, match="RetinaNet"):
+    det = load_detector(path)
+    assert family_of(path).name == "torchvision" and (det.spec.depth, det.num_classes, det.topk) == (50, 3, 300)
+    assert det.spec.retinanet_p6_from_p5 and det.classifier.background == "none"
+    assert det.classifier.activation == "sigmoid"
+    fcos = torchvision.models.detection.fcos_resnet50_fpn(weights=None, weights_backbone=None, num_classes=3)
+    path = tmp_path / "fcos.pth"
+    torch.save(fcos.state_dict(), path)
+    assert family_of(path).name == "torchvision"
+    with pytest.raises(NorcalError, match="FCOS"):
         load_detector(path)
 
     class Evil:
@@ -192,17 +211,11 @@ def test_faster_rcnn_matches_torchvision_alone_batched_and_tuned(tiny_dir, tmp_p
             alone.append(out)
         tuned = det.rescore(cache, g, priors[g], "exp", batch_size=4)
         for i, out in enumerate(alone):
-            n = int(out["num_detections"][0])
-            assert int(tuned["num_detections"][i]) == n
-            for k in ("boxes", "scores", "classes"):
-                np.testing.assert_allclose(tuned[k][i][:n], out[k][0][:n], atol=1e-4)
+            _assert_same(tuned, i, out)
         for i in (0, 2):  # different sizes in one batch: each image as alone
             out = _run(sess, prepare_batch(images[i:i + 2], det.preprocessing))
             for j in range(2):
-                n = int(alone[i + j]["num_detections"][0])
-                assert int(out["num_detections"][j]) == n
-                for k in ("boxes", "scores", "classes"):
-                    np.testing.assert_allclose(out[k][j], alone[i + j][k][0], atol=1e-4)
+                _assert_same(out, j, alone[i + j])
 
 
 @pytest.mark.slow
@@ -247,3 +260,61 @@ def test_cli_export_records_torchvision_rules(tiny_dir, tmp_path):
     out = _run(_session(graph), prepare_batch([img], spec))
     n = int(out["num_detections"][0])
     _assert_matches(ref, out["boxes"][0, :n], out["scores"][0, :n], out["classes"][0, :n])
+
+
+def _retina_reference(model, img: np.ndarray, gammas) -> list[dict]:
+    """torchvision's RetinaNet (forward's steps before the boxes go back to the original image),
+    NorCal by hand on its class logits (sigmoid(logit - gamma log N_c), no background) before
+    its own postprocess_detections."""
+    with torch.no_grad():
+        images, _ = model.transform([torch.from_numpy(img).permute(2, 0, 1).float() / 255])
+        features = list(model.backbone(images.tensors).values())
+        anchors = model.anchor_generator(images, features)
+    per_level = [f.shape[-2] * f.shape[-1] for f in features]
+    out = []
+    for gamma in gammas:
+        lp = _by_hand_prior(gamma)[1:]
+        hook = model.head.classification_head.register_forward_hook(lambda m, a, o: o - lp)
+        try:
+            with torch.no_grad():
+                head = model.head(features)
+        finally:
+            hook.remove()
+        a = head["cls_logits"].shape[1] // sum(per_level)
+        split = [n * a for n in per_level]
+        dets = model.postprocess_detections({k: list(v.split(split, dim=1)) for k, v in head.items()},
+                                            [list(anc.split(split)) for anc in anchors], images.image_sizes)
+        d = {k: v.numpy() for k, v in dets[0].items()}
+        d["size"] = tuple(images.image_sizes[0])
+        out.append(d)
+    return out
+
+
+@pytest.mark.slow
+def test_retinanet_matches_torchvision_alone_batched_and_tuned(tiny_dir, tmp_path):
+    ref_model = tiny_retinanet(min_size=MIN, max_size=MAX)
+    det = detector_from_state(ref_model.state_dict(), Path("retina.pth"), min_size=MIN, max_size=MAX)
+    graph = det.export(GraphOptions())
+    table = table_file(tmp_path / "t.json")
+    images = _images(tiny_dir)
+    refs = [_retina_reference(ref_model, img, GAMMAS) for img in images]
+    priors = [None if g == 0 else _by_hand_prior(g).numpy()[1:] for g in GAMMAS]
+    cache = det.cache([([0, 1], prepare_batch(images[:2], det.preprocessing)),
+                       ([2, 3], prepare_batch(images[2:], det.preprocessing))], priors, "exp")
+    for g, gamma in enumerate(GAMMAS):
+        cal = Calibration(gamma=gamma, table=table, background="none").resolve(3)
+        sess = _session(insert_norcal(graph, cal))
+        alone = []
+        for img, ref in zip(images, refs):
+            batch = prepare_batch([img], det.preprocessing)
+            assert tuple(batch.image_sizes[0]) == ref[g]["size"]
+            out = _run(sess, batch)
+            n = int(out["num_detections"][0])
+            _assert_matches(ref[g], out["boxes"][0, :n], out["scores"][0, :n], out["classes"][0, :n])
+            alone.append(out)
+        tuned = det.rescore(cache, g, priors[g], "exp", batch_size=4)
+        for i, out in enumerate(alone):
+            _assert_same(tuned, i, out)
+        out = _run(sess, prepare_batch(images[1:3], det.preprocessing))  # different sizes together
+        for j in range(2):
+            _assert_same(out, j, alone[1 + j])
