@@ -1,14 +1,16 @@
-"""The torchvision family: Faster / Mask R-CNN with a ResNet-FPN backbone saved as a bare state
-dict (``torch.save(model.state_dict())`` of ``fasterrcnn_resnet50_fpn``, ``maskrcnn_resnet50_fpn``
-or ``FasterRCNN`` / ``MaskRCNN`` around ``resnet_fpn_backbone``).
+"""The torchvision family: Faster / Mask R-CNN and RetinaNet with a ResNet-FPN backbone saved as a
+bare state dict (``torch.save(model.state_dict())`` of ``fasterrcnn_resnet50_fpn``,
+``maskrcnn_resnet50_fpn``, ``retinanet_resnet50_fpn``, or their classes around a torchvision
+ResNet FPN).
 
 The file holds no config, so the architecture comes from the key set and shapes (class count
 from the predictor, ResNet depth from the blocks) and the test-time settings are torchvision's
-defaults: resize 800 / 1333, ImageNet mean and std on RGB 0-1, RPN 1000 / 1000 at NMS 0.7,
+defaults: resize 800 / 1333, ImageNet mean and std on RGB 0-1; R-CNN: RPN 1000 / 1000 at NMS 0.7,
 ``MultiScaleRoIAlign`` (sampling 2, aligned False), box weights (10, 10, 5, 5), score 0.05,
-NMS 0.5, 100 detections. The model is our export-friendly R-CNN (``norcal.export.modeling``)
-in the torchvision convention (:data:`norcal.export.spec.ModelSpec.convention`): background
-FIRST in the classifier. RetinaNet, FCOS and other backbones are refused in one line.
+NMS 0.5, 100 detections; RetinaNet: 9 anchors, score 0.05, top 1000 per level, NMS 0.5, 300
+detections. The model is our export-friendly R-CNN / RetinaNet (``norcal.export.modeling``) in
+the torchvision convention (:data:`norcal.export.spec.ModelSpec.convention`): an R-CNN's
+classifier has the background FIRST. FCOS and other heads or backbones are refused in one line.
 """
 
 from __future__ import annotations
@@ -259,7 +261,8 @@ def detector_from_state(state: dict, path: Path, detections_per_image: int | Non
 
 
 class TorchvisionFamily(Family):
-    """torchvision Faster / Mask R-CNN state dicts, read with ``torch.load(weights_only=True)``."""
+    """torchvision Faster / Mask R-CNN and RetinaNet state dicts, read with
+    ``torch.load(weights_only=True)``."""
 
     name = FAMILY
 
