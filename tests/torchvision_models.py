@@ -73,7 +73,7 @@ def tiny_retinanet(seed: int = 0, **kwargs) -> torch.nn.Module:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         head = model.head.classification_head.cls_logits
-        head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * 0.02)
+        head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * 0.1)
         head.bias.fill_(-2.0)
         reg = model.head.regression_head.bbox_reg
         reg.weight.copy_(torch.randn(reg.weight.shape, generator=gen) * 0.01)
