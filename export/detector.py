@@ -29,7 +29,8 @@ def load_detector(weights: str | Path, config: str | Path | None = None, *,
 
 def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
     """What runners need to prepare inputs (the keys of norcal.core.contract)."""
-    return {
+    meta = {contract.RESIZE: contract.RESIZE_TORCHVISION} if spec.convention == "torchvision" else {}
+    return meta | {
         contract.MIN_SIZE_TEST: str(spec.min_size_test),
         contract.MAX_SIZE_TEST: str(spec.max_size_test),
         contract.INPUT_FORMAT: "BGR",  # the graph takes BGR whatever the training format

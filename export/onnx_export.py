@@ -174,6 +174,8 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
             props[MASK_HEAD_ROIS] = mask_head_rois
     if spec.meta_architecture == RETINANET:  # one sigmoid over all levels' logits, no background
         props[CLASSIFIER_BACKGROUND] = "none"
+    elif spec.convention == "torchvision":  # FastRCNNPredictor: background is class 0
+        props[CLASSIFIER_BACKGROUND] = "first"
     onnx.helper.set_model_props(proto, props)
     _fix_detection_dim(proto, int(spec.detections_per_image), batch)
     if check:

@@ -33,6 +33,11 @@ SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) wit
 @dataclass
 class ModelSpec:
     meta_architecture: str = "GeneralizedRCNN"
+    # whose R-CNN the weights come from: "detectron2", or "torchvision" (its Faster / Mask R-CNN:
+    # rounded anchors with strides from each image's padded size, level mapping with the eps
+    # outside the log, background FIRST with a box per class and background, boxes under 1e-2
+    # dropped, mask channel = class + 1; the host's resize rule "torchvision")
+    convention: str = "detectron2"
     # input
     pixel_mean: tuple[float, float, float] = (103.53, 116.28, 123.675)
     pixel_std: tuple[float, float, float] = (1.0, 1.0, 1.0)
@@ -97,11 +102,19 @@ class ModelSpec:
     # box weights and class count use the fields above
     retinanet_num_convs: int = 4
     retinanet_topk_candidates: int = 1000  # per level, before NMS
+    retinanet_p6_from_p5: bool = False  # torchvision's LastLevelP6P7(256, 256); detectron2 reads res5
     # NorCal settings from the config (the NorCal authors' TEST.CALIBRATION keys: gamma, factor,
     # mechanism, renormalize), used when the user gives none; None: the config has none
     calibration: Calibration | None = None
     # free-form notes on where values came from (config file, inferred from weights)
     provenance: dict[str, str] = field(default_factory=dict)
+
+
+CONVENTIONS = ("detectron2", "torchvision")
+
+
+def is_torchvision(spec: ModelSpec) -> bool:
+    return spec.convention == "torchvision"
 
 
 def arch_name(spec: ModelSpec) -> str:

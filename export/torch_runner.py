@@ -84,6 +84,11 @@ def _apply(pred, cal: Calibration | None) -> None:
     if cal.activation != model_act:
         raise NorcalError(f"the ONNX model's NorCal node uses {cal.activation} but the PyTorch classifier "
                           f"uses {model_act}: they are not the same model")
+    # a background-first classifier (torchvision) and a prior laid out otherwise would misalign
+    slot = getattr(pred, "background", "last")
+    if "first" in (slot, cal.background) and cal.background != slot:
+        raise NorcalError(f"the calibration puts the background {cal.background or 'last'} but the PyTorch "
+                          f"classifier has it {slot}: the prior would be misaligned")
     # checks the width (C+1)
     pred.set_log_prior(cal.log_prior(), cal.mechanism, cal.renormalized)
 

@@ -9,15 +9,20 @@ docs/architecture.md, "The ONNX contract"), so the host pads raw pixels with zer
 "letterbox": Ultralytics' LetterBox (fixed square, aspect kept, centred, grey padding). It
 resizes with cv2.INTER_LINEAR, whose uint8 fixed-point arithmetic :func:`resize_linear_uint8`
 reproduces bit for bit in numpy (no OpenCV needed at run time).
+
+"torchvision": torchvision's GeneralizedRCNNTransform (Faster / Mask R-CNN): the scale in float32,
+floor of each side, bilinear interpolation of the float pixels as ``F.interpolate`` computes it
+(:func:`resize_bilinear_float`, float32, torch's operation order; no uint8 rounding).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from norcal.core.contract import RESIZE_STRETCH, Preprocessing
+from norcal.core.contract import RESIZE_STRETCH, RESIZE_TORCHVISION, Preprocessing
 from norcal.core.errors import NorcalError
 from norcal.core.letterbox import letterbox_images, letterbox_offset, letterbox_size, resize_linear_uint8  # noqa: F401
 
@@ -39,10 +44,44 @@ def resized_size(h: int, w: int, min_size: int, max_size: int) -> tuple[int, int
     return int(newh + 0.5), int(neww + 0.5)
 
 
-def resize_problem(h: int, w: int, min_size: int, max_size: int) -> str | None:
+def torchvision_size(h: int, w: int, min_size: int, max_size: int) -> tuple[int, int]:
+    """(new_h, new_w) of torchvision's ``_resize_image_and_masks`` (eager): the scale
+    min(min_size / short, max_size / long) and each side floor(side * scale), in double
+    (``F.interpolate``'s output size with ``recompute_scale_factor``)."""
+    scale = min(min_size / min(h, w), max_size / max(h, w))
+    return int(math.floor(h * scale)), int(math.floor(w * scale))
+
+
+def _linear_taps(n_in: int, n_out: int):
+    """Source indices and weights of torch's linear upsampling along one axis (align_corners
+    False, the scale recomputed as n_in / n_out), in float32 as torch computes them."""
+    scale = np.float32(n_in) / np.float32(n_out)
+    # torch's compiled kernel fuses scale * (i + 0.5) - 0.5 into one multiply-add: one rounding
+    src = (np.float64(scale) * (np.arange(n_out) + 0.5) - 0.5).astype(np.float32)
+    src = np.maximum(src, np.float32(0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    lam1 = np.clip(src - i0.astype(np.float32), 0, 1).astype(np.float32)
+    i1 = np.where(i0 < n_in - 1, i0 + 1, i0)
+    return i0, i1, (np.float32(1) - lam1).astype(np.float32), lam1
+
+
+def resize_bilinear_float(image: np.ndarray, new_h: int, new_w: int) -> np.ndarray:
+    """[H, W, C] pixels -> float32 [new_h, new_w, C] as torch's ``F.interpolate(mode="bilinear",
+    align_corners=False)`` with a recomputed scale: rows' weights outside, columns' inside."""
+    x = image.astype(np.float32)
+    y0, y1, wy0, wy1 = _linear_taps(x.shape[0], new_h)
+    x0, x1, wx0, wx1 = _linear_taps(x.shape[1], new_w)
+    wx0, wx1 = wx0[None, :, None], wx1[None, :, None]
+    top = x[y0][:, x0] * wx0 + x[y0][:, x1] * wx1
+    bottom = x[y1][:, x0] * wx0 + x[y1][:, x1] * wx1
+    return top * wy0[:, None, None] + bottom * wy1[:, None, None]
+
+
+def resize_problem(h: int, w: int, min_size: int, max_size: int, rule: str = "shortest_edge") -> str | None:
     """Why an h x w image cannot be resized for the model (a side would round to 0 pixels:
     a 10000x1 strip at max_size 1333), or None."""
-    nh, nw = resized_size(h, w, min_size, max_size)
+    size_of = torchvision_size if rule == RESIZE_TORCHVISION else resized_size
+    nh, nw = size_of(h, w, min_size, max_size)
     if nh >= 1 and nw >= 1:
         return None
     return (f"{w}x{h} pixels would resize to {nw}x{nh} (short edge {min_size}, long edge at most "
@@ -107,6 +146,9 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, m
         if spec.resize == RESIZE_STRETCH:
             return prepare_stretch_batch(images_rgb, spec.input_size, spec.input_size, spec.input_format)
         min_size, max_size, fmt, divisibility = spec.min_size, spec.max_size, spec.input_format, spec.divisibility
+        rule = spec.resize
+    else:
+        rule = "shortest_edge"
     if not images_rgb:
         raise NorcalError("prepare_batch needs at least one image")
     if fmt not in ("BGR", "RGB"):
@@ -114,11 +156,15 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, m
     resized = []
     for i, img in enumerate(images_rgb):
         _check_image(i, img)
-        problem = resize_problem(img.shape[0], img.shape[1], min_size, max_size)
+        problem = resize_problem(img.shape[0], img.shape[1], min_size, max_size, rule)
         if problem:
             raise NorcalError(f"image {i}: {problem}")
-        nh, nw = resized_size(img.shape[0], img.shape[1], min_size, max_size)
-        resized.append(resize_uint8(img, nh, nw))
+        if rule == RESIZE_TORCHVISION:
+            nh, nw = torchvision_size(img.shape[0], img.shape[1], min_size, max_size)
+            resized.append(resize_bilinear_float(img, nh, nw))
+        else:
+            nh, nw = resized_size(img.shape[0], img.shape[1], min_size, max_size)
+            resized.append(resize_uint8(img, nh, nw))
     d = max(int(divisibility), 1)
     H = -(-max(r.shape[0] for r in resized) // d) * d
     W = -(-max(r.shape[1] for r in resized) // d) * d

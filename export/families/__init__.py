@@ -8,11 +8,13 @@ from pathlib import Path
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, Detections, Detector, Family, TuneCache
 from norcal.export.families.detectron2 import Detectron2Family
+from norcal.export.families.torchvision import TorchvisionFamily
 from norcal.export.families.ultralytics import UltralyticsFamily
 
 # Each family in the order their claims are tried; a family module is imported only here.
-# Ultralytics first: it claims only files naming its own classes, detectron2 whatever is left.
-FAMILIES: list[Family] = [UltralyticsFamily(), Detectron2Family()]
+# Ultralytics first: it claims only files naming its own classes; torchvision only state dicts
+# with its key names (backbone.body, rpn.head); detectron2 whatever is left.
+FAMILIES: list[Family] = [UltralyticsFamily(), TorchvisionFamily(), Detectron2Family()]
 
 
 def family_of(path, config=None) -> Family:

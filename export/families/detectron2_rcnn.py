@@ -73,7 +73,8 @@ class HeadCache(TuneCache):
 def estimate_cache_bytes(spec, num_images: int) -> int:
     """Upper bound of the cache: P = the RPN's post-NMS top-k proposals, each with C+1 logits
     per stage, K*4 deltas, a box and a valid flag (float32 / bool)."""
-    k = 1 if spec.cls_agnostic_bbox_reg else spec.num_classes
+    # torchvision regresses a box for the background too
+    k = 1 if spec.cls_agnostic_bbox_reg else spec.num_classes + (spec.convention == "torchvision")
     stages = max(len(spec.cascade_bbox_reg_weights), 1)
     per_proposal = 4 * (stages * (spec.num_classes + 1) + 4 * k + 4) + 1
     return int(num_images) * int(spec.rpn_post_nms_topk_test) * per_proposal
@@ -169,7 +170,7 @@ def cache_head_outputs(model, batches: Iterable[tuple[list, Any]],
 def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: str = "exp",
             batch_size: int = 16, threads: int | None = 1, roi_heads=None) -> dict[str, np.ndarray]:
     """The graph's outputs for every cached image with NorCal ``prior`` ([C+1] log a_c,
-    background last; None: the plain classifier), through the predictor's own inference.
+    background where the predictor has it; None: the plain classifier), through the predictor's own inference.
 
     NorCal enters through the logits (norcal.core.calibration.calibrated_logits, the prior cast
     to the logits' dtype first, as the node's initializer is), exactly as in the graph.
@@ -188,7 +189,7 @@ def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: st
             sl = slice(s, s + batch_size)
             logits = cache.cls_logits[sl]
             if prior is not None:
-                logits = calibration.calibrated_logits(logits, prior, mechanism, activation, "last")
+                logits = calibration.calibrated_logits(logits, prior, mechanism, activation, final.background)
             if logits.dim() == 4:  # a cascade: the mean of its stages' probabilities
                 probs = [final.probs(logits[:, :, k]) for k in range(logits.shape[2])]
                 probs = sum(probs[1:], probs[0]) * (1.0 / len(probs))

@@ -74,11 +74,12 @@ def cache_candidates(model, batches: Iterable[tuple[list, Any]], priors: Sequenc
     sizes, originals, ids = [], [], []
     with torch.no_grad():
         for chunk_ids, b in batches:
-            levels = model.head_outputs(torch.from_numpy(b.images), torch.from_numpy(b.image_sizes))
+            sizes_t = torch.from_numpy(b.image_sizes)
+            levels = model.head_outputs(torch.from_numpy(b.images), sizes_t)
             logits = torch.cat([lv[0] for lv in levels], dim=1)
             per_prior = [model.candidates(levels, torch.sigmoid(logits) if prior is None else
                                           calibration.calibrate(logits, prior, mechanism, False,
-                                                                "sigmoid", "none"))
+                                                                "sigmoid", "none"), sizes_t)
                          for prior in priors]
             for k, key in enumerate(_KEYS):
                 parts[key].append(torch.stack([c[k] for c in per_prior], dim=1))

@@ -22,11 +22,29 @@ def cell_anchors(sizes, aspect_ratios) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float32)
 
 
+def cell_anchors_torchvision(sizes, aspect_ratios) -> torch.Tensor:
+    """torchvision's ``AnchorGenerator.generate_anchors``: ratios outer, sizes inner, float32
+    arithmetic, corners rounded to integers."""
+    scales = torch.as_tensor(list(sizes), dtype=torch.float32)
+    ratios = torch.as_tensor(list(aspect_ratios), dtype=torch.float32)
+    h_ratios = torch.sqrt(ratios)
+    w_ratios = 1 / h_ratios
+    ws = (w_ratios[:, None] * scales[None, :]).reshape(-1)
+    hs = (h_ratios[:, None] * scales[None, :]).reshape(-1)
+    return (torch.stack([-ws, -hs, ws, hs], dim=1) / 2).round()
+
+
 class AnchorGenerator(nn.Module):
     """Anchors for each feature map: [H*W*A, 4], location-major then anchor (detectron2 order)."""
 
-    def __init__(self, sizes, aspect_ratios, strides, offset: float = 0.0):
+    def __init__(self, sizes, aspect_ratios, strides, offset: float = 0.0,
+                 convention: str = "detectron2"):
+        """``convention`` "torchvision": its rounded cell anchors, and each level's stride taken
+        per image as torchvision does for a batch of that image alone: its padded size // the
+        level's grid size (P6 of an 800-pixel side: 800 // 13 = 61, not 64); anchors then
+        come per image, [B, H*W*A, 4]."""
         super().__init__()
+        self.per_image = convention == "torchvision"
         n = len(strides)
         sizes = list(sizes) * n if len(sizes) == 1 else list(sizes)
         ratios = list(aspect_ratios) * n if len(aspect_ratios) == 1 else list(aspect_ratios)
@@ -37,7 +55,8 @@ class AnchorGenerator(nn.Module):
             raise NorcalError(f"anchor offset must lie in [0, 1), got {offset}")
         self.strides = list(strides)
         self.offset = float(offset)
-        cells = [cell_anchors(s, r) for s, r in zip(sizes, ratios)]
+        make = cell_anchors_torchvision if self.per_image else cell_anchors
+        cells = [make(s, r) for s, r in zip(sizes, ratios)]
         counts = {len(c) for c in cells}
         if len(counts) != 1:
             raise NorcalError("every feature level needs the same number of anchors per location")
@@ -45,7 +64,11 @@ class AnchorGenerator(nn.Module):
         for i, c in enumerate(cells):
             self.register_buffer(f"cell{i}", c, persistent=False)
 
-    def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+    def forward(self, features: list[torch.Tensor], padded: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Per level [H*W*A, 4]; per image [B, H*W*A, 4] for the torchvision convention, from
+        ``padded`` int64 [B, 2]: each image's own padded (h, w) in input pixels."""
+        if self.per_image:
+            return self._per_image(features, padded)
         out = []
         for i, (f, stride) in enumerate(zip(features, self.strides)):
             h, w = f.shape[-2], f.shape[-1]
@@ -56,4 +79,22 @@ class AnchorGenerator(nn.Module):
             shifts = torch.stack((sx, sy, sx, sy), dim=1)
             cell = getattr(self, f"cell{i}")
             out.append((shifts[:, None, :] + cell[None, :, :]).reshape(-1, 4))
+        return out
+
+    def _per_image(self, features: list[torch.Tensor], padded: torch.Tensor) -> list[torch.Tensor]:
+        out = []
+        for i, (f, stride) in enumerate(zip(features, self.strides)):
+            h, w = f.shape[-2], f.shape[-1]
+            # the image's own grid at this level is ceil(padded / stride); sizes >= 0 so
+            # truncating division is floor division
+            grid = torch.div(padded + (stride - 1), stride, rounding_mode="trunc")
+            step = torch.div(padded, grid, rounding_mode="trunc").to(torch.float32)  # [B, 2]
+            xs = torch.arange(w, device=f.device).to(torch.float32)[None, :] * step[:, 1:2]  # [B, W]
+            ys = torch.arange(h, device=f.device).to(torch.float32)[None, :] * step[:, 0:1]  # [B, H]
+            b = padded.shape[0]
+            sx = xs[:, None, :].expand(b, h, w).reshape(b, -1)
+            sy = ys[:, :, None].expand(b, h, w).reshape(b, -1)
+            shifts = torch.stack((sx, sy, sx, sy), dim=2)  # [B, H*W, 4]
+            cell = getattr(self, f"cell{i}")
+            out.append((shifts[:, :, None, :] + cell[None, None, :, :]).reshape(b, -1, 4))
         return out

@@ -24,12 +24,22 @@ class FastRCNNOutputLayers(nn.Module):
 
     def __init__(self, input_size: int, num_classes: int, *, cls_agnostic_bbox_reg: bool = False,
                  box_weights=(10.0, 10.0, 5.0, 5.0), use_sigmoid: bool = False,
-                 score_thresh: float = 1e-4, nms_thresh: float = 0.5, topk: int = 300):
+                 score_thresh: float = 1e-4, nms_thresh: float = 0.5, topk: int = 300,
+                 background: str = "last", min_box_size: float = 0.0):
+        """``background`` "first" (torchvision's ``FastRCNNPredictor``): the background logit
+        and box come first, boxes regressed for the background too; ``min_box_size`` > 0
+        drops decoded boxes narrower or lower than it (torchvision's remove_small_boxes)."""
         super().__init__()
+        if background not in ("last", "first"):
+            raise NorcalError(f"box predictor background must be 'last' or 'first', got {background!r}")
         self.num_classes = int(num_classes)
+        self.background = background
+        self.min_box_size = float(min_box_size)
         self.cls_score = nn.Linear(input_size, num_classes + 1)
         self.num_reg_classes = 1 if cls_agnostic_bbox_reg else num_classes
-        self.bbox_pred = nn.Linear(input_size, self.num_reg_classes * 4)
+        # torchvision regresses a box for the background too (dropped at inference)
+        self.bg_box = background == "first" and not cls_agnostic_bbox_reg
+        self.bbox_pred = nn.Linear(input_size, (self.num_reg_classes + self.bg_box) * 4)
         self.box_coder = BoxCoder(box_weights)
         self.use_sigmoid = use_sigmoid
         self.score_thresh = float(score_thresh)
@@ -40,7 +50,7 @@ class FastRCNNOutputLayers(nn.Module):
 
     def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool | None = None) -> None:
         """Calibrate scores with NorCal: ``log_prior`` [C+1] from ``norcal.core.calibration.log_prior``
-        (background last) and the variant (see ``norcal.core.calibration.calibrate``; renormalize
+        (background at ``self.background``) and the variant (see ``norcal.core.calibration.calibrate``; renormalize
         None: the head's own form); None restores the plain scores."""
         act = "sigmoid" if self.use_sigmoid else "softmax"
         self.mechanism, self.renormalize = mechanism, check_variant(mechanism, renormalize, act)
@@ -67,7 +77,7 @@ class FastRCNNOutputLayers(nn.Module):
             raise NorcalError("export the plain model (no log prior set); the NorCal node is "
                               "inserted into the ONNX graph afterwards (norcal.export.surgery)")
         return calibrate(logits, lp.to(logits.device), mechanism=self.mechanism,
-                         renormalize=self.renormalize, activation=act, background="last")
+                         renormalize=self.renormalize, activation=act, background=self.background)
 
     def inference(self, logits, deltas, proposals, valid, image_sizes):
         """logits [B, R, C+1], deltas [B, R, K*4], proposals [B, R, 4], valid bool [B, R]
@@ -79,8 +89,18 @@ class FastRCNNOutputLayers(nn.Module):
         stages) instead of logits."""
         b, r = proposals.shape[0], proposals.shape[1]
         c = self.num_classes
-        probs = probs[..., :c] * valid[..., None].to(probs.dtype)
+        if self.background == "first":
+            probs = probs[..., 1:] * valid[..., None].to(probs.dtype)
+            if self.bg_box:
+                deltas = deltas[..., 4:]
+        else:
+            probs = probs[..., :c] * valid[..., None].to(probs.dtype)
         boxes = clip_boxes(self.box_coder.decode(deltas, proposals), image_sizes)  # [B,R,K,4]
+        if self.min_box_size > 0:
+            w = boxes[..., 2] - boxes[..., 0]
+            h = boxes[..., 3] - boxes[..., 1]
+            big = ((w >= self.min_box_size) & (h >= self.min_box_size)).to(probs.dtype)  # [B,R,K]
+            probs = probs * big  # K is 1 (agnostic) or C: broadcasts either way
         scores = probs.permute(0, 2, 1)  # [B, C, R]
         if self.num_reg_classes == 1:
             nms_boxes, nms_scores = boxes[:, :, 0, :], scores

@@ -17,8 +17,11 @@ class MaskRCNNConvUpsampleHead(nn.Module):
     over its own grid, so nothing here needs a mask."""
 
     def __init__(self, in_channels: int, *, num_conv: int, conv_dim: int, num_classes: int,
-                 cls_agnostic: bool = False, norm: str = ""):
+                 cls_agnostic: bool = False, norm: str = "", class_offset: int = 0):
+        """``class_offset`` 1: channel 0 is the background's (torchvision), so class c's mask is
+        channel c + 1 (``num_classes`` then counts the background)."""
         super().__init__()
+        self.class_offset = int(class_offset)
         self.num_conv = num_conv
         ch = in_channels
         for k in range(num_conv):
@@ -39,6 +42,8 @@ class MaskRCNNConvUpsampleHead(nn.Module):
         if self.cls_agnostic:
             logits = (x * w[0][None, :, None, None]).sum(1) + self.predictor.bias[0]
         else:
+            if self.class_offset:
+                classes = classes + self.class_offset
             bias = self.predictor.bias[classes][:, None, None]
             logits = (x * w[classes][:, :, None, None]).sum(1) + bias
         return torch.sigmoid(logits)

@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from norcal.core.contract import OUTPUT_NAMES
 
 from .anchors import AnchorGenerator
-from .box_coder import BoxCoder
+from .box_coder import BoxCoder, clip_boxes
 from .fpn import FPN
 from .layers import PaddingMasks
 from .ops import non_max_suppression
@@ -29,9 +29,11 @@ from .sigmoid_norcal import SigmoidNorCal
 class RetinaFPN(FPN):
     """FPN over res3-res5 plus ``top_block``: P6 = conv3x3/2(res5), P7 = conv3x3/2(relu(P6))."""
 
-    def __init__(self, bottom_up: nn.Module, out_channels: int, norm: str = ""):
+    def __init__(self, bottom_up: nn.Module, out_channels: int, norm: str = "", p6_from_p5: bool = False):
+        """``p6_from_p5``: P6 = conv3x3/2(P5) (torchvision's LastLevelP6P7 with 256 inputs)."""
         super().__init__(bottom_up, out_channels, norm, in_features=["res3", "res4", "res5"])
-        c5 = bottom_up.out_channels["res5"]
+        c5 = out_channels if p6_from_p5 else bottom_up.out_channels["res5"]
+        self.p6_from_p5 = p6_from_p5
         self.top_block = nn.Module()
         self.top_block.p6 = nn.Conv2d(c5, out_channels, 3, stride=2, padding=1)
         self.top_block.p7 = nn.Conv2d(out_channels, out_channels, 3, stride=2, padding=1)
@@ -41,7 +43,7 @@ class RetinaFPN(FPN):
         feats = self.bottom_up(x, masks)
         results = self.top_down(feats, masks)
         s5 = self.in_strides[-1]
-        p6 = self.top_block.p6(masks.apply(feats["res5"], s5))
+        p6 = self.top_block.p6(masks.apply(results[-1] if self.p6_from_p5 else feats["res5"], s5))
         p7 = self.top_block.p7(masks.apply(F.relu(p6), 2 * s5))
         return results + [p6, p7]
 
@@ -91,7 +93,9 @@ class RetinaNet(SigmoidNorCal, nn.Module):
     def __init__(self, backbone: RetinaFPN, head: RetinaNetHead, anchors: AnchorGenerator, *,
                  num_classes: int, pixel_mean, pixel_std, box_weights, score_thresh: float,
                  topk_candidates: int, nms_thresh: float, detections_per_image: int,
-                 size_divisibility: int):
+                 size_divisibility: int, clip_boxes: bool = False):
+        """``clip_boxes``: clip each candidate to its image before NMS (torchvision does;
+        detectron2 clips only after, in the original image)."""
         super().__init__()
         self.backbone = backbone
         self.head = head
@@ -105,6 +109,7 @@ class RetinaNet(SigmoidNorCal, nn.Module):
         self.nms_thresh = float(nms_thresh)
         self.topk = int(detections_per_image)
         self.size_divisibility = int(size_divisibility)
+        self.clip_boxes = bool(clip_boxes)
         # NorCal state, named like FastRCNNOutputLayers' so the PyTorch runner treats both alike
         self.init_norcal()
 
@@ -114,7 +119,7 @@ class RetinaNet(SigmoidNorCal, nn.Module):
         masks = PaddingMasks(image_sizes, self.size_divisibility)
         x = masks.apply_image((images - self.pixel_mean) / self.pixel_std)
         features = self.backbone(x, masks)
-        anchors = self.anchor_generator(features)
+        anchors = self.anchor_generator(features, masks.padded)
         a = self.anchor_generator.num_anchors
         levels = []
         for f, stride, anc in zip(features, self.anchor_generator.strides, anchors):
@@ -125,9 +130,10 @@ class RetinaNet(SigmoidNorCal, nn.Module):
             levels.append((lg, dl, anc, inside))
         return levels
 
-    def candidates(self, levels: list[tuple], scores: torch.Tensor):
+    def candidates(self, levels: list[tuple], scores: torch.Tensor, image_sizes: torch.Tensor):
         """Every level's top candidates from ``scores`` [B, sum(n), C] (the levels' logits'
-        activations): boxes [B, R, 4], scores [B, R], classes [B, R], R = levels x top-k."""
+        activations): boxes [B, R, 4], scores [B, R], classes [B, R], R = levels x top-k;
+        ``image_sizes`` int64 [B, 2] for the clip (``clip_boxes``)."""
         boxes, top_scores, classes = [], [], []
         start = 0
         for lg, dl, anc, ins in levels:
@@ -138,7 +144,10 @@ class RetinaNet(SigmoidNorCal, nn.Module):
             boxes.append(bx)
             top_scores.append(sc)
             classes.append(cl)
-        return torch.cat(boxes, 1), torch.cat(top_scores, 1), torch.cat(classes, 1)
+        boxes = torch.cat(boxes, 1)
+        if self.clip_boxes:
+            boxes = clip_boxes(boxes, image_sizes)
+        return boxes, torch.cat(top_scores, 1), torch.cat(classes, 1)
 
     def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
                   intermediates: bool = False) -> dict[str, torch.Tensor]:
@@ -146,7 +155,7 @@ class RetinaNet(SigmoidNorCal, nn.Module):
         ``box_deltas`` [B, N, 4] over all levels' anchors (N = sum of H*W*A)."""
         levels = self.head_outputs(images, image_sizes)
         cls_logits = torch.cat([lv[0] for lv in levels], dim=1)
-        out = self.nms(*self.candidates(levels, self.probs(cls_logits)))
+        out = self.nms(*self.candidates(levels, self.probs(cls_logits), image_sizes))
         if intermediates:
             out.update(cls_logits=cls_logits, box_deltas=torch.cat([lv[1] for lv in levels], dim=1))
         return out
@@ -159,12 +168,16 @@ class RetinaNet(SigmoidNorCal, nn.Module):
         # k dummies so the TopK needs no min(k, n*C) and works for any map size
         flat = torch.cat([flat, flat.new_zeros((b, k))], dim=1)
         deltas = torch.cat([deltas, deltas.new_zeros((b, k, 4))], dim=1)
-        anchors = torch.cat([anchors, anchors.new_zeros((k, 4))], dim=0)
         top, idx = topk_in_steps(flat, k)  # TensorRT's TopK takes K < 3840
         anchor_idx = torch.div(idx, c, rounding_mode="trunc")
         cls = idx - anchor_idx * c
         d = torch.gather(deltas, 1, anchor_idx[:, :, None].expand(-1, -1, 4))
-        boxes = self.box_coder.decode(d, anchors[anchor_idx])[:, :, 0, :]
+        if anchors.dim() == 3:  # per-image anchors (torchvision's strides)
+            anchors = torch.cat([anchors, anchors.new_zeros((b, k, 4))], dim=1)
+            anchors = torch.gather(anchors, 1, anchor_idx[:, :, None].expand(-1, -1, 4))
+        else:
+            anchors = torch.cat([anchors, anchors.new_zeros((k, 4))], dim=0)[anchor_idx]
+        boxes = self.box_coder.decode(d, anchors)[:, :, 0, :]
         top = torch.where(top > self.score_thresh, top, torch.zeros_like(top))
         return boxes, top, cls
 

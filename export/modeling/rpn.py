@@ -81,7 +81,8 @@ class RPN(nn.Module):
     """Proposals [B, post_nms_topk, 4] sorted by objectness, with a validity mask [B, post]."""
 
     def __init__(self, head: StandardRPNHead, anchors: AnchorGenerator, *, box_weights,
-                 pre_nms_topk: int, post_nms_topk: int, nms_thresh: float, min_size: float):
+                 pre_nms_topk: int, post_nms_topk: int, nms_thresh: float, min_size: float,
+                 min_size_inclusive: bool = False):
         super().__init__()
         self.rpn_head = head
         self.anchor_generator = anchors
@@ -90,12 +91,13 @@ class RPN(nn.Module):
         self.post_nms_topk = int(post_nms_topk)
         self.nms_thresh = float(nms_thresh)
         self.min_size = float(min_size)
+        self.min_size_inclusive = bool(min_size_inclusive)
 
     def forward(self, features: list[torch.Tensor], image_sizes: torch.Tensor,
                 masks: PaddingMasks):
         """Returns (boxes [B, P, 4], logits [B, P], valid bool [B, P]), P = post_nms_topk."""
         k = self.pre_nms_topk
-        anchors = self.anchor_generator(features)
+        anchors = self.anchor_generator(features, masks.padded)
         boxes, scores = [], []
         for f, stride, anc in zip(features, self.anchor_generator.strides, anchors):
             m = masks.mask(stride, f)
@@ -109,16 +111,24 @@ class RPN(nn.Module):
             # pad with k dummies so top-k needs no min(k, H*W*A) and works for any input size
             logits = torch.cat([logits, logits.new_full((b, k), NEG_INF)], dim=1)
             deltas = torch.cat([deltas, deltas.new_zeros((b, k, 4))], dim=1)
-            anc = torch.cat([anc, anc.new_zeros((k, 4))], dim=0)
             top, idx = topk_in_steps(logits, k)
             d = torch.gather(deltas, 1, idx[:, :, None].expand(-1, -1, 4))
-            boxes.append(self.box_coder.decode(d, anc[idx])[:, :, 0, :])
+            if anc.dim() == 3:  # per-image anchors (torchvision's strides)
+                anc = torch.cat([anc, anc.new_zeros((b, k, 4))], dim=1)
+                anc = torch.gather(anc, 1, idx[:, :, None].expand(-1, -1, 4))
+            else:
+                anc = torch.cat([anc, anc.new_zeros((k, 4))], dim=0)[idx]
+            boxes.append(self.box_coder.decode(d, anc)[:, :, 0, :])
             scores.append(top)
         boxes = clip_boxes(torch.cat(boxes, dim=1), image_sizes)  # [B, L*k, 4]
         scores = torch.cat(scores, dim=1)  # [B, L*k]
         w = boxes[..., 2] - boxes[..., 0]
         h = boxes[..., 3] - boxes[..., 1]
-        nonempty = (w > self.min_size) & (h > self.min_size)
+        # detectron2 keeps w > min_size; torchvision's remove_small_boxes w >= min_size
+        if self.min_size_inclusive:
+            nonempty = (w >= self.min_size) & (h >= self.min_size)
+        else:
+            nonempty = (w > self.min_size) & (h > self.min_size)
         scores = torch.where(nonempty, scores, torch.full_like(scores, NEG_INF))
         # NMS within each level: fold the level into NMS's batch axis ([B*L, k, 4]), so each
         # NMS batch item holds at most k boxes (TensorRT considers <= 5000 per item; with

@@ -63,7 +63,12 @@ RESIZE = "norcal.resize"
 # "stretch": every image resized to the INPUT_SIZE square exactly, aspect not kept, no padding
 # (Ultralytics' RT-DETR predictor: LetterBox(auto=False, scale_fill=True)).
 RESIZE_STRETCH = "stretch"
-RESIZE_RULES = ("shortest_edge", "letterbox", RESIZE_STRETCH)  # the first is the default
+# "torchvision": GeneralizedRCNNTransform's resize (min_size_test / max_size_test): scale
+# r = min(float32(min) / float32(short), float32(max) / float32(long)) in float32, resized
+# (floor(h*r), floor(w*r)) by bilinear interpolation (half-pixel centres, no antialiasing) of the
+# float pixels (not rounded to uint8), zero padding at the bottom/right as shortest_edge.
+RESIZE_TORCHVISION = "torchvision"
+RESIZE_RULES = ("shortest_edge", "letterbox", RESIZE_STRETCH, RESIZE_TORCHVISION)  # the first is the default
 INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
 PAD_VALUE = "norcal.pad_value"  # letterbox: the padding's pixel value 0-255 (absent: 114)
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
@@ -217,6 +222,8 @@ class Preprocessing:
         else:
             meta.update({MIN_SIZE_TEST: str(self.min_size), MAX_SIZE_TEST: str(self.max_size),
                          SIZE_DIVISIBILITY: str(self.divisibility)})
+            if self.resize != RESIZE_RULES[0]:
+                meta[RESIZE] = self.resize
         return meta
 
 
@@ -299,6 +306,7 @@ def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int 
         max_size=int(max_size) if max_size is not None else _int(meta, MAX_SIZE_TEST),
         input_format=fmt,
         divisibility=_int(meta, SIZE_DIVISIBILITY),
+        resize=rule,
     )
     if spec.min_size <= 0 or spec.max_size <= 0:
         raise NorcalError(f"min_size and max_size must be positive, got {spec.min_size}, {spec.max_size}",

@@ -85,7 +85,8 @@ class ParityRunners:
         from norcal.runtime.preprocess import resize_problem
 
         for i, image in enumerate(images):
-            if problem := resize_problem(image.shape[0], image.shape[1], self.spec.min_size, self.spec.max_size):
+            if problem := resize_problem(image.shape[0], image.shape[1], self.spec.min_size, self.spec.max_size,
+                                         self.spec.resize):
                 where = paths[i] if paths is not None else f"image {i}"
                 raise NorcalError(f"{where}: cannot run this image: {problem}")
 
