@@ -4,9 +4,7 @@ model-zoo ``.pkl`` checkpoints, as R-CNNs (:mod:`.detectron2_rcnn`) or RetinaNet
 
 from __future__ import annotations
 
-import pickletools
 import sys
-import zipfile
 from pathlib import Path
 
 from norcal.export.checkpoint import PICKLE_SUFFIXES, TORCH_SUFFIXES
@@ -16,36 +14,21 @@ from norcal.export.families.detectron2_rcnn import RCNNDetector
 from norcal.export.families.detectron2_rcnn import estimate_cache_bytes as _rcnn_bytes
 from norcal.export.families.detectron2_retinanet import RetinaNetDetector
 from norcal.export.families.detectron2_retinanet import estimate_cache_bytes as _retinanet_bytes
+from norcal.export.families.pickle_scan import scan_torch_zip
 
 # what a torch.save of tensors and plain containers names; model-zoo pickles name numpy too
 _CHECKPOINT_PACKAGES = frozenset({"torch", "numpy", "collections", "_codecs", "builtins", "__builtin__",
                                   "copyreg", "copy_reg"})
-_MAX_PICKLE_BYTES = 64 << 20  # a state dict's data.pkl is names and storage keys: ~100 kB
 
 
 def pickle_packages(path: Path) -> set[str] | None:
     """The top-level packages whose globals a torch zip checkpoint's pickle names (read with
     pickletools, nothing unpickled); None when ``path`` is no torch zip file."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            name = next((n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
-            if name is None or z.getinfo(name).file_size > _MAX_PICKLE_BYTES:
-                return None
-            data = z.read(name)
-    except (OSError, zipfile.BadZipFile, ValueError):
+    scan = scan_torch_zip(path)
+    if scan is None:
         return None
-    found, strings = set(), []
-    try:
-        for op, arg, _ in pickletools.genops(data):
-            if op.name == "GLOBAL":
-                found.add(str(arg).split(" ", 1)[0].split(".", 1)[0])
-            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.add(strings[-2].split(".", 1)[0])
-            elif isinstance(arg, str) and "UNICODE" in op.name:
-                strings.append(arg)
-    except Exception:  # noqa: BLE001 - a corrupt pickle: the safe loader names what is wrong
-        return found or None
-    return found
+    found = {g.split(".", 1)[0] for g in scan.globals}
+    return found if found or scan.complete else None
 
 
 def is_detectron2_checkpoint(path: Path) -> bool:

@@ -15,9 +15,7 @@ classifier has the background FIRST. FCOS and other heads or backbones are refus
 
 from __future__ import annotations
 
-import pickletools
 import re
-import zipfile
 from pathlib import Path
 
 from norcal.core.errors import NorcalError
@@ -25,13 +23,13 @@ from norcal.export.checkpoint import TORCH_SUFFIXES
 from norcal.export.families.base import Classifier, Family
 from norcal.export.families.detectron2_rcnn import RCNNDetector
 from norcal.export.families.detectron2_retinanet import RetinaNetDetector
+from norcal.export.families.pickle_scan import scan_torch_zip
 
 FAMILY = "torchvision"
 # keys only a torchvision GeneralizedRCNN state dict has (detectron2 says bottom_up, rpn_head)
 _MARKERS = ("backbone.body.", "rpn.head.", "roi_heads.box_predictor.cls_score.weight")
 _FCOS = "head.regression_head.bbox_ctrness"  # FCOS's head is RetinaNet's plus centerness
 _RETINANET = "head.classification_head.cls_logits.weight"
-_MAX_PICKLE_BYTES = 64 << 20
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # GeneralizedRCNNTransform's defaults, RGB 0-1
 IMAGENET_STD = (0.229, 0.224, 0.225)
 BLOCKS = {(2, 2, 2, 2): 18, (3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
@@ -66,34 +64,14 @@ _RENAMES = [
 _RENAMES = [(re.compile(p), r) for p, r in _RENAMES]
 
 
-def pickle_strings(path: Path) -> set[str] | None:
-    """The strings a torch zip checkpoint's pickle holds (its state dict's keys among them),
-    read with pickletools: nothing unpickled. None when ``path`` is no torch zip file."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            name = next((n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
-            if name is None or z.getinfo(name).file_size > _MAX_PICKLE_BYTES:
-                return None
-            data = z.read(name)
-    except (OSError, zipfile.BadZipFile, ValueError):
-        return None
-    found = set()
-    try:
-        for op, arg, _ in pickletools.genops(data):
-            if isinstance(arg, str) and "UNICODE" in op.name:
-                found.add(arg)
-    except Exception:  # noqa: BLE001 - a corrupt pickle: what was read so far decides
-        pass
-    return found
-
-
 def is_torchvision_checkpoint(path: Path) -> bool:
     """A ``.pth``/``.pt`` torch zip whose keys are a torchvision detection model's."""
     if path.suffix.lower() not in TORCH_SUFFIXES or not path.is_file():
         return False
-    strings = pickle_strings(path)
-    if not strings:
+    scan = scan_torch_zip(path)
+    if scan is None or not scan.strings:
         return False
+    strings = scan.strings
     keys = {s[len("module."):] if s.startswith("module.") else s for s in strings}  # DDP's prefix
     has = [any(k.startswith(m) for k in keys) for m in _MARKERS]
     dense = any(k.startswith((_FCOS, _RETINANET)) for k in keys)

@@ -16,15 +16,14 @@ the installed Ultralytics, never the file's.
 from __future__ import annotations
 
 import os
-import pickletools
 import re
 import sys
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from norcal.core.errors import NorcalError
+from norcal.export.families.pickle_scan import scan_torch_zip
 
 # The task models this loader builds (YOLOv8 / YOLO11 detect and segment, RT-DETR). RT-DETR's
 # task class is the only global it adds: its layers (HGStem, HGBlock, RepC3, AIFI, the
@@ -65,27 +64,10 @@ def import_ultralytics():
 def pickle_globals(path: Path) -> list[str] | None:
     """The ``module.name`` globals the pickle inside a torch zip checkpoint names, read from its
     opcodes without unpickling; None when ``path`` is not a torch zip archive."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = [n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
-            if not names:
-                return None
-            data = z.read(names[0])
-    except (zipfile.BadZipFile, OSError, KeyError, ValueError):
+    scan = scan_torch_zip(path)
+    if scan is None or not (scan.globals or scan.complete):
         return None
-    found, strings = [], []
-    try:
-        for op, arg, _ in pickletools.genops(data):
-            if op.name == "GLOBAL":
-                found.append(str(arg).replace(" ", "."))
-            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.append(f"{strings[-2]}.{strings[-1]}")
-            if isinstance(arg, str) and op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE",
-                                                    "BINUNICODE8"):
-                strings.append(arg)
-    except Exception:  # noqa: BLE001 - a malformed pickle is simply not ours; load() explains
-        return found or None
-    return found
+    return list(scan.globals)
 
 
 def task_of(path: Path) -> str | None:
