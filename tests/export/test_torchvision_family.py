@@ -186,20 +186,15 @@ def test_family_reads_retinanet_refuses_fcos_and_malicious_pickles(tmp_path):
     assert family_of(legacy).name != "torchvision"
 
 
-@pytest.mark.slow
-def test_faster_rcnn_matches_torchvision_alone_batched_and_tuned(tiny_dir, tmp_path):
-    ref_model = tiny_rcnn(min_size=MIN, max_size=MAX)
-    det = detector_from_state(ref_model.state_dict(), Path("faster.pth"), min_size=MIN, max_size=MAX)
-    graph = det.export(GraphOptions())
-    table = table_file(tmp_path / "t.json")
-    images = _images(tiny_dir)
-    refs = [_reference(ref_model, img, GAMMAS) for img in images]
-    priors = [None if g == 0 else _by_hand_prior(g).numpy() for g in GAMMAS]
-    # norcal tune's pass: the network once, re-scored per prior (background first)
+def _assert_alone_batched_tuned(det, graph, table, background, images, refs, priors, batch_starts):
+    """At each of GAMMAS: our graph in ONNX Runtime matches torchvision's reference per image,
+    norcal tune's cache re-scored at that prior equals it, and a batch of two images of different
+    sizes (starting at each of ``batch_starts``) equals each image alone."""
+    # norcal tune's pass: the network once, re-scored per prior
     cache = det.cache([([0, 1], prepare_batch(images[:2], det.preprocessing)),
                        ([2, 3], prepare_batch(images[2:], det.preprocessing))], priors, "exp")
     for g, gamma in enumerate(GAMMAS):
-        cal = Calibration(gamma=gamma, table=table, background="first").resolve(3)
+        cal = Calibration(gamma=gamma, table=table, background=background).resolve(3)
         sess = _session(insert_norcal(graph, cal))
         alone = []
         for img, ref in zip(images, refs):
@@ -212,10 +207,22 @@ def test_faster_rcnn_matches_torchvision_alone_batched_and_tuned(tiny_dir, tmp_p
         tuned = det.rescore(cache, g, priors[g], "exp", batch_size=4)
         for i, out in enumerate(alone):
             _assert_same(tuned, i, out)
-        for i in (0, 2):  # different sizes in one batch: each image as alone
+        for i in batch_starts:
             out = _run(sess, prepare_batch(images[i:i + 2], det.preprocessing))
             for j in range(2):
                 _assert_same(out, j, alone[i + j])
+
+
+@pytest.mark.slow
+def test_faster_rcnn_matches_torchvision_alone_batched_and_tuned(tiny_dir, tmp_path):
+    ref_model = tiny_rcnn(min_size=MIN, max_size=MAX)
+    det = detector_from_state(ref_model.state_dict(), Path("faster.pth"), min_size=MIN, max_size=MAX)
+    graph = det.export(GraphOptions())
+    table = table_file(tmp_path / "t.json")
+    images = _images(tiny_dir)
+    refs = [_reference(ref_model, img, GAMMAS) for img in images]
+    priors = [None if g == 0 else _by_hand_prior(g).numpy() for g in GAMMAS]
+    _assert_alone_batched_tuned(det, graph, table, "first", images, refs, priors, batch_starts=(0, 2))
 
 
 @pytest.mark.slow
@@ -299,22 +306,4 @@ def test_retinanet_matches_torchvision_alone_batched_and_tuned(tiny_dir, tmp_pat
     images = _images(tiny_dir)
     refs = [_retina_reference(ref_model, img, GAMMAS) for img in images]
     priors = [None if g == 0 else _by_hand_prior(g).numpy()[1:] for g in GAMMAS]
-    cache = det.cache([([0, 1], prepare_batch(images[:2], det.preprocessing)),
-                       ([2, 3], prepare_batch(images[2:], det.preprocessing))], priors, "exp")
-    for g, gamma in enumerate(GAMMAS):
-        cal = Calibration(gamma=gamma, table=table, background="none").resolve(3)
-        sess = _session(insert_norcal(graph, cal))
-        alone = []
-        for img, ref in zip(images, refs):
-            batch = prepare_batch([img], det.preprocessing)
-            assert tuple(batch.image_sizes[0]) == ref[g]["size"]
-            out = _run(sess, batch)
-            n = int(out["num_detections"][0])
-            _assert_matches(ref[g], out["boxes"][0, :n], out["scores"][0, :n], out["classes"][0, :n])
-            alone.append(out)
-        tuned = det.rescore(cache, g, priors[g], "exp", batch_size=4)
-        for i, out in enumerate(alone):
-            _assert_same(tuned, i, out)
-        out = _run(sess, prepare_batch(images[1:3], det.preprocessing))  # different sizes together
-        for j in range(2):
-            _assert_same(out, j, alone[1 + j])
+    _assert_alone_batched_tuned(det, graph, table, "none", images, refs, priors, batch_starts=(1,))
