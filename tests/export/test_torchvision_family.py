@@ -95,8 +95,6 @@ def _run(sess, batch):
     return dict(zip(names, sess.run(None, batch.feeds())))
 
 
-
-
 def test_host_resize_is_torchvision_transform():
     rng = np.random.default_rng(0)
     for h, w in [(480, 640), (427, 640), (333, 500), (640, 480), (100, 2000), (37, 53)]:
@@ -105,8 +103,10 @@ def test_host_resize_is_torchvision_transform():
         nh, nw = torchvision_size(h, w, 800, 1333)
         assert (nh, nw) == tuple(ref.shape[1:])
         ours = resize_bilinear_float(img, nh, nw).transpose(2, 0, 1)
-        # the same taps and weights; torch's compiled multiply-adds round up to 2 ulp apart at 255
-        assert np.abs(ours - ref.numpy()).max() <= 4e-5
+        # the same taps and weights; torch's vectorised multiply-adds (two passes, each a few
+        # roundings, their order set by the kernel's vector width) land up to ~4 ulp apart at 255:
+        # a wrong tap or weight is off by > 1e-2
+        assert np.abs(ours - ref.numpy()).max() <= 6 * np.spacing(np.float32(255))
 
 
 def test_anchors_are_torchvision_anchors_per_image():
