@@ -4,29 +4,17 @@ on the gamma-0 export (the host's own stretch and box mapping on both sides)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from yolo_models import IMAGES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
-from test_tune_yolo import _gamma_0_is_infer, _gt  # noqa: E402 - the same hand-written GT (6 classes)
+from test_tune_yolo import _gamma_0_is_infer, _gt, _tune_sweep  # noqa: E402 - the same hand-written GT (6 classes)
 
 
 @pytest.mark.slow
 def test_tune_rtdetr_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_path):
-    from norcal.cli import main
     from norcal.export.families.ultralytics_rtdetr import RtdetrDetector
 
-    images = IMAGES[0].parent
-    gt = _gt(tmp_path / "gt.json")
-    best = tmp_path / "best.pt"
-    best.write_bytes(yolo_work.rtdetr.read_bytes())
-    table = str(yolo_work.table)
-    sweep = tmp_path / "sweep.json"
-    assert main(["tune", str(best), "--gt", str(gt), "--images", str(images), "--gammas", "0,0.5,1",
-                 "--table", table, "--batch", "3", "--json", str(sweep)]) == 0
-    res = json.loads(sweep.read_text())
-    assert [p["gamma"] for p in res["sweep"]] == [0.0, 0.5, 1.0] and res["num_images"] == 4
+    best, gt, images, table, res = _tune_sweep(yolo_work.rtdetr, yolo_work.table, tmp_path)
     assert all(p["num_detections"] > 0 for p in res["sweep"])
     # NorCal moves the sweep: its gammas do not all give the same detections
     assert len({(p["num_detections"], p["stats"]["AP"]) for p in res["sweep"]}) > 1

@@ -37,21 +37,28 @@ def _xyxy(b):
     return np.concatenate([b[:, :2], b[:, :2] + b[:, 2:]], 1)
 
 
-@pytest.mark.slow
-def test_tune_yolo_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_path):
+def _tune_sweep(checkpoint, table, tmp_path):
+    """`norcal tune` of a copy of ``checkpoint`` on the 4 images and the hand-written GT, gammas
+    0, 0.5, 1: (the copy, gt, images folder, table, the sweep's JSON)."""
     from norcal.cli import main
 
-    assert sorted(p.name for p in IMAGES) == sorted(_SIZES) and len(IMAGES) >= 4
     images = IMAGES[0].parent
     gt = _gt(tmp_path / "gt.json")
     best = tmp_path / "best.pt"
-    best.write_bytes(yolo_work.det.read_bytes())
-    table = str(yolo_work.table)
+    best.write_bytes(checkpoint.read_bytes())
+    table = str(table)
     sweep = tmp_path / "sweep.json"
     assert main(["tune", str(best), "--gt", str(gt), "--images", str(images), "--gammas", "0,0.5,1",
                  "--table", table, "--batch", "3", "--json", str(sweep)]) == 0
     res = json.loads(sweep.read_text())
     assert [p["gamma"] for p in res["sweep"]] == [0.0, 0.5, 1.0] and res["num_images"] == 4
+    return best, gt, images, table, res
+
+
+@pytest.mark.slow
+def test_tune_yolo_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_path):
+    assert sorted(p.name for p in IMAGES) == sorted(_SIZES) and len(IMAGES) >= 4
+    best, gt, images, table, res = _tune_sweep(yolo_work.det, yolo_work.table, tmp_path)
     assert res["best"]["gamma"] in (0.0, 0.5, 1.0) and all(p["num_detections"] > 0 for p in res["sweep"])
     # NorCal moves the sweep: its gammas do not all give the same detections
     assert len({(p["num_detections"], p["stats"]["AP"]) for p in res["sweep"]}) > 1
