@@ -218,15 +218,14 @@ def _post_graph(detector, opset: int) -> onnx.ModelProto:
     import torch
 
     module = detector.graph_module()
-    module.head = lambda pair: pair  # the network is Ultralytics' graph: its head gives (boxes, logits)
 
-    class Post(torch.nn.Module):
+    class Post(torch.nn.Module):  # the network is Ultralytics' graph: only what follows its head
         def __init__(self):
             super().__init__()
             self.graph = module
 
         def forward(self, boxes, logits, image_sizes):
-            return self.graph((boxes, logits), image_sizes)
+            return tuple(self.graph.detections(boxes, logits, image_sizes).values())
 
     gen = torch.Generator().manual_seed(0)
     q, c = detector.num_queries, detector.num_classes
