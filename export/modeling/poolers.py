@@ -22,11 +22,17 @@ def replicate_edge(f: torch.Tensor, extent: torch.Tensor) -> torch.Tensor:
     inside its image, so only that one pixel is ever read: replicating the edge into it gives
     detectron2's per-image result. ``extent`` int64 [B, 2] is the valid (rows, cols).
     """
-    h, w = f.shape[-2], f.shape[-1]
-    cols = (torch.arange(w, device=f.device)[None, :] == extent[:, 1:2])[:, None, None, :]
-    f = torch.where(cols, torch.cat([f[..., :1], f[..., :-1]], dim=-1), f)
-    rows = (torch.arange(h, device=f.device)[None, :] == extent[:, 0:1])[:, None, :, None]
-    return torch.where(rows, torch.cat([f[..., :1, :], f[..., :-1, :]], dim=-2), f)
+    # one column, then one row, gathered and written back: a whole-map select would read and
+    # write every feature twice per axis. Where the image fills the map (extent == size) the
+    # last column is written onto itself.
+    for axis, size, e in ((3, f.shape[-1], extent[:, 1]), (2, f.shape[-2], extent[:, 0])):
+        shape = [f.shape[0], f.shape[1], f.shape[2], f.shape[3]]
+        shape[axis] = 1
+        # Max / Min, not Clip: TensorRT clips floats only
+        src = torch.maximum(e - 1, torch.zeros_like(e))[:, None, None, None].expand(shape)
+        dst = torch.minimum(e, torch.as_tensor(size - 1, device=e.device))  # traced: a Shape
+        f = f.scatter(axis, dst[:, None, None, None].expand(shape), torch.gather(f, axis, src))
+    return f
 
 
 def assign_boxes_to_levels(boxes: torch.Tensor, min_level: int, max_level: int,
