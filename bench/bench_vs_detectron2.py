@@ -120,19 +120,23 @@ def time_all(runs: dict, repeats: int) -> dict[str, float]:
     return {k: statistics.median(t) for k, t in times.items()}
 
 
-def op_profile(model: onnx.ModelProto, feeds: dict, threads: int, runs: int = 2) -> collections.Counter:
-    """Seconds per op type per run, from ONNX Runtime's profiler."""
+def op_profile(model: onnx.ModelProto, feeds: dict, threads: int, runs: int = 3) -> collections.Counter:
+    """Seconds per op type per run, from ONNX Runtime's profiler, after two warm-up runs (a
+    session's first runs allocate: detectron2's took 2-6x its steady time)."""
+    warm = 2
     with tempfile.TemporaryDirectory() as tmp:
         sess = session(model, threads, tmp)
-        sess.run(None, feeds)  # warm-up, profiled too: subtracted below by counting runs + 1
-        for _ in range(runs):
+        for _ in range(warm + runs):
             sess.run(None, feeds)
         with open(sess.end_profiling()) as f:
             events = json.load(f)
+    model_runs = sorted((e["ts"], e["dur"]) for e in events
+                        if e.get("cat") == "Session" and e.get("name") == "model_run")
+    counted_from = model_runs[warm - 1][0] + model_runs[warm - 1][1]
     per_op: collections.Counter = collections.Counter()
     for e in events:
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
-            per_op[e["args"]["op_name"]] += e["dur"] / 1e6 / (runs + 1)
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= counted_from:
+            per_op[e["args"]["op_name"]] += e["dur"] / 1e6 / runs
     return per_op
 
 
@@ -251,18 +255,19 @@ def main(argv=None) -> int:
                 console.print(f"{r.name}, {k}: detectron2's detections not paired (score, best "
                               f"same-class IoU with ours): {c['unpaired']}")
         if args.profile:
-            other = "detectron2" if "detectron2" in graphs else "ours --batch 1"
             with console.status(f"{r.name}: profiling"):
-                profiles.append((r.name, other, op_profile(graphs[DEFAULT], our_feeds, args.threads),
-                                 op_profile(graphs[other], feeds[other], args.threads)))
+                profiles.append((r.name, {k: op_profile(g, feeds[k], args.threads)
+                                          for k, g in graphs.items()}))
     console.print(table)
-    for regime, other, mine, theirs in profiles:
+    for regime, per_graph in profiles:
         prof = Table(title=f"{regime} detections: seconds per run by op type (ORT profiler)")
-        for col in ("op type", DEFAULT + " s", other + " s"):
-            prof.add_column(col, justify="right")
-        for op in sorted(set(mine) | set(theirs), key=lambda o: -max(mine[o], theirs[o]))[:16]:
-            prof.add_row(op, f"{mine[op]:.4f}", f"{theirs[op]:.4f}")
-        prof.add_row("total", f"{sum(mine.values()):.4f}", f"{sum(theirs.values()):.4f}")
+        prof.add_column("op type", justify="right")
+        for k in per_graph:
+            prof.add_column(k, justify="right")
+        ops = set().union(*per_graph.values())
+        for op in sorted(ops, key=lambda o: -max(p[o] for p in per_graph.values()))[:16]:
+            prof.add_row(op, *(f"{p[op]:.4f}" for p in per_graph.values()))
+        prof.add_row("total", *(f"{sum(p.values()):.4f}" for p in per_graph.values()))
         console.print(prof)
     console.print(f"end: {uptime()}")
     return 0
