@@ -152,6 +152,20 @@ def _image_id(path: Path, by_name: dict[str, int] | None):
     return int(path.stem) if path.stem.isdigit() else path.stem
 
 
+def _check_unique_ids(paths: list[Path], by_name: dict[str, int] | None, annotations=None) -> None:
+    """Refuse two files that get one image id: their detections would merge into one image's
+    results (1.png and 001.jpg, a file given twice, one base name in two folders)."""
+    seen: dict = {}
+    for p in paths:
+        iid = _image_id(p, by_name)
+        if iid in seen:
+            how = "the same file given twice" if seen[iid].resolve() == p.resolve() else \
+                (f"{p.name} in {annotations}" if by_name is not None else "by file name")
+            raise NorcalError(f"{seen[iid]} and {p} get one image id {iid} ({how}): their detections "
+                              "would merge; rename one or run them separately")
+        seen[iid] = p
+
+
 def _check_outputs(options: InferOptions, paths: list[Path]) -> None:
     from norcal.core.outputs import check_apart, check_output_dir, check_output_file
 
@@ -197,6 +211,7 @@ def prepare_infer(options: InferOptions,
             raise NorcalError(f"none of the {len(unknown)} image files is in {options.image_ids} "
                               f"(matched by file name, e.g. {unknown[0].name})")
         not_listed = [(p, f"not in {options.image_ids}") for p in unknown]
+    _check_unique_ids(paths, by_name, options.image_ids)
     if ray is None:
         runner = open_runner(options.model, options.provider, options.threads)
     else:  # only for the metadata here: the workers, maybe on GPU nodes, open their own

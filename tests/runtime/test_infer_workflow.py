@@ -78,3 +78,43 @@ def test_outputs_are_checked_before_any_work(toy, tmp_path):
     prepare_infer(InferOptions(toy, [tmp_path / "imgs" / "12.png"], tmp_path / "r.json"),
                   check_outputs=seen.append)
     assert seen == [[image]] and image.read_bytes() == before
+
+
+def _copy(src, dst):
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(src.read_bytes())
+    return dst
+
+
+def test_two_files_with_one_image_id_are_refused(toy, tmp_path):
+    # 1.png and 001.jpg both have image id 1: their detections would merge into one image's
+    write_images(tmp_path / "imgs")
+    src = tmp_path / "imgs" / "12.png"
+    a, b = _copy(src, tmp_path / "d" / "1.png"), _copy(src, tmp_path / "d" / "sub" / "001.png")
+    out = tmp_path / "r.json"
+    with pytest.raises(NorcalError) as e:
+        prepare_infer(InferOptions(toy, [tmp_path / "d"], out))
+    msg = str(e.value)
+    assert "\n" not in msg and "image id 1" in msg and str(a) in msg and str(b) in msg
+    # the same file given twice, and one base name in two folders matched by image_ids
+    with pytest.raises(NorcalError, match="image id 12"):
+        prepare_infer(InferOptions(toy, [src, src], out))
+    gt = lvis_gt(tmp_path / "gt.json")
+    c = _copy(src, tmp_path / "e" / "x" / "12.png")
+    d = _copy(src, tmp_path / "e" / "y" / "12.png")
+    with pytest.raises(NorcalError, match="image id 12") as e:
+        prepare_infer(InferOptions(toy, [tmp_path / "e"], out, image_ids=gt))
+    assert str(c) in str(e.value) and str(d) in str(e.value)
+    assert not out.exists()
+
+
+def test_cli_refuses_two_files_with_one_image_id(toy, tmp_path, capsys):
+    from norcal.cli import main
+
+    write_images(tmp_path / "imgs")
+    _copy(tmp_path / "imgs" / "12.png", tmp_path / "imgs" / "sub" / "0012.png")
+    out = tmp_path / "r.json"
+    assert main(["infer", str(toy), str(tmp_path / "imgs"), "--skip-unreadable", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "image id 12" in err
+    assert not out.exists()

@@ -26,7 +26,8 @@ the results, which stay a plain result list.
 
 Image ids: with --image-ids, from the annotation file (matched by file name; files it does
 not list are skipped and reported); otherwise the file name's stem as an integer
-(000000397133.jpg -> 397133), or the stem itself.
+(000000397133.jpg -> 397133), or the stem itself. Two files with one id (1.png and
+001.jpg, one name in two folders) are refused: their detections would merge.
 Category ids (class index i -> the i-th category id in id order): from --image-ids's
 categories, else --table, else the model's metadata (norcal.category_ids, norcal.table),
 else i + 1 (detectron2's LVIS convention).
