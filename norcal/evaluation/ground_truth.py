@@ -79,11 +79,12 @@ class LvisGT:
                                        "missing (segm evaluation needs every GT mask)")
                 h, w = (int(v) for v in self.img_hw[self.ann_img[i]])
                 if isinstance(seg, list):
-                    out.append(mask_utils.merge(mask_utils.frPyObjects(seg, h, w)))
-                elif isinstance(seg.get("counts"), list):
-                    out.append(mask_utils.frPyObjects(seg, h, w))
-                else:
-                    out.append(seg)
+                    out.append(mask_utils.merge(_polygons(seg, h, w, self.source, i, a)))
+                    continue
+                problem = rle_problem(seg, h, w, int(self.img_ids[self.ann_img[i]]))
+                if problem:
+                    raise record_error(self.source, "annotations", i, a, "segmentation", problem)
+                out.append(mask_utils.frPyObjects(seg, h, w) if isinstance(seg["counts"], list) else seg)
             self._rles = out
         return self._rles
 
@@ -94,6 +95,37 @@ class LvisGT:
 
             self._bands = boundary_rles(self.rles())
         return self._bands
+
+
+def _polygons(seg: list, h: int, w: int, where: str, i: int, ann: dict) -> list:
+    """A GT's polygons as RLEs, one each. pycocotools' frPyObjects reads a list whose first
+    polygon has 4 numbers as boxes and fails (and indexes an empty list): its polygon
+    rasteriser is called directly, which is what frPyObjects does for every other list."""
+    from pycocotools import _mask  # frPyObjects' polygon branch, without its box dispatch
+
+    if not seg:
+        raise record_error(where, "annotations", i, ann, "segmentation", "no polygons")
+    for k, poly in enumerate(seg):
+        if len(poly) % 2:
+            raise record_error(where, "annotations", i, ann, f"segmentation[{k}]",
+                               f"{len(poly)} numbers: a polygon is x, y pairs")
+        if len(poly) < 4:
+            raise record_error(where, "annotations", i, ann, f"segmentation[{k}]",
+                               f"{len(poly)} numbers: a polygon needs at least 2 points")
+    return _mask.frPoly(seg, h, w)
+
+
+def rle_problem(rle: dict, h: int, w: int, image_id: int) -> str | None:
+    """Why an RLE mask cannot be one of image ``image_id`` (``h`` x ``w``), or None: another
+    size (pycocotools then scores IoU -1, never a match, without a word), or run lengths that
+    do not cover the image (checked for uncompressed counts; decoding them overruns)."""
+    size = [int(v) for v in rle["size"]]
+    if size != [h, w]:
+        return f"RLE size {size} is not image {image_id}'s [{h}, {w}]"
+    counts = rle["counts"]
+    if isinstance(counts, list) and sum(counts) != h * w:
+        return f"RLE counts sum to {sum(counts)}, not {h} x {w} = {h * w}"
+    return None
 
 
 def _lookup(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:

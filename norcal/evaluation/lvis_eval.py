@@ -34,7 +34,7 @@ import numpy as np
 from norcal.core.errors import NorcalError
 from norcal.evaluation.detections import (Detections, cap_per_class, cap_per_image, check_rle,
                                           from_results)
-from norcal.evaluation.ground_truth import FREQUENCIES, LvisGT, prepare_gt
+from norcal.evaluation.ground_truth import FREQUENCIES, LvisGT, prepare_gt, rle_problem
 from norcal.evaluation.matching import AREA_RNGS, IOU_THRS, REC_THRS, greedy_match, pair_ious
 
 IOU_TYPES = ("bbox", "segm", "boundary")
@@ -115,6 +115,38 @@ def _check_ids(gt: LvisGT, dets: Detections, img_idx, cat_idx, results) -> None:
                               f"{what} id(s) not in the GT, e.g. {bad[:5].tolist()}")
 
 
+def _check_masks(gt: LvisGT, dets: Detections, iou_type: str) -> Detections:
+    """The results' masks, where the evaluation reads them (mask IoU, or mask-only results),
+    checked before any cap so that errors give the record's index: RLE only, of its image's
+    size (lvis-api scores another size IoU -1, so AP drops with no word why), run lengths
+    covering the image; uncompressed masks (counts a list, which pycocotools' IoU and area
+    take only compressed) come back compressed, in a copy (the caller's Detections stay)."""
+    segm = iou_type in ("segm", "boundary")
+    if segm and dets.rles is None:
+        raise NorcalError(f"{iou_type} evaluation needs 'segmentation' (RLE) in the results")
+    if dets.rles is None or not (segm or dets.boxes is None):
+        return dets
+    for i, r in enumerate(dets.rles):
+        check_rle(r, "results", i)
+    hw = gt.img_hw[gt.img_index(dets.image_ids)]
+    sizes = np.array([r["size"] for r in dets.rles], dtype=np.int64).reshape(-1, 2)
+    lists = [i for i, r in enumerate(dets.rles) if isinstance(r["counts"], list)]
+    bad = np.flatnonzero((sizes != hw).any(axis=1)).tolist()
+    bad += [i for i in lists if rle_problem(dets.rles[i], *map(int, hw[i]), 0)]
+    if bad:
+        i = min(bad)
+        problem = rle_problem(dets.rles[i], int(hw[i, 0]), int(hw[i, 1]), int(dets.image_ids[i]))
+        raise NorcalError(f"{dets.source or 'results'}: [{i}]: segmentation: {problem}")
+    if not lists:
+        return dets
+    import pycocotools.mask as mask_utils
+
+    rles = list(dets.rles)
+    for i in lists:
+        rles[i] = mask_utils.frPyObjects(rles[i], *rles[i]["size"])
+    return replace(dets, rles=rles)
+
+
 def evaluate(gt, results, iou_type: str = "bbox", max_dets: int = 300, table=None) -> EvalResult:
     """LVIS evaluation of ``results`` against ``gt``.
 
@@ -130,6 +162,7 @@ def evaluate(gt, results, iou_type: str = "bbox", max_dets: int = 300, table=Non
         raise NorcalError("no detections (empty results)")
     img_idx = gt.img_index(dets.image_ids)
     _check_ids(gt, dets, img_idx, gt.cat_index(dets.category_ids), results)
+    dets = _check_masks(gt, dets, iou_type)
     dets = cap_per_image(dets, max_dets, img_idx)
     return _evaluate(gt, dets, iou_type, max_dets, -1)
 
@@ -145,6 +178,7 @@ def evaluate_fixed(gt, results, iou_type: str = "bbox", per_class: int = 10000, 
     if len(dets) == 0:
         raise NorcalError("no detections (empty results)")
     _check_ids(gt, dets, gt.img_index(dets.image_ids), gt.cat_index(dets.category_ids), results)
+    dets = _check_masks(gt, dets, iou_type)
     dets = cap_per_class(dets, per_class)
     return _evaluate(gt, dets, iou_type, -1, per_class)
 
@@ -154,9 +188,6 @@ def _evaluate(gt: LvisGT, dets: Detections, iou_type: str, max_dets: int, per_cl
     segm = iou_type in ("segm", "boundary")
     if segm and dets.rles is None:
         raise NorcalError(f"{iou_type} evaluation needs 'segmentation' (RLE) in the results")
-    if segm:
-        for i, r in enumerate(dets.rles):
-            check_rle(r, "results", i)
     area = dets.area()  # before boxes are derived: mask-only results keep the mask area
     if not segm and dets.boxes is None:
         import pycocotools.mask as mask_utils
