@@ -151,5 +151,5 @@ def _run(ray, plan: TunePlan, pairs: list, gammas: list[float], options: RayOpti
         points.append(ray.get(ref))
         eval_step()
     return TuneResult(points, plan.factor, plan.mechanism, plan.table.name, len(pairs), network, peak,
-                      plan.min_count, acc.clamped)
+                      plan.min_count, acc.clamped, plan.iou_type, plan.gt_images)
 

@@ -160,6 +160,7 @@ class TuneResult:
     min_count: float | None = None  # counts below it were raised to it
     min_count_clamped: int = 0  # how many classes that raised
     iou_type: str = "bbox"  # what the sweep's AP is measured with
+    gt_images: int | None = None  # images the GT lists; those not found were left out
 
     @property
     def best(self) -> SweepPoint:
@@ -300,6 +301,14 @@ def images_from_gt(gt_path: os.PathLike | dict, image_dir: os.PathLike,
     return found
 
 
+def gt_of_images(gt_data: dict, image_ids) -> dict:
+    """The validated GT restricted to ``image_ids`` (their images and annotations; categories
+    as they are): lvis-api's evaluation with ``params.img_ids`` set to them."""
+    keep = set(image_ids)
+    return {**gt_data, "images": [im for im in gt_data["images"] if im["id"] in keep],
+            "annotations": [a for a in gt_data["annotations"] if a["image_id"] in keep]}
+
+
 @dataclass
 class TunePlan:
     """What :func:`tune` settles before the network pass, checked: the images, the detector,
@@ -319,6 +328,7 @@ class TunePlan:
     min_count: float | None
     acc: _Accumulator
     iou_type: str = "bbox"
+    gt_images: int = 0  # images the GT lists (the evaluation covers only those in pairs)
 
     @property
     def gammas(self) -> list[float]:
@@ -357,6 +367,9 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
         table = resolve_table(table)
     gt_data = read_json(gt, "GT", GROUND_TRUTH)
     pairs = images_from_gt(gt_data, images, str(gt))
+    gt_images = len(gt_data["images"])
+    if len(pairs) < gt_images:  # else their objects would count as missed
+        gt_data = gt_of_images(gt_data, [i for i, _ in pairs])
     unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
     detector = load_detector(weights, config)
     masks = iou_type in MASK_IOU_TYPES
@@ -386,7 +399,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
         chunk = batch_size
     acc = _Accumulator(detector, table, gammas, factor, mechanism, max(batch_size, 8), min_count, iou_type)
     return TunePlan(Path(weights), None if config is None else Path(config), pairs, detector, table,
-                    prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type)
+                    prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type, gt_images)
 
 
 def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
@@ -427,7 +440,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     eval_step = progress_step(progress, "evaluation", len(acc.gammas))
     points = acc.evaluate(plan.gt, lambda p: eval_step())
     return TuneResult(points, factor, mechanism, plan.table.name, len(pairs), network, peak,
-                      min_count, acc.clamped, iou_type)
+                      min_count, acc.clamped, iou_type, plan.gt_images)
 
 
 def progress_step(progress: Callable[[str, int, int], None] | None, stage: str, total: int):

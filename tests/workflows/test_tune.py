@@ -256,3 +256,28 @@ def test_tune_cli_names_the_flags_of_the_cache_budget(capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert "MiB limit: lower --batch or raise --max-cache-gb" in err, err
+
+
+def test_gt_images_missing_from_the_folder_are_left_out_of_the_evaluation(tmp_path, subset_gt):
+    # --gt the whole val.json (48 images), --images a folder holding 3 of them: the sweep is
+    # that of the GT of those 3 (as lvis-api with params.img_ids), not one where the other 45
+    # images' objects count as missed
+    from norcal.workflows.tune import tune
+
+    folder = tmp_path / "three"
+    folder.mkdir()
+    ids = GOLDEN_IDS[:3]
+    for i in ids:
+        (folder / f"{i}.png").write_bytes((SYNTH / "val" / f"{i}.png").read_bytes())
+    data = json.loads((SYNTH / "val.json").read_text())
+    data["images"] = [im for im in data["images"] if im["id"] in ids]
+    data["annotations"] = [a for a in data["annotations"] if a["image_id"] in ids]
+    only = tmp_path / "val3.json"
+    only.write_text(json.dumps(data))
+    kw = dict(config=SYNTH / "config.yaml", batch_size=3)
+    table = SYNTH / "train_annotations.json"
+    full = tune(SYNTH / "model_final.pth", SYNTH / "val.json", folder, [0.0, 0.5], table, **kw)
+    want = tune(SYNTH / "model_final.pth", only, folder, [0.0, 0.5], table, **kw)
+    assert full.num_images == 3 and full.gt_images == 48 and want.gt_images == 3
+    assert [p.stats for p in full.points] == [p.stats for p in want.points]
+    assert full.points[0].stats["AP"] > 0.1

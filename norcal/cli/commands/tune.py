@@ -42,7 +42,8 @@ their masks from the mask head, pasted and RLE-encoded as `norcal infer` writes 
 is mask AP / Boundary AP. That costs a mask-head pass per gamma and batch (the cache then
 holds one batch and the maps the mask head reads); not with --ray.
 --gt: LVIS-format annotations of the tuning images; images are those of --gt found in
---images by file name. A COCO file (no neg_category_ids) is evaluated by the same federated
+--images by file name (GT images not found there are left out of the evaluation, as
+lvis-api does with params.img_ids, and the count is printed). A COCO file (no neg_category_ids) is evaluated by the same federated
 rules, so detections of classes absent from an image are ignored, not false positives.
 --table: N_c, the training counts (built-in lvis_v1 / lvis_v0_5, a table JSON, or the
 training annotation file itself); default: the built-in table with the model's class count.
@@ -148,6 +149,9 @@ def run(args) -> int:
         console.print(min_count_line(args.min_count, result.min_count_clamped))
     console.print(sweep_table(result))
     per_gamma = sum(p.seconds for p in result.points) / len(result.points)
+    if result.gt_images and result.gt_images > result.num_images:
+        console.print(f"{args.gt} lists {result.gt_images} images; the {result.num_images} found in "
+                      f"{args.images} are evaluated, the others left out")
     console.print(f"network pass {result.network_seconds:.1f} s ({result.num_images} images, cache "
                   f"{result.cache_bytes / 2**20:.1f} MiB at most); {per_gamma:.2f} s per gamma")
     from norcal.evaluation.report import percent
