@@ -109,3 +109,18 @@ def test_uncompressed_result_masks_are_evaluated_as_the_compressed_ones(lvis_api
     with pytest.raises(NorcalError, match=r"^results: \[0\]: segmentation: RLE counts sum to 120001, "
                                           r"not 300 x 400 = 120000$"):
         evaluate(gt, bad, iou_type)
+
+
+def test_cli_notes_results_that_cover_only_some_gt_images(tmp_path, capsys):
+    from norcal.cli import main
+
+    gt, res = _gt_and_results()
+    first = {im["id"] for im in gt["images"][:4]}
+    gpath, rpath = tmp_path / "gt.json", tmp_path / "res.json"
+    gpath.write_text(json.dumps(gt))
+    rpath.write_text(json.dumps([d for d in res if d["image_id"] in first]))
+    assert main(["eval", "--gt", str(gpath), "--results", str(rpath), "--no-fixed"]) == 0
+    assert "the results cover 4 of the GT's 10 images" in " ".join(capsys.readouterr().out.split())
+    rpath.write_text(json.dumps(res))
+    assert main(["eval", "--gt", str(gpath), "--results", str(rpath), "--no-fixed"]) == 0
+    assert "results cover" not in capsys.readouterr().out

@@ -92,6 +92,10 @@ def run(args) -> int:
     with console.status(f"evaluating {len(dets)} detections ({args.iou_type})"):
         result = evaluate(gt, dets, args.iou_type, args.max_dets)
         fixed = None if args.no_fixed else evaluate_fixed(gt, dets, args.iou_type, args.fixed_per_class)
+    covered = len(set(dets.image_ids.tolist()))
+    if covered < len(gt.img_ids):
+        console.print(f"[yellow]note:[/yellow] the results cover {covered} of the GT's {len(gt.img_ids)} "
+                      "images; the objects of the others count as missed (as in lvis-api)")
     if not gt.has_frequency:
         console.print("[yellow]note:[/yellow] the GT's categories carry no frequency group; "
                       "APr/APc/APf are -1 (pass --table to group them)")
