@@ -16,18 +16,36 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".p
 def read_rgb(path: str | os.PathLike) -> np.ndarray:
     """An image file as RGB uint8 [H,W,3], EXIF orientation applied (detectron2 does too).
 
-    Raises OSError (or ValueError) when the file is missing or not a readable image.
+    16-bit greyscale keeps its high byte, as OpenCV's imread (Ultralytics' reader) and Pillow's
+    own 16-bit RGB decoding do; Pillow's convert("RGB"), which detectron2 calls, clips it at
+    255 instead (a white image). 32-bit integer or float pixels, whose range is unknown,
+    are refused. Raises OSError (or ValueError) when the file is missing or not a readable
+    image.
     """
     from PIL import Image, ImageOps
 
     try:
         with Image.open(path) as im:
+            problem = pixel_problem(im.mode)
+            if problem:
+                raise ValueError(problem)
             im = ImageOps.exif_transpose(im)
+            if im.mode.startswith("I;16"):
+                grey = (np.asarray(im) >> 8).astype(np.uint8)
+                return np.repeat(grey[..., None], 3, axis=2)
             if im.mode != "RGB":
                 im = im.convert("RGB")
             return np.asarray(im).copy()
     except Image.DecompressionBombError as e:  # not an OSError; callers treat it as unreadable
         raise OSError(str(e)) from None
+
+
+def pixel_problem(mode: str) -> str | None:
+    """Why pixels of a Pillow ``mode`` cannot be read as 8-bit RGB, or None."""
+    if mode in ("I", "F"):
+        kind = "32-bit integer" if mode == "I" else "floating-point"
+        return f"{kind} pixels (mode {mode}) of unknown range: convert the image to 8 bits"
+    return None
 
 
 UNREADABLE = (OSError, ValueError, SyntaxError)  # what PIL raises for a file that is no image
@@ -68,9 +86,12 @@ def quick_check(path: str | os.PathLike, sizes: tuple[int, int] | None = None) -
     try:
         with Image.open(path) as im:
             w, h = im.size
+            mode = im.mode
             im.verify()
     except Exception as e:  # noqa: BLE001 - PIL raises many types for damaged files
         return reason(e)
+    if pixel_problem(mode):
+        return pixel_problem(mode)
     return resize_problem(h, w, *sizes) if sizes else None
 
 
