@@ -16,7 +16,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import atomic_path, read_json
-from norcal.core.schemas import ANNOTATIONS, ids_of
+from norcal.core.schemas import ANNOTATIONS, ids_of, record_error
 from norcal.runtime.postprocess import ImageDetections, paste_mask_regions
 
 
@@ -108,10 +108,19 @@ def category_ids_from_annotations(path: str | Path | dict,
     ids = ids_of(str(p), "categories", data["categories"])
     image_ids = ids_of(str(p), "images", data["images"])
     names: dict[str, int] = {}
-    for im, iid in zip(data["images"], image_ids.tolist()):
-        ref = im.get("file_name") or im.get("coco_url") or ""
+    first: dict[str, int] = {}  # base name -> the index of the image that has it
+    for k, (im, iid) in enumerate(zip(data["images"], image_ids.tolist())):
+        key = "file_name" if im.get("file_name") else "coco_url"
+        ref = im.get(key) or ""
         if ref:
-            names[Path(str(ref)).name] = iid
+            name = Path(str(ref)).name
+            if name in first and names[name] != iid:
+                j = first[name]
+                other = data["images"][j].get("file_name") or data["images"][j].get("coco_url")
+                raise record_error(str(p), "images", k, im, key,
+                                   f"{ref} has the base name of images[{j}] (id {names[name]})'s "
+                                   f"{other} (files are matched by base name)")
+            names[name], first[name] = iid, k
     return sorted(ids.tolist()), names
 
 

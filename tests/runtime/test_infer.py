@@ -259,6 +259,13 @@ def test_zero_sizes_are_rejected_not_ignored(toy, tmp_path, capsys):
      r"images\[0\]: id: expected an integer"),
     ({"images": [{"id": 1, "file_name": "a.png"}, {"id": 1, "file_name": "b.png"}],
       "categories": [{"id": 1}]}, r"images\[1\].*duplicate id 1"),
+    # files are matched by base name: a/x.png would get b/x.png's id, or the other way round
+    ({"images": [{"id": 1, "file_name": "a/x.png"}, {"id": 2, "file_name": "b/x.png"}],
+      "categories": [{"id": 1}]},
+     r"^[^\n]*ann.json: images\[1\] \(id 2\): file_name: b/x.png has the base name of images\[0\] "
+     r"\(id 1\)'s a/x.png \(files are matched by base name\)$"),
+    ({"images": [{"id": 1, "coco_url": "http://h/train/x.png"}, {"id": 2, "coco_url": "http://h/val/x.png"}],
+      "categories": [{"id": 1}]}, r"images\[1\] \(id 2\): coco_url: http://h/val/x.png has the base name"),
 ])
 def test_annotation_entries_without_ids_are_clear_errors(tmp_path, data, message):
     from norcal.runtime.results import category_ids_from_annotations
