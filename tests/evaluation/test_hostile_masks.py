@@ -124,3 +124,14 @@ def test_cli_notes_results_that_cover_only_some_gt_images(tmp_path, capsys):
     rpath.write_text(json.dumps(res))
     assert main(["eval", "--gt", str(gpath), "--results", str(rpath), "--no-fixed"]) == 0
     assert "results cover" not in capsys.readouterr().out
+
+
+def test_cli_names_the_fixed_cap_flag(tmp_path, capsys):
+    from norcal.cli import main
+
+    gt, res = _gt_and_results()
+    gpath, rpath = tmp_path / "gt.json", tmp_path / "res.json"
+    gpath.write_text(json.dumps(gt))
+    rpath.write_text(json.dumps(res))
+    assert main(["eval", "--gt", str(gpath), "--results", str(rpath), "--fixed-per-class", "0"]) == 2
+    assert capsys.readouterr().err == "error: --fixed-per-class must be >= 1, got 0\n"

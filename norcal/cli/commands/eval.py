@@ -73,6 +73,8 @@ def run(args) -> int:
 
     if args.max_dets == 0:
         raise NorcalError("--max-dets must be positive (or negative for no cap)")
+    if not args.no_fixed and args.fixed_per_class < 1:
+        raise NorcalError(f"--fixed-per-class must be >= 1, got {args.fixed_per_class}")
     check_outputs([args.gt, args.results, args.table],
                   files={"--json": args.json, "--per-class-csv": args.per_class_csv},
                   folders={"--plots": args.plots})
