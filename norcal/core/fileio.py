@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -67,8 +68,10 @@ def read_json(path: str | os.PathLike, what: str = "", schema: Schema | None = N
     label = f"{what} {p}" if what else str(p)
     try:
         if schema is not None:
-            return schema.validate_json(p.read_bytes(), str(p))
-        with open(p) as f:
+            raw = p.read_bytes()
+            # a UTF-8 byte order mark (Windows editors write one) is read past, as utf-8-sig does
+            return schema.validate_json(raw[3:] if raw.startswith(codecs.BOM_UTF8) else raw, str(p))
+        with open(p, encoding="utf-8-sig") as f:
             return json.load(f)
     except FileNotFoundError:
         raise NorcalError(f"{label}: no such file") from None

@@ -281,3 +281,13 @@ def test_prepared_gt_is_the_same_from_file_and_from_dict(tmp_path):
     assert a.ann_bbox.tolist() == [a["bbox"] for a in doc["annotations"]]
     assert a.dataset == doc and a.cat_names == ["a", "b"] and a.frequency == ["f", "r"]
     assert math.isnan(a.image_count[0])
+
+
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path):
+    # editors on Windows save JSON with a BOM; Python's utf-8-sig codec (and lvis-api's
+    # json.load of such a file opened as utf-8-sig) reads past it
+    doc = table_doc()
+    p = tmp_path / "bom.json"
+    p.write_bytes(json.dumps(doc).encode("utf-8-sig"))
+    assert read_json(p, schema=TABLE) == doc
+    assert read_json(p) == doc
