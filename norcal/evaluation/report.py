@@ -100,7 +100,7 @@ def write_plots(folder: str | Path, result: EvalResult, fixed: EvalResult | None
             ax.scatter(x[sel], ap[sel] * 100, s=10, c=colors[g], label=label, alpha=0.7)
     other = ok & np.array([f not in GROUP_LABELS for f in result.frequency])
     if other.any():
-        ax.scatter(x[other], ap[other] * 100, s=10, c="gray", alpha=0.7)
+        ax.scatter(x[other], ap[other] * 100, s=10, c="gray", alpha=0.7, label="no frequency group")
     ax.set_xscale("log")
     ax.set_xlabel("N_c: training images of the class" if have_nc.all() else
                   "GT instances of the class in this set (N_c unknown)")

@@ -135,3 +135,18 @@ def test_cli_names_the_fixed_cap_flag(tmp_path, capsys):
     rpath.write_text(json.dumps(res))
     assert main(["eval", "--gt", str(gpath), "--results", str(rpath), "--fixed-per-class", "0"]) == 2
     assert capsys.readouterr().err == "error: --fixed-per-class must be >= 1, got 0\n"
+
+
+def test_plots_of_a_gt_without_frequency_groups_warn_of_nothing(tmp_path):
+    import warnings
+
+    from norcal.evaluation.report import write_plots
+
+    gt, res = _gt_and_results()
+    for c in gt["categories"]:
+        del c["frequency"]
+    result = evaluate(gt, res)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib: "No artists with labels found to put in legend"
+        written = write_plots(tmp_path / "plots", result)
+    assert [p.read_bytes()[:4] for p in written] == [b"\x89PNG"] * 2
