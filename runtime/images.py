@@ -40,6 +40,39 @@ def read_rgb(path: str | os.PathLike) -> np.ndarray:
         raise OSError(str(e)) from None
 
 
+def oriented_size(path: str | os.PathLike) -> tuple[int, int]:
+    """(height, width) of the image :func:`read_rgb` gives, from the file's header and EXIF
+    orientation, without decoding the pixels."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        w, h = im.size
+        # a PNG's getexif() decodes the whole image unless its eXIf chunk came before the pixels
+        exif = im.getexif() if im.format != "PNG" or "exif" in im.info else {}
+        return (w, h) if exif.get(0x0112) in (5, 6, 7, 8) else (h, w)  # turned a quarter
+
+
+def check_annotated_sizes(paths: Iterable[Path], ids: dict[str, int], sizes: dict[str, tuple[int, int]],
+                          annotations: str | os.PathLike) -> None:
+    """Refuse an image whose size (after EXIF orientation) is not the (height, width) that
+    ``sizes`` (by base name, from the file ``annotations``) gives: its boxes, in the file's
+    pixels, would be evaluated against other pixels (detectron2's check_image_size refuses it
+    too). ``ids``: base name -> image id, for the message. Unreadable files are left to the
+    reader's errors."""
+    for p in paths:
+        want = sizes.get(Path(p).name)
+        if want is None:
+            continue
+        try:
+            have = oriented_size(p)
+        except UNREADABLE:
+            continue
+        if have != want:
+            raise NorcalError(f"{p}: the image is {have[1]}x{have[0]} pixels (w x h) but {annotations} gives "
+                              f"image {ids[Path(p).name]} as {want[1]}x{want[0]}; its boxes would be in "
+                              "other pixels than the annotations' (a resized or rotated copy?)")
+
+
 def pixel_problem(mode: str) -> str | None:
     """Why pixels of a Pillow ``mode`` cannot be read as 8-bit RGB, or None."""
     if mode in ("I", "F"):

@@ -89,13 +89,16 @@ def detections_to_results(image_id: int | str, det: ImageDetections, category_id
     return out
 
 
-def category_ids_from_annotations(path: str | Path | dict,
-                                  where: str | None = None) -> tuple[list[int], dict[str, int]]:
+def category_ids_from_annotations(path: str | Path | dict, where: str | None = None,
+                                  sizes: dict[str, tuple[int, int]] | None = None
+                                  ) -> tuple[list[int], dict[str, int]]:
     """From a COCO/LVIS annotation file (or its loaded dict; ``where`` names it in errors):
     (category ids in id order, image file name -> image id).
 
     File names are matched by base name (``file_name`` or, for LVIS, ``coco_url``). The
     annotations are checked against :data:`norcal.core.schemas.ANNOTATIONS` (integer ids).
+    sizes: a dict to fill with file name -> (height, width) where an image gives both as
+    positive integers.
     """
     if isinstance(path, dict):
         p = where or "annotations"
@@ -121,6 +124,9 @@ def category_ids_from_annotations(path: str | Path | dict,
                                    f"{ref} has the base name of images[{j}] (id {names[name]})'s "
                                    f"{other} (files are matched by base name)")
             names[name], first[name] = iid, k
+            hw = im.get("height"), im.get("width")
+            if sizes is not None and all(type(v) is int and v > 0 for v in hw):
+                sizes[name] = hw
     return sorted(ids.tolist()), names
 
 

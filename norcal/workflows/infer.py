@@ -190,7 +190,7 @@ def prepare_infer(options: InferOptions,
     the skipped list and draw_dir checked against the model, the inputs and the annotations).
     """
     from norcal.core.contract import check_detector, input_spec
-    from norcal.runtime.images import expand_inputs, unreadable_files
+    from norcal.runtime.images import check_annotated_sizes, expand_inputs, unreadable_files
     from norcal.runtime.inference import runner_metadata
     from norcal.runtime.results import category_ids_from_annotations
     from norcal.runtime.runners import open_runner
@@ -202,9 +202,9 @@ def prepare_infer(options: InferOptions,
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(map(str, options.inputs)))
     (check_outputs or functools.partial(_check_outputs, options))(paths)
-    by_name, ann_cats, not_listed = None, None, []
+    by_name, ann_cats, not_listed, ann_sizes = None, None, [], {}
     if options.image_ids:
-        ann_cats, by_name = category_ids_from_annotations(options.image_ids)
+        ann_cats, by_name = category_ids_from_annotations(options.image_ids, sizes=ann_sizes)
         unknown = [p for p in paths if p.name not in by_name]
         paths = [p for p in paths if p.name in by_name]
         if not paths:
@@ -228,6 +228,8 @@ def prepare_infer(options: InferOptions,
         if not paths:
             raise NorcalError(f"none of the {len(gone)} image files could be read, e.g. "
                               f"{unreadable[0][0]}: {unreadable[0][1]}")
+    if ann_sizes:
+        check_annotated_sizes(paths, by_name, ann_sizes, options.image_ids)
     with_masks = options.masks and "masks" in runner.output_names
     draw_table = _draw_table(options, meta) if options.draw_dir is not None else None
     name = runner.name if ray is None or not runner.name.startswith("onnxruntime") else \

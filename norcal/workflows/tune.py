@@ -284,9 +284,11 @@ def images_from_gt(gt_path: os.PathLike | dict, image_dir: os.PathLike,
     """(image_id, path) for every GT image whose file (by base name) is in ``image_dir``.
 
     gt_path: the annotation file or its already loaded dict (``where`` then names it)."""
+    from norcal.runtime.images import check_annotated_sizes
     from norcal.runtime.results import category_ids_from_annotations
 
-    _, by_name = category_ids_from_annotations(gt_path, where)
+    sizes: dict[str, tuple[int, int]] = {}
+    _, by_name = category_ids_from_annotations(gt_path, where, sizes)
     if where is None:
         where = str(gt_path)
     d = Path(image_dir)
@@ -298,6 +300,7 @@ def images_from_gt(gt_path: os.PathLike | dict, image_dir: os.PathLike,
         example = next(iter(by_name), "?")
         raise NorcalError(f"none of the {len(by_name)} images of {where} is in {d} "
                           f"(matched by file name, e.g. {example})")
+    check_annotated_sizes([p for _, p in found], by_name, sizes, where)
     return found
 
 

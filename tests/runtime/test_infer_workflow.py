@@ -118,3 +118,33 @@ def test_cli_refuses_two_files_with_one_image_id(toy, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "image id 12" in err
     assert not out.exists()
+
+
+def test_images_of_another_size_than_the_annotations_say_are_refused(toy, tmp_path):
+    # boxes are written in the file's pixels: a resized copy of an annotated image would be
+    # evaluated against the annotations' pixels without a word (detectron2's check_image_size
+    # refuses it too, after EXIF orientation)
+    from PIL import Image
+
+    from test_infer import solid
+
+    write_images(tmp_path / "imgs")
+    gt = lvis_gt(tmp_path / "gt.json")  # 12.png: 100 x 50 (h x w)
+    out = tmp_path / "r.json"
+    Image.fromarray(solid(50, 25, (0, 0, 200))).save(tmp_path / "imgs" / "12.png")
+    with pytest.raises(NorcalError) as e:
+        prepare_infer(InferOptions(toy, [tmp_path / "imgs"], out, image_ids=gt))
+    assert str(e.value) == (f"{tmp_path / 'imgs' / '12.png'}: the image is 25x50 pixels (w x h) but {gt} "
+                            "gives image 12 as 50x100; its boxes would be in other pixels than the "
+                            "annotations' (a resized or rotated copy?)")
+    # stored 50 x 100 (h x w), EXIF orientation 6 (turned upright by read_rgb): 100 x 50, as annotated
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(solid(50, 100, (0, 0, 200))).save(tmp_path / "imgs" / "12.png", exif=exif)
+    job = prepare_infer(InferOptions(toy, [tmp_path / "imgs"], out, image_ids=gt))
+    assert job.image_ids == [11, 12, 13]
+    # the same pixels without the tag are 100 wide: refused
+    Image.fromarray(solid(50, 100, (0, 0, 200))).save(tmp_path / "imgs" / "12.png")
+    with pytest.raises(NorcalError, match="the image is 100x50 pixels"):
+        prepare_infer(InferOptions(toy, [tmp_path / "imgs"], out, image_ids=gt))
+    assert not out.exists()

@@ -281,3 +281,17 @@ def test_gt_images_missing_from_the_folder_are_left_out_of_the_evaluation(tmp_pa
     assert full.num_images == 3 and full.gt_images == 48 and want.gt_images == 3
     assert [p.stats for p in full.points] == [p.stats for p in want.points]
     assert full.points[0].stats["AP"] > 0.1
+
+
+def test_tune_refuses_images_of_another_size_than_the_gt_gives(tmp_path):
+    from PIL import Image
+
+    from norcal.core.errors import NorcalError
+    from norcal.workflows.tune import images_from_gt
+
+    src = Image.open(SYNTH / "val" / "100002.png")
+    assert src.size == (256, 256)  # val.json: 256 x 256
+    src.resize((128, 96)).save(tmp_path / "100002.png")
+    with pytest.raises(NorcalError, match=r"100002.png: the image is 128x96 pixels \(w x h\) but "
+                                          r".*val.json gives image 100002 as 256x256"):
+        images_from_gt(SYNTH / "val.json", tmp_path)
