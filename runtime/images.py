@@ -180,13 +180,15 @@ def read_images(paths: list[str | os.PathLike], context: str = "",
 
 
 def expand_inputs(inputs: list[str | os.PathLike]) -> list[Path]:
-    """Files as given plus image files (by suffix, sorted) inside given folders."""
+    """Files as given plus image files (by suffix, sorted) inside given folders, hidden files
+    and folders below them left out (as the shell's ``*``: macOS's ``._name.jpg`` files)."""
     out: list[Path] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
             out.extend(sorted(f for f in p.rglob("*")
-                              if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES))
+                              if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES
+                              and not any(part.startswith(".") for part in f.relative_to(p).parts)))
         elif p.exists():
             out.append(p)
         else:

@@ -53,3 +53,22 @@ def test_32_bit_pixels_are_refused_in_one_line(tmp_path, mode):
         read_rgb(path)
     [(bad, why)] = unreadable_files([path], skip=True)  # refused before any work
     assert bad == path and f"mode {mode}" in why and "\n" not in why
+
+
+def test_folders_are_searched_without_hidden_files_and_folders(tmp_path):
+    # as the shell's and glob's * (and Ultralytics' folder listing): macOS's AppleDouble
+    # "._name.jpg" files and folders such as .ipynb_checkpoints/ are no input images
+    from norcal.runtime.images import expand_inputs
+
+    img = tmp_path / "d" / "a.png"
+    img.parent.mkdir()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(img)
+    (tmp_path / "d" / "._a.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    (tmp_path / "d" / ".cache").mkdir()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "d" / ".cache" / "b.png")
+    (tmp_path / "d" / "sub").mkdir()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "d" / "sub" / "c.png")
+    assert expand_inputs([tmp_path / "d"]) == [img, tmp_path / "d" / "sub" / "c.png"]
+    # a hidden file named on its own is taken, and a hidden folder given as the input is searched
+    assert expand_inputs([tmp_path / "d" / "._a.png"]) == [tmp_path / "d" / "._a.png"]
+    assert expand_inputs([tmp_path / "d" / ".cache"]) == [tmp_path / "d" / ".cache" / "b.png"]

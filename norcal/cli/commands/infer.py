@@ -18,9 +18,10 @@ and an RLE segmentation for mask models).
 Images are resized as the model's metadata records (norcal.resize): detectron2's
 ResizeShortestEdge to norcal.min_size_test / max_size_test, zero padding (--min-size/--max-size
 override them), or Ultralytics' letterbox to the norcal.input_size square, grey padding (no
-override: the graph is built for that square). Folders are searched
-recursively for image files. A file that cannot be read as an image is an error (the first is
-named, the rest counted); --skip-unreadable runs the others, lists the skipped files at the
+override: the graph is built for that square). Folders are searched recursively for image
+files (hidden files and folders, such as macOS's ._name.jpg, left out). A file that cannot be
+read as an image is an error (the first is named, the rest counted); --skip-unreadable runs
+the others, lists the skipped files at the
 end and writes them to RESULTS.skipped.json ({"skipped": [{"file", "reason"}], ...}) next to
 the results, which stay a plain result list.
 
