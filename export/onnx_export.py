@@ -31,6 +31,14 @@ from .spec import RETINANET, ModelSpec
 MIN_OPSET = 17  # RoiAlign-16 (half_pixel) and Softmax-13 on the last axis
 
 
+def max_opset() -> int:
+    """The newest opset torch's TorchScript exporter writes (23 in torch 2.14); a newer one
+    ends in torch's own error after the model was traced."""
+    from torch.onnx import _constants
+
+    return int(getattr(_constants, "ONNX_MAX_OPSET", 23))
+
+
 def _dummy_size(value: int | None, default: int, div: int) -> int:
     v = default if value is None else int(value)
     if v <= 0 or (div > 1 and v % div):

@@ -241,6 +241,11 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                           param="logits")
     src, out = Path(src), Path(out)
     cfg = None if options.config is None else Path(options.config)
+    from norcal.export.onnx_export import MIN_OPSET, max_opset
+
+    # every family's graph needs MIN_OPSET; torch writes none newer than max_opset
+    check_range("opset", options.opset, MIN_OPSET, max_opset(), integer=True,
+                why="what the graphs need and torch's exporter writes")
     k = options.detections_per_image
     if k is not None:
         check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")
