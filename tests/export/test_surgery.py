@@ -292,3 +292,29 @@ def test_recalibrating_a_checkpoint_export_without_a_table():
     ref = np.exp(z - z.max(-1, keepdims=True))
     ref /= ref.sum(-1, keepdims=True)
     np.testing.assert_allclose(run(again, x)[0], ref, atol=1e-6)
+
+
+def _named_table(names, counts=(1, 10, 100)):
+    from norcal.core.tables import CalibrationTable
+
+    return CalibrationTable(name="named", source="test", count_type="image", categories=[
+        {"id": i + 1, "name": n, "image_count": c, "instance_count": c, "frequency": "r"}
+        for i, (n, c) in enumerate(zip(names, counts))])
+
+
+def test_table_listing_the_models_classes_in_another_order_is_refused():
+    """An Ultralytics export records its class names (norcal.detector): a table holding the same
+    classes in another order would put each class's prior on another class, silently. Refused,
+    naming the first class that differs; the same order (up to case, '_' for ' ') is taken."""
+    import json
+
+    model = classifier_graph(num_classes=3)
+    onnx.helper.set_model_props(model, {contract.DETECTOR: json.dumps({"names": ["cat", "traffic light", "dog"]})})
+    with pytest.raises(NorcalError, match=r"table 'named' lists the model's classes in another order: class 0 is "
+                                          r"'dog' there, 'cat' in the model") as e:
+        calibrate_onnx(model, 0.5, _named_table(["dog", "traffic light", "cat"]))
+    assert e.value.param == "table"
+    out = calibrate_onnx(model, 0.5, _named_table(["Cat", "traffic_light", "dog"]))
+    assert norcal_metadata(out)["norcal.gamma"] == "0.5"
+    # names of another form (no permutation to be sure of) are not judged
+    assert has_norcal(calibrate_onnx(model, 0.5, _named_table(["class0", "class1", "class2"])))
