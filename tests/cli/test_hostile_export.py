@@ -23,6 +23,18 @@ for value in ("99", "24", "16", "0"):
         _export(w, t, "--config", str(w / "config.yaml"), "--gamma", "0.5", "--opset", v),
         "--opset must be a whole number >= 17 and <= ", [t / "o.onnx"]))
 
+# a fixed input shape the trace cannot allocate: torch's allocation traceback
+case("export-batch-huge")(lambda w, t: (
+    _export(w, t, "--gamma", "0.5", "--batch", "100000000"),
+    "--batch must be a whole number >= 1 and <= 256, got 100000000", [t / "o.onnx"]))
+case("export-height-huge")(lambda w, t: (
+    _export(w, t, "--gamma", "0.5", "--height", "100000000"),
+    "--height must be a whole number >= 1 and <= 8192, got 100000000", [t / "o.onnx"]))
+case("export-input-beyond-tensorrt")(lambda w, t: (
+    _export(w, t, "--gamma", "0.5", "--batch", "256", "--height", "8192", "--width", "8192"),
+    "a fixed input of 256x3x8192x8192 = 51539607552 values exceeds TensorRT's 2147483647 per tensor",
+    [t / "o.onnx"]))
+
 # gamma * log N_c beyond float32: the node's prior initializer was written as inf
 case("export-gamma-overflows-the-prior")(lambda w, t: (
     _export(w, t, "--gamma", "1e300", "--table", str(w / "two.json"), model="cls.onnx"),
