@@ -55,6 +55,13 @@ case("build-model-is-a-folder")(lambda w, t: (
     ["build", str(_folder(t, "m.onnx")), "--trtexec-only", "-o", str(t / "e.engine")], "m.onnx: is a folder",
     [t / "e.engine", t / "e.engine.json"]))
 
+# an output name that gives no Triton model name (the name is the output's up to its first dot):
+# it was looked up as the repository itself ("REPO exists; pass --force to replace it")
+case("export-triton-name-empty")(lambda w, t: (
+    ["export", str(w / "cls.onnx"), "--gamma", "0.5", "--table", str(w / "two.json"),
+     "--triton-repo", str(_folder(t, "repo")), "-o", str(t / ".hidden.onnx")],
+    "Triton model name '': use letters, digits", [t / ".hidden.onnx"]))
+
 # checkpoint-only flags on ONNX input: they apply to every checkpoint family, not detectron2 alone
 case("export-onnx-with-opset")(lambda w, t: (
     _export(w, t, "--gamma", "0.5", "--table", str(w / "two.json"), "--opset", "18", model="cls.onnx"),
