@@ -57,6 +57,31 @@ def check_background_scale(background_scale: float, activation: str, background:
                           "that slot); leave it at 1", param="background_scale")
 
 
+def _name_key(name: str) -> str:
+    return " ".join(str(name).replace("_", " ").lower().split())
+
+
+def check_class_order(meta: dict[str, str], calibration: Calibration) -> None:
+    """Refuse a table that lists the classes the model records (``norcal.detector`` names, as
+    Ultralytics exports write them) in another order: each prior would land on another class.
+    Names of another form (no permutation to be sure of) are not judged."""
+    import json
+
+    try:
+        names = json.loads(meta.get(contract.DETECTOR) or "{}").get("names")
+    except (ValueError, AttributeError):
+        return
+    table = calibration.resolved_table
+    if not isinstance(names, list) or len(names) != table.num_classes:
+        return
+    ours, theirs = [_name_key(n) for n in names], [_name_key(n) for n in table.names]
+    if ours != theirs and sorted(ours) == sorted(theirs):
+        i = next(k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+        raise NorcalError(f"table {table.name!r} lists the model's classes in another order: class {i} is "
+                          f"{table.names[i]!r} there, {names[i]!r} in the model (its prior would go to "
+                          "another class); list them in the model's order", param="table")
+
+
 def calibrate_onnx(model: onnx.ModelProto, calibration: Calibration | float | None,
                    table: str | CalibrationTable | None = None, *, count_type: str | None = None,
                    **options) -> onnx.ModelProto:
@@ -85,7 +110,9 @@ def calibrate_onnx(model: onnx.ModelProto, calibration: Calibration | float | No
     num_classes = None
     if cal.table is None and cal.gamma is not None:
         num_classes = classifier_classes(model, cal.background)
-    out = insert_norcal(model, cal.resolve(num_classes))
+    cal = cal.resolve(num_classes)
+    check_class_order(meta, cal)
+    out = insert_norcal(model, cal)
     check_background_scale(cal.background_scale, {p.key: p.value for p in out.metadata_props}[contract.ACTIVATION],
                            cal.background)
     return out

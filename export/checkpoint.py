@@ -91,6 +91,9 @@ class _RefusedGlobal(pickle.UnpicklingError):
 
 
 def _read_pickle(path: Path) -> Any:
+    if zipfile.is_zipfile(path):  # torch.save's format under the model zoo's suffix
+        raise NorcalError(f"{path}: a PyTorch (torch.save zip) checkpoint, not a model-zoo pickle: give it "
+                          "the .pth suffix")
     try:
         with open(path, "rb") as f:
             # latin1 lets numpy read the raw byte strings of Python 2 pickles (old model zoo files)

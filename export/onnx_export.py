@@ -31,6 +31,14 @@ from .spec import RETINANET, ModelSpec
 MIN_OPSET = 17  # RoiAlign-16 (half_pixel) and Softmax-13 on the last axis
 
 
+def max_opset() -> int:
+    """The newest opset torch's TorchScript exporter writes (23 in torch 2.14); a newer one
+    ends in torch's own error after the model was traced."""
+    from torch.onnx import _constants
+
+    return int(getattr(_constants, "ONNX_MAX_OPSET", 23))
+
+
 def _dummy_size(value: int | None, default: int, div: int) -> int:
     v = default if value is None else int(value)
     if v <= 0 or (div > 1 and v % div):
@@ -59,11 +67,15 @@ def _drop_output(proto: onnx.ModelProto, name: str) -> None:
     proto.graph.output.extend(kept)
 
 
-def needs_padding_masks(batch: int | None, height: int | None, width: int | None) -> bool:
+def needs_padding_masks(batch: int | None, height: int | None, width: int | None,
+                        host_divisibility: int = 1, own_divisibility: int = 1) -> bool:
     """Can padding beyond an image's own size-divisibility multiple reach the graph? Yes with
     more than one image per batch (padded to the largest) or a fixed input size (padded up to
-    it); a batch of one at a dynamic size is padded by the host to its own multiple only."""
-    return batch != 1 or height is not None or width is not None
+    it); a batch of one at a dynamic size is padded by the host to its multiple of
+    ``host_divisibility``, which is the image's own only when detectron2 pads it alike
+    (``own_divisibility``: FPN 32; C4 and DC5 pad to no multiple, so their host padding is extra)."""
+    extra = max(int(host_divisibility), 1) > max(int(own_divisibility), 1)
+    return batch != 1 or height is not None or width is not None or extra
 
 
 @contextmanager
@@ -119,7 +131,8 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
         raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, "
                           f"got {mask_head_rois!r}")
     if padding_masks is None:
-        padding_masks = needs_padding_masks(batch, height, width)
+        padding_masks = needs_padding_masks(batch, height, width, spec.size_divisibility,
+                                            getattr(model, "size_divisibility", spec.size_divisibility))
     elif not padding_masks and (batch is None or batch > 1):
         raise NorcalError("padding_masks=False needs batch=1: a batch pads its images to the "
                           "largest")

@@ -371,8 +371,12 @@ def find_classifiers(model: onnx.ModelProto, num_classes: int | None = None,
 
 
 def classifier_candidates(model: onnx.ModelProto) -> list[Candidate]:
-    """The classifier a checkpoint export recorded, or else the heuristic's candidates."""
+    """The classifier a checkpoint export recorded, or else the heuristic's candidates; on a
+    calibrated model, those of the plain model under its NorCal node (the node replaced the
+    activation they are found by)."""
     view = _View(model)
+    if has_norcal(model):
+        view.strip()
     if view.meta.get(contract.CLASSIFIER_LOGITS):
         return view.classifiers(None, None)
     return [c for c in view.search(None) if not c.problem]

@@ -91,7 +91,10 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 def check_target(repo_dir, name: str, force: bool = False) -> None:
-    """Refuse to replace an existing model folder ``repo_dir/name`` unless ``force``."""
+    """Refuse a model name Triton does not take, and to replace an existing model folder
+    ``repo_dir/name`` unless ``force``."""
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):  # '' would name the repository itself
+        raise NorcalError(f"Triton model name {name!r}: use letters, digits, '_', '.', '-' only")
     target = Path(repo_dir) / name
     if target.exists() and not force:
         raise NorcalError(f"{target} exists; pass force=True to replace it", param="force=True")
@@ -109,8 +112,6 @@ def write_triton_repo(model_path, repo_dir, name: str, max_batch_size: int | Non
     src = Path(model_path)
     if not current_path(src).is_file():
         raise NorcalError(f"{src}: no such file")
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
-        raise NorcalError(f"Triton model name {name!r}: use letters, digits, '_', '.', '-' only")
     repo = Path(repo_dir)
     target = repo / name
     check_target(repo_dir, name, force)

@@ -133,7 +133,9 @@ def _static_input(model: onnx.ModelProto, size: int, where: str, batch: int | No
     dims = out.graph.input[[i.name for i in out.graph.input].index(inputs[0].name)].type.tensor_type.shape.dim
     dims[1].Clear()
     dims[1].dim_value = 3
-    if batch is not None:  # shape inference only: a dynamic batch hides the anchor count
+    # shape inference only: a dynamic batch hides the anchor count (a fixed one stays: the
+    # graph's reshapes hold it)
+    if batch is not None and not dims[0].HasField("dim_value"):
         dims[0].Clear()
         dims[0].dim_value = batch
     for k in (2, 3):

@@ -109,6 +109,16 @@ def log_factors(counts: Sequence[float], gamma: float, factor: str = "cdt",
     return np.log(-np.expm1(n * math.log(gamma))) - math.log1p(-gamma)
 
 
+def _check_float32(fg: np.ndarray, gamma: float, names: Sequence[str] | None) -> None:
+    """The node stores the prior as float32: a log a_c beyond its range would be written as inf."""
+    big = np.flatnonzero(np.abs(fg) > np.finfo(np.float32).max)
+    if big.size:
+        i = int(big[0])
+        who = f"class {i} ({names[i]!r})" if names is not None else f"class {i}"
+        raise NorcalError(f"gamma {float(gamma):g} makes the prior log a_c of {who} {fg[i]:.3g}, beyond "
+                          "float32's range (the graph stores it as float32)", param="gamma")
+
+
 def log_prior(counts: Sequence[float], gamma: float, factor: str = "cdt",
               background: str = "last", background_scale: float = 1.0,
               names: Sequence[str] | None = None) -> np.ndarray:
@@ -121,6 +131,7 @@ def log_prior(counts: Sequence[float], gamma: float, factor: str = "cdt",
     if not (math.isfinite(background_scale) and background_scale > 0):
         raise NorcalError(f"background scale must be finite and > 0, got {background_scale}")
     fg = log_factors(counts, gamma, factor, names)
+    _check_float32(fg, gamma, names)
     bg = np.array([-math.log(background_scale)])
     if background == "last":
         return np.concatenate([fg, bg])

@@ -89,6 +89,8 @@ class Calibration:
             raise NorcalError(f"table {table.name!r} has {table.num_classes} classes but the model has "
                               f"{num_classes} (background not counted)", param="table")
         counts, clamped = table.clamped_counts(self.count, self.min_count)  # validates the counts
+        # the prior refused now (a gamma beyond float32) rather than after a checkpoint's export
+        log_prior(counts, self.gamma, self.factor, self.background or "last", self.background_scale, table.names)
         return dataclasses.replace(
             self, gamma=float(self.gamma), table=table, count=self.count or table.count_type,
             background=self.background or "last",  # detectron2's, when neither user nor model said

@@ -79,6 +79,10 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         onnx.checker.check_model(str(p) if external else model)
     except (onnx.checker.ValidationError, ValueError) as e:
         first = str(e).strip().splitlines()[0]
+        if "topologically sorted" in first:  # e.g. Ultralytics' half=True export: valid bytes, nodes out of order
+            raise NorcalError(f"{p}: its nodes are not in topological order (the ONNX checker refuses the graph, "
+                              "ONNX Runtime may still run it); export the model in fp32 and make an fp16 one "
+                              "with norcal quantize") from None
         raise NorcalError(f"{p}: invalid or truncated ONNX model ({first})") from None
     if external:
         try:

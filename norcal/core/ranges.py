@@ -10,6 +10,9 @@ from norcal.core.errors import NorcalError
 
 MAX_THREADS = 1024  # ONNX Runtime / torch threads per process
 MAX_TOPK = 3839  # detections per image: TensorRT's TopK takes K < 3840
+MAX_EXPORT_BATCH = 256  # a fixed export batch: the trace runs a batch of that many images
+MAX_EXPORT_SIDE = 8192  # a fixed padded input height / width
+MAX_TENSOR_VOLUME = 2 ** 31 - 1  # TensorRT: elements per tensor
 
 
 def check_range(param: str, value, lo: float | None = None, hi: float | None = None,

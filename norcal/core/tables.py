@@ -20,7 +20,8 @@ from norcal.core.calibration import check_counts, clamp_counts
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json, write_json
 from norcal.core.schemas import ANNOTATIONS, TABLE, boxes_of, check_refs, ids_of, record_error
-from norcal.core.ultralytics_dataset import Progress, dataset_counts, is_dataset_description
+from norcal.core.ultralytics_dataset import WHAT as DATASET, Progress, dataset_counts, is_dataset_description
+from norcal.core.yaml_io import read_yaml_mapping
 
 COUNT_TYPES = ("image", "instance")
 GROUPS = {"r": "rare", "c": "common", "f": "frequent"}
@@ -138,11 +139,28 @@ def load_table(name_or_path: str | Path) -> CalibrationTable:
             f"no calibration table {s!r}: not a built-in ({', '.join(builtin_names())}) nor a file"
         )
     if is_dataset_description(p):
+        _check_dataset_table(p)
         return table_from_dataset(p)
     data = read_json(p)
     if isinstance(data, dict) and "annotations" in data:
         return table_from_annotations(data, p)
     return _from_json(data, str(p))
+
+
+TABLE_TAKES = ("table takes a built-in name ({}), a JSON of class counts, COCO/LVIS training annotations, "
+               "or an Ultralytics data.yaml")
+
+
+def _check_dataset_table(p: Path) -> None:
+    """A YAML given as the table must be an Ultralytics data.yaml: say what it is when it is not
+    (a detectron2 config is the YAML most at hand)."""
+    data = read_yaml_mapping(p, DATASET)
+    if data.get("names") is not None:
+        return
+    takes = TABLE_TAKES.format(", ".join(builtin_names()))
+    if "MODEL" in data or "_BASE_" in data:
+        raise NorcalError(f"{p}: a detectron2 config, not class counts: {takes}", param="table")
+    raise NorcalError(f"{p}: field 'names' missing (not an Ultralytics data.yaml): {takes}", param="table")
 
 
 def build_table(annotations: str | Path, count_type: str = "image",

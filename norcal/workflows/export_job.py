@@ -22,7 +22,7 @@ import onnx
 
 
 from norcal.core.errors import NorcalError
-from norcal.core.ranges import MAX_TOPK, check_range
+from norcal.core.ranges import MAX_EXPORT_BATCH, MAX_EXPORT_SIDE, MAX_TENSOR_VOLUME, MAX_TOPK, check_range
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
 from norcal.core.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
 from norcal.core.calibration_spec import Calibration
@@ -214,6 +214,19 @@ def _check_classifier_options(norcal: NorCal, classifier: Classifier) -> str:
     return classifier.background
 
 
+def _check_input_shape(options: CheckpointExport) -> None:
+    """A fixed batch / height / width within bounds before the trace allocates an input of that
+    shape (10^8 images ended in torch's allocation traceback)."""
+    for name, hi in (("batch", MAX_EXPORT_BATCH), ("height", MAX_EXPORT_SIDE), ("width", MAX_EXPORT_SIDE)):
+        value = getattr(options, name)
+        if value is not None:
+            check_range(name, value, 1, hi, integer=True)
+    b, h, w = options.batch or 1, options.height or 1, options.width or 1
+    if b * 3 * h * w > MAX_TENSOR_VOLUME:
+        raise NorcalError(f"a fixed input of {b}x3x{h}x{w} = {b * 3 * h * w} values exceeds TensorRT's "
+                          f"{MAX_TENSOR_VOLUME} per tensor", param=("batch", "height", "width"))
+
+
 def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                       options: CheckpointExport = CheckpointExport(), *,
                       verify: Sequence[PathLike] = (), triton_repo: PathLike | None = None,
@@ -241,6 +254,12 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                           param="logits")
     src, out = Path(src), Path(out)
     cfg = None if options.config is None else Path(options.config)
+    from norcal.export.onnx_export import MIN_OPSET, max_opset
+
+    # every family's graph needs MIN_OPSET; torch writes none newer than max_opset
+    check_range("opset", options.opset, MIN_OPSET, max_opset(), integer=True,
+                why="what the graphs need and torch's exporter writes")
+    _check_input_shape(options)
     k = options.detections_per_image
     if k is not None:
         check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")

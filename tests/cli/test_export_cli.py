@@ -138,7 +138,7 @@ def test_missing_torch_is_one_clear_line(tmp_path):
 def test_checkpoint_only_options_refused_for_onnx(tmp_path, model_path, capsys, flag):
     out = tmp_path / "out.onnx"
     call_fails(capsys, [model_path, "--gamma", "0.5", "--table", write_table(tmp_path, [1, 2, 3, 4]), *flag,
-                        "-o", out], f"{flag[0]} apply to detectron2 checkpoints")
+                        "-o", out], f"{flag[0]} apply to checkpoints, not ONNX input")
     assert not out.exists()
 
 

@@ -156,3 +156,28 @@ def test_torch_prior_stays_on_its_device():
     assert torch.equal(calibrate(logits, prior), calibrate(logits, prior.numpy()))
     out = calibrate(logits.to("meta"), prior.to("meta"))
     assert out.device.type == "meta" and out.shape == (6, 5)
+
+
+def test_prior_beyond_float32_is_refused_naming_gamma():
+    """The node stores log a_c = gamma * log N_c as float32 (largest 3.4028235e38): with N = 10
+    (log 10 = 2.302585) gamma 1e38 gives 2.30e38 and fits, gamma 2e38 gives 4.61e38 and would be
+    stored as inf; it is refused naming gamma and the class."""
+    lp = log_prior([1.0, 10.0], 1e38, names=["cat", "zebra"])
+    assert np.isfinite(lp.astype(np.float32)).all()
+    assert lp[1] == pytest.approx(2.302585e38, rel=1e-6)
+    with pytest.raises(NorcalError, match=r"gamma 2e\+38 makes the prior log a_c of class 1 \('zebra'\)") as e:
+        log_prior([1.0, 10.0], 2e38, names=["cat", "zebra"])
+    assert e.value.param == "gamma"
+
+
+def test_calibration_resolve_refuses_a_prior_beyond_float32():
+    """Refused when the calibration is resolved (before a checkpoint's slow export), not later."""
+    from norcal.core.calibration_spec import Calibration
+    from norcal.core.tables import CalibrationTable
+
+    table = CalibrationTable(name="t", source="test", count_type="image", categories=[
+        {"id": 1, "name": "a", "image_count": 1, "instance_count": 1, "frequency": "r"},
+        {"id": 2, "name": "b", "image_count": 10, "instance_count": 10, "frequency": "r"}])
+    assert Calibration(gamma=1e38, table=table).resolve(2).gamma == 1e38
+    with pytest.raises(NorcalError, match="float32"):
+        Calibration(gamma=1e300, table=table).resolve(2)

@@ -82,3 +82,19 @@ def test_small_model_is_one_file(tmp_path):
 def test_folder_is_not_an_onnx_file(tmp_path):
     with pytest.raises(NorcalError, match="is a folder"):
         load_onnx(tmp_path)
+
+
+def test_unsorted_graph_is_named_as_such_not_as_truncated(tmp_path):
+    """Ultralytics' half=True export appends its input Cast after the nodes that read it: ONNX
+    Runtime runs such a graph, the ONNX checker refuses it. The error says the order is the
+    problem and how to get a graph we take, not that the file is truncated."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    nodes = [helper.make_node("Identity", ["t"], ["y"]), helper.make_node("Identity", ["x"], ["t"])]
+    p = tmp_path / "unsorted.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y])), str(p))
+    with pytest.raises(NorcalError) as e:
+        load_onnx(p)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{p}: its nodes are not in topological order")
+    assert "truncated" not in msg and "fp32" in msg

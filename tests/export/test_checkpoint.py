@@ -194,3 +194,14 @@ def test_caffe2_blobs_and_non_array_entries(tmp_path):
         pickle.dump({"model": {"w": "not an array"}}, f)
     with pytest.raises(NorcalError, match="'w'"):
         load_state_dict(path)
+
+
+def test_torch_zip_named_pkl_says_to_use_pth(tmp_path):
+    """A torch.save zip given the model zoo's .pkl suffix was called a truncated or corrupt
+    pickle; the error says what the file is and which suffix reads it."""
+    p = tmp_path / "model_final.pkl"
+    torch.save({"model": {"w": torch.zeros(2)}}, p)
+    with pytest.raises(NorcalError, match=r"model_final.pkl: a PyTorch \(torch.save zip\) checkpoint, not a "
+                                          r"model-zoo pickle: give it the .pth suffix") as e:
+        read_checkpoint(p)
+    assert "truncated" not in str(e.value)

@@ -269,3 +269,52 @@ def test_model_with_control_flow_and_function():
     plain = strip_norcal(twice)
     assert not plain.functions
     np.testing.assert_allclose(run(plain, x)[0], run(model, x)[0], atol=1e-7)
+
+
+def test_recalibrating_a_checkpoint_export_without_a_table():
+    """``norcal-export model.norcal.onnx --gamma G`` with no table: the class count that picks
+    the built-in table is read through the NorCal node already there (it was looked for on a
+    plain Softmax reading the recorded logits, which the node had replaced: refused)."""
+    from norcal.core.tables import load_table
+    from norcal.export.calibrate_onnx import classifier_classes
+
+    model = classifier_graph(num_classes=1203, features=4)
+    onnx.helper.set_model_props(model, {contract.CLASSIFIER_LOGITS: "logits0"})
+    first = calibrate_onnx(model, 0.6)
+    assert classifier_classes(first, "last") == 1203
+    again = calibrate_onnx(first, 0.3)
+    assert norcal_metadata(again)["norcal.gamma"] == "0.3"
+    x = np.random.default_rng(7).normal(size=(2, 4)).astype(np.float32)
+    w, b = gemm_weights(model)
+    z = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    n = np.array([c["image_count"] for c in load_table("lvis_v1").categories], dtype=np.float64)
+    z = z - np.r_[0.3 * np.log(n), 0.0]  # NorCal by hand: foreground logits minus gamma log N_c
+    ref = np.exp(z - z.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    np.testing.assert_allclose(run(again, x)[0], ref, atol=1e-6)
+
+
+def _named_table(names, counts=(1, 10, 100)):
+    from norcal.core.tables import CalibrationTable
+
+    return CalibrationTable(name="named", source="test", count_type="image", categories=[
+        {"id": i + 1, "name": n, "image_count": c, "instance_count": c, "frequency": "r"}
+        for i, (n, c) in enumerate(zip(names, counts))])
+
+
+def test_table_listing_the_models_classes_in_another_order_is_refused():
+    """An Ultralytics export records its class names (norcal.detector): a table holding the same
+    classes in another order would put each class's prior on another class, silently. Refused,
+    naming the first class that differs; the same order (up to case, '_' for ' ') is taken."""
+    import json
+
+    model = classifier_graph(num_classes=3)
+    onnx.helper.set_model_props(model, {contract.DETECTOR: json.dumps({"names": ["cat", "traffic light", "dog"]})})
+    with pytest.raises(NorcalError, match=r"table 'named' lists the model's classes in another order: class 0 is "
+                                          r"'dog' there, 'cat' in the model") as e:
+        calibrate_onnx(model, 0.5, _named_table(["dog", "traffic light", "cat"]))
+    assert e.value.param == "table"
+    out = calibrate_onnx(model, 0.5, _named_table(["Cat", "traffic_light", "dog"]))
+    assert norcal_metadata(out)["norcal.gamma"] == "0.5"
+    # names of another form (no permutation to be sure of) are not judged
+    assert has_norcal(calibrate_onnx(model, 0.5, _named_table(["class0", "class1", "class2"])))

@@ -167,6 +167,28 @@ def test_end_to_end_export_ingested_equals_the_pt_export(yolo_work, tmp_path, ki
 
 
 @pytest.mark.slow
+def test_fixed_batch_export_ingested_equals_the_pt_export(yolo_work, tmp_path):
+    """Ultralytics' export with a fixed batch (batch=2): its reshapes hold that batch, so shape
+    inference at batch 1 found nothing and the head's tensors were refused as of unknown shape."""
+    from ultralytics import YOLO
+
+    from norcal.runtime.inference import prepare
+
+    model = YOLO(str(yolo_work.det))
+    f = Path(model.export(format="onnx", batch=2, simplify=False, imgsz=S, nms=False, verbose=False))
+    source = onnx.load(str(f.rename(tmp_path / "b2.onnx")))
+    assert [d.dim_value for d in source.graph.input[0].type.tensor_type.shape.dim] == [2, 3, S, S]
+    plain, _ = ingest_ultralytics(source)
+    assert [d.dim_value for d in plain.graph.input[0].type.tensor_type.shape.dim][0] == 2
+    pt = load_detector(yolo_work.det).export(SimpleNamespace(height=S, width=S))
+    images = [read_rgb(p) for p in IMAGES[:2]]
+    feeds = prepare(images, contract.input_spec(_meta(plain))).feeds()
+    cal = NorCal(gamma=0.5, table=str(yolo_work.table))
+    _assert_same_detections(_run(_session(calibrate_onnx(pt, cal)), feeds),
+                            _run(_session(calibrate_onnx(plain, cal)), feeds), len(images), False, 0.5)
+
+
+@pytest.mark.slow
 def test_export_onnx_file_ingests_unless_logits_given(ul, tmp_path):
     from norcal.cli import export_main, main
 

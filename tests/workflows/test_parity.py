@@ -92,6 +92,21 @@ def test_shifted_box_fails():
     assert not compare(contract([[A, B, C]]), contract([[far, B, C]]), "fp16").passed
 
 
+def test_masks_of_another_resolution_fail_in_a_line_not_a_traceback():
+    """A model compared with another architecture's checkpoint (C4's 14x14 masks against FPN's
+    28x28; same class count): numpy's broadcast error escaped. It is a failure naming both sizes,
+    and the detections are still compared (here they agree)."""
+    ref = contract([[A, B, C]])
+    cand = contract([[A, B, C]])
+    cand["masks"] = cand["masks"][:, :, :14, :14].copy()
+    rep = compare(ref, cand, "fp32")
+    assert not rep.passed
+    assert [f for f in rep.failures if "masks" in f] == ["masks: 28x28 per detection in reference, 14x14 in "
+                                                         "candidate: not the same model's mask head"]
+    assert rep.detections.matched == 3
+    assert "masks" not in {d.name for d in rep.tensors}
+
+
 def test_same_box_other_class_is_not_a_match():
     other = (A[0], A[1], 4)
     pairs = match_detections(*[np.array(v) for v in zip(A, B)], *[np.array(v) for v in zip(other, B)], 0.5)

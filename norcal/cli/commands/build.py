@@ -64,7 +64,8 @@ def run(args) -> int:
     from norcal.workflows.build import prepare
 
     if not Path(args.model).is_file():
-        raise NorcalError(f"{args.model}: no such file")
+        raise NorcalError(f"{args.model}: "
+                          f"{'is a folder, not a model file' if Path(args.model).is_dir() else 'no such file'}")
     # with --trtexec-only, trtexec writes the engine: its location is checked all the same
     check_outputs([args.model], files={"-o": args.output, "sidecar": sidecar_path(args.output),
                                        "--timing-cache": args.timing_cache})

@@ -43,7 +43,8 @@ CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table",
          "gamma": "--gamma", "verify": "--verify", "skip_unreadable=True": "--skip-unreadable",
          "detections_per_image": "--detections-per-image", "mask_head_rois": "--mask-head-rois",
-         "background": "--background", "background_scale": "--background-scale"}
+         "background": "--background", "background_scale": "--background-scale", "opset": "--opset",
+         "batch": "--batch", "height": "--height", "width": "--width"}
 
 
 # what only a calibration uses: --strip refuses them
@@ -115,7 +116,7 @@ def run(args) -> int:
 
     src = Path(args.model)
     if not src.is_file():
-        raise NorcalError(f"{src}: no such file")
+        raise NorcalError(f"{src}: {'is a folder, not a model file' if src.is_dir() else 'no such file'}")
     out = Path(args.output) if args.output else default_output(src)
     check_outputs([src, args.config, args.table, *(args.verify or ())],
                   files={"-o": out}, folders={"--triton-repo": args.triton_repo})
@@ -134,7 +135,7 @@ def run(args) -> int:
                                                       "opset", "detections_per_image", "mask_head_rois")
                  if getattr(args, k) is not None] + (["--skip-unreadable"] if args.skip_unreadable else [])
         if given:
-            raise NorcalError(f"{', '.join(given)} apply to detectron2 checkpoints, not ONNX input")
+            raise NorcalError(f"{', '.join(given)} apply to checkpoints, not ONNX input")
     if args.skip_unreadable and not args.verify:
         raise NorcalError("--skip-unreadable applies to --verify's images; no --verify given")
     if is_checkpoint:
@@ -170,7 +171,7 @@ def _export_checkpoint(src: Path, out: Path, args):
     if args.strip:
         raise NorcalError("--strip applies to ONNX models; a checkpoint export has no node to strip")
     options = CheckpointExport(config=args.config, batch=args.batch, height=args.height,
-                               width=args.width, opset=args.opset or 17,
+                               width=args.width, opset=CheckpointExport.opset if args.opset is None else args.opset,
                                detections_per_image=args.detections_per_image,
                                mask_head_rois=args.mask_head_rois)
     status = Console(stderr=True).status("")

@@ -169,6 +169,11 @@ def _compare_detections(ref: dict, cand: dict, tol: Tolerances, score_thresh: fl
             failures.append(f"{side}: {bad} non-finite box/score values among its detections")
     cap_r, cap_c = ref["scores"].shape[1], cand["scores"].shape[1]
     has_masks = "masks" in ref and "masks" in cand
+    if has_masks and ref["masks"].shape[2:] != cand["masks"].shape[2:]:  # e.g. another architecture's checkpoint
+        size = {n: "x".join(map(str, o["masks"].shape[2:])) for n, o in (("ref", ref), ("cand", cand))}
+        failures.append(f"masks: {size['ref']} per detection in reference, {size['cand']} in candidate: "
+                        "not the same model's mask head")
+        has_masks = False
     pairs = {k: ([], []) for k in ("boxes", "scores", "masks")}
     totals = dict(matched=0, unm_r=0, unm_c=0, reordered=0)
     ious: list[np.ndarray] = []
