@@ -108,7 +108,13 @@ def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
 
         model = load_onnx(model)
     if isinstance(profiles, (list, tuple)):
-        profiles = {p.input: p for p in profiles}
+        seen = {}
+        for p in profiles:  # two profiles for one input: which one holds would be a guess
+            if p.input in seen:
+                raise NorcalError(f"profile for {p.input!r} given twice ({seen[p.input].text()} and "
+                                  f"{p.text()}): give one per input", param="profile")
+            seen[p.input] = p
+        profiles = seen
     given = dict(profiles or {})
     findings: list[Finding] = []
     form = {p.key: p.value for p in model.metadata_props}.get(INT8_FORM)
