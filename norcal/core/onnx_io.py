@@ -55,6 +55,37 @@ def _check_external_data(model: onnx.ModelProto, p: Path) -> None:
                               f"{need} bytes, the file has {size})")
 
 
+CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
+
+
+def checkpoint_format(path: str | Path) -> str | None:
+    """"torch.save zip" or "pickle" when the file's first bytes say it is a checkpoint in that
+    format (whatever its suffix), else None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None
+    if head == b"PK\x03\x04":  # torch.save writes a zip archive
+        return "torch.save zip"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:  # pickle protocol 2..5 header
+        return "pickle"
+    return None
+
+
+def not_onnx_checkpoint(p: Path) -> NorcalError | None:
+    """The error for a checkpoint given where an ONNX model is read, or None if it is none."""
+    kind = checkpoint_format(p)
+    if kind is None:
+        return None
+    if p.suffix.lower() in CHECKPOINT_SUFFIXES:
+        return NorcalError(f"{p}: a PyTorch checkpoint ({kind}), not an ONNX model; export it to ONNX "
+                           "first (norcal export)")
+    want = ".pth" if kind == "torch.save zip" else ".pkl"
+    return NorcalError(f"{p}: a PyTorch checkpoint ({kind}) without a checkpoint suffix, not an ONNX "
+                       f"model; rename it to {p.name}{want} and export it to ONNX first (norcal export)")
+
+
 def load_onnx(path: str | Path) -> onnx.ModelProto:
     """Load and structurally check an ONNX model (with its external data, if any).
 
@@ -68,6 +99,9 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
+        foreign = not_onnx_checkpoint(p)
+        if foreign is not None:
+            raise foreign from None
         raise NorcalError(f"{p}: not an ONNX model or truncated ({type(e).__name__}: {e})") from None
     if not model.graph.node:
         raise NorcalError(f"{p}: not an ONNX model or truncated (the graph has no nodes)")

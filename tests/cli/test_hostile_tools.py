@@ -1,6 +1,7 @@
 """Hostile use of quantize / check / build: refusals in one line, exit 2, nothing written."""
 
 import onnx
+import pytest
 
 from norcal.cli import main
 from onnx_graphs import classifier_graph
@@ -22,3 +23,40 @@ def test_check_refuses_a_profile_given_twice_for_one_input(tmp_path, capsys, mon
     err = _one_line_exit_2(["check", str(tmp_path / "cls.onnx"), "--profile", "x:1x8:2x8:4x8",
                             "--profile", "x:1x8:8x8:16x8"], capsys, monkeypatch)
     assert "'x'" in err and "--profile" in err and "twice" in err
+
+
+def _zip_checkpoint(path):
+    # torch.save's container is a zip archive; any zip has the same first bytes
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+    return path
+
+
+def _pickle_checkpoint(path):
+    import pickle
+
+    path.write_bytes(pickle.dumps({"model": {}}, protocol=2))
+    return path
+
+
+@pytest.mark.parametrize("name", ["model_final.pth", "model.pt"])
+def test_build_on_a_checkpoint_says_to_export_it_first(name, tmp_path, capsys, monkeypatch):
+    ckpt = _zip_checkpoint(tmp_path / name)
+    err = _one_line_exit_2(["build", str(ckpt), "--trtexec-only", "-o", str(tmp_path / "e.engine")],
+                           capsys, monkeypatch)
+    assert "PyTorch checkpoint" in err and "norcal export" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+@pytest.mark.parametrize("make, what", [(_zip_checkpoint, "torch.save zip"), (_pickle_checkpoint, "pickle")])
+@pytest.mark.parametrize("cmd", ["check", "quantize-fp16", "export"])
+def test_a_checkpoint_without_suffix_is_named_as_one(make, what, cmd, tmp_path, capsys, monkeypatch):
+    ckpt = make(tmp_path / "model_final")
+    argv = {"check": ["check", str(ckpt)],
+            "quantize-fp16": ["quantize", str(ckpt), "--precision", "fp16", "-o", str(tmp_path / "q.onnx")],
+            "export": ["export", str(ckpt), "--gamma", "0.5", "-o", str(tmp_path / "x.onnx")]}[cmd]
+    err = _one_line_exit_2(argv, capsys, monkeypatch)
+    assert what in err and "suffix" in err and "truncated" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_final"]

@@ -127,6 +127,12 @@ def run(args) -> int:
         if given:
             raise NorcalError(f"--strip removes NorCal; it takes no {', '.join(given)}")
     is_checkpoint = src.suffix.lower() in CHECKPOINT_SUFFIXES
+    if not is_checkpoint and src.suffix.lower() != ".onnx":
+        from norcal.core.onnx_io import not_onnx_checkpoint
+
+        foreign = not_onnx_checkpoint(src)  # read as ONNX, it would fail on its bytes or on --config
+        if foreign is not None:
+            raise foreign
     if not args.strip and args.gamma is None and not (is_checkpoint and args.config):
         # a checkpoint's config may carry the NorCal authors' TEST.CALIBRATION settings
         raise NorcalError("--gamma is required (0 gives the plain softmax)")
