@@ -49,6 +49,24 @@ class Classifier:
     activation: str
 
 
+def square_size(options, what: str, kind: str) -> int | None:
+    """The options' height = width for a model with a square ``kind`` input (``what`` names the
+    model in the message), None when neither is given; one side alone or unequal sides are refused."""
+    from norcal.core.errors import NorcalError
+
+    h, w = getattr(options, "height", None), getattr(options, "width", None)
+    if h is None and w is None:
+        return None
+    if h is None or w is None:
+        given, missing = ("height", "width") if w is None else ("width", "height")
+        raise NorcalError(f"{what} takes a square {kind} input: give height and width, equal "
+                          f"({given} {h if w is None else w} given, no {missing})", param=("height", "width"))
+    if int(h) != int(w):
+        raise NorcalError(f"{what} takes a square {kind} input: height and width must be equal, got {h} and {w}",
+                          param=("height", "width"))
+    return int(h)
+
+
 def sigmoid_classifier(logits: str = CLS_LOGITS_TENSOR) -> Classifier:
     """One sigmoid over class logits [.., C] with no background slot (RetinaNet, YOLO, RT-DETR)."""
     return Classifier(logits=(logits,), class_axis=-1, background="none", activation="sigmoid")

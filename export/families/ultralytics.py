@@ -22,7 +22,7 @@ import numpy as np
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.export.families.base import Classifier, Detector, Family, TuneCache, sigmoid_classifier
+from norcal.export.families.base import Classifier, Detector, Family, TuneCache, sigmoid_classifier, square_size
 from norcal.export.families.ultralytics_checkpoint import (RTDETR_TASK, TASKS, checkpoint_model,
                                                            import_ultralytics, ordered_names,
                                                            read_ultralytics_checkpoint, task_of)
@@ -204,12 +204,9 @@ class YoloDetector(Detector):
         return meta
 
     def _input_size(self, options) -> int:
-        h, w = getattr(options, "height", None), getattr(options, "width", None)
-        if h is None and w is None:
+        h = square_size(options, "a YOLO model", "letterbox")
+        if h is None:
             return self.imgsz
-        if h is None or w is None or int(h) != int(w):
-            raise NorcalError(f"a YOLO model takes a square letterbox input: height and width must be equal, "
-                              f"got {h} and {w}", param=("height", "width"))
         if int(h) <= 0 or int(h) % self.stride:
             raise NorcalError(f"export size {h} must be a positive multiple of the model's stride {self.stride}",
                               param=("height", "width"))

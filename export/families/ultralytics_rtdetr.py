@@ -30,7 +30,7 @@ import numpy as np
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.export.families.ultralytics_checkpoint import ordered_names
-from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier
+from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
 
 ARCHITECTURE = "rtdetr"
 DEFAULT_SCORE_THRESH = 0.001  # Ultralytics' validation conf: AP is measured over low scores too
@@ -219,13 +219,8 @@ class RtdetrDetector(Detector):
         """The export job's options (:class:`norcal.workflows.export_job.CheckpointExport`) as
         :meth:`export` takes them, checked first: a square height = width, a multiple of 32
         (default: the trained imgsz), a positive batch."""
-        h, w = getattr(options, "height", None), getattr(options, "width", None)
-        size = None
-        if h is not None or w is not None:
-            if h is None or w is None or int(h) != int(w):
-                raise NorcalError(f"an RT-DETR takes a square stretched input: height and width must be "
-                                  f"equal, got {h} and {w}", param=("height", "width"))
-            size = int(h)
+        size = square_size(options, "an RT-DETR", "stretched")
+        if size is not None:
             if size <= 0 or size % 32:
                 raise NorcalError(f"export size {size} must be a positive multiple of 32 (the model's stride)",
                                   param=("height", "width"))

@@ -60,3 +60,25 @@ def test_a_checkpoint_without_suffix_is_named_as_one(make, what, cmd, tmp_path, 
     err = _one_line_exit_2(argv, capsys, monkeypatch)
     assert what in err and "suffix" in err and "truncated" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model_final"]
+
+
+@pytest.mark.parametrize("h, w", [(96, None), (None, 96)])
+@pytest.mark.parametrize("family", ["yolo", "rtdetr"])
+def test_a_square_input_given_one_side_names_the_missing_side(family, h, w):
+    # a YOLO letterbox / RT-DETR stretch input is square: one side alone is refused, and the
+    # message says which side is missing instead of "got 96 and None"
+    from types import SimpleNamespace
+
+    from norcal.core.errors import NorcalError
+    from norcal.export.families.ultralytics import YoloDetector
+    from norcal.export.families.ultralytics_rtdetr import RtdetrDetector
+
+    options = SimpleNamespace(height=h, width=w, batch=None)
+    with pytest.raises(NorcalError) as e:
+        if family == "yolo":
+            YoloDetector._input_size(SimpleNamespace(imgsz=64, stride=32), options)
+        else:
+            RtdetrDetector.export_options(SimpleNamespace(), options)
+    missing = "width" if w is None else "height"
+    assert "None" not in str(e.value) and f"no {missing}" in str(e.value), str(e.value)
+    assert set(e.value.params) == {"height", "width"}
