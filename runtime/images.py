@@ -187,7 +187,9 @@ def expand_inputs(inputs: list[str | os.PathLike]) -> list[Path]:
         p = Path(item)
         if p.is_dir():
             out.extend(sorted(f for f in p.rglob("*")
-                              if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES
+                              # a broken link is listed: its reader then stops or skips it, counted
+                              if (f.is_file() or (f.is_symlink() and not f.exists()))
+                              and f.suffix.lower() in IMAGE_SUFFIXES
                               and not any(part.startswith(".") for part in f.relative_to(p).parts)))
         elif p.exists():
             out.append(p)

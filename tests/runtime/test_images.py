@@ -72,3 +72,21 @@ def test_folders_are_searched_without_hidden_files_and_folders(tmp_path):
     # a hidden file named on its own is taken, and a hidden folder given as the input is searched
     assert expand_inputs([tmp_path / "d" / "._a.png"]) == [tmp_path / "d" / "._a.png"]
     assert expand_inputs([tmp_path / "d" / ".cache"]) == [tmp_path / "d" / ".cache" / "b.png"]
+
+
+def test_a_dangling_image_link_in_a_folder_is_listed_not_dropped(tmp_path):
+    # a broken link named like an image is an image the user meant and cannot be read: it
+    # must reach the reader (error, or skipped and counted), not vanish from the count
+    from norcal.core.errors import NorcalError
+    from norcal.runtime.images import expand_inputs, read_images
+
+    d = tmp_path / "d"
+    d.mkdir()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(d / "a.png")
+    (d / "b.png").symlink_to(tmp_path / "gone.png")
+    assert expand_inputs([d]) == [d / "a.png", d / "b.png"]
+    with pytest.raises(NorcalError, match="b.png"):
+        read_images(expand_inputs([d]))
+    skipped = []
+    assert len(read_images(expand_inputs([d]), skipped=skipped)) == 1
+    assert [p for p, _ in skipped] == [d / "b.png"]
