@@ -97,6 +97,45 @@ def check_profiles(model, facts, profiles, findings) -> None:
                                         f"which the model fixes at {d}"))
 
 
+def tie_shared_dims(model, profiles: dict) -> dict:
+    """Profiles that agree on every symbolic dim the model's inputs share (``batch`` of images
+    and image_sizes): a default profile takes a given one's range on such a dim; two given
+    profiles that disagree there are refused (TensorRT would refuse them at build)."""
+    from norcal.core.profiles import Profile
+
+    inits = {i.name for i in model.graph.initializer}
+    tied: dict[str, list[tuple[str, int]]] = {}
+    for v in model.graph.input:
+        if v.name in inits or v.name not in profiles:
+            continue
+        for axis, d in enumerate(v.type.tensor_type.shape.dim):
+            if d.dim_param and axis < len(profiles[v.name].min):
+                tied.setdefault(d.dim_param, []).append((v.name, axis))
+    out = dict(profiles)
+
+    def span(name, axis):
+        p = out[name]
+        return p.min[axis], p.opt[axis], p.max[axis]
+
+    for dim, uses in tied.items():
+        given = [(n, a) for n, a in uses if out[n].source == "given"]
+        for n, a in given[1:]:
+            if span(n, a) != span(*given[0]):
+                n0, a0 = given[0]
+                raise NorcalError(f"profile {out[n0].text()} and profile {out[n].text()} disagree on dim "
+                                  f"{dim!r}, which the model ties ({':'.join(map(str, span(n0, a0)))} vs "
+                                  f"{':'.join(map(str, span(n, a)))}): give both the same range", param="profile")
+        if not given:
+            continue
+        lo, opt, hi = span(*given[0])
+        for n, a in uses:
+            p = out[n]
+            if p.source != "given":
+                out[n] = Profile(n, p.min[:a] + (lo,) + p.min[a + 1:], p.opt[:a] + (opt,) + p.opt[a + 1:],
+                                 p.max[:a] + (hi,) + p.max[a + 1:], p.source)
+    return out
+
+
 def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
     """Check an ONNX model against the TensorRT 10.15 ONNX parser without TensorRT.
 
@@ -152,7 +191,7 @@ def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
         check_node(n, facts, io_names, findings)
 
     defaults, assumption = default_profiles(model)
-    merged = {**defaults, **given}
+    merged = tie_shared_dims(model, {**defaults, **given})
     if any(p.source == "default" for p in merged.values()):
         notes.append(assumption)
     check_profiles(model, facts, merged, findings)

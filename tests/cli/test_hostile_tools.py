@@ -82,3 +82,39 @@ def test_a_square_input_given_one_side_names_the_missing_side(family, h, w):
     missing = "width" if w is None else "height"
     assert "None" not in str(e.value) and f"no {missing}" in str(e.value), str(e.value)
     assert set(e.value.params) == {"height", "width"}
+
+
+def _two_input_graph(path):
+    # images [batch,3,H,W] and image_sizes [batch,2] share the symbolic dim "batch"
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("ReduceSum", ["images"], ["s"], keepdims=0),
+         helper.make_node("Identity", ["image_sizes"], ["sizes_out"])], "two",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "h", "w"]),
+         helper.make_tensor_value_info("image_sizes", TensorProto.INT64, ["batch", 2])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("sizes_out", TensorProto.INT64, ["batch", 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_check_refuses_given_profiles_that_disagree_on_a_shared_dim(tmp_path, capsys, monkeypatch):
+    model = _two_input_graph(tmp_path / "m.onnx")
+    err = _one_line_exit_2(["check", str(model), "--profile", "images:1x3x32x32:2x3x64x64:4x3x64x64",
+                            "--profile", "image_sizes:1x2:1x2:1x2"], capsys, monkeypatch)
+    assert "'batch'" in err and "images" in err and "image_sizes" in err and "--profile" in err, err
+
+
+def test_a_default_profile_takes_the_given_range_of_a_shared_dim(tmp_path):
+    # only images is given (batch 1:2:4): image_sizes' default must follow (1:2:4), not keep
+    # the default 1:4:8 that TensorRT would refuse next to it
+    from norcal.core.profiles import make_profile
+    from norcal.export.trt_check import check_model
+
+    model = _two_input_graph(tmp_path / "m.onnx")
+    report = check_model(str(model), [make_profile("images", (1, 3, 32, 32), (2, 3, 64, 64), (4, 3, 64, 64))])
+    p = report.profiles["image_sizes"]
+    assert (p.min, p.opt, p.max) == ((1, 2), (2, 2), (4, 2))
