@@ -124,6 +124,11 @@ def quantize_model(options: QuantizeOptions,
     model = load_onnx(src)
     _check_metadata(model, where)
     check_fp32_model(model, where)
+    mask_output = contract.OUTPUT_NAMES[-1]
+    if options.mask_head and mask_output not in {o.name for o in model.graph.output}:
+        # the option would change nothing: say so rather than let the user believe the masks are int8
+        raise NorcalError(f"{where} has no {mask_output!r} output (no mask head): mask_head=True applies to "
+                          f"mask models", param="mask_head=True")
     skipped: list[tuple[Path, str]] = []
     if options.precision == "fp16":
         out, n_images = convert_fp16(model, where), 0

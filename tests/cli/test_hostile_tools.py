@@ -118,3 +118,23 @@ def test_a_default_profile_takes_the_given_range_of_a_shared_dim(tmp_path):
     report = check_model(str(model), [make_profile("images", (1, 3, 32, 32), (2, 3, 64, 64), (4, 3, 64, 64))])
     p = report.profiles["image_sizes"]
     assert (p.min, p.opt, p.max) == ((1, 2), (2, 2), (4, 2))
+
+
+def test_int8_mask_head_on_a_model_without_masks_is_refused(tmp_path, capsys, monkeypatch):
+    # the flag would do nothing: say so rather than write a model the user thinks has int8 masks
+    import numpy as np
+    from PIL import Image
+
+    from norcal.core import contract
+
+    model = classifier_graph()
+    onnx.helper.set_model_props(model, {contract.MIN_SIZE_TEST: "32", contract.MAX_SIZE_TEST: "64",
+                                        contract.CLASSIFIER_LOGITS: "logits0"})
+    onnx.save(model, str(tmp_path / "det.onnx"))
+    (tmp_path / "cal").mkdir()
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "cal" / "a.png")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    err = _one_line_exit_2(["quantize", str(tmp_path / "det.onnx"), "--images", str(tmp_path / "cal"),
+                            "--int8-mask-head", "-o", str(tmp_path / "q.onnx")], capsys, monkeypatch)
+    assert "--int8-mask-head" in err and "masks" in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
