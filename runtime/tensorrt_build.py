@@ -195,6 +195,11 @@ def check_int8_model(model: onnx.ModelProto, options: BuildOptions) -> None:
     TensorRT takes."""
     refuse_ort_form(model, options)
     if not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
+        done = {p.key: p.value for p in model.metadata_props}.get(PRECISION)
+        if done:  # norcal quantize refuses a converted model: point at the one it came from
+            raise NorcalError(f"{options.onnx_path} is {done} ({PRECISION}) and has no QuantizeLinear nodes: "
+                              f"int8 builds take an explicitly quantized (Q/DQ) model; run norcal quantize on "
+                              f"the fp32 model it came from and build its output", param="int8")
         raise NorcalError(f"{options.onnx_path} has no QuantizeLinear nodes: int8 builds take an explicitly "
                           f"quantized (Q/DQ) model; run norcal quantize on {options.onnx_path} with "
                           f"calibration images first and build its output", param="int8")

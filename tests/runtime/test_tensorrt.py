@@ -397,6 +397,21 @@ def test_int8_refuses_a_model_without_qdq_in_one_line(tmp_path, monkeypatch, cap
     assert not engine.exists() and not sidecar_path(engine).exists()
 
 
+def test_int8_on_an_fp16_model_says_to_quantize_the_fp32_one(tmp_path, monkeypatch, capsys):
+    # norcal quantize refuses an fp16 model: the hint must name the fp32 model, not this one
+    from norcal.core.contract import PRECISION
+
+    _hide_tensorrt(monkeypatch)
+    model = tmp_path / "tiny.fp16.onnx"
+    onnx.save(tiny_detector({PRECISION: "fp16"}), model)
+    engine = tmp_path / "tiny.engine"
+    assert main(["build", str(model), "--int8", "--trtexec-only", "-o", str(engine)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is fp16" in err and "fp32 model it came from" in err, err
+    assert f"quantize on {model}" not in err, err
+    assert not engine.exists() and not sidecar_path(engine).exists()
+
+
 def test_int8_trtexec_line_and_sidecar(tmp_path, monkeypatch, capsys):
     _hide_tensorrt(monkeypatch)
     model = tmp_path / "tiny.int8.onnx"
