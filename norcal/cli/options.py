@@ -190,7 +190,10 @@ def parse_profile(text: str):
         raise NorcalError(f"--profile {text!r}: expected NAME:MIN:OPT:MAX, e.g. images:1x3x32x32:1x3x800x1088:8x3x1344x1344")
     name = ":".join(parts[:-3])
     lo, opt, hi = (parse_shape(p, f"--profile {name}") for p in parts[-3:])
-    return make_profile(name, lo, opt, hi)
+    try:
+        return make_profile(name, lo, opt, hi)
+    except NorcalError as e:  # the library speaks of "profile for 'x'": name the flag and its text
+        raise NorcalError(f"--profile {text!r}: {str(e).split(': ', 1)[-1]}") from None
 
 
 # ----------------------------------------------------------------------------- progress

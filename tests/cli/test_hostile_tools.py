@@ -138,3 +138,10 @@ def test_int8_mask_head_on_a_model_without_masks_is_refused(tmp_path, capsys, mo
                             "--int8-mask-head", "-o", str(tmp_path / "q.onnx")], capsys, monkeypatch)
     assert "--int8-mask-head" in err and "masks" in err, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("text", ["x:1x8:8x8:4x8", "x:1x8:2x8:4x8x1"])
+def test_check_names_the_profile_flag_for_an_inconsistent_profile(text, tmp_path, capsys, monkeypatch):
+    onnx.save(classifier_graph(), str(tmp_path / "cls.onnx"))
+    err = _one_line_exit_2(["check", str(tmp_path / "cls.onnx"), "--profile", text], capsys, monkeypatch)
+    assert f"--profile {text!r}" in err, err
