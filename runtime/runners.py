@@ -31,5 +31,10 @@ def open_runner(path: str | os.PathLike, provider: str | None = None, threads: i
         except ImportError as e:
             raise NorcalError(f"cannot run {p.name}: the TensorRT runner is unavailable ({e})") from None
         return TensorRTRunner(p)
+    from norcal.core.onnx_io import not_onnx_checkpoint
+
+    foreign = not_onnx_checkpoint(p) if p.is_file() else None
+    if foreign is not None:
+        raise foreign
     raise NorcalError(f"{p}: unknown model type {suffix or '(no suffix)'!r}; "
                       f"expected .onnx or a TensorRT engine ({', '.join(ENGINE_SUFFIXES)})")

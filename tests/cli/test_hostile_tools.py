@@ -145,3 +145,16 @@ def test_check_names_the_profile_flag_for_an_inconsistent_profile(text, tmp_path
     onnx.save(classifier_graph(), str(tmp_path / "cls.onnx"))
     err = _one_line_exit_2(["check", str(tmp_path / "cls.onnx"), "--profile", text], capsys, monkeypatch)
     assert f"--profile {text!r}" in err, err
+
+
+@pytest.mark.parametrize("name", ["model_final.pth", "model_final"])
+def test_infer_on_a_checkpoint_says_to_export_it_first(name, tmp_path, capsys, monkeypatch):
+    import numpy as np
+    from PIL import Image
+
+    ckpt = _zip_checkpoint(tmp_path / name)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
+    err = _one_line_exit_2(["infer", str(ckpt), str(tmp_path / "a.png"), "-o", str(tmp_path / "r.json")],
+                           capsys, monkeypatch)
+    assert "PyTorch checkpoint" in err and "norcal export" in err, err
+    assert not (tmp_path / "r.json").exists()
