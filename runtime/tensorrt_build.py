@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from norcal.core.contract import INT8_FORM, PRECISION
+from norcal.core.contract import INT8_FORM, PRECISION, SIZE_DIVISIBILITY, input_spec
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import check_range
 from norcal.core.profiles import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
@@ -56,6 +56,21 @@ class BuildOptions:
     timing_cache: Path | None = None
 
 
+def _check_padded_sizes(options: BuildOptions, meta: dict[str, str]) -> None:
+    """Refuse an H or W range with no multiple of the model's size divisibility: the host pads
+    every image to one, so the engine would refuse every batch it is given."""
+    d = input_spec(meta).divisibility
+    if d <= 1:
+        return
+    for axis, side in ((0, "height"), (1, "width")):
+        lo, hi = options.hw[0][axis], options.hw[2][axis]
+        if -(-lo // d) * d > hi:
+            size = str(lo) if lo == hi else f"{lo}..{hi}"
+            raise NorcalError(f"{options.onnx_path}: image {side} {size} (hw) holds no multiple of the model's "
+                              f"{SIZE_DIVISIBILITY} {d}: the host pads every image to one, so the engine "
+                              f"would take no input; use multiples of {d}", param="hw")
+
+
 def engine_profiles(model: onnx.ModelProto, options: BuildOptions) -> dict[str, Profile]:
     """The optimization profile for the model's contract inputs (images, image_sizes).
 
@@ -63,6 +78,8 @@ def engine_profiles(model: onnx.ModelProto, options: BuildOptions) -> dict[str, 
     stays 1); ranges the user gave are kept as given, and the check reports a clash.
     """
     meta = {p.key: p.value for p in model.metadata_props}
+    if options.hw is not None:
+        _check_padded_sizes(options, meta)
     hw = options.hw or image_size_range(meta)
     profiles = detector_profiles(options.batch or DEFAULT_BATCH, *hw)
     dims = input_dims(model)

@@ -412,6 +412,28 @@ def test_int8_on_an_fp16_model_says_to_quantize_the_fp32_one(tmp_path, monkeypat
     assert not engine.exists() and not sidecar_path(engine).exists()
 
 
+@pytest.mark.parametrize("shape, ok", [(["--shape", "801x1088"], False), (["--shape", "800x1090"], False),
+                                       (["--shapes", "330x330:340x340:350x350"], False),
+                                       (["--shape", "800x1088"], True), (["--shapes", "330x330:340x340:360x360"], True)])
+def test_build_refuses_image_sizes_the_host_never_sends(shape, ok, tmp_path, monkeypatch, capsys):
+    # the host pads H and W to a multiple of size_divisibility (32): 801 or 330..350 can never
+    # come in, so such an engine would refuse every batch at run time
+    from norcal.core.contract import SIZE_DIVISIBILITY
+
+    _hide_tensorrt(monkeypatch)
+    model = tmp_path / "tiny.onnx"
+    onnx.save(tiny_detector({SIZE_DIVISIBILITY: "32"}), model)
+    engine = tmp_path / "tiny.engine"
+    rc = main(["build", str(model), "--trtexec-only", "-o", str(engine), *shape])
+    err = capsys.readouterr().err
+    if ok:
+        assert rc == 0, err
+        return
+    assert rc == 2 and err.count("\n") == 1 and "multiple of" in err and "32" in err, err
+    assert "--shape" in err, err
+    assert not sidecar_path(engine).exists()
+
+
 def test_int8_trtexec_line_and_sidecar(tmp_path, monkeypatch, capsys):
     _hide_tensorrt(monkeypatch)
     model = tmp_path / "tiny.int8.onnx"

@@ -31,7 +31,7 @@ The model is checked first (norcal check) unless --skip-check.
 
 # parameters of the engine build named in its errors -> the flags here
 FLAGS = {"check=False": "--skip-check", "workspace_gb": "--workspace", "fp16": "--fp16",
-         "batch": "--batch", "int8": "--int8", "form='tensorrt'": "norcal quantize --form tensorrt"}
+         "batch": "--batch", "int8": "--int8", "hw": "--shape/--shapes", "form='tensorrt'": "norcal quantize --form tensorrt"}
 
 
 def add_arguments(p):
