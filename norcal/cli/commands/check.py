@@ -15,7 +15,9 @@ Squeeze/Unsqueeze axes constant; ScatterND reduction none; Cast targets; UINT8 o
 network's inputs and outputs; DOUBLE (warned: cast to FLOAT); NonMaxSuppression's limit of
 5000 candidates per batch item (warned). Every dynamic input dimension must be covered by an
 optimization profile: the detector inputs images [B,3,H,W] and image_sizes [B,2] get a default
-one (stated in the output); other inputs need --profile.
+one (stated in the output); other inputs need --profile (once per input). Inputs that share a
+named dim (B above) must agree on its range: a default profile takes the range given for the
+other input; two given ranges that differ are refused.
 
   norcal check model.onnx
   norcal check model.onnx --profile images:1x3x320x320:2x3x800x1088:4x3x1344x1344 \\
