@@ -194,6 +194,10 @@ def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
     merged = tie_shared_dims(model, {**defaults, **given})
     if any(p.source == "default" for p in merged.values()):
         notes.append(assumption)
+    followed = [n for n, p in merged.items() if p != defaults.get(n, p) and n not in given]
+    if followed:
+        notes.append(f"default profile of {', '.join(followed)} takes the given profile's range on the dims "
+                     f"the inputs share")
     check_profiles(model, facts, merged, findings)
     return Report(ts.TENSORRT_VERSION, opset, len(nodes), sorted({n.proto.op_type for n in nodes}),
                   findings, merged, notes)
