@@ -134,6 +134,18 @@ def parse_gammas(text: str) -> list[float]:
     return sorted(set(values))
 
 
+def parse_valid_gammas(text: str, factor: str = "cdt") -> list[float]:
+    """:func:`parse_gammas`, each gamma checked for ``factor`` (CDT >= 0, ENS in [0, 1)); an
+    error names --gammas and what was typed."""
+    from norcal.core.calibration import check_gamma
+
+    gammas = parse_gammas(text)
+    try:
+        return [check_gamma(g, factor) for g in gammas]
+    except NorcalError as e:  # check_gamma speaks of "gamma": name the flag the user typed
+        raise NorcalError(f"--gammas {text!r}: {e}") from None
+
+
 def parse_range(text: str, what: str = "--batch") -> tuple[int, int, int]:
     """``"1:4:8"`` -> (1, 4, 8), positive and ordered; ``"4"`` means 4:4:4."""
     parts = text.split(":")

@@ -158,3 +158,19 @@ def test_infer_on_a_checkpoint_says_to_export_it_first(name, tmp_path, capsys, m
                            capsys, monkeypatch)
     assert "PyTorch checkpoint" in err and "norcal export" in err, err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_simulate_names_the_gammas_flag_for_a_negative_gamma(capsys, monkeypatch):
+    err = _one_line_exit_2(["simulate", "--gammas", "0,-1", "--images", "1", "--train-images", "1"],
+                           capsys, monkeypatch)
+    assert "--gammas" in err and "-1" in err, err
+
+
+def test_tune_names_the_gammas_flag_for_a_gamma_the_factor_refuses(tmp_path, capsys, monkeypatch):
+    # ENS needs gamma < 1 (a_c = (1 - gamma^N) / (1 - gamma)); refused before any work
+    ckpt = _zip_checkpoint(tmp_path / "m.pth")
+    (tmp_path / "gt.json").write_text("{}")
+    (tmp_path / "im").mkdir()
+    err = _one_line_exit_2(["tune", str(ckpt), "--gt", str(tmp_path / "gt.json"), "--images", str(tmp_path / "im"),
+                            "--factor", "ens", "--gammas", "0,1"], capsys, monkeypatch)
+    assert "--gammas '0,1'" in err and "ENS" in err, err

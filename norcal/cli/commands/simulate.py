@@ -45,14 +45,13 @@ def run(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from norcal.core.calibration import check_gamma
     from norcal.core.errors import NorcalError
     from norcal.evaluation.simulate import SimConfig, plot_sweep, run_benchmark
     from norcal.core.fileio import write_json
-    from norcal.cli.options import check_outputs, parse_gammas
+    from norcal.cli.options import check_outputs, parse_valid_gammas
     from norcal.core.tables import load_table
 
-    gammas = [check_gamma(g) for g in parse_gammas(args.gammas)]
+    gammas = parse_valid_gammas(args.gammas)
     if args.images < 1 or args.train_images < 1:
         raise NorcalError("--images and --train-images must be >= 1")
     if args.proposals < 8:

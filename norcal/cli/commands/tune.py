@@ -105,7 +105,7 @@ def run(args) -> int:
     from norcal.workflows.tune import MAX_CACHE_BYTES
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from norcal.cli.options import check_outputs, parse_gammas, progress_bars
+    from norcal.cli.options import check_outputs, parse_valid_gammas, progress_bars
     from norcal.core.fileio import write_json
     from norcal.workflows.tune import tune, write_sweep_plot
 
@@ -123,7 +123,7 @@ def run(args) -> int:
     if not (math.isfinite(args.max_cache_gb) and 0 < args.max_cache_gb <= MAX_CACHE_BYTES / 2**30):
         raise NorcalError(f"--max-cache-gb must be a finite number > 0 and <= {MAX_CACHE_BYTES / 2**30:g}, "
                           f"got {args.max_cache_gb:g}")
-    gammas = parse_gammas(args.gammas)
+    gammas = parse_valid_gammas(args.gammas, args.factor)
     ray = ray_options(args)
     if ray is not None and args.iou_type != "bbox":
         raise NorcalError(f"--iou-type {args.iou_type} runs without --ray (the Ray sweep evaluates bbox)")
