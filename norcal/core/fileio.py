@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 if TYPE_CHECKING:
     from norcal.core.schemas import Schema
 
+CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")  # PyTorch checkpoints (torch.save zip or pickle)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:

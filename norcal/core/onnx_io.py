@@ -12,7 +12,7 @@ from onnx import external_data_helper
 from google.protobuf.message import DecodeError
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import atomic_path
+from norcal.core.fileio import CHECKPOINT_SUFFIXES, atomic_path
 
 
 # protobuf cannot serialize a message of 2 GiB or more: larger models keep their weights in a
@@ -54,8 +54,6 @@ def _check_external_data(model: onnx.ModelProto, p: Path) -> None:
             raise NorcalError(f"{p}: external data file {loc!r} is truncated (tensor {t.name!r} needs "
                               f"{need} bytes, the file has {size})")
 
-
-CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 
 
 def checkpoint_format(path: str | Path) -> str | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from norcal.cli.options import add_calibration_options, min_count_line
 from norcal.core import contract
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import CHECKPOINT_SUFFIXES
 
 HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
 DESCRIPTION = """Bake NorCal calibration into a detector's graph.
@@ -37,7 +38,6 @@ examples:
   norcal-export model.norcal.onnx --strip -o model.plain.onnx
 """
 
-CHECKPOINT_SUFFIXES = (".pth", ".pt", ".pkl")
 
 # parameters of norcal.workflows.export_job named in its errors -> the flags here
 FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force", "table": "--table",

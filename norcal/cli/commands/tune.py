@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from norcal.cli.options import add_calibration_options, add_ray_arguments, min_count_line, ray_options
-from norcal.cli.commands.export import CHECKPOINT_SUFFIXES
+from norcal.core.fileio import CHECKPOINT_SUFFIXES
 from norcal.core.errors import NorcalError
 
 HELP = "sweep NorCal's gamma on (a subset of) training images and recommend the best"
