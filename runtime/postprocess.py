@@ -90,6 +90,10 @@ def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold
     ys = np.maximum(np.floor(b[:, 1]).astype(np.int64) - 1, 0)
     xe = np.maximum(np.minimum(np.ceil(b[:, 2]).astype(np.int64) + 1, img_w), xs)
     ye = np.maximum(np.minimum(np.ceil(b[:, 3]).astype(np.int64) + 1, img_h), ys)
+    # a box with no area (kept for Ultralytics models) has an empty mask, as Ultralytics' crop
+    # gives it; an empty region also keeps its zero extent out of the taps' division
+    empty = (b[:, 2] <= b[:, 0]) | (b[:, 3] <= b[:, 1])
+    xe, ye = np.where(empty, xs, xe), np.where(empty, ys, ye)
     ty = _axis_taps(b[:, 1], b[:, 3], ys, ye, m)
     tx = _axis_taps(b[:, 0], b[:, 2], xs, xe, m)
     oy = np.cumsum(ye - ys) - (ye - ys)
@@ -117,12 +121,13 @@ def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float
 
 
 def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
-                  original_sizes: np.ndarray) -> list[ImageDetections]:
+                  original_sizes: np.ndarray, keep_empty: bool = False) -> list[ImageDetections]:
     """Batched model outputs -> per-image :class:`ImageDetections` in original coordinates.
 
     outputs: num_detections int64 [B], boxes float32 [B,K,4] (resized coords), scores [B,K],
     classes int64 [B,K], optional masks float32 [B,K,M,M]. Only the first num_detections[b]
-    rows of image b are valid (EfficientNMS-style padding).
+    rows of image b are valid (EfficientNMS-style padding). Boxes left with no area by the
+    clip are dropped (detectron2) unless ``keep_empty`` (Ultralytics keeps them).
     """
     num = np.asarray(outputs["num_detections"]).reshape(-1)
     masks = outputs.get("masks")
@@ -130,6 +135,8 @@ def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
     for b in range(len(image_sizes)):
         n = int(num[b])
         boxes, keep = rescale_boxes(outputs["boxes"][b, :n], image_sizes[b], original_sizes[b])
+        if keep_empty:
+            keep = np.ones(len(boxes), bool)
         result.append(ImageDetections(
             boxes=boxes[keep],
             scores=np.asarray(outputs["scores"][b, :n], np.float32)[keep],

@@ -106,12 +106,15 @@ class Batch:
 
     images: float32 [B,3,H,W] (H, W multiples of the divisibility; zero padding);
     image_sizes: int64 [B,2] resized (h, w) of each image before padding;
-    original_sizes: int64 [B,2] (h, w) of each image as read.
+    original_sizes: int64 [B,2] (h, w) of each image as read;
+    keep_empty_boxes: keep detections whose clipped box has no area (Ultralytics' letterbox and
+    stretch models, as Ultralytics keeps them; detectron2 and torchvision drop them).
     """
 
     images: np.ndarray
     image_sizes: np.ndarray
     original_sizes: np.ndarray
+    keep_empty_boxes: bool = False
 
     def feeds(self) -> dict[str, np.ndarray]:
         return {"images": self.images, "image_sizes": self.image_sizes}
@@ -189,7 +192,8 @@ def letterbox_batch(images_rgb: list[np.ndarray], size: int, fmt: str = "RGB", p
         _check_image(i, img)
     images, sizes = letterbox_images(images_rgb, size, fmt, pad_value)
     return Batch(images=images, image_sizes=sizes,
-                 original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2))
+                 original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
+                 keep_empty_boxes=True)
 
 
 def prepare_stretch_batch(images_rgb: list[np.ndarray], height: int, width: int,
@@ -214,4 +218,5 @@ def prepare_stretch_batch(images_rgb: list[np.ndarray], height: int, width: int,
         images=out,
         image_sizes=np.array([[height, width]] * len(images_rgb), np.int64).reshape(-1, 2),
         original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
+        keep_empty_boxes=True,
     )

@@ -70,8 +70,11 @@ class TuneCache(ABC):
 
     image_ids: the images' ids, in order; image_sizes int64 [N, 2]: each image's resized (h, w)
     as fed to the graph; original_sizes int64 [N, 2]: its (h, w) as read. The host maps the
-    re-scored boxes back to the original images with them, as it does the graph's outputs."""
+    re-scored boxes back to the original images with them, as it does the graph's outputs.
+    ``keep_empty_boxes`` (a class attribute): the family keeps boxes the clip leaves with no
+    area, as the host does for its graph's outputs (Ultralytics)."""
 
+    keep_empty_boxes = False  # class attribute, not a dataclass field: no annotation
     image_ids: list
     image_sizes: np.ndarray
     original_sizes: np.ndarray
