@@ -86,3 +86,22 @@ def test_a_kept_empty_box_has_an_empty_mask_without_warnings():
         results = detections_to_results(1, dets, None, with_masks=True)
     assert masks.sum(axis=(1, 2)).tolist() == [0, 0, 15 * 15]
     assert [r["bbox"] for r in results[:2]] == [[10.0, 0.0, 40.0, 0.0], [0.0, 5.0, 0.0, 4.0]]
+
+
+def test_ray_workers_keep_them_too(tmp_path):
+    """The Ray pipeline's two steps, called in this process: a letterbox model's batch keeps the
+    box in the padding as the single-process host does."""
+    import json
+
+    from PIL import Image
+
+    from norcal.runtime.ray_inference import ResultsFormat, _read_and_prepare, _RunnerActor
+
+    Image.fromarray(np.zeros((150, 320, 3), np.uint8)).save(tmp_path / "a.png")
+    spec = Preprocessing(min_size=96, max_size=96, input_format="RGB", divisibility=96,
+                         resize="letterbox", input_size=96)
+    row = _read_and_prepare({"batch": 0, "paths": [str(tmp_path / "a.png")], "ids": json.dumps([1])}, spec)
+    boxes = [[10.0, 5.0, 50.0, 30.0], [10.0, -20.0, 50.0, -5.0]]
+    actor = _RunnerActor(lambda: _Fixed(_outputs(boxes)), ResultsFormat(None, with_masks=False))
+    out = actor({k: [v] for k, v in row.items()})
+    assert json.loads(out["counts"][0]) == [2]
