@@ -2,7 +2,8 @@
 
 Numpy versions of detectron2's ``detector_postprocess`` (box rescale, clip, drop empty boxes)
 and ``paste_masks_in_image`` (``_do_paste_mask``: ``grid_sample`` bilinear,
-``align_corners=False``, zero padding, threshold 0.5), so inference needs no torch.
+``align_corners=False``, zero padding, threshold 0.5), so inference needs no torch; torchvision
+models' masks are pasted as torchvision's ``paste_masks_in_image`` pastes them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class ImageDetections:
     classes: np.ndarray
     mask_probs: np.ndarray | None
     image_size: tuple[int, int]
+    mask_paste: str = "detectron2"  # or "torchvision": whose paste_masks_in_image the masks follow
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -34,7 +36,7 @@ class ImageDetections:
         """bool [N,H,W] full-image masks (memory: N*H*W bytes)."""
         if self.mask_probs is None:
             raise ValueError("this model has no mask output")
-        return paste_masks(self.mask_probs, self.boxes, self.image_size, threshold)
+        return paste_masks(self.mask_probs, self.boxes, self.image_size, threshold, self.mask_paste)
 
 
 def rescale_boxes(boxes: np.ndarray, resized_hw, original_hw) -> tuple[np.ndarray, np.ndarray]:
@@ -76,13 +78,59 @@ def _axis_taps(lo: np.ndarray, hi: np.ndarray, start: np.ndarray, stop: np.ndarr
     return np.clip(i0, 0, m - 1), np.clip(i1, 0, m - 1), w0, w1
 
 
-def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5):
+def _interp_taps(n_in: int, n_out: int):
+    """``F.interpolate(mode="bilinear", align_corners=False)`` along one axis, as torch's CPU
+    kernel computes it in float32: source cells i0, i1 and their weights per output pixel."""
+    scale = np.float32(n_in) / np.float32(n_out)
+    src = np.maximum(scale * (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) - np.float32(0.5),
+                     np.float32(0))
+    i0 = np.floor(src).astype(np.int64)
+    i1 = i0 + (i0 < n_in - 1)
+    l1 = np.clip(src - i0.astype(np.float32), np.float32(0), np.float32(1))
+    return i0, i1, np.float32(1) - l1, l1
+
+
+def _torchvision_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float):
+    """torchvision's ``paste_masks_in_image``: each mask padded by one zero cell, its box widened
+    by (M+2)/M about its centre and cut to integers, the mask resized bilinearly onto the
+    box's (w+1) x (h+1) pixels and pasted there, then ``> threshold``."""
+    img_h, img_w = int(image_hw[0]), int(image_hw[1])
+    m = masks.shape[-1]
+    scale = np.float32((m + 2) / m)
+    b = np.asarray(boxes, np.float32).reshape(-1, 4)
+    half = (b[:, 2:] - b[:, :2]) * np.float32(0.5) * scale
+    centre = (b[:, 2:] + b[:, :2]) * np.float32(0.5)
+    ib = np.concatenate([centre - half, centre + half], 1).astype(np.int64)  # truncation, as .to(int64)
+    for i in range(len(b)):
+        x0, y0, x1, y1 = (int(v) for v in ib[i])
+        w, h = max(x1 - x0 + 1, 1), max(y1 - y0 + 1, 1)
+        ya, yb = max(y0, 0), min(y1 + 1, img_h)
+        xa, xb = max(x0, 0), min(x1 + 1, img_w)
+        if yb <= ya or xb <= xa:
+            yield np.zeros((0, 0), bool), 0, 0
+            continue
+        mk = np.pad(np.asarray(masks[i], np.float32), 1)
+        r0, r1, wy0, wy1 = (t[ya - y0:yb - y0] for t in _interp_taps(m + 2, h))
+        c0, c1, wx0, wx1 = (t[xa - x0:xb - x0] for t in _interp_taps(m + 2, w))
+        # torch's order: rows weight (columns weight * v + columns weight * v)
+        top = wx0 * mk[r0][:, c0] + wx1 * mk[r0][:, c1]
+        bottom = wx0 * mk[r1][:, c0] + wx1 * mk[r1][:, c1]
+        probs = wy0[:, None] * top + wy1[:, None] * bottom
+        yield probs > threshold, ya, xa
+
+
+def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5,
+                       rule: str = "detectron2"):
     """Paste masks [N,M,M] at boxes [N,4] (x0,y0,x1,y1, original coords); yields per mask
     (bool [h,w] region, y0, x0): the thresholded mask on image rows y0..y0+h, columns x0..x0+w.
 
     Every pixel outside a region is below threshold (detectron2's skip_empty region:
     floor(box)-1 .. ceil(box)+1 clipped to the image), so regions are the whole answer.
+    ``rule`` "torchvision": as torchvision's ``paste_masks_in_image`` (:func:`_torchvision_regions`).
     """
+    if rule == "torchvision":
+        yield from _torchvision_regions(masks, boxes, image_hw, threshold)
+        return
     img_h, img_w = int(image_hw[0]), int(image_hw[1])
     n, m = len(masks), masks.shape[-1]
     b = np.asarray(boxes, np.float32).reshape(-1, 4)
@@ -90,6 +138,10 @@ def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold
     ys = np.maximum(np.floor(b[:, 1]).astype(np.int64) - 1, 0)
     xe = np.maximum(np.minimum(np.ceil(b[:, 2]).astype(np.int64) + 1, img_w), xs)
     ye = np.maximum(np.minimum(np.ceil(b[:, 3]).astype(np.int64) + 1, img_h), ys)
+    # a box with no area (kept for Ultralytics models) has an empty mask, as Ultralytics' crop
+    # gives it; an empty region also keeps its zero extent out of the taps' division
+    empty = (b[:, 2] <= b[:, 0]) | (b[:, 3] <= b[:, 1])
+    xe, ye = np.where(empty, xs, xe), np.where(empty, ys, ye)
     ty = _axis_taps(b[:, 1], b[:, 3], ys, ye, m)
     tx = _axis_taps(b[:, 0], b[:, 2], xs, xe, m)
     oy = np.cumsum(ye - ys) - (ye - ys)
@@ -107,22 +159,27 @@ def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold
         yield probs >= threshold, int(ys[i]), int(xs[i])
 
 
-def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5) -> np.ndarray:
-    """Masks [N,M,M] + boxes [N,4] (original coords) -> bool [N,H,W], as ``paste_masks_in_image``."""
+def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5,
+                rule: str = "detectron2") -> np.ndarray:
+    """Masks [N,M,M] + boxes [N,4] (original coords) -> bool [N,H,W], as ``paste_masks_in_image``
+    (detectron2's, or torchvision's with ``rule`` "torchvision")."""
     h, w = int(image_hw[0]), int(image_hw[1])
     out = np.zeros((len(masks), h, w), bool)
-    for i, (region, y0, x0) in enumerate(paste_mask_regions(masks, boxes, (h, w), threshold)):
+    for i, (region, y0, x0) in enumerate(paste_mask_regions(masks, boxes, (h, w), threshold, rule)):
         out[i, y0:y0 + region.shape[0], x0:x0 + region.shape[1]] = region
     return out
 
 
 def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
-                  original_sizes: np.ndarray) -> list[ImageDetections]:
+                  original_sizes: np.ndarray, keep_empty: bool = False,
+                  mask_paste: str = "detectron2") -> list[ImageDetections]:
     """Batched model outputs -> per-image :class:`ImageDetections` in original coordinates.
 
     outputs: num_detections int64 [B], boxes float32 [B,K,4] (resized coords), scores [B,K],
     classes int64 [B,K], optional masks float32 [B,K,M,M]. Only the first num_detections[b]
-    rows of image b are valid (EfficientNMS-style padding).
+    rows of image b are valid (EfficientNMS-style padding). Boxes left with no area by the
+    clip are dropped (detectron2) unless ``keep_empty`` (Ultralytics keeps them); ``mask_paste``
+    says whose paste the masks follow (:class:`ImageDetections`).
     """
     num = np.asarray(outputs["num_detections"]).reshape(-1)
     masks = outputs.get("masks")
@@ -130,11 +187,14 @@ def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
     for b in range(len(image_sizes)):
         n = int(num[b])
         boxes, keep = rescale_boxes(outputs["boxes"][b, :n], image_sizes[b], original_sizes[b])
+        if keep_empty:
+            keep = np.ones(len(boxes), bool)
         result.append(ImageDetections(
             boxes=boxes[keep],
             scores=np.asarray(outputs["scores"][b, :n], np.float32)[keep],
             classes=np.asarray(outputs["classes"][b, :n], np.int64)[keep],
             mask_probs=None if masks is None else np.asarray(masks[b, :n], np.float32)[keep],
             image_size=(int(original_sizes[b][0]), int(original_sizes[b][1])),
+            mask_paste=mask_paste,
         ))
     return result

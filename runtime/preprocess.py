@@ -106,12 +106,17 @@ class Batch:
 
     images: float32 [B,3,H,W] (H, W multiples of the divisibility; zero padding);
     image_sizes: int64 [B,2] resized (h, w) of each image before padding;
-    original_sizes: int64 [B,2] (h, w) of each image as read.
+    original_sizes: int64 [B,2] (h, w) of each image as read;
+    keep_empty_boxes: keep detections whose clipped box has no area (Ultralytics' letterbox and
+    stretch models, as Ultralytics keeps them; detectron2 and torchvision drop them);
+    mask_paste: whose mask paste the detections follow ("torchvision" for torchvision's resize).
     """
 
     images: np.ndarray
     image_sizes: np.ndarray
     original_sizes: np.ndarray
+    keep_empty_boxes: bool = False
+    mask_paste: str = "detectron2"
 
     def feeds(self) -> dict[str, np.ndarray]:
         return {"images": self.images, "image_sizes": self.image_sizes}
@@ -176,6 +181,7 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, m
         images=out,
         image_sizes=np.array([r.shape[:2] for r in resized], np.int64).reshape(-1, 2),
         original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
+        mask_paste="torchvision" if rule == RESIZE_TORCHVISION else "detectron2",
     )
 
 
@@ -189,7 +195,8 @@ def letterbox_batch(images_rgb: list[np.ndarray], size: int, fmt: str = "RGB", p
         _check_image(i, img)
     images, sizes = letterbox_images(images_rgb, size, fmt, pad_value)
     return Batch(images=images, image_sizes=sizes,
-                 original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2))
+                 original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
+                 keep_empty_boxes=True)
 
 
 def prepare_stretch_batch(images_rgb: list[np.ndarray], height: int, width: int,
@@ -214,4 +221,5 @@ def prepare_stretch_batch(images_rgb: list[np.ndarray], height: int, width: int,
         images=out,
         image_sizes=np.array([[height, width]] * len(images_rgb), np.int64).reshape(-1, 2),
         original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
+        keep_empty_boxes=True,
     )

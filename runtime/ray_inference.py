@@ -205,7 +205,8 @@ def _read_and_prepare(row: dict, spec: InputSpec) -> dict:
         sizes = originals = np.zeros((0, 2), np.int64)
     return {"batch": row["batch"], "paths": json.dumps(kept_paths), "ids": json.dumps(kept_ids),
             "skipped": json.dumps(skipped), "images": images, "image_sizes": sizes,
-            "original_sizes": originals}
+            "original_sizes": originals, "keep_empty_boxes": bool(spec.square),
+            "mask_paste": "torchvision" if spec.resize == "torchvision" else "detectron2"}
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ class _RunnerActor:
             texts, counts = [], []
             if paths:
                 batch = Batch(np.asarray(rows["images"][k]), np.asarray(rows["image_sizes"][k]),
-                              np.asarray(rows["original_sizes"][k]))
+                              np.asarray(rows["original_sizes"][k]), bool(rows["keep_empty_boxes"][k]),
+                              str(rows["mask_paste"][k]))
                 try:
                     dets = detect(self.runner, batch)
                     for i, det in zip(ids, dets):

@@ -62,7 +62,8 @@ def detections_to_results(image_id: int | str, det: ImageDetections, category_id
     out = []
     h, w = det.image_size
     masks = with_masks and det.mask_probs is not None and len(det) > 0
-    regions = paste_mask_regions(det.mask_probs, det.boxes, (h, w), mask_threshold) if masks else None
+    regions = paste_mask_regions(det.mask_probs, det.boxes, (h, w), mask_threshold,
+                                 det.mask_paste) if masks else None
     uncompressed = []
     for i in range(len(det)):
         c = int(det.classes[i])

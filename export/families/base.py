@@ -88,8 +88,13 @@ class TuneCache(ABC):
 
     image_ids: the images' ids, in order; image_sizes int64 [N, 2]: each image's resized (h, w)
     as fed to the graph; original_sizes int64 [N, 2]: its (h, w) as read. The host maps the
-    re-scored boxes back to the original images with them, as it does the graph's outputs."""
+    re-scored boxes back to the original images with them, as it does the graph's outputs.
+    ``keep_empty_boxes`` (a class attribute): the family keeps boxes the clip leaves with no
+    area, as the host does for its graph's outputs (Ultralytics); ``mask_paste``: whose mask
+    paste the re-scored masks follow (:class:`norcal.runtime.postprocess.ImageDetections`)."""
 
+    keep_empty_boxes = False  # class attributes, not dataclass fields: no annotation
+    mask_paste = "detectron2"
     image_ids: list
     image_sizes: np.ndarray
     original_sizes: np.ndarray

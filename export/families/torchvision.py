@@ -206,6 +206,11 @@ class TorchvisionDetector(RCNNDetector):
     def classifier(self) -> Classifier:
         return Classifier(logits=("cls_logits",), class_axis=-1, background="first", activation="softmax")
 
+    def cache(self, batches, priors, mechanism, on_step=None, with_masks=False):
+        cache = super().cache(batches, priors, mechanism, on_step, with_masks)
+        cache.mask_paste = "torchvision"  # the re-scored masks pasted as torchvision pastes them
+        return cache
+
 
 class TorchvisionRetinaNet(RetinaNetDetector):
     """A torchvision RetinaNet as our RetinaNet in the torchvision convention: one sigmoid over

@@ -119,6 +119,8 @@ class YoloTuneCache(TuneCache):
     prototypes; ``input_hw`` the letterboxed input's (h, w); image_sizes / original_sizes int64
     [N, 2] as :class:`TuneCache` says."""
 
+    keep_empty_boxes = True  # Ultralytics keeps boxes clipped to no area
+
     image_ids: list
     boxes: list  # [a_i, 4] float32 per image
     logits: list  # [a_i, C] float32

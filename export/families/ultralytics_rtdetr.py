@@ -122,6 +122,8 @@ class RtdetrCache(TuneCache):
     [Q,C], float32; image_sizes / original_sizes int64 [N,2] as :class:`TuneCache` says (the
     former all the stretched input's (H, W))."""
 
+    keep_empty_boxes = True  # Ultralytics keeps boxes clipped to no area
+
     def __init__(self, image_ids: list, boxes: np.ndarray, logits: np.ndarray, image_sizes: np.ndarray,
                  original_sizes: np.ndarray):
         self.image_ids, self.boxes, self.logits = image_ids, boxes, logits

@@ -108,7 +108,8 @@ def rescore_images(detector: Detector, cache: TuneCache, index: int, prior: np.n
     from norcal.runtime.postprocess import split_outputs
 
     outputs = detector.rescore(cache, index, prior, mechanism, batch_size)
-    return split_outputs(outputs, cache.image_sizes, cache.original_sizes)
+    return split_outputs(outputs, cache.image_sizes, cache.original_sizes, cache.keep_empty_boxes,
+                         cache.mask_paste)
 
 
 def to_eval_detections(image_ids: Sequence, dets, category_ids: Sequence[int], masks: bool = False):
