@@ -10,6 +10,7 @@ inference in a way we do not implement raise :class:`NorcalError`; training-only
 from __future__ import annotations
 
 import ast
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKB
 from .spec import SUPPORTED_ARCHITECTURES as SUPPORTED
 
 BASE_KEY = "_BASE_"
+# Box2BoxTransform divides the predicted deltas by these weights
+_DIVIDES = "Box2BoxTransform divides the box deltas by them"
 FPN_IN_FEATURES = ["res2", "res3", "res4", "res5"]
 RPN_IN_FEATURES = ["p2", "p3", "p4", "p5", "p6"]
 ROI_IN_FEATURES = ["p2", "p3", "p4", "p5"]
@@ -141,11 +144,20 @@ class _Cfg:
             raise self.bad(key, f"must be >= {minimum}")
         return v
 
-    def float(self, key: str) -> float:
+    def float(self, key: str, lo: float | None = None, hi: float | None = None,
+              hi_open: bool = False) -> float:
+        """A finite number, in [lo, hi] (or [lo, hi) with ``hi_open``) where they are given."""
         v = self.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.bad(key, "expected a number")
-        return float(v)
+        v = float(v)
+        # NaN compares false with every threshold: a NaN score threshold would drop every detection
+        if not math.isfinite(v):
+            raise self.bad(key, "expected a finite number")
+        if (lo is not None and v < lo) or (hi is not None and (v >= hi if hi_open else v > hi)):
+            raise self.bad(key, f"expected {lo:g} <= value {'<' if hi_open else '<='} {hi:g}" if hi is not None
+                           else f"must be >= {lo:g}")
+        return v
 
     def bool(self, key: str) -> bool:
         v = self.get(key)
@@ -165,12 +177,17 @@ class _Cfg:
             raise self.bad(key, "expected a list")
         return list(v)
 
-    def floats(self, key: str, length: int | None = None) -> tuple[float, ...]:
+    def floats(self, key: str, length: int | None = None, positive: bool = False,
+               why_positive: str = "") -> tuple[float, ...]:
         v = self.seq(key)
         if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v):
             raise self.bad(key, "expected a list of numbers")
         if length is not None and len(v) != length:
             raise self.bad(key, f"expected {length} numbers")
+        if not all(math.isfinite(x) for x in v):
+            raise self.bad(key, "expected finite numbers")
+        if positive and not all(x > 0 for x in v):
+            raise self.bad(key, f"expected positive numbers ({why_positive})")
         return tuple(float(x) for x in v)
 
     def float_lists(self, key: str) -> tuple[tuple[float, ...], ...]:
@@ -179,6 +196,8 @@ class _Cfg:
                        all(not isinstance(x, bool) and isinstance(x, (int, float)) for x in r) for r in v)
         if not ok:
             raise self.bad(key, "expected a non-empty list of non-empty lists of numbers")
+        if not all(math.isfinite(x) and x > 0 for r in v for x in r):
+            raise self.bad(key, "expected positive finite numbers")
         return tuple(tuple(float(x) for x in r) for r in v)
 
     def norm(self, key: str) -> str:
@@ -359,7 +378,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         cascade_bbox_reg_weights=_cascade_weights(c),
         calibration=calibration,
         pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
-        pixel_std=c.floats("MODEL.PIXEL_STD", 3),
+        pixel_std=c.floats("MODEL.PIXEL_STD", 3, positive=True, why_positive="the input is divided by them"),
         input_format=c.str("INPUT.FORMAT"),
         min_size_test=c.int("INPUT.MIN_SIZE_TEST", 1),
         max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
@@ -377,12 +396,12 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         fpn_fuse_type=c.str("MODEL.FPN.FUSE_TYPE"),
         anchor_sizes=sizes,
         anchor_aspect_ratios=ratios,
-        anchor_offset=c.float("MODEL.ANCHOR_GENERATOR.OFFSET"),
+        anchor_offset=c.float("MODEL.ANCHOR_GENERATOR.OFFSET", 0.0, 1.0, hi_open=True),
         rpn_conv_dims=tuple(conv_dims),
-        rpn_bbox_reg_weights=c.floats("MODEL.RPN.BBOX_REG_WEIGHTS", 4),
+        rpn_bbox_reg_weights=c.floats("MODEL.RPN.BBOX_REG_WEIGHTS", 4, positive=True, why_positive=_DIVIDES),
         rpn_pre_nms_topk_test=c.int("MODEL.RPN.PRE_NMS_TOPK_TEST", 1),
         rpn_post_nms_topk_test=c.int("MODEL.RPN.POST_NMS_TOPK_TEST", 1),
-        rpn_nms_thresh=c.float("MODEL.RPN.NMS_THRESH"),
+        rpn_nms_thresh=c.float("MODEL.RPN.NMS_THRESH", 0.0, 1.0),
         rpn_min_size=c.float("MODEL.PROPOSAL_GENERATOR.MIN_SIZE"),
         num_classes=c.int("MODEL.ROI_HEADS.NUM_CLASSES", 1),
         pooler_type=c.str("MODEL.ROI_BOX_HEAD.POOLER_TYPE"),
@@ -393,11 +412,11 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         box_head_num_fc=c.int("MODEL.ROI_BOX_HEAD.NUM_FC", 0),
         box_head_fc_dim=c.int("MODEL.ROI_BOX_HEAD.FC_DIM", 1),
         box_head_norm=c.norm("MODEL.ROI_BOX_HEAD.NORM"),
-        bbox_reg_weights=c.floats("MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS", 4),
+        bbox_reg_weights=c.floats("MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS", 4, positive=True, why_positive=_DIVIDES),
         cls_agnostic_bbox_reg=c.bool("MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG"),
         use_sigmoid_ce=c.bool("MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE"),
-        score_thresh_test=c.float("MODEL.ROI_HEADS.SCORE_THRESH_TEST"),
-        nms_thresh_test=c.float("MODEL.ROI_HEADS.NMS_THRESH_TEST"),
+        score_thresh_test=c.float("MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0, 1.0, hi_open=True),
+        nms_thresh_test=c.float("MODEL.ROI_HEADS.NMS_THRESH_TEST", 0.0, 1.0),
         detections_per_image=c.int("TEST.DETECTIONS_PER_IMAGE", 1),
         mask_on=mask_on,
         mask_head_num_conv=c.int("MODEL.ROI_MASK_HEAD.NUM_CONV", 0),
@@ -438,7 +457,8 @@ def retinanet_spec_from_cfg(c: _Cfg) -> ModelSpec:
         raise c.bad("MODEL.ANCHOR_GENERATOR.SIZES", "every level needs the same number of anchors")
     return ModelSpec(
         meta_architecture=RETINANET, backbone_name=RETINANET_BACKBONE, mask_on=False,
-        pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3), pixel_std=c.floats("MODEL.PIXEL_STD", 3),
+        pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
+        pixel_std=c.floats("MODEL.PIXEL_STD", 3, positive=True, why_positive="the input is divided by them"),
         input_format=c.str("INPUT.FORMAT"), min_size_test=c.int("INPUT.MIN_SIZE_TEST", 1),
         max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
         depth=c.int("MODEL.RESNETS.DEPTH"), norm=c.norm("MODEL.RESNETS.NORM"),
@@ -449,12 +469,12 @@ def retinanet_spec_from_cfg(c: _Cfg) -> ModelSpec:
         stride_in_1x1=c.bool("MODEL.RESNETS.STRIDE_IN_1X1"),
         fpn_out_channels=c.int("MODEL.FPN.OUT_CHANNELS", 1), fpn_norm=c.norm("MODEL.FPN.NORM"),
         anchor_sizes=sizes, anchor_aspect_ratios=ratios,
-        anchor_offset=c.float("MODEL.ANCHOR_GENERATOR.OFFSET"),
+        anchor_offset=c.float("MODEL.ANCHOR_GENERATOR.OFFSET", 0.0, 1.0, hi_open=True),
         num_classes=c.int("MODEL.RETINANET.NUM_CLASSES", 1),
-        bbox_reg_weights=c.floats("MODEL.RETINANET.BBOX_REG_WEIGHTS", 4),
+        bbox_reg_weights=c.floats("MODEL.RETINANET.BBOX_REG_WEIGHTS", 4, positive=True, why_positive=_DIVIDES),
         use_sigmoid_ce=True,
-        score_thresh_test=c.float("MODEL.RETINANET.SCORE_THRESH_TEST"),
-        nms_thresh_test=c.float("MODEL.RETINANET.NMS_THRESH_TEST"),
+        score_thresh_test=c.float("MODEL.RETINANET.SCORE_THRESH_TEST", 0.0, 1.0, hi_open=True),
+        nms_thresh_test=c.float("MODEL.RETINANET.NMS_THRESH_TEST", 0.0, 1.0),
         detections_per_image=c.int("TEST.DETECTIONS_PER_IMAGE", 1),
         retinanet_num_convs=c.int("MODEL.RETINANET.NUM_CONVS", 0),
         retinanet_topk_candidates=c.int("MODEL.RETINANET.TOPK_CANDIDATES_TEST", 1),

@@ -1,0 +1,59 @@
+"""Values detectron2 would accept in a config but that make no usable model: refused at load.
+
+The bounds are detectron2's own semantics: FastRCNNOutputLayers keeps ``scores > SCORE_THRESH_TEST``
+(softmax / sigmoid scores lie in [0, 1], so a threshold >= 1 keeps nothing and a NaN one keeps
+nothing either); NMS thresholds are IoUs in [0, 1]; ``Box2BoxTransform`` divides deltas by
+BBOX_REG_WEIGHTS; the input is divided by PIXEL_STD; ``DefaultAnchorGenerator`` asserts
+0 <= OFFSET < 1 and takes sizes and aspect ratios as lengths and ratios (> 0).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import SYNTH
+from norcal.core.errors import NorcalError
+from norcal.export.d2_config import load_config
+
+BAD = [
+    ("MODEL:\n  ROI_HEADS:\n    SCORE_THRESH_TEST: .nan\n", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "nan"),
+    ("MODEL:\n  ROI_HEADS:\n    SCORE_THRESH_TEST: 1.0\n", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.0"),
+    ("MODEL:\n  ROI_HEADS:\n    SCORE_THRESH_TEST: -0.5\n", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "-0.5"),
+    ("MODEL:\n  ROI_HEADS:\n    NMS_THRESH_TEST: -1\n", "MODEL.ROI_HEADS.NMS_THRESH_TEST", "-1"),
+    ("MODEL:\n  ROI_HEADS:\n    NMS_THRESH_TEST: .inf\n", "MODEL.ROI_HEADS.NMS_THRESH_TEST", "inf"),
+    ("MODEL:\n  RPN:\n    NMS_THRESH: 2\n", "MODEL.RPN.NMS_THRESH", "2"),
+    ("MODEL:\n  PIXEL_STD: [0, 1, 1]\n", "MODEL.PIXEL_STD", "[0, 1, 1]"),
+    ("MODEL:\n  PIXEL_STD: [-57.4, 57.1, 58.4]\n", "MODEL.PIXEL_STD", "-57.4"),
+    ("MODEL:\n  PIXEL_MEAN: [.nan, 116.28, 123.675]\n", "MODEL.PIXEL_MEAN", "nan"),
+    ("MODEL:\n  ROI_BOX_HEAD:\n    BBOX_REG_WEIGHTS: [0, 10, 5, 5]\n", "MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS", "[0, 10"),
+    ("MODEL:\n  RPN:\n    BBOX_REG_WEIGHTS: [1, 1, -1, 1]\n", "MODEL.RPN.BBOX_REG_WEIGHTS", "-1"),
+    ("MODEL:\n  ANCHOR_GENERATOR:\n    SIZES: [[0], [32], [64], [128], [256]]\n", "MODEL.ANCHOR_GENERATOR.SIZES", "[[0]"),
+    ("MODEL:\n  ANCHOR_GENERATOR:\n    ASPECT_RATIOS: [[-0.5, 1.0, 2.0]]\n", "MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS", "-0.5"),
+    ("MODEL:\n  ANCHOR_GENERATOR:\n    OFFSET: 1.0\n", "MODEL.ANCHOR_GENERATOR.OFFSET", "1.0"),
+    ("MODEL:\n  ROI_HEADS:\n    SCORE_THRESH_TEST: '1e400'\n", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "inf"),
+]
+
+
+def _child(tmp_path, text: str):
+    path = tmp_path / "child.yaml"
+    path.write_text(f'_BASE_: "{SYNTH / "config.yaml"}"\n{text}')
+    return path
+
+
+@pytest.mark.parametrize("snippet,key,value", BAD, ids=[f"{k}={v}" for _, k, v in BAD])
+def test_unusable_values_are_refused_in_one_line(tmp_path, snippet, key, value):
+    path = _child(tmp_path, snippet)
+    with pytest.raises(NorcalError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg and key in msg and value in msg
+
+
+@pytest.mark.parametrize("snippet,field,want", [
+    ("MODEL:\n  ROI_HEADS:\n    SCORE_THRESH_TEST: 0.0\n", "score_thresh_test", 0.0),  # keep every score
+    ("MODEL:\n  ROI_HEADS:\n    NMS_THRESH_TEST: 0.0\n", "nms_thresh_test", 0.0),  # any overlap suppresses
+    ("MODEL:\n  ROI_HEADS:\n    NMS_THRESH_TEST: 1.0\n", "nms_thresh_test", 1.0),  # nothing suppressed
+    ("MODEL:\n  ANCHOR_GENERATOR:\n    OFFSET: 0.5\n", "anchor_offset", 0.5),
+])
+def test_edge_values_detectron2_defines_are_kept(tmp_path, snippet, field, want):
+    assert getattr(load_config(_child(tmp_path, snippet)), field) == want
