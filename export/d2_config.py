@@ -10,6 +10,7 @@ inference in a way we do not implement raise :class:`NorcalError`; training-only
 from __future__ import annotations
 
 import ast
+import difflib
 import math
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError, shown
 from norcal.core.yaml_io import read_yaml_mapping
 
-from .d2_defaults import d2_defaults
+from .d2_defaults import KNOWN_KEYS, d2_defaults
 from .spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
                    RETINANET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec)
 from .spec import SUPPORTED_ARCHITECTURES as SUPPORTED
@@ -60,6 +61,22 @@ def _merge_base(child: dict, base: dict, path: Path, prefix: str = "") -> None:
             base[k] = v
 
 
+def _check_known_keys(cfg: dict, path: Path) -> None:
+    """Refuse keys detectron2 does not have in the sections we read (it raises KeyError too)."""
+    for section, known in KNOWN_KEYS.items():
+        node: Any = cfg
+        for part in section.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        for key in node:
+            if key not in known:
+                near = difflib.get_close_matches(str(key), sorted(known), n=1)
+                hint = f"; did you mean {section}.{near[0]}?" if near else ""
+                raise NorcalError(f"{path}: {section}.{key}: {shown(node[key])}: not a detectron2 config key "
+                                  f"(detectron2 refuses it too){hint}")
+
+
 def load_yaml_with_base(path, _chain: tuple[Path, ...] = ()) -> dict:
     """The YAML file at ``path`` with its ``_BASE_`` files merged in (a nested dict)."""
     path = Path(os.path.expanduser(str(path)))
@@ -68,6 +85,7 @@ def load_yaml_with_base(path, _chain: tuple[Path, ...] = ()) -> dict:
         cycle = " -> ".join(str(p) for p in (*_chain, key))
         raise NorcalError(f"{path}: _BASE_ chain loops: {cycle}")
     cfg = _read_yaml(path)
+    _check_known_keys(cfg, path)
     if BASE_KEY not in cfg:
         return cfg
     bases = cfg.pop(BASE_KEY)

@@ -93,6 +93,44 @@ _DEFAULTS = {
 }
 
 
+# Every key detectron2's get_cfg() has in the sections whose keys change what we export (from
+# its cfg.dump()). merge_from_file raises KeyError for any other key, so a misspelt one there
+# (SCORE_THRESH for SCORE_THRESH_TEST) is refused, not silently left at its default.
+# TEST.CALIBRATION: the NorCal authors' add_norcal_config. IGNORE_THRESHOLD (RPN, ROI_HEADS):
+# a training-only key detectron2 still accepts, which its configs/Base-RCNN-C4.yaml sets.
+KNOWN_KEYS = {
+    "INPUT": frozenset({'CROP', 'FORMAT', 'MASK_FORMAT', 'MAX_SIZE_TEST', 'MAX_SIZE_TRAIN', 'MIN_SIZE_TEST',
+        'MIN_SIZE_TRAIN', 'MIN_SIZE_TRAIN_SAMPLING', 'RANDOM_FLIP'}),
+    "TEST": frozenset({'AUG', 'DETECTIONS_PER_IMAGE', 'EVAL_PERIOD', 'EXPECTED_RESULTS',
+        'KEYPOINT_OKS_SIGMAS', 'PRECISE_BN', 'CALIBRATION'}),
+    "MODEL.ROI_HEADS": frozenset({'BATCH_SIZE_PER_IMAGE', 'IGNORE_THRESHOLD', 'IN_FEATURES', 'IOU_LABELS',
+        'IOU_THRESHOLDS', 'NAME', 'NMS_THRESH_TEST', 'NUM_CLASSES', 'POSITIVE_FRACTION', 'PROPOSAL_APPEND_GT',
+        'SCORE_THRESH_TEST'}),
+    "MODEL.RPN": frozenset({'BATCH_SIZE_PER_IMAGE', 'BBOX_REG_LOSS_TYPE', 'BBOX_REG_LOSS_WEIGHT',
+        'BBOX_REG_WEIGHTS', 'BOUNDARY_THRESH', 'CONV_DIMS', 'HEAD_NAME', 'IGNORE_THRESHOLD', 'IN_FEATURES',
+        'IOU_LABELS', 'IOU_THRESHOLDS', 'LOSS_WEIGHT', 'NMS_THRESH', 'POSITIVE_FRACTION', 'POST_NMS_TOPK_TEST',
+        'POST_NMS_TOPK_TRAIN', 'PRE_NMS_TOPK_TEST', 'PRE_NMS_TOPK_TRAIN', 'SMOOTH_L1_BETA'}),
+    "MODEL.ROI_BOX_HEAD": frozenset({'BBOX_REG_LOSS_TYPE', 'BBOX_REG_LOSS_WEIGHT', 'BBOX_REG_WEIGHTS',
+        'CLS_AGNOSTIC_BBOX_REG', 'CONV_DIM', 'FC_DIM', 'FED_LOSS_FREQ_WEIGHT_POWER', 'FED_LOSS_NUM_CLASSES',
+        'NAME', 'NORM', 'NUM_CONV', 'NUM_FC', 'POOLER_RESOLUTION', 'POOLER_SAMPLING_RATIO', 'POOLER_TYPE',
+        'SMOOTH_L1_BETA', 'TRAIN_ON_PRED_BOXES', 'USE_FED_LOSS', 'USE_SIGMOID_CE'}),
+    "MODEL.ROI_MASK_HEAD": frozenset({'CLS_AGNOSTIC_MASK', 'CONV_DIM', 'NAME', 'NORM', 'NUM_CONV',
+        'POOLER_RESOLUTION', 'POOLER_SAMPLING_RATIO', 'POOLER_TYPE'}),
+    "MODEL.ANCHOR_GENERATOR": frozenset({'ANGLES', 'ASPECT_RATIOS', 'NAME', 'OFFSET', 'SIZES'}),
+    "MODEL.RETINANET": frozenset({'BBOX_REG_LOSS_TYPE', 'BBOX_REG_WEIGHTS', 'FOCAL_LOSS_ALPHA',
+        'FOCAL_LOSS_GAMMA', 'IN_FEATURES', 'IOU_LABELS', 'IOU_THRESHOLDS', 'NMS_THRESH_TEST', 'NORM',
+        'NUM_CLASSES', 'NUM_CONVS', 'PRIOR_PROB', 'SCORE_THRESH_TEST', 'SMOOTH_L1_LOSS_BETA',
+        'TOPK_CANDIDATES_TEST'}),
+    "MODEL.RESNETS": frozenset({'DEFORM_MODULATED', 'DEFORM_NUM_GROUPS', 'DEFORM_ON_PER_STAGE', 'DEPTH',
+        'NORM', 'NUM_GROUPS', 'OUT_FEATURES', 'RES2_OUT_CHANNELS', 'RES5_DILATION', 'STEM_OUT_CHANNELS',
+        'STRIDE_IN_1X1', 'WIDTH_PER_GROUP'}),
+    "MODEL.FPN": frozenset({'FUSE_TYPE', 'IN_FEATURES', 'NORM', 'OUT_CHANNELS'}),
+    "MODEL.ROI_BOX_CASCADE_HEAD": frozenset({'BBOX_REG_WEIGHTS', 'IOUS'}),
+    "MODEL.PROPOSAL_GENERATOR": frozenset({'MIN_SIZE', 'NAME'}),
+    "MODEL.BACKBONE": frozenset({'FREEZE_AT', 'NAME'}),
+}
+
+
 def d2_defaults() -> dict:
     """A fresh nested-dict copy of the defaults (callers may merge into it)."""
     return copy.deepcopy(_DEFAULTS)

@@ -57,3 +57,27 @@ def test_unusable_values_are_refused_in_one_line(tmp_path, snippet, key, value):
 ])
 def test_edge_values_detectron2_defines_are_kept(tmp_path, snippet, field, want):
     assert getattr(load_config(_child(tmp_path, snippet)), field) == want
+
+
+@pytest.mark.parametrize("snippet,key,hint", [
+    # a misspelt test key would silently leave detectron2's default (0.05), not the 0.5 meant
+    ("MODEL:\n  ROI_HEADS:\n    SCORE_THRESH: 0.5\n", "MODEL.ROI_HEADS.SCORE_THRESH", "SCORE_THRESH_TEST"),
+    ("TEST:\n  DETECTION_PER_IMAGE: 10\n", "TEST.DETECTION_PER_IMAGE", "DETECTIONS_PER_IMAGE"),
+    ("INPUT:\n  MIN_SIZE: 600\n", "INPUT.MIN_SIZE", ""),
+    ("MODEL:\n  RPN:\n    POST_NMS_TOP_N_TEST: 300\n", "MODEL.RPN.POST_NMS_TOP_N_TEST", "POST_NMS_TOPK_TEST"),
+])
+def test_keys_detectron2_does_not_have_are_refused(tmp_path, snippet, key, hint):
+    path = _child(tmp_path, snippet)
+    with pytest.raises(NorcalError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg and key in msg and "not a detectron2 config key" in msg
+    assert hint in msg
+
+
+def test_keys_in_sections_we_do_not_read_and_training_keys_pass(tmp_path):
+    # detectron2's configs/Base-RCNN-C4.yaml sets IGNORE_THRESHOLD, which detectron2 accepts
+    spec = load_config(_child(tmp_path, "MODEL:\n  RPN:\n    IGNORE_THRESHOLD: -1.0\n  ROI_HEADS:\n"
+                                         "    IGNORE_THRESHOLD: -1.0\nSOLVER:\n  ANYTHING: 1\n"
+                                         "TEST:\n  EVAL_PERIOD: 5000\n"))
+    assert spec.num_classes == 60
