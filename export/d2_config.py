@@ -116,13 +116,13 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def _merge_into_defaults(loaded: dict, defaults: dict, prefix: str = "") -> None:
+def _merge_into_defaults(loaded: dict, defaults: dict, path, prefix: str = "") -> None:
     for k, v in loaded.items():
         full = f"{prefix}{k}"
         if isinstance(defaults.get(k), dict):
             if not isinstance(v, dict):
-                raise NorcalError(f"config key {full} must be a mapping, got {shown(v)}")
-            _merge_into_defaults(v, defaults[k], full + ".")
+                raise NorcalError(f"{path}: config key {full} must be a mapping, got {shown(v)}")
+            _merge_into_defaults(v, defaults[k], path, full + ".")
         else:
             defaults[k] = v if isinstance(v, dict) else _decode(v)
 
@@ -130,7 +130,7 @@ def _merge_into_defaults(loaded: dict, defaults: dict, prefix: str = "") -> None
 def load_cfg_dict(path) -> dict:
     """detectron2's defaults (for the keys we read) overridden by the file and its bases."""
     cfg = d2_defaults()
-    _merge_into_defaults(load_yaml_with_base(path), cfg)
+    _merge_into_defaults(load_yaml_with_base(path), cfg, path)
     return cfg
 
 

@@ -9,6 +9,8 @@ BBOX_REG_WEIGHTS; the input is divided by PIXEL_STD; ``DefaultAnchorGenerator`` 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from conftest import SYNTH
@@ -81,3 +83,10 @@ def test_keys_in_sections_we_do_not_read_and_training_keys_pass(tmp_path):
                                          "    IGNORE_THRESHOLD: -1.0\nSOLVER:\n  ANYTHING: 1\n"
                                          "TEST:\n  EVAL_PERIOD: 5000\n"))
     assert spec.num_classes == 60
+
+
+@pytest.mark.parametrize("snippet,key", [("MODEL: 5\n", "MODEL"), ("MODEL:\n  ROI_HEADS: [1]\n", "MODEL.ROI_HEADS")])
+def test_a_section_that_is_not_a_mapping_names_the_file(tmp_path, snippet, key):
+    path = _child(tmp_path, snippet)
+    with pytest.raises(NorcalError, match=f"^{re.escape(str(path))}: config key {key} must be a mapping"):
+        load_config(path)
