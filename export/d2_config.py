@@ -18,6 +18,7 @@ from typing import Any
 
 from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError, shown
+from norcal.core.ranges import MAX_TOPK
 from norcal.core.yaml_io import read_yaml_mapping
 
 from .d2_defaults import KNOWN_KEYS, d2_defaults
@@ -362,6 +363,17 @@ def _anchors(c: _Cfg) -> tuple[tuple, tuple]:
     return sizes, ratios
 
 
+def _detections_per_image(c: _Cfg, candidates: int, made_of: str) -> int:
+    """TEST.DETECTIONS_PER_IMAGE: the graph's fixed output rows, a TopK over ``candidates``."""
+    key = "TEST.DETECTIONS_PER_IMAGE"
+    k = c.int(key, 1)
+    if k > MAX_TOPK:
+        raise c.bad(key, f"must be <= {MAX_TOPK} (TensorRT's TopK limit)")
+    if k > candidates:
+        raise c.bad(key, f"more than this model can return ({made_of} = {candidates})")
+    return k
+
+
 # ROIAlignV2: aligned (detectron2's default); ROIAlign: unaligned, as Detectron1 pooled (its
 # comparison configs); ONNX RoiAlign-16 with half_pixel / output_half_pixel
 POOLER_TYPES = ("ROIAlignV2", "ROIAlign")
@@ -435,7 +447,9 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         use_sigmoid_ce=c.bool("MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE"),
         score_thresh_test=c.float("MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0, 1.0, hi_open=True),
         nms_thresh_test=c.float("MODEL.ROI_HEADS.NMS_THRESH_TEST", 0.0, 1.0),
-        detections_per_image=c.int("TEST.DETECTIONS_PER_IMAGE", 1),
+        detections_per_image=_detections_per_image(
+            c, c.int("MODEL.RPN.POST_NMS_TOPK_TEST", 1) * c.int("MODEL.ROI_HEADS.NUM_CLASSES", 1),
+            "MODEL.RPN.POST_NMS_TOPK_TEST x MODEL.ROI_HEADS.NUM_CLASSES"),
         mask_on=mask_on,
         mask_head_num_conv=c.int("MODEL.ROI_MASK_HEAD.NUM_CONV", 0),
         mask_head_conv_dim=c.int("MODEL.ROI_MASK_HEAD.CONV_DIM", 1),
@@ -493,7 +507,9 @@ def retinanet_spec_from_cfg(c: _Cfg) -> ModelSpec:
         use_sigmoid_ce=True,
         score_thresh_test=c.float("MODEL.RETINANET.SCORE_THRESH_TEST", 0.0, 1.0, hi_open=True),
         nms_thresh_test=c.float("MODEL.RETINANET.NMS_THRESH_TEST", 0.0, 1.0),
-        detections_per_image=c.int("TEST.DETECTIONS_PER_IMAGE", 1),
+        detections_per_image=_detections_per_image(
+            c, 5 * c.int("MODEL.RETINANET.TOPK_CANDIDATES_TEST", 1) * c.int("MODEL.RETINANET.NUM_CLASSES", 1),
+            "5 levels x MODEL.RETINANET.TOPK_CANDIDATES_TEST x MODEL.RETINANET.NUM_CLASSES"),
         retinanet_num_convs=c.int("MODEL.RETINANET.NUM_CONVS", 0),
         retinanet_topk_candidates=c.int("MODEL.RETINANET.TOPK_CANDIDATES_TEST", 1),
         provenance={"source": c.source},

@@ -9,6 +9,7 @@ import onnx
 
 from norcal.export.spec import ModelSpec
 from norcal.core import contract
+from norcal.core.errors import NorcalError
 
 
 def load_detector(weights: str | Path, config: str | Path | None = None, *,
@@ -22,9 +23,23 @@ def load_detector(weights: str | Path, config: str | Path | None = None, *,
 
     spec, state = load_detector_spec(weights, config)
     if detections_per_image is not None:
-        spec = dataclasses.replace(spec, detections_per_image=int(detections_per_image))
+        k, most = int(detections_per_image), max_detections(spec)
+        if k > most:  # the graph's last TopK would take more than it has
+            raise NorcalError(f"detections_per_image {k} is more than {weights} can return ({most}: "
+                              f"its proposals or candidates x classes)", param="detections_per_image")
+        spec = dataclasses.replace(spec, detections_per_image=k)
     model = model_from_state(spec, state).eval()
     return spec, model
+
+
+def max_detections(spec: ModelSpec) -> int:
+    """The most detections the graph can return per image: the (box, class) pairs its last TopK
+    chooses from (R-CNN: the RPN's proposals x classes; RetinaNet: 5 levels' candidates x classes)."""
+    from norcal.export.spec import RETINANET
+
+    if spec.meta_architecture == RETINANET:
+        return 5 * spec.retinanet_topk_candidates * spec.num_classes
+    return spec.rpn_post_nms_topk_test * spec.num_classes
 
 
 def runtime_metadata(spec: ModelSpec) -> dict[str, str]:

@@ -90,3 +90,26 @@ def test_a_section_that_is_not_a_mapping_names_the_file(tmp_path, snippet, key):
     path = _child(tmp_path, snippet)
     with pytest.raises(NorcalError, match=f"^{re.escape(str(path))}: config key {key} must be a mapping"):
         load_config(path)
+
+
+@pytest.mark.parametrize("snippet,value,why", [
+    # the --detections-per-image bound, which the config key skipped: TensorRT's TopK takes K < 3840
+    ("TEST:\n  DETECTIONS_PER_IMAGE: 100000000\n", "100000000", "3839"),
+    # detectron2 keeps at most POST_NMS_TOPK_TEST proposals x NUM_CLASSES (box, class) pairs: 50 x 60
+    ("MODEL:\n  RPN:\n    POST_NMS_TOPK_TEST: 50\nTEST:\n  DETECTIONS_PER_IMAGE: 3001\n", "3001", "= 3000"),
+])
+def test_detections_per_image_beyond_what_the_graph_can_return(tmp_path, snippet, value, why):
+    path = _child(tmp_path, snippet)
+    with pytest.raises(NorcalError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "TEST.DETECTIONS_PER_IMAGE" in msg and value in msg and why in msg and str(path) in msg
+
+
+def test_detections_per_image_parameter_beyond_the_proposals(tmp_path):
+    from norcal.export.detector import load_detector
+
+    path = _child(tmp_path, "MODEL:\n  RPN:\n    POST_NMS_TOPK_TEST: 50\nTEST:\n  DETECTIONS_PER_IMAGE: 100\n")
+    with pytest.raises(NorcalError) as err:  # was torch's 'selected index k out of range' at export
+        load_detector(SYNTH / "model_final.pth", path, detections_per_image=3001)
+    assert err.value.param == "detections_per_image" and "3001" in str(err.value) and "3000" in str(err.value)
