@@ -113,3 +113,30 @@ def test_detections_per_image_parameter_beyond_the_proposals(tmp_path):
     with pytest.raises(NorcalError) as err:  # was torch's 'selected index k out of range' at export
         load_detector(SYNTH / "model_final.pth", path, detections_per_image=3001)
     assert err.value.param == "detections_per_image" and "3001" in str(err.value) and "3000" in str(err.value)
+
+
+@pytest.mark.slow
+def test_rgb_config_means_the_image_reaches_the_model_as_rgb(tmp_path):
+    """detectron2 with INPUT.FORMAT RGB feeds the network the image in RGB order; our graph takes
+    BGR, so the RGB model on a BGR image must equal the same weights as a BGR model fed the
+    channel-swapped (RGB) image."""
+    import torch
+
+    from norcal.export.detector import load_detector
+
+    weights = SYNTH / "model_final.pth"
+    _, rgb = load_detector(weights, _child(tmp_path, "INPUT:\n  FORMAT: RGB\n"))
+    _, bgr = load_detector(weights, SYNTH / "config.yaml")
+    g = torch.Generator().manual_seed(0)
+    image = torch.rand((1, 3, 160, 192), generator=g) * 255
+    image[:, 0] *= 0.3  # channels unlike each other, so a swap shows
+    sizes = torch.tensor([[160, 192]])
+    with torch.no_grad():
+        got = rgb.inference(image, sizes)
+        want = bgr.inference(image.flip(1), sizes)
+        plain = bgr.inference(image, sizes)
+    n = int(want["num_detections"][0])
+    assert n > 0 and int(got["num_detections"][0]) == n
+    torch.testing.assert_close(got["scores"][0, :n], want["scores"][0, :n], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got["boxes"][0, :n], want["boxes"][0, :n], atol=1e-2, rtol=1e-4)
+    assert not torch.allclose(plain["scores"][0, :n], want["scores"][0, :n], atol=1e-3)
