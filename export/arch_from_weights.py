@@ -90,9 +90,15 @@ def _is_cascade(sd: Mapping[str, Any]) -> bool:
     return f"{BOX_PREDICTOR}.0.cls_score.weight" in sd
 
 
-def _cascade_heads(sd: Mapping[str, Any], channels: int) -> dict:
-    """The stages' box heads (all alike, as detectron2 builds them) and their count."""
-    stages = count(sd, f"{BOX_PREDICTOR}.{{}}.cls_score.weight", 0)
+def cascade_stages(sd: Mapping[str, Any]) -> int:
+    """How many CascadeROIHeads stages the weights hold (0: not a cascade)."""
+    return count(sd, f"{BOX_PREDICTOR}.{{}}.cls_score.weight", 0)
+
+
+def _cascade_heads(sd: Mapping[str, Any], channels: int, given=None) -> dict:
+    """The stages' box heads (all alike, as detectron2 builds them) and their count; ``given``:
+    the config's per-stage regression weights, which the weights cannot tell."""
+    stages = cascade_stages(sd)
     heads = [_box_head(sd, channels, head=f"{BOX_HEAD}.{k}", predictor=f"{BOX_PREDICTOR}.{k}")
              for k in range(stages)]
     if any(h != heads[0] for h in heads):
@@ -100,6 +106,8 @@ def _cascade_heads(sd: Mapping[str, Any], channels: int) -> dict:
     if not heads[0]["cls_agnostic_bbox_reg"]:
         raise NorcalError(f"{BOX_PREDICTOR}.0.bbox_pred regresses per class; CascadeROIHeads regress "
                           "class-agnostic boxes")
+    if given is not None and len(given) == stages:
+        return dict(heads[0], cascade_bbox_reg_weights=tuple(given))
     if stages != len(CASCADE_BBOX_REG_WEIGHTS):
         raise NorcalError(f"the checkpoint has {stages} cascade stages; only detectron2's default "
                           f"{len(CASCADE_BBOX_REG_WEIGHTS)} stages can be inferred from weights: pass the "
@@ -224,11 +232,12 @@ def _mask_head(sd: Mapping[str, Any], num_classes: int) -> dict:
             "mask_head_norm": norm_of(sd, f"{MASK_HEAD}.mask_fcn1.norm")}
 
 
-def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> ModelSpec:
+def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade_weights=None) -> ModelSpec:
     """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (FPN, C4 or DC5) state dict.
 
     ``state_dict``: ``{name: tensor or array}`` with detectron2 names. ``anchor_layout``:
-    (sizes, aspect ratios) when a config gives them (weights only tell the anchor count).
+    (sizes, aspect ratios) when a config gives them (weights only tell the anchor count);
+    ``cascade_weights``: the config's per-stage box regression weights, likewise.
     Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
     """
     sd = state_dict
@@ -244,7 +253,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None) -> Mode
     channels = fields["fpn_out_channels"] if fpn else fields.pop("feature_channels")
     fields.update(_rpn(sd, channels, anchor_layout, fpn))
     cascade = fields["roi_heads_name"] == CASCADE_ROI_HEADS
-    fields.update(_cascade_heads(sd, channels) if cascade else _box_head(sd, channels, c4))
+    fields.update(_cascade_heads(sd, channels, cascade_weights) if cascade else _box_head(sd, channels, c4))
     fields.update(_mask_head(sd, fields["num_classes"]))
     stats = pixel_stats(sd)
     fields.update(stats)

@@ -8,7 +8,7 @@ from norcal.core.errors import NorcalError
 
 from .checkpoint import clean_state_dict, read_checkpoint
 from .d2_config import load_config
-from .arch_from_weights import architecture, spec_from_weights, weights_layout
+from .arch_from_weights import architecture, cascade_stages, spec_from_weights, weights_layout
 from .spec import ModelSpec, arch_name
 
 # what each architecture field is called in a detectron2 config, for error messages
@@ -83,8 +83,15 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
         # cannot tell a dilated res5 (DC5) from an undilated one (C5)
         if want != have and (want, have) != ("C5", "DC5"):
             raise NorcalError(f"{config} describes a {want} model but {weights} holds a {have} model's weights")
+    if spec is not None and spec.cascade_bbox_reg_weights and \
+            cascade_stages(raw) not in (0, len(spec.cascade_bbox_reg_weights)):
+        # detectron2 would drop the stages the config does not list (or leave them untrained)
+        raise NorcalError(f"{config} gives {len(spec.cascade_bbox_reg_weights)} cascade stages "
+                          f"(MODEL.ROI_BOX_CASCADE_HEAD.BBOX_REG_WEIGHTS) but {weights} holds "
+                          f"{cascade_stages(raw)} (roi_heads.box_predictor.0-{cascade_stages(raw) - 1})")
     # inferred from the raw dict: num_batches_tracked still tells BN from FrozenBN
-    inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None)
+    inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None,
+                                 spec.cascade_bbox_reg_weights if spec else None)
     state = clean_state_dict(raw)
     _check_fed_loss_weights(fed_loss, spec or inferred, weights)
     if spec is None:

@@ -10,6 +10,7 @@ BBOX_REG_WEIGHTS; the input is divided by PIXEL_STD; ``DefaultAnchorGenerator`` 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,36 @@ def test_rgb_config_means_the_image_reaches_the_model_as_rgb(tmp_path):
     torch.testing.assert_close(got["scores"][0, :n], want["scores"][0, :n], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got["boxes"][0, :n], want["boxes"][0, :n], atol=1e-2, rtol=1e-4)
     assert not torch.allclose(plain["scores"][0, :n], want["scores"][0, :n], atol=1e-3)
+
+
+CASCADE = Path(__file__).parents[1] / "fixtures" / "d2_cascade_tiny"
+TWO_STAGES = "MODEL:\n  ROI_BOX_CASCADE_HEAD:\n    BBOX_REG_WEIGHTS: [[10, 10, 5, 5], [20, 20, 10, 10]]\n    IOUS: [0.5, 0.6]\n"
+
+
+def _cascade_child(tmp_path, text):
+    path = tmp_path / "cascade.yaml"
+    path.write_text(f'_BASE_: "{CASCADE / "config.yaml"}"\n{text}')
+    return path
+
+
+def test_cascade_config_with_fewer_stages_than_the_weights(tmp_path):
+    from norcal.export.loader import load_detector_spec
+
+    path = _cascade_child(tmp_path, TWO_STAGES)
+    # was accepted: the third stage's weights were dropped without a word
+    with pytest.raises(NorcalError, match="gives 2 cascade stages .* holds 3"):
+        load_detector_spec(CASCADE / "model_final.pth", path)
+
+
+def test_two_stage_cascade_with_its_config_loads(tmp_path):
+    import torch
+
+    from norcal.export.loader import load_detector_spec
+
+    sd = torch.load(CASCADE / "model_final.pth", weights_only=True)["model"]
+    two = {k: v for k, v in sd.items() if not k.startswith(("roi_heads.box_head.2.", "roi_heads.box_predictor.2."))}
+    assert len(two) < len(sd)
+    torch.save({"model": two}, tmp_path / "two.pth")
+    # was refused: 'only detectron2's default 3 stages can be inferred from weights: pass the config'
+    spec, _ = load_detector_spec(tmp_path / "two.pth", _cascade_child(tmp_path, TWO_STAGES))
+    assert spec.cascade_bbox_reg_weights == ((10, 10, 5, 5), (20, 20, 10, 10))
