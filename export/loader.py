@@ -9,7 +9,7 @@ from norcal.core.errors import NorcalError
 from .checkpoint import clean_state_dict, read_checkpoint
 from .d2_config import load_config
 from .arch_from_weights import architecture, cascade_stages, spec_from_weights, weights_layout
-from .spec import ModelSpec, arch_name
+from .spec import RETINANET, ModelSpec, arch_name
 
 # what each architecture field is called in a detectron2 config, for error messages
 _CONFIG_KEYS = {
@@ -35,6 +35,9 @@ def _check_consistent(config_spec: ModelSpec, weights_spec: ModelSpec, config, w
     want, have = architecture(config_spec), architecture(weights_spec)
     if want["num_classes"] != have["num_classes"]:
         n = have["num_classes"]
+        if config_spec.meta_architecture == RETINANET:  # a sigmoid head: no background row
+            raise NorcalError(f"{config} sets MODEL.RETINANET.NUM_CLASSES = {want['num_classes']} but {weights} "
+                              f"has head.cls_score for {n} classes")
         raise NorcalError(f"{config} sets MODEL.ROI_HEADS.NUM_CLASSES = {want['num_classes']} but {weights} has "
                           f"roi_heads.box_predictor.cls_score with {n + 1} rows ({n} classes + background)")
     for field in [*want, *(k for k in have if k not in want)]:  # stable order: the first cause first

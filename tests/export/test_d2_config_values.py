@@ -174,3 +174,15 @@ def test_two_stage_cascade_with_its_config_loads(tmp_path):
     # was refused: 'only detectron2's default 3 stages can be inferred from weights: pass the config'
     spec, _ = load_detector_spec(tmp_path / "two.pth", _cascade_child(tmp_path, TWO_STAGES))
     assert spec.cascade_bbox_reg_weights == ((10, 10, 5, 5), (20, 20, 10, 10))
+
+
+def test_retinanet_class_count_mismatch_names_the_retinanet_key(tmp_path):
+    from norcal.export.loader import load_detector_spec
+
+    fixture = Path(__file__).parents[1] / "fixtures" / "d2_retinanet_tiny"
+    path = tmp_path / "retina.yaml"
+    path.write_text(f'_BASE_: "{fixture / "config.yaml"}"\nMODEL:\n  RETINANET:\n    NUM_CLASSES: 10\n')
+    with pytest.raises(NorcalError) as err:  # named MODEL.ROI_HEADS.NUM_CLASSES, which RetinaNet does not read
+        load_detector_spec(fixture / "model_final.pth", path)
+    msg = str(err.value)
+    assert "MODEL.RETINANET.NUM_CLASSES = 10" in msg and "1203 classes" in msg and "ROI_HEADS" not in msg
