@@ -102,6 +102,9 @@ def load_yaml_with_base(path, _chain: tuple[Path, ...] = ()) -> dict:
             base_path = path.parent / base_path  # relative to the file that names it
         if not base_path.is_file():
             raise NorcalError(f"{path}: _BASE_ file {name} not found (looked for {base_path})")
+        if base_path.suffix == ".py":  # detectron2 runs a Python base as a program
+            raise NorcalError(f"{path}: _BASE_ {name} is a Python config, which would have to be executed; "
+                              "name a YAML base")
         _merge_base(load_yaml_with_base(base_path, (*_chain, key)), merged, base_path)
     _merge_base(cfg, merged, path)
     return merged

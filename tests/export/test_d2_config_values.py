@@ -186,3 +186,11 @@ def test_retinanet_class_count_mismatch_names_the_retinanet_key(tmp_path):
         load_detector_spec(fixture / "model_final.pth", path)
     msg = str(err.value)
     assert "MODEL.RETINANET.NUM_CLASSES = 10" in msg and "1203 classes" in msg and "ROI_HEADS" not in msg
+
+
+def test_a_python_base_is_refused_by_name(tmp_path):
+    (tmp_path / "base.py").write_text("x = 1\n")
+    path = tmp_path / "child.yaml"
+    path.write_text("_BASE_: base.py\n")
+    with pytest.raises(NorcalError, match=r"_BASE_ base\.py is a Python config"):  # was 'must be a YAML mapping, found str'
+        load_config(path)
