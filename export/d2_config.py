@@ -377,6 +377,15 @@ def _detections_per_image(c: _Cfg, candidates: int, made_of: str) -> int:
     return k
 
 
+def _min_size_test(c: _Cfg) -> int:
+    v = c.int("INPUT.MIN_SIZE_TEST")
+    if v == 0:  # detectron2's ResizeShortestEdge: no resizing at test time
+        raise c.bad("INPUT.MIN_SIZE_TEST", "0 (no resizing at test time) is not supported; give the shorter side")
+    if v < 0:
+        raise c.bad("INPUT.MIN_SIZE_TEST", "must be >= 1")
+    return v
+
+
 # ROIAlignV2: aligned (detectron2's default); ROIAlign: unaligned, as Detectron1 pooled (its
 # comparison configs); ONNX RoiAlign-16 with half_pixel / output_half_pixel
 POOLER_TYPES = ("ROIAlignV2", "ROIAlign")
@@ -413,7 +422,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
         pixel_std=c.floats("MODEL.PIXEL_STD", 3, positive=True, why_positive="the input is divided by them"),
         input_format=c.str("INPUT.FORMAT"),
-        min_size_test=c.int("INPUT.MIN_SIZE_TEST", 1),
+        min_size_test=_min_size_test(c),
         max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
         size_divisibility=32,  # the host's batch padding (detectron2's own: FPN 32, C4/DC5 none)
         depth=c.int("MODEL.RESNETS.DEPTH"),
@@ -494,7 +503,7 @@ def retinanet_spec_from_cfg(c: _Cfg) -> ModelSpec:
         meta_architecture=RETINANET, backbone_name=RETINANET_BACKBONE, mask_on=False,
         pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
         pixel_std=c.floats("MODEL.PIXEL_STD", 3, positive=True, why_positive="the input is divided by them"),
-        input_format=c.str("INPUT.FORMAT"), min_size_test=c.int("INPUT.MIN_SIZE_TEST", 1),
+        input_format=c.str("INPUT.FORMAT"), min_size_test=_min_size_test(c),
         max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
         depth=c.int("MODEL.RESNETS.DEPTH"), norm=c.norm("MODEL.RESNETS.NORM"),
         stem_out_channels=c.int("MODEL.RESNETS.STEM_OUT_CHANNELS", 1),

@@ -194,3 +194,10 @@ def test_a_python_base_is_refused_by_name(tmp_path):
     path.write_text("_BASE_: base.py\n")
     with pytest.raises(NorcalError, match=r"_BASE_ base\.py is a Python config"):  # was 'must be a YAML mapping, found str'
         load_config(path)
+
+
+def test_min_size_test_zero_says_what_detectron2_means_by_it(tmp_path):
+    with pytest.raises(NorcalError, match=r"INPUT\.MIN_SIZE_TEST: 0: 0 \(no resizing at test time\) is not supported"):
+        load_config(_child(tmp_path, "INPUT:\n  MIN_SIZE_TEST: 0\n"))
+    with pytest.raises(NorcalError, match=r"INPUT\.MIN_SIZE_TEST: -5: must be >= 1"):
+        load_config(_child(tmp_path, "INPUT:\n  MIN_SIZE_TEST: -5\n"))
