@@ -123,6 +123,7 @@ def _category_ids(options: InferOptions, meta: dict, from_annotations, annotatio
         metadata_class_names
     from norcal.core.tables import builtin_names, load_table
 
+    model_names = metadata_class_names(meta)  # checked whatever the ids' source
     ids, source, param = from_annotations, "image_ids", ("image_ids",)
     names, where = annotation_names, str(options.image_ids)
     if ids is None and options.table:
@@ -138,7 +139,7 @@ def _category_ids(options: InferOptions, meta: dict, from_annotations, annotatio
         raise NorcalError(f"the model has {n} classes but {source} lists {len(ids)} categories",
                           param=param if source == "image_ids" else ())
     if ids is not None and names is not None:
-        check_class_names(metadata_class_names(meta), names, ids, where,
+        check_class_names(model_names, names, ids, where,
                           "image_ids" if source == "image_ids" else "table")
     return ids, source if ids is not None else "class index + 1"
 
