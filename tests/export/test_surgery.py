@@ -321,3 +321,17 @@ def test_table_listing_the_models_classes_in_another_order_is_refused():
     assert norcal_metadata(out)["norcal.gamma"] == "0.5"
     # names of another form (no permutation to be sure of) are not judged
     assert has_norcal(calibrate_onnx(model, 0.5, _named_table(["class0", "class1", "class2"])))
+
+
+def test_recalibrating_with_the_recorded_names_in_another_order_is_refused():
+    """A model calibrated once records its table's names (norcal.class_names, kept by strip): a
+    later table with those classes in another order is refused as an export's names are."""
+    model = classifier_graph(num_classes=3)
+    once = strip_norcal(calibrate_onnx(model, 0.5, _named_table(["cat", "traffic light", "dog"])))
+    assert norcal_metadata(once)[contract.CLASS_NAMES] == '["cat", "traffic light", "dog"]'
+    with pytest.raises(NorcalError, match=r"class 1 is 'dog' there, 'traffic light' in the model"):
+        calibrate_onnx(once, 0.5, _named_table(["cat", "dog", "traffic light"]))
+    bad = classifier_graph(num_classes=3)
+    onnx.helper.set_model_props(bad, {contract.CLASS_NAMES: "cat, dog"})
+    with pytest.raises(NorcalError, match=r"^model metadata norcal.class_names is not a JSON list of class names$"):
+        calibrate_onnx(bad, 0.5, _named_table(["cat", "traffic light", "dog"]))
