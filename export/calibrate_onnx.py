@@ -57,24 +57,23 @@ def check_background_scale(background_scale: float, activation: str, background:
                           "that slot); leave it at 1", param="background_scale")
 
 
-def _name_key(name: str) -> str:
-    return " ".join(str(name).replace("_", " ").lower().split())
-
-
 def check_class_order(meta: dict[str, str], calibration: Calibration) -> None:
-    """Refuse a table that lists the classes the model records (``norcal.detector`` names, as
-    Ultralytics exports write them) in another order: each prior would land on another class.
-    Names of another form (no permutation to be sure of) are not judged."""
+    """Refuse a table that lists the classes the model records (``norcal.class_names``, else
+    the ``norcal.detector`` names older Ultralytics exports wrote) in another order: each prior
+    would land on another class. Names of another form (no permutation to be sure of) are not judged."""
     import json
 
-    try:
-        names = json.loads(meta.get(contract.DETECTOR) or "{}").get("names")
-    except (ValueError, AttributeError):
-        return
+    names = contract.metadata_class_names(meta)
+    if names is None:
+        try:
+            names = json.loads(meta.get(contract.DETECTOR) or "{}").get("names")
+        except (ValueError, AttributeError):
+            return
     table = calibration.resolved_table
     if not isinstance(names, list) or len(names) != table.num_classes:
         return
-    ours, theirs = [_name_key(n) for n in names], [_name_key(n) for n in table.names]
+    key = contract.class_name_key
+    ours, theirs = [key(n) for n in names], [key(n) for n in table.names]
     if ours != theirs and sorted(ours) == sorted(theirs):
         i = next(k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b)
         raise NorcalError(f"table {table.name!r} lists the model's classes in another order: class {i} is "

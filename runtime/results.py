@@ -91,7 +91,8 @@ def detections_to_results(image_id: int | str, det: ImageDetections, category_id
 
 
 def category_ids_from_annotations(path: str | Path | dict, where: str | None = None,
-                                  sizes: dict[str, tuple[int, int]] | None = None
+                                  sizes: dict[str, tuple[int, int]] | None = None,
+                                  names: list[str | None] | None = None
                                   ) -> tuple[list[int], dict[str, int]]:
     """From a COCO/LVIS annotation file (or its loaded dict; ``where`` names it in errors):
     (category ids in id order, image file name -> image id).
@@ -99,7 +100,9 @@ def category_ids_from_annotations(path: str | Path | dict, where: str | None = N
     File names are matched by base name (``file_name`` or, for LVIS, ``coco_url``). The
     annotations are checked against :data:`norcal.core.schemas.ANNOTATIONS` (integer ids).
     sizes: a dict to fill with file name -> (height, width) where an image gives both as
-    positive integers.
+    positive integers. names: a list to fill with the categories' names in id order (None
+    where a category has none), to compare with the model's
+    (:func:`norcal.core.contract.check_class_names`).
     """
     if isinstance(path, dict):
         p = where or "annotations"
@@ -110,25 +113,27 @@ def category_ids_from_annotations(path: str | Path | dict, where: str | None = N
     if "images" not in data:
         raise NorcalError(f"{p}: not a COCO/LVIS annotation file (needs 'images' and 'categories')")
     ids = ids_of(str(p), "categories", data["categories"])
+    if names is not None:
+        names[:] = [c.get("name") for _, c in sorted(zip(ids.tolist(), data["categories"]), key=lambda t: t[0])]
     image_ids = ids_of(str(p), "images", data["images"])
-    names: dict[str, int] = {}
+    by_name: dict[str, int] = {}
     first: dict[str, int] = {}  # base name -> the index of the image that has it
     for k, (im, iid) in enumerate(zip(data["images"], image_ids.tolist())):
         key = "file_name" if im.get("file_name") else "coco_url"
         ref = im.get(key) or ""
         if ref:
             name = Path(str(ref)).name
-            if name in first and names[name] != iid:
+            if name in first and by_name[name] != iid:
                 j = first[name]
                 other = data["images"][j].get("file_name") or data["images"][j].get("coco_url")
                 raise record_error(str(p), "images", k, im, key,
-                                   f"{ref} has the base name of images[{j}] (id {names[name]})'s "
+                                   f"{ref} has the base name of images[{j}] (id {by_name[name]})'s "
                                    f"{other} (files are matched by base name)")
-            names[name], first[name] = iid, k
+            by_name[name], first[name] = iid, k
             hw = im.get("height"), im.get("width")
             if sizes is not None and all(type(v) is int and v > 0 for v in hw):
                 sizes[name] = hw
-    return sorted(ids.tolist()), names
+    return sorted(ids.tolist()), by_name
 
 
 def results_fragment(image_id: int | str, det: ImageDetections, category_ids: list[int] | None,

@@ -203,6 +203,7 @@ class YoloDetector(Detector):
         meta = self.preprocessing.metadata()
         meta[contract.NUM_CLASSES] = str(self.num_classes)
         meta[contract.DETECTOR] = json.dumps(self.settings())
+        meta.update(contract.class_names_metadata(self.names))
         return meta
 
     def _input_size(self, options) -> int:

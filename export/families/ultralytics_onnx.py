@@ -412,6 +412,7 @@ def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, 
     if head.coefs:
         settings["mask_size"] = mask_size
     meta[contract.DETECTOR] = json.dumps(settings)
+    meta.update(contract.class_names_metadata(head.names))
     meta[contract.CLASSIFIER_LOGITS] = contract.CLS_LOGITS_TENSOR
     meta[contract.CLASSIFIER_BACKGROUND] = "none"
     if head.coefs:

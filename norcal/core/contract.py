@@ -52,6 +52,10 @@ NUM_CLASSES = "norcal.num_classes"  # foreground classes C
 TABLE = "norcal.table"  # calibration table name (maps class index -> category id)
 CATEGORY_IDS = "norcal.category_ids"  # optional JSON list: class index -> dataset category id
 DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, mask_on, score_thresh_test, ...)
+# optional JSON list: class index -> class name, written when the export knows them (the
+# calibration table's names; an Ultralytics model's own). Category ids taken from an annotation
+# file for the model's classes are refused unless its category names, in id order, are these.
+CLASS_NAMES = "norcal.class_names"
 # The host's resize rule (absent: "shortest_edge"). "shortest_edge": detectron2's
 # ResizeShortestEdge(min_size_test, max_size_test), zero padding at the bottom/right to a multiple
 # of size_divisibility. "letterbox": Ultralytics' LetterBox to an input_size square: scale
@@ -72,8 +76,9 @@ RESIZE_RULES = ("shortest_edge", "letterbox", RESIZE_STRETCH, RESIZE_TORCHVISION
 INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
 PAD_VALUE = "norcal.pad_value"  # letterbox: the padding's pixel value 0-255 (absent: 114)
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
-                          TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE, PAD_VALUE})
-OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE, PAD_VALUE})  # absent on ResizeShortestEdge models
+                          TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES})
+# absent on ResizeShortestEdge models (the first three), on models whose class names are unknown
+OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES})
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
 CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"
@@ -146,7 +151,7 @@ def calibration_metadata(cal: "Calibration") -> dict[str, str]:
            BACKGROUND: cal.background or "last", BACKGROUND_SCALE: str(float(cal.background_scale)),
            COUNT_TYPE: cal.count or table.count_type, TABLE_SHA256: table.sha256,
            TABLE: table.name, NUM_CLASSES: str(table.num_classes),
-           CATEGORY_IDS: json.dumps(table.category_ids)}
+           CATEGORY_IDS: json.dumps(table.category_ids), **class_names_metadata(table.names)}
     if cal.min_count is not None:
         out[MIN_COUNT] = f"{cal.min_count:g}"  # "2", not "2.0": counts are usually whole numbers
         out[MIN_COUNT_CLAMPED] = str(cal.min_count_clamped)
@@ -324,3 +329,58 @@ def metadata_category_ids(meta: dict[str, str]) -> list[int] | None:
     except (ValueError, TypeError):
         raise NorcalError(f"model metadata {CATEGORY_IDS} is not a JSON list of integers") from None
     return ids
+
+
+def class_names_metadata(names: Sequence[str] | None) -> dict[str, str]:
+    """The :data:`CLASS_NAMES` key recording ``names`` (class index order); none when they are
+    unknown or Ultralytics' placeholders "0", "1", ... (they name no category)."""
+    if not names or list(names) == [str(i) for i in range(len(names))]:
+        return {}
+    return {CLASS_NAMES: json.dumps([str(n) for n in names])}
+
+
+def metadata_class_names(meta: dict[str, str]) -> list[str] | None:
+    """The class index -> class name list a model records, or None (names unknown)."""
+    raw = meta.get(CLASS_NAMES)
+    if raw is None:
+        return None
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise NorcalError(f"model metadata {CLASS_NAMES} is not a JSON list of class names")
+    n = meta.get(NUM_CLASSES)
+    if n is not None and n.isdigit() and int(n) != len(names):
+        raise NorcalError(f"model metadata {CLASS_NAMES} lists {len(names)} names but {NUM_CLASSES} is {n}")
+    return names
+
+
+def class_name_key(name: object) -> str:
+    """A class name as compared with another: case, underscores and runs of spaces ignored
+    ("Traffic_light" is "traffic light")."""
+    return " ".join(str(name).replace("_", " ").lower().split())
+
+
+def check_class_names(model_names: Sequence[str] | None, names: Sequence[str | None],
+                      ids: Sequence[int], where: str, param: str | None = None) -> None:
+    """Refuse category ids taken for the model's classes in order (``ids``, with their ``names``,
+    from ``where``) unless their names are the model's recorded class names (None: unknown, not
+    judged): another set or order puts every detection under another category."""
+    if model_names is None or len(model_names) != len(names):
+        return  # unknown, or a class count the caller refuses
+    ours = [class_name_key(n) for n in model_names]
+    theirs = [None if n is None else class_name_key(n) for n in names]
+    if ours == theirs:
+        return
+    i = next(k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    shown = "no name" if names[i] is None else repr(names[i])
+    how = "the model's classes in another order" if sorted(ours) == sorted(t or "" for t in theirs) \
+        else "not the model's classes"
+    raise NorcalError(f"{where}: its categories are {how}: class {i} of the model is {model_names[i]!r} "
+                      f"but category {ids[i]} (the {_ordinal(i + 1)} by id) has {shown}; its detections "
+                      "would be written under another category", param=param)
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

@@ -115,13 +115,21 @@ class InferResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _category_ids(options: InferOptions, meta: dict, from_annotations):
-    from norcal.core.contract import NUM_CLASSES, TABLE, metadata_category_ids
+def _category_ids(options: InferOptions, meta: dict, from_annotations, annotation_names=None):
+    """The category ids of the model's classes and where they come from; ids taken from
+    ``image_ids`` (``annotation_names``: its category names in id order) or ``table`` are refused
+    unless their names are the class names the model records."""
+    from norcal.core.contract import NUM_CLASSES, TABLE, check_class_names, metadata_category_ids, \
+        metadata_class_names
     from norcal.core.tables import builtin_names, load_table
 
+    model_names = metadata_class_names(meta)  # checked whatever the ids' source
     ids, source, param = from_annotations, "image_ids", ("image_ids",)
+    names, where = annotation_names, str(options.image_ids)
     if ids is None and options.table:
-        ids, source, param = load_table(options.table).category_ids, f"table {options.table}", ()
+        table = load_table(options.table)
+        ids, source, param = table.category_ids, f"table {options.table}", ()
+        names, where = table.names, f"table {options.table}"
     if ids is None:
         ids, source = metadata_category_ids(meta), "model metadata"
     if ids is None and meta.get(TABLE) in builtin_names():
@@ -130,6 +138,9 @@ def _category_ids(options: InferOptions, meta: dict, from_annotations):
     if ids is not None and n and n.isdigit() and int(n) != len(ids):
         raise NorcalError(f"the model has {n} classes but {source} lists {len(ids)} categories",
                           param=param if source == "image_ids" else ())
+    if ids is not None and names is not None:
+        check_class_names(model_names, names, ids, where,
+                          "image_ids" if source == "image_ids" else "table")
     return ids, source if ids is not None else "class index + 1"
 
 
@@ -202,9 +213,9 @@ def prepare_infer(options: InferOptions,
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(map(str, options.inputs)))
     (check_outputs or functools.partial(_check_outputs, options))(paths)
-    by_name, ann_cats, not_listed, ann_sizes = None, None, [], {}
+    by_name, ann_cats, not_listed, ann_sizes, ann_names = None, None, [], {}, []
     if options.image_ids:
-        ann_cats, by_name = category_ids_from_annotations(options.image_ids, sizes=ann_sizes)
+        ann_cats, by_name = category_ids_from_annotations(options.image_ids, sizes=ann_sizes, names=ann_names)
         unknown = [p for p in paths if p.name not in by_name]
         paths = [p for p in paths if p.name in by_name]
         if not paths:
@@ -219,7 +230,7 @@ def prepare_infer(options: InferOptions,
     meta = runner_metadata(runner)
     check_detector(Path(options.model).name, runner.input_names, runner.output_names, meta)
     spec = input_spec(meta, options.min_size, options.max_size)
-    cat_ids, cat_source = _category_ids(options, meta, ann_cats)
+    cat_ids, cat_source = _category_ids(options, meta, ann_cats, ann_names)
     unreadable = unreadable_files(paths, skip=options.skip_unreadable,  # before any work
                                   sizes=(spec.min_size, spec.max_size))
     if unreadable:

@@ -55,9 +55,11 @@ def test_export_writes_calibrated_model(tmp_path, model_path, capsys):
     assert norcal_metadata(m2)["norcal.gamma"] == "1.0"
     out3 = tmp_path / "det3.onnx"
     assert export_main([str(out2), "--strip", "-o", str(out3)]) == 0
-    # strip takes the calibration out; what runners need (the table's classes -> category ids) stays
-    assert norcal_metadata(onnx.load(str(out3))) == {"norcal.category_ids": "[1, 2, 3, 4]",
-                                                     "norcal.table": "toy", "norcal.num_classes": "4"}
+    # strip takes the calibration out; what runners need (the table's classes -> category ids
+    # and their names, write_table's class0..class3) stays
+    assert norcal_metadata(onnx.load(str(out3))) == {
+        "norcal.category_ids": "[1, 2, 3, 4]", "norcal.table": "toy", "norcal.num_classes": "4",
+        "norcal.class_names": '["class0", "class1", "class2", "class3"]'}
 
 
 @pytest.mark.parametrize("case", ["text", "truncated", "missing"])

@@ -26,7 +26,7 @@ def test_runtime_keys_are_the_runners_contract():
     assert contract.RUNTIME_KEYS == {
         "norcal.min_size_test", "norcal.max_size_test", "norcal.input_format", "norcal.size_divisibility",
         "norcal.num_classes", "norcal.table", "norcal.category_ids", "norcal.detector", "norcal.resize",
-        "norcal.input_size", "norcal.pad_value"}
+        "norcal.input_size", "norcal.pad_value", "norcal.class_names"}
     assert {contract.TABLE, contract.NUM_CLASSES} <= contract.RUNTIME_KEYS  # stripping keeps them
     assert contract.GAMMA in contract.NODE_KEYS and contract.TABLE_SHA256 in contract.NODE_KEYS
 
@@ -60,3 +60,40 @@ def test_letterbox_metadata_is_checked():
         contract.input_spec({contract.RESIZE: "letterbox", contract.INPUT_SIZE: "64", contract.PAD_VALUE: "300"})
     with pytest.raises(NorcalError, match="cannot change a letterbox model"):
         contract.input_spec(contract.letterbox_preprocessing(64).metadata(), min_size=32)
+
+
+def test_class_names_round_trip_and_placeholders_are_not_recorded():
+    meta = contract.class_names_metadata(["person", "traffic light"])
+    assert meta == {"norcal.class_names": '["person", "traffic light"]'}
+    assert contract.metadata_class_names({**meta, contract.NUM_CLASSES: "2"}) == ["person", "traffic light"]
+    # Ultralytics' placeholders for a model built from yaml name no category; unknown names neither
+    assert contract.class_names_metadata(["0", "1", "2"]) == {} and contract.class_names_metadata(None) == {}
+    assert contract.metadata_class_names({}) is None
+
+
+@pytest.mark.parametrize("raw, problem", [
+    ("not json", "is not a JSON list of class names"), ('{"0": "a"}', "is not a JSON list of class names"),
+    ("[]", "is not a JSON list of class names"), ('["a", 3]', "is not a JSON list of class names"),
+    ('["a", "b"]', "lists 2 names but norcal.num_classes is 3"),
+])
+def test_malformed_class_names_are_one_line_naming_the_key(raw, problem):
+    with pytest.raises(NorcalError) as e:
+        contract.metadata_class_names({contract.CLASS_NAMES: raw, contract.NUM_CLASSES: "3"})
+    assert str(e.value) == f"model metadata norcal.class_names {problem}"
+
+
+def test_check_class_names_refuses_another_order_or_other_names():
+    model = ["cat", "traffic_light", "dog"]
+    # the same names as the calibration-table check compares them (case, '_' and spaces ignored)
+    contract.check_class_names(model, ["Cat", "traffic  light", "dog"], [1, 2, 3], "ann.json")
+    contract.check_class_names(None, ["dog", "cat", "x"], [1, 2, 3], "ann.json")  # names unknown: not judged
+    with pytest.raises(NorcalError) as e:
+        contract.check_class_names(model, ["cat", "dog", "traffic light"], [4, 7, 9], "ann.json")
+    assert str(e.value) == ("ann.json: its categories are the model's classes in another order: class 1 of "
+                            "the model is 'traffic_light' but category 7 (the 2nd by id) has 'dog'; its "
+                            "detections would be written under another category")
+    with pytest.raises(NorcalError, match=r"^ann.json: its categories are not the model's classes: class 2 "
+                                          r"of the model is 'dog' but category 9 \(the 3rd by id\) has 'zebra';"):
+        contract.check_class_names(model, ["cat", "traffic light", "zebra"], [4, 7, 9], "ann.json")
+    with pytest.raises(NorcalError, match="class 0 of the model is 'cat' but category 4 .* has no name"):
+        contract.check_class_names(model, [None, "traffic light", "dog"], [4, 7, 9], "ann.json")

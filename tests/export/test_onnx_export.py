@@ -243,12 +243,15 @@ def test_strip_keeps_every_runtime_key(tiny_model):
     before = norcal_metadata(exported)
     assert runtime_metadata(G.tiny_spec()).items() <= before.items()
     assert before[contract.NUM_CLASSES] == "1203"
+    assert contract.CLASS_NAMES not in before  # a detectron2 checkpoint names no class
     calibrated = calibrate_onnx(exported, 0.5, "lvis_v1")
     cal_meta = norcal_metadata(calibrated)
     assert contract.NODE_KEYS - contract.OPTIONAL_NODE_KEYS <= set(cal_meta)
     assert contract.RUNTIME_KEYS - contract.OPTIONAL_RUNTIME_KEYS <= set(cal_meta)
     runtime = {k: v for k, v in cal_meta.items() if k in contract.RUNTIME_KEYS}
     assert runtime[contract.TABLE] == "lvis_v1" and len(json.loads(runtime[contract.CATEGORY_IDS])) == 1203
+    # the table's names in class order: LVIS v1's categories 1, 2 are aerosol_can, air_conditioner
+    assert json.loads(runtime[contract.CLASS_NAMES])[:2] == ["aerosol_can", "air_conditioner"]
     plain = strip_norcal(calibrated)
     after = norcal_metadata(plain)
     assert {k: after.get(k) for k in runtime} == runtime

@@ -156,18 +156,20 @@ def test_class_count_mismatch_is_an_error():
 
 
 def test_node_writes_exactly_its_keys_and_calibration_adds_runtime_keys():
-    """The node owns contract.NODE_KEYS; table, class count and category ids are runtime keys
-    (written with the calibration, which fixes the class order)."""
+    """The node owns contract.NODE_KEYS; table, class count, category ids and class names are
+    runtime keys (written with the calibration, which fixes the class order)."""
     model = classifier_graph()
     out = insert_norcal(model, settings(0.5))
     always = contract.NODE_KEYS - contract.OPTIONAL_NODE_KEYS
-    assert set(norcal_metadata(out)) == always | {contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS}
+    assert set(norcal_metadata(out)) == always | {contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS, contract.CLASS_NAMES}
     cal = calibrate_onnx(model, 0.5, _table_file_free())
-    assert set(norcal_metadata(cal)) == always | {contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS}
+    assert set(norcal_metadata(cal)) == always | {contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS, contract.CLASS_NAMES}
     clamped = calibrate_onnx(model, 0.5, _table_file_free(), min_count=2)
     # every key but the class axis, which is written only for a class axis other than the last
     assert set(norcal_metadata(clamped)) == contract.NODE_KEYS - {contract.CLASS_AXIS} | {
-        contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS}
+        contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS, contract.CLASS_NAMES}
+    # the table's names in class order (_table_file_free names class i "c{i}")
+    assert contract.metadata_class_names(norcal_metadata(cal)) == ["c0", "c1", "c2", "c3", "c4"]
 
 
 def test_strip_removes_only_node_keys():
@@ -177,7 +179,8 @@ def test_strip_removes_only_node_keys():
                contract.SIZE_DIVISIBILITY: "32", contract.NUM_CLASSES: str(len(COUNTS)),
                contract.TABLE: "toy", contract.CATEGORY_IDS: "[1, 2, 3, 4, 5]",
                contract.DETECTOR: '{"depth": 50}', contract.RESIZE: "letterbox", contract.INPUT_SIZE: "320",
-               contract.PAD_VALUE: "114", contract.CLASSIFIER_LOGITS: "logits0", "user.key": "kept"}
+               contract.PAD_VALUE: "114", contract.CLASS_NAMES: '["c0", "c1", "c2", "c3", "c4"]',
+               contract.CLASSIFIER_LOGITS: "logits0", "user.key": "kept"}
     assert contract.RUNTIME_KEYS <= set(runtime)
     onnx.helper.set_model_props(model, runtime)
     for inline in (False, True):
@@ -318,3 +321,17 @@ def test_table_listing_the_models_classes_in_another_order_is_refused():
     assert norcal_metadata(out)["norcal.gamma"] == "0.5"
     # names of another form (no permutation to be sure of) are not judged
     assert has_norcal(calibrate_onnx(model, 0.5, _named_table(["class0", "class1", "class2"])))
+
+
+def test_recalibrating_with_the_recorded_names_in_another_order_is_refused():
+    """A model calibrated once records its table's names (norcal.class_names, kept by strip): a
+    later table with those classes in another order is refused as an export's names are."""
+    model = classifier_graph(num_classes=3)
+    once = strip_norcal(calibrate_onnx(model, 0.5, _named_table(["cat", "traffic light", "dog"])))
+    assert norcal_metadata(once)[contract.CLASS_NAMES] == '["cat", "traffic light", "dog"]'
+    with pytest.raises(NorcalError, match=r"class 1 is 'dog' there, 'traffic light' in the model"):
+        calibrate_onnx(once, 0.5, _named_table(["cat", "dog", "traffic light"]))
+    bad = classifier_graph(num_classes=3)
+    onnx.helper.set_model_props(bad, {contract.CLASS_NAMES: "cat, dog"})
+    with pytest.raises(NorcalError, match=r"^model metadata norcal.class_names is not a JSON list of class names$"):
+        calibrate_onnx(bad, 0.5, _named_table(["cat", "traffic light", "dog"]))

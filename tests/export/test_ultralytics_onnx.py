@@ -95,8 +95,11 @@ def test_ingested_equals_the_pt_export(ul, kind, nms):
     pt = load_detector(ul[kind]).export(SimpleNamespace(height=S, width=S))
     pt_meta = _meta(pt)
     for key in (contract.RESIZE, contract.INPUT_SIZE, contract.PAD_VALUE, contract.INPUT_FORMAT, contract.NUM_CLASSES,
-                contract.CLASSIFIER_LOGITS, contract.CLASSIFIER_BACKGROUND, contract.MASK_HEAD_ROIS):
+                contract.CLASSIFIER_LOGITS, contract.CLASSIFIER_BACKGROUND, contract.MASK_HEAD_ROIS,
+                contract.CLASS_NAMES):
         assert _meta(plain).get(key) == pt_meta.get(key), key
+    # the names Ultralytics' exporter wrote (yolo_models names the classes class0, class1, ...)
+    assert contract.metadata_class_names(_meta(plain)) == [f"class{i}" for i in range(len(head.names))]
     images = [read_rgb(p) for p in IMAGES]
     assert len(images) >= 4
     feeds = prepare(images, contract.input_spec(_meta(plain))).feeds()

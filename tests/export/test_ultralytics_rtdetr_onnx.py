@@ -127,6 +127,7 @@ def test_ingested_rtdetr_equals_our_export(rt, tmp_path):
         assert meta[contract.RESIZE] == "stretch" and meta[contract.INPUT_FORMAT] == "RGB"
         settings = json.loads(meta[contract.DETECTOR])
         assert settings.pop("names") == NAMES and settings.pop("source") == "ultralytics-onnx"
+        assert contract.metadata_class_names(meta) == contract.metadata_class_names(ref_meta) == NAMES
         ref_settings = json.loads(ref_meta[contract.DETECTOR])
         assert ref_settings.pop("names") == NAMES
         assert settings == ref_settings

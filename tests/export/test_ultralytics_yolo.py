@@ -92,6 +92,21 @@ def test_trainer_checkpoint_loads(work, tmp_path):
                 "git": {"root": None}, "license": "AGPL-3.0", "docs": "x"}, path)
     det = load_detector(path)
     assert det.num_classes == 3 and det.imgsz == 320 and det.names == ["a", "b", "c"]
+    # the export records the model's names: runners check annotation categories against them
+    assert json.loads(det.runtime_metadata()[contract.CLASS_NAMES]) == ["a", "b", "c"]
+
+
+def test_yaml_placeholder_names_are_not_recorded(work):
+    from ultralytics.nn.tasks import DetectionModel
+
+    from norcal.export.families.ultralytics import YoloDetector
+
+    model = DetectionModel("yolo11n.yaml", nc=2, verbose=False)
+    assert model.names == {0: "0", 1: "1"}  # Ultralytics' placeholders: they name no category
+    assert contract.CLASS_NAMES not in YoloDetector(model.eval(), "yolo11n.yaml").runtime_metadata()
+    # yolo_models names the test checkpoints' classes class0, class1, ...
+    assert json.loads(load_detector(work.det).runtime_metadata()[contract.CLASS_NAMES]) == [
+        f"class{i}" for i in range(NUM_CLASSES)]
 
 
 class _System:

@@ -408,6 +408,28 @@ def test_verify_images(tiny):
         verify_images(broken, tiny.dir / "g05.onnx", img, tiny.spec)
 
 
+def test_cli_refuses_gt_categories_in_another_order_than_the_model_s(tiny, tmp_path, capsys):
+    """g05.onnx is calibrated with the built-in LVIS v1 table, so it records LVIS v1's names
+    (category 1 aerosol_can, 2 air_conditioner); a GT naming them the other way round would
+    compute AP with every class's detections under another category."""
+    from PIL import Image
+
+    from norcal.core.tables import load_table
+
+    w, h = Image.open(TINY / "images" / "img0.png").size
+    cats = [{"id": c["id"], "name": c["name"]} for c in load_table("lvis_v1").categories]
+    cats[0]["name"], cats[1]["name"] = "air_conditioner", "aerosol_can"
+    gt = tmp_path / "gt.json"
+    gt.write_text(json.dumps({"images": [{"id": 1, "file_name": "img0.png", "height": h, "width": w}],
+                              "annotations": [], "categories": cats}))
+    rc = main(["parity", str(tiny.dir / "g05.onnx"), str(TINY / "images" / "img0.png"),
+               "--checkpoint", str(CKPT), "--config", str(CFG), "--gt", str(gt)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert (f"{gt}: its categories are the model's classes in another order: class 0 of the model is "
+            "'aerosol_can' but category 1 (the 1st by id) has 'air_conditioner'") in err
+
+
 def test_cli_errors(tiny, capsys):
     onnx_path = str(tiny.dir / "plain.onnx")
     assert main(["parity", onnx_path]) == 2

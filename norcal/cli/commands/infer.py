@@ -31,7 +31,10 @@ not list are skipped and reported); otherwise the file name's stem as an integer
 001.jpg, one name in two folders) are refused: their detections would merge.
 Category ids (class index i -> the i-th category id in id order): from --image-ids's
 categories, else --table, else the model's metadata (norcal.category_ids, norcal.table),
-else i + 1 (detectron2's LVIS convention).
+else i + 1 (detectron2's LVIS convention). When the model records its class names
+(norcal.class_names: the calibration table's, or an Ultralytics model's), the categories of
+--image-ids or --table must carry those names in the model's order (case, '_' and spaces
+ignored), else the run is refused naming the first class that differs.
 
 --draw DIR also writes DIR/<image>.png for the first --draw-count images: the detections (box,
 mask, class and score, coloured by frequency group), beside those of the same model with its

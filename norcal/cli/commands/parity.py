@@ -123,19 +123,24 @@ def run(args) -> int:
     skipped: list = []
     images, paths = _load_images(args, console, skipped)
     gt = image_ids = cat_ids = None
+    gt_names: list = []
     if args.gt:  # read before the models load: a bad file fails in a second
         from norcal.core.fileio import read_json
         from norcal.core.schemas import GROUND_TRUTH
         from norcal.runtime.results import category_ids_from_annotations
 
         gt = read_json(args.gt, "annotations", GROUND_TRUTH)
-        cat_ids, by_name = category_ids_from_annotations(gt, args.gt)
+        cat_ids, by_name = category_ids_from_annotations(gt, args.gt, names=gt_names)
         unknown = [p.name for p in paths if p.name not in by_name]
         if unknown:
             raise NorcalError(f"{len(unknown)} image(s) are not in {args.gt} (by file name), e.g. {unknown[0]}")
         image_ids = [by_name[p.name] for p in paths]
 
     built = build_runners(request, stage=console.status)
+    if cat_ids is not None:  # the GT's category ids are taken for the model's classes in order
+        from norcal.core.contract import check_class_names, metadata_class_names
+
+        check_class_names(metadata_class_names(built.onnx.metadata), gt_names, cat_ids, args.gt)
     if args.checkpoint:
         calibration = built.calibration
         console.print(f"PyTorch: {Path(args.checkpoint).name} with "
