@@ -43,12 +43,17 @@ def _child(tmp_path, text: str):
     return path
 
 
+def _refusal(path) -> str:
+    """The message load_config refuses ``path`` with."""
+    with pytest.raises(NorcalError) as err:
+        load_config(path)
+    return str(err.value)
+
+
 @pytest.mark.parametrize("snippet,key,value", BAD, ids=[f"{k}={v}" for _, k, v in BAD])
 def test_unusable_values_are_refused_in_one_line(tmp_path, snippet, key, value):
     path = _child(tmp_path, snippet)
-    with pytest.raises(NorcalError) as err:
-        load_config(path)
-    msg = str(err.value)
+    msg = _refusal(path)
     assert "\n" not in msg and str(path) in msg and key in msg and value in msg
 
 
@@ -71,9 +76,7 @@ def test_edge_values_detectron2_defines_are_kept(tmp_path, snippet, field, want)
 ])
 def test_keys_detectron2_does_not_have_are_refused(tmp_path, snippet, key, hint):
     path = _child(tmp_path, snippet)
-    with pytest.raises(NorcalError) as err:
-        load_config(path)
-    msg = str(err.value)
+    msg = _refusal(path)
     assert "\n" not in msg and str(path) in msg and key in msg and "not a detectron2 config key" in msg
     assert hint in msg
 
@@ -101,9 +104,7 @@ def test_a_section_that_is_not_a_mapping_names_the_file(tmp_path, snippet, key):
 ])
 def test_detections_per_image_beyond_what_the_graph_can_return(tmp_path, snippet, value, why):
     path = _child(tmp_path, snippet)
-    with pytest.raises(NorcalError) as err:
-        load_config(path)
-    msg = str(err.value)
+    msg = _refusal(path)
     assert "TEST.DETECTIONS_PER_IMAGE" in msg and value in msg and why in msg and str(path) in msg
 
 
