@@ -123,7 +123,8 @@ def example_results(out: Path) -> Path:
     from norcal.core.onnx_io import save_onnx
     from norcal.core.tables import build_table
     from norcal.examples import example_dir
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
     from norcal.runtime.inference import run_images
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.runtime.results import detections_to_results
@@ -131,7 +132,7 @@ def example_results(out: Path) -> Path:
 
     d = example_dir()
     table = build_table(d / "train_annotations.json")
-    spec, model = load_detector(d / "model_final.pth", d / "config.yaml")
+    spec, model = load_model(d / "model_final.pth", d / "config.yaml")
     save_onnx(export_detector(model, spec), out / "model.onnx")
     pairs = images_from_gt(d / "val.json", d / "val")
     ids = {str(p): i for i, p in pairs}

@@ -10,7 +10,7 @@ same command as a whole process (``norcal export``, median; what a user waits fo
 included: measured against detectron2's own TracingAdapter export of the same checkpoint,
 28.6 s, ours must stay below it). The default export traces the backbone three times (the
 main graph's placeholder, then with and without padding masks for the padding switch,
-``norcal.export.padding_switch``). ``--latency`` also times, at 800x1333, ONNX Runtime latency /
+``norcal.export.rcnn.padding_switch``). ``--latency`` also times, at 800x1333, ONNX Runtime latency /
 eager latency for each batch size (target <= 1.0). ``uptime`` is printed before and after.
 
     python bench/bench_export.py [--threads 2] [--process-runs 3] [--latency] [--repeats 3]
@@ -40,8 +40,8 @@ from rich.table import Table
 
 import norcal.export.trt_check as trt_check
 import torch.onnx._internal.torchscript_exporter.utils as torch_onnx_utils
-from norcal.export.detector import load_detector
-from norcal.export.modeling.build import random_state_dict
+from norcal.export.families.detectron2.loader import load_model
+from norcal.export.rcnn.modeling.build import random_state_dict
 from norcal.workflows.export_job import NorCal, export_checkpoint
 
 from full_size_model import full_size_config, full_size_spec  # noqa: E402
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
         console.print(table)
         console.print(f"export time in this process: {total:.1f} s")
         if args.compare_switch:
-            import norcal.export.onnx_export as onnx_export
+            import norcal.export.rcnn.onnx_export as onnx_export
             plain = onnx_export.export_onnx
             onnx_export.export_onnx = functools.partial(plain, padding_switch=True)
             try:
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         console.print(f"end: {_uptime()}")
         if not args.latency:
             return 0
-        spec, model = load_detector(src, config)
+        spec, model = load_model(src, config)
         proto = onnx.load(str(Path(tmp) / "model.norcal.onnx"))
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads

@@ -43,18 +43,19 @@ def export_models(out: Path, full: bool, gammas: list[float]) -> tuple[dict[str,
     """Export once; write '<gamma>/with' and '<gamma>/without' model files. Returns (paths, spec)."""
     import onnx
 
-    from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import load_detector, export_detector
-    from norcal.export.surgery import strip_norcal
+    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
+    from norcal.export.graph.surgery import strip_norcal
 
     if full:
-        from norcal.export.modeling.build import model_from_state, random_state_dict
-        from norcal.export.spec import ModelSpec
+        from norcal.export.rcnn.modeling.build import model_from_state, random_state_dict
+        from norcal.export.rcnn.spec import ModelSpec
 
         spec = ModelSpec()  # detectron2's LVIS Mask R-CNN R50-FPN: 1203 classes, 800/1333
         model = model_from_state(spec, random_state_dict(spec, seed=0)).eval()
     else:
-        spec, model = load_detector(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
+        spec, model = load_model(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
     t0 = time.perf_counter()
     graph = export_detector(model, spec)
     print(f"exported in {time.perf_counter() - t0:.1f} s", file=sys.stderr)

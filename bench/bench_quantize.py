@@ -39,7 +39,7 @@ METRICS = ("AP", "APr", "APc", "APf")
 def variants(fp32, cal_paths, precisions, say, setting=""):
     """{precision: model} for one fp32 model: itself, fp16, the int8 forms asked for."""
     from norcal.core.contract import input_spec
-    from norcal.export.quantize import convert_fp16, quantize_int8
+    from norcal.export.graph.quantize import convert_fp16, quantize_int8
     from norcal.runtime.images import iter_images
     from norcal.runtime.inference import prepared_batches
 
@@ -58,13 +58,14 @@ def variants(fp32, cal_paths, precisions, say, setting=""):
 
 def build_models(gamma: float, n_cal: int, say, precisions=PRECISIONS):
     from norcal.core.tables import build_table
-    from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
     from norcal.workflows.demo import FIXTURE_NAME, default_data_dir
 
     d = default_data_dir()
     table = build_table(d / "train_annotations.json", name=f"{FIXTURE_NAME}_train")
-    spec, torch_model = load_detector(d / "model_final.pth", d / "config.yaml")
+    spec, torch_model = load_model(d / "model_final.pth", d / "config.yaml")
     plain = export_detector(torch_model, spec)
     cal_paths = sorted((d / "train_subset").glob("*.png"))[:n_cal]
     models = {}

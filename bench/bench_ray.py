@@ -39,9 +39,10 @@ EXAMPLE = example_dir()  # images drawn on first use
 def export_example(out: Path) -> Path:
     import onnx
 
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
 
-    spec, model = load_detector(EXAMPLE / "model_final.pth", EXAMPLE / "config.yaml")
+    spec, model = load_model(EXAMPLE / "model_final.pth", EXAMPLE / "config.yaml")
     onnx.save(export_detector(model, spec), out)
     return out
 

@@ -6,7 +6,7 @@ For batch sizes 1, 2 and 4 (one run, same machine, same images), measures
   the host share = (pre + post) / total; the target is <= 10%.
 
 The model is the d2_lvis_tiny fixture exported with norcal.export (needs torch and
-norcal.export.onnx_export), or any contract model given with --model.
+norcal.export.rcnn.onnx_export), or any contract model given with --model.
 
   /work/venv/bin/python bench/bench_runtime.py
   /work/venv/bin/python bench/bench_runtime.py --model model.onnx --images val/ --batches 1,4
@@ -29,9 +29,10 @@ def export_fixture(out: Path) -> Path:
     """The fixture checkpoint exported to ONNX."""
     import onnx
 
-    from norcal.export.detector import load_detector, export_detector
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
 
-    spec, model = load_detector(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
+    spec, model = load_model(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
     onnx.save(export_detector(model, spec), out)
     return out
 

@@ -38,14 +38,15 @@ def main() -> int:
 
     from norcal.core.calibration import log_prior
     from norcal.evaluation import evaluate, prepare_gt
-    from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import load_detector, export_detector
+    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.inference import run_images
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.core.tables import build_table
     from norcal.cli.options import parse_gammas
-    from norcal.export.families.detectron2 import detector_of
+    from norcal.export.families.detectron2.family import detector_of
     from norcal.workflows.tune import cache_images, images_from_gt, rescore_images, to_eval_detections
 
     gammas = parse_gammas(args.gammas)
@@ -53,7 +54,7 @@ def main() -> int:
     gt = prepare_gt(SYNTH / "val.json", table)
     pairs = images_from_gt(SYNTH / "val.json", SYNTH / "val")[: args.images]
     ids = [i for i, _ in pairs]
-    spec, model = load_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
+    spec, model = load_model(SYNTH / "model_final.pth", SYNTH / "config.yaml")
     plain = export_detector(model, spec)
     detector = detector_of(spec, model)
     print(f"d2_synth_trained: {len(pairs)} images, batch {args.batch}, gammas {gammas}, "

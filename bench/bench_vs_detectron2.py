@@ -51,9 +51,9 @@ from onnx import numpy_helper
 from rich.console import Console
 from rich.table import Table
 
-from norcal.export.detector import export_detector
-from norcal.export.loader import load_detector_spec
-from norcal.export.modeling.build import model_from_state
+from norcal.export.rcnn.export import export_detector
+from norcal.export.families.detectron2.loader import load_detector_spec
+from norcal.export.rcnn.modeling.build import model_from_state
 
 from widen_detectron2_graph import compare_detections, widen  # noqa: E402
 from full_size_model import FIXTURE, H, W, full_size_spec, image_800x1216, trained_like  # noqa: E402

@@ -31,9 +31,9 @@ import torch
 import yaml
 from PIL import Image
 
-from norcal.export.loader import load_detector_spec
-from norcal.export.modeling.build import model_from_state, random_state_dict
-from norcal.export.modeling.layers import PaddingMasks
+from norcal.export.families.detectron2.loader import load_detector_spec
+from norcal.export.rcnn.modeling.build import model_from_state, random_state_dict
+from norcal.export.rcnn.modeling.layers import PaddingMasks
 
 from fixture_files import fixture_dir  # noqa: E402
 

@@ -105,9 +105,10 @@ def _check(key, name, args, dev, table, console, tmp) -> int:
     import onnxruntime as ort
 
     from norcal.core.onnx_io import save_onnx
-    from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import export_detector, load_detector
-    from norcal.export.torch_runner import TorchRunner, onnx_calibration
+    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
+    from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
     from norcal.runtime.images import read_rgb
     from norcal.runtime.onnxruntime_runner import PROVIDERS, OnnxRuntimeRunner
     from norcal.workflows.parity import run_parity
@@ -116,7 +117,7 @@ def _check(key, name, args, dev, table, console, tmp) -> int:
     providers = [k for k, v in PROVIDERS.items() if v[0] in ort.get_available_providers()]
     failed = 0
     weights, config, cal_table, image_paths = _model_inputs(name, args.images)
-    spec, model = load_detector(weights, config)
+    spec, model = load_model(weights, config)
     path = Path(tmp) / f"{name}.onnx"
     save_onnx(calibrate_onnx(export_detector(model, spec), GAMMA, cal_table), path)
     cal = onnx_calibration(path)

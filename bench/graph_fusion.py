@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from norcal.export.padding_switch import IF_NODE
+from norcal.export.rcnn.padding_switch import IF_NODE
 
 ROOT = Path(__file__).resolve().parents[1]
 from fixture_files import fixture_dir  # noqa: E402
@@ -59,10 +59,10 @@ def optimized_counts(proto: onnx.ModelProto, tmp: Path) -> tuple[collections.Cou
 
 
 def main() -> int:
-    from norcal.export.detector import load_detector
-    from norcal.export.onnx_export import export_onnx
+    from norcal.export.families.detectron2.loader import load_model
+    from norcal.export.rcnn.onnx_export import export_onnx
 
-    spec, model = load_detector(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
+    spec, model = load_model(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
     with tempfile.TemporaryDirectory() as d:
         for label, kw in FORMS.items():
             counts, unfused = optimized_counts(export_onnx(model, spec, **kw), Path(d))

@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     if len(argv) != 2:
         raise SystemExit(__doc__.split("\n\n")[-2])
     from fixture_files import fixture_dir
-    from norcal.export.loader import load_detector_spec
+    from norcal.export.families.detectron2.loader import load_detector_spec
 
     folder, target = Path(argv[0]), Path(argv[1])
     _, state = load_detector_spec(folder / "model_final.pth", folder / "config.yaml")

@@ -23,7 +23,7 @@ GAMMAS = {"baseline": ("cdt", 0.0), "cdt_g0.5": ("cdt", 0.5), "cdt_g1.0": ("cdt"
 
 def tiny_spec():
     """The fixture's ModelSpec, written out by hand from its config.yaml."""
-    from norcal.export.spec import ModelSpec
+    from norcal.export.rcnn.spec import ModelSpec
     return ModelSpec(depth=50, norm="FrozenBN", stem_out_channels=16, res2_out_channels=64,
                      width_per_group=16, fpn_out_channels=64, box_head_fc_dim=256,
                      mask_head_conv_dim=64, num_classes=1203, min_size_test=320,

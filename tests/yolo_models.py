@@ -16,7 +16,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from norcal.export.families.ultralytics_checkpoint import import_ultralytics  # noqa: E402
+from norcal.export.families.ultralytics.checkpoint import import_ultralytics  # noqa: E402
 
 import_ultralytics()  # as the library imports it: PIL's Image.open stays PIL's for the other tests
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, Detections, Detector, Family, TuneCache
-from norcal.export.families.detectron2 import Detectron2Family
-from norcal.export.families.torchvision import TorchvisionFamily
-from norcal.export.families.ultralytics import UltralyticsFamily
+from norcal.export.families.detectron2.family import Detectron2Family
+from norcal.export.families.torchvision.family import TorchvisionFamily
+from norcal.export.families.ultralytics.family import UltralyticsFamily
 
 # Each family in the order their claims are tried; a family module is imported only here.
 # Ultralytics first: it claims only files naming its own classes; torchvision only state dicts

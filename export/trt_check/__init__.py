@@ -2,7 +2,7 @@
 
 ``check_model`` expands model-local functions (TensorRT parses them since 9.0: what counts is
 each body op), then checks every node against the TensorRT 10.15 support matrix
-(:mod:`norcal.export.trt_support`): the operator, its data type, the attribute values and
+(:mod:`norcal.export.trt_check.support`): the operator, its data type, the attribute values and
 inputs the parser restricts, the opset, and that every dynamic input dimension is covered by
 an optimization profile. Findings name the node (name and op_type) and the reason.
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import onnx
 
 from norcal.core.errors import NorcalError
-from norcal.export import trt_support as ts
+from norcal.export.trt_check import support as ts
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 from norcal.core.contract import INT8_FORM
 from norcal.core.errors import NorcalError
 from norcal.core.profiles import default_profiles
-from norcal.export import trt_support as ts
+from norcal.export.trt_check import support as ts
 
 from .folding import Facts, collect_types, fold, read_initializer, shape_text, type_name
 from .graph_walk import Flattener, is_default

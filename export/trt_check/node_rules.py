@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from norcal.export import trt_support as ts
+from norcal.export.trt_check import support as ts
 
 from .folding import Facts, get_attr, has_attr, shape_text, type_name
 from .graph_walk import FlatNode, is_default

@@ -184,7 +184,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     from norcal.core.onnx_io import save_onnx
     from norcal.core.tables import build_table
     from norcal.evaluation import evaluate, evaluate_fixed, prepare_gt
-    from norcal.export.calibrate_onnx import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_onnx
     from norcal.export.families import load_detector
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import run_images

@@ -26,12 +26,12 @@ from norcal.core.ranges import MAX_EXPORT_BATCH, MAX_EXPORT_SIDE, MAX_TENSOR_VOL
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
 from norcal.core.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
 from norcal.core.calibration_spec import Calibration
-from norcal.export.calibrate_onnx import calibrate_onnx as _insert_norcal
-from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
+from norcal.export.graph.calibrate import calibrate_onnx as _insert_norcal
+from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
 
 if TYPE_CHECKING:
     from norcal.export.families import Classifier, Detector
-    from norcal.export.spec import ModelSpec
+    from norcal.export.rcnn.spec import ModelSpec
     from norcal.export.trt_check import Report
     from norcal.workflows.verify import VerifyResult
 
@@ -88,7 +88,7 @@ class ExportResult:
         """The tensor(s) the NorCal node reads, each with its class axis when that is not the
         last, e.g. "logits (class axis 1 of [batch, 80, anchors])"."""
         from norcal.core.contract import CLASS_AXIS, LOGITS, split_names
-        from norcal.export.surgery import placement
+        from norcal.export.graph.surgery import placement
 
         meta = self.norcal
         return placement(self.model) if CLASS_AXIS in meta else split_names(meta.get(LOGITS))
@@ -148,7 +148,7 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
     (``force``: replace an existing model folder).
 
     Ultralytics' own ONNX export (detect / segment, with or without its NMS; RT-DETR) is first
-    converted to our output contract (norcal.export.families.ultralytics_onnx) and NorCal goes
+    converted to our output contract (norcal.export.families.ultralytics.onnx_yolo) and NorCal goes
     on its class logits, unless ``norcal.logits`` names a tensor: then the node goes there in place and
     the outputs stay Ultralytics'. ``result.ingest`` says which happened."""
     if strip and norcal is not None:
@@ -175,7 +175,7 @@ def _ingest_foreign(model: onnx.ModelProto, src: Path, norcal: NorCal) -> tuple[
     """An Ultralytics graph converted to our contract (NorCal then on ``cls_logits``), unless the
     caller named the logits; other graphs unchanged. Returns the graph and a line saying what
     was done ("" for none)."""
-    from norcal.export.families.ultralytics_onnx import ingest_ultralytics, is_ultralytics, summary
+    from norcal.export.families.ultralytics.onnx_yolo import ingest_ultralytics, is_ultralytics, summary
 
     if not is_ultralytics(model):
         return model, ""
@@ -206,7 +206,7 @@ def _check_classifier_options(norcal: NorCal, classifier: Classifier) -> str:
     """The background slot and scale against the checkpoint's classifier (its family says
     where the background is: detectron2's R-CNN heads put it last, RetinaNet has none).
     Returns the classifier's slot."""
-    from norcal.export.calibrate_onnx import check_background, check_background_scale
+    from norcal.export.graph.calibrate import check_background, check_background_scale
 
     if norcal.background is not None:
         check_background(norcal.background, classifier.background)
@@ -254,7 +254,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                           param="logits")
     src, out = Path(src), Path(out)
     cfg = None if options.config is None else Path(options.config)
-    from norcal.export.onnx_export import MIN_OPSET, max_opset
+    from norcal.export.rcnn.onnx_export import MIN_OPSET, max_opset
 
     # every family's graph needs MIN_OPSET; torch writes none newer than max_opset
     check_range("opset", options.opset, MIN_OPSET, max_opset(), integer=True,

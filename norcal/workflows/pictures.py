@@ -97,7 +97,7 @@ def draw_model_pictures(model: str | os.PathLike, drawn: Sequence[tuple[Path, Im
 
     from norcal.core import contract
     from norcal.core.onnx_io import load_onnx
-    from norcal.export.surgery import has_norcal, norcal_metadata, strip_norcal
+    from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import run_images
     from norcal.runtime.runners import open_runner

@@ -1,6 +1,6 @@
 """int8 (Q/DQ, calibrated on images) or fp16 variants of an exported detector.
 
-The quantizer lives in export (:mod:`norcal.export.quantize`), the image reading and
+The quantizer lives in export (:mod:`norcal.export.graph.quantize`), the image reading and
 preprocessing in runtime: the calibration images are read and prepared exactly as the runners
 prepare them (ResizeShortestEdge and padding from the model's metadata), so the activation
 ranges are the ones the deployed graph sees.
@@ -101,7 +101,7 @@ def quantize_model(options: QuantizeOptions,
     from norcal.core.fileio import same_file
     from norcal.core.onnx_io import load_onnx, save_onnx
     from norcal.core.outputs import check_output_file
-    from norcal.export.quantize import check_fp32_model, convert_fp16, quantize_int8
+    from norcal.export.graph.quantize import check_fp32_model, convert_fp16, quantize_int8
 
     t0 = time.perf_counter()
     if options.precision not in PRECISIONS:

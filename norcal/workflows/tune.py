@@ -381,7 +381,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
         raise NorcalError(f"iou_type {iou_type} needs a model with a mask head; {weights} has "
                           "none (use bbox)", param="iou_type")
     if table is None:
-        from norcal.export.calibrate_onnx import default_table
+        from norcal.export.graph.calibrate import default_table
 
         table = default_table(detector.num_classes)
     if detector.num_classes != table.num_classes:

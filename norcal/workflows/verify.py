@@ -61,7 +61,7 @@ def verify_images(torch_model, onnx_path, image_paths, spec,
     do not pair up, scores off by > 2e-2) raises NorcalError with the numbers.
     """
     from norcal.core.contract import InputSpec
-    from norcal.export.torch_runner import TorchRunner
+    from norcal.export.pytorch.runner import TorchRunner
 
     return _verify(lambda cal: TorchRunner(torch_model, calibration=cal), onnx_path, image_paths,
                    InputSpec(spec.min_size_test, spec.max_size_test, "BGR", spec.size_divisibility),
@@ -83,7 +83,7 @@ def verify_detector(detector, onnx_path, image_paths, skip_unreadable: bool = Fa
 
 def _verify(make_reference, onnx_path, image_paths, spec, score_thresh: float,
             skip_unreadable: bool) -> VerifyResult:
-    from norcal.export.torch_runner import onnx_calibration
+    from norcal.export.pytorch.runner import onnx_calibration
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.workflows.parity import PRESETS, compare, fixed_input_shape, run_parity
 

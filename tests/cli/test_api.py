@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import norcal
-from norcal.export.surgery import norcal_metadata
+from norcal.export.graph.surgery import norcal_metadata
 
 from conftest import SYNTH, TINY
 from onnx_graphs import classifier_graph

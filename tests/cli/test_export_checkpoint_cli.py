@@ -7,7 +7,7 @@ import pytest
 
 from conftest import TINY
 from norcal.cli import export_main
-from norcal.export.surgery import norcal_metadata
+from norcal.export.graph.surgery import norcal_metadata
 
 pytestmark = pytest.mark.slow  # exports a checkpoint end to end, several times
 

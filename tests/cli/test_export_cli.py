@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from norcal.cli import export_main, main
-from norcal.export.surgery import norcal_metadata
+from norcal.export.graph.surgery import norcal_metadata
 
 from conftest import TINY
 from onnx_graphs import classifier_graph

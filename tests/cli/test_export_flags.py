@@ -214,11 +214,12 @@ def test_build_refuses_a_quantized_model_without_int8(tmp_path, capsys):
 def plain_graphs():
     """Each fixture's plain graph (no NorCal), exported once: RetinaNet (sigmoid, no background
     slot) and the LVIS Mask R-CNN (softmax, background last)."""
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
 
     graphs = {}
     for fixture in (RETINANET, G.FIXTURE):
-        spec, model = load_detector(fixture / "model_final.pth", fixture / "config.yaml")
+        spec, model = load_model(fixture / "model_final.pth", fixture / "config.yaml")
         graphs[fixture.name] = (export_detector(model, spec, check=False), spec)
     return graphs
 

@@ -73,7 +73,7 @@ def library_modules() -> list[Path]:
 def test_the_scan_covers_every_library_layer():
     rel = {p.relative_to(ROOT).parts[:2] for p in library_modules()}
     for part in [("norcal", "core"), ("norcal", "workflows"), ("norcal", "evaluation"),
-                 ("export", "surgery.py"), ("export", "trt_check"), ("runtime", "tensorrt_build.py")]:
+                 ("export", "graph"), ("export", "families"), ("export", "rcnn"), ("export", "trt_check"), ("runtime", "tensorrt_build.py")]:
         assert part in rel, part
     assert not any(p.parts[:2] == ("norcal", "cli") for p in (q.relative_to(ROOT) for q in library_modules()))
 
@@ -122,7 +122,7 @@ def test_cli_maps_the_parameters_to_flags(message, param, flags, shown):
 
 
 def test_default_table_error_names_its_parameter():
-    from norcal.export.calibrate_onnx import default_table
+    from norcal.export.graph.calibrate import default_table
 
     with pytest.raises(NorcalError) as e:
         default_table(7)

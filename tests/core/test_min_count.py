@@ -11,8 +11,8 @@ from norcal.cli import export_main
 from norcal.core.calibration import calibrate, clamp_counts, log_prior
 from norcal.core.errors import NorcalError
 from norcal.core.tables import load_table
-from norcal.export.calibrate_onnx import calibrate_onnx
-from norcal.export.surgery import norcal_metadata
+from norcal.export.graph.calibrate import calibrate_onnx
+from norcal.export.graph.surgery import norcal_metadata
 
 from onnx_graphs import classifier_graph, gemm_weights
 

@@ -128,7 +128,7 @@ SKIP = "importor" + "skip"
     "def test_x(): pass\n",
     "import pytest\n@pytest.mark.skipif(condition='ray' not in dir(), reason='r')\ndef test_x(): pass\n",
     "import pytest\ndef f():\n    try:\n        import torch.nn\n    except ImportError:\n        pytest.skip('no torch')\n",
-    f"import pytest\nsurgery = pytest.{SKIP}('norcal.export.surgery')\n",
+    f"import pytest\nsurgery = pytest.{SKIP}('norcal.export.graph.surgery')\n",
 ])
 def test_checker_finds_skips_of_installed_packages(source, installed):
     assert skips_of_installed(source, installed)

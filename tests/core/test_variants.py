@@ -14,10 +14,10 @@ from onnx import TensorProto, helper, numpy_helper
 from norcal.core.calibration import calibrate, calibrated_logits, check_variant, log_prior
 from norcal.core.errors import NorcalError
 from norcal.core.tables import load_table
-from norcal.export.modeling.box_predictor import FastRCNNOutputLayers
+from norcal.export.rcnn.modeling.box_predictor import FastRCNNOutputLayers
 from norcal.core.calibration_spec import Calibration
 from norcal.core.tables import CalibrationTable
-from norcal.export.surgery import insert_norcal, norcal_metadata
+from norcal.export.graph.surgery import insert_norcal, norcal_metadata
 
 from conftest import TINY
 from onnx_graphs import classifier_graph

@@ -190,15 +190,16 @@ def run_exported(gammas, num_images: int | None = None) -> dict[float, list[dict
 
     from norcal.core.onnx_io import save_onnx
     from norcal.core.tables import build_table
-    from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
     from norcal.runtime.inference import run_images
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.runtime.results import detections_to_results
     from norcal.workflows.tune import images_from_gt
 
     table = build_table(SYNTH / "train_annotations.json")
-    spec, model = load_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
+    spec, model = load_model(SYNTH / "model_final.pth", SYNTH / "config.yaml")
     plain = export_detector(model, spec)
     pairs = images_from_gt(FIXTURE, SYNTH / "val")[:num_images]
     ids = {str(p): i for i, p in pairs}

@@ -312,10 +312,11 @@ def test_region_rle_equals_full_mask_rle():
 @pytest.fixture(scope="module")
 def exported_tiny(tmp_path_factory):
     """The d2_lvis_tiny checkpoint exported by norcal.export (plain softmax, dynamic batch)."""
-    from norcal.export.detector import load_detector, export_detector
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
 
     tiny = Path(__file__).parents[1] / "fixtures" / "d2_lvis_tiny"
-    spec, model = load_detector(tiny / "model_final.pth", tiny / "config.yaml")
+    spec, model = load_model(tiny / "model_final.pth", tiny / "config.yaml")
     path = tmp_path_factory.mktemp("exported") / "d2_lvis_tiny.onnx"
     onnx.save(export_detector(model, spec), path)
     return path

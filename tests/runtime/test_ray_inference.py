@@ -44,10 +44,11 @@ def synth_onnx(tmp_path_factory):
     """The bundled example's checkpoint exported as `norcal demo` exports it (plain softmax)."""
     import onnx
 
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
 
     d = SYNTH_VAL.parent
-    spec, model = load_detector(d / "model_final.pth", d / "config.yaml")
+    spec, model = load_model(d / "model_final.pth", d / "config.yaml")
     path = tmp_path_factory.mktemp("synth") / "synth.onnx"
     onnx.save(export_detector(model, spec), path)
     return path

@@ -22,7 +22,7 @@ from norcal.cli.parity_tables import render_tables, verify_text
 from norcal.workflows.parity import (PRESETS, ParityRun, box_iou, compare, match_detections, run_parity,
                                      runner_precision, synthetic_images, tolerances_for)
 from norcal.core.calibration_spec import Calibration
-from norcal.export.torch_runner import TorchRunner, calibrated, onnx_calibration
+from norcal.export.pytorch.runner import TorchRunner, calibrated, onnx_calibration
 
 from conftest import TINY
 
@@ -300,7 +300,7 @@ def _read_back(lp, mechanism, activation):
 
 
 def test_calibrated_gives_the_box_predictor_the_onnx_prior_and_restores_it():
-    from norcal.export.modeling.box_predictor import FastRCNNOutputLayers
+    from norcal.export.rcnn.modeling.box_predictor import FastRCNNOutputLayers
 
     pred = FastRCNNOutputLayers(8, 3)
     model = types.SimpleNamespace(roi_heads=types.SimpleNamespace(box_predictor=pred))
@@ -321,7 +321,7 @@ def test_calibrated_gives_the_box_predictor_the_onnx_prior_and_restores_it():
 
 
 def test_onnx_calibration_reads_the_baked_prior():
-    from norcal.export.calibrate_onnx import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_onnx
     from norcal.core.tables import load_table
 
     from onnx_graphs import classifier_graph
@@ -344,12 +344,13 @@ CKPT, CFG = TINY / "model_final.pth", TINY / "config.yaml"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny detector exported once: plain and NorCal gamma 0.5 (ONNX files) + the model."""
-    from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import load_detector, export_detector
+    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
     from norcal.core.onnx_io import save_onnx
 
     d = tmp_path_factory.mktemp("parity")
-    spec, model = load_detector(CKPT, CFG)
+    spec, model = load_model(CKPT, CFG)
     graph = export_detector(model, spec)
     save_onnx(graph, d / "plain.onnx")
     save_onnx(calibrate_onnx(graph, 0.5), d / "g05.onnx")

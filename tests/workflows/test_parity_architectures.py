@@ -21,12 +21,13 @@ ARCHS = {"cascade": "d2_cascade_tiny", "c4": "d2_c4_tiny", "dc5": "d2_dc5_tiny",
 def test_cli_parity_pytorch_vs_onnxruntime(name, tmp_path, capsys):
     from norcal.cli import main
     from norcal.core.onnx_io import save_onnx
-    from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
 
     fixture = FIXTURES / ARCHS[name]
     weights, config = fixture / "model_final.pth", fixture / "config.yaml"
-    spec, model = load_detector(weights, config)
+    spec, model = load_model(weights, config)
     path, report = tmp_path / "model.onnx", tmp_path / "parity.json"
     save_onnx(calibrate_onnx(export_detector(model, spec), 0.5, manifest_table(fixture)), path)
     images = [str(fixture / "images" / f"img{k}.png") for k in (0, 1)]
@@ -45,7 +46,7 @@ def test_cli_parity_pytorch_vs_onnxruntime(name, tmp_path, capsys):
 
     # the PyTorch reference takes every node's prior from the ONNX: without it its detections
     # differ beyond fp16 tolerance, so the pass above depends on that transfer
-    from norcal.export.torch_runner import TorchRunner, onnx_calibration
+    from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
     from norcal.runtime.images import read_rgb
     from norcal.runtime.preprocess import prepare_batch
     from norcal.workflows.parity.compare import compare

@@ -32,16 +32,17 @@ KEYS = ("num_detections", "boxes", "scores", "classes")
 @pytest.fixture(scope="module")
 def fp32():
     from norcal.core.tables import build_table
-    from norcal.export.calibrate_onnx import calibrate_onnx
-    from norcal.export.detector import export_detector, load_detector
+    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
 
-    spec, model = load_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
+    spec, model = load_model(SYNTH / "model_final.pth", SYNTH / "config.yaml")
     return calibrate_onnx(export_detector(model, spec), GAMMA, build_table(SYNTH / "train_annotations.json"))
 
 
 @pytest.fixture(scope="module")
 def int8(fp32):
-    from norcal.export.quantize import quantize_int8
+    from norcal.export.graph.quantize import quantize_int8
     from norcal.runtime.images import read_rgb
     from norcal.runtime.preprocess import prepare_batch
 
@@ -51,7 +52,7 @@ def int8(fp32):
 
 @pytest.fixture(scope="module")
 def fp16(fp32):
-    from norcal.export.quantize import convert_fp16
+    from norcal.export.graph.quantize import convert_fp16
 
     return convert_fp16(fp32)
 
@@ -66,7 +67,7 @@ def images():
 @pytest.fixture(scope="module")
 def reference(fp32, int8, images, tmp_path_factory):
     """PyTorch's outputs (with the ONNX model's prior) and the parity run of the good int8 model."""
-    from norcal.export.torch_runner import TorchRunner, onnx_calibration
+    from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
 
     path = tmp_path_factory.mktemp("int8") / "int8.onnx"

@@ -15,7 +15,7 @@ from yolo_models import IMAGES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 def test_parity_yolo_checkpoint_against_its_export_passes_fp32(yolo_work, tmp_path):
     from norcal.cli import export_main, main
     from norcal.core import contract
-    from norcal.export.torch_runner import TorchRunner
+    from norcal.export.pytorch.runner import TorchRunner
     from norcal.workflows.parity import ParityRequest, build_runners
 
     best, onnx_path = tmp_path / "best.pt", tmp_path / "best.norcal.onnx"

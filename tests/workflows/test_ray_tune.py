@@ -54,10 +54,10 @@ def subset_gt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def budget():
     """A cache budget of 4 images: the 8 images go through as 2 chunks of 2 batches."""
-    from norcal.export.detector import load_detector
-    from norcal.export.families.detectron2 import estimate_cache_bytes
+    from norcal.export.families.detectron2.loader import load_model
+    from norcal.export.families.detectron2.family import estimate_cache_bytes
 
-    spec, _ = load_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
+    spec, _ = load_model(SYNTH / "model_final.pth", SYNTH / "config.yaml")
     return 4 * estimate_cache_bytes(spec, 1)
 
 

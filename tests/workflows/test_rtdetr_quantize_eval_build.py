@@ -98,7 +98,7 @@ def test_quantize_rtdetr_both_forms_keep_the_class_head_fp32_and_detect_as_fp32(
 def test_quantize_rtdetr_calibrates_on_the_stretched_input(rtdetr, monkeypatch, tmp_path):
     """The calibration images reach the quantizer as Ultralytics' RT-DETR predictor prepares
     them: LetterBox(scale_fill), stretched to the square input; the quantizer is a recorder."""
-    import norcal.export.quantize as quantize
+    import norcal.export.graph.quantize as quantize
     from ultralytics.data.augment import LetterBox
 
     from norcal.cli import main

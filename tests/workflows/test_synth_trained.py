@@ -23,9 +23,10 @@ IMAGE_IDS = sorted(int(p.stem) for p in (SYNTH / "golden").glob("*.npz"))
 
 @pytest.fixture(scope="module")
 def plain_export():
-    from norcal.export.detector import load_detector, export_detector
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
 
-    spec, model = load_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
+    spec, model = load_model(SYNTH / "model_final.pth", SYNTH / "config.yaml")
     return spec, export_detector(model, spec)
 
 
@@ -83,7 +84,7 @@ def test_counts_are_training_image_counts(table):
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_onnx_matches_detectron2(setting, plain_export, table, images, tmp_path):
-    from norcal.export.calibrate_onnx import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_onnx
 
     _, plain = plain_export
     gamma = SETTINGS[setting]
@@ -102,7 +103,7 @@ def test_onnx_matches_detectron2(setting, plain_export, table, images, tmp_path)
 def test_instance_counts_would_not_match(plain_export, table, images, tmp_path):
     # the match above is sharp enough to tell N_c apart: with instance counts instead of image
     # counts (close, but not equal) the gamma-1 scores drift beyond the tolerance
-    from norcal.export.calibrate_onnx import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_onnx
 
     assert (table.counts("instance") != table.counts("image")).sum() >= 10
     _, plain = plain_export

@@ -20,9 +20,9 @@ GOLDEN_SETTINGS = {"baseline": 0.0, "cdt_g0.25": 0.25, "cdt_g0.5": 0.5, "cdt_g0.
 
 @pytest.fixture(scope="module")
 def detector():
-    from norcal.export.detector import load_detector
+    from norcal.export.families.detectron2.loader import load_model
 
-    return load_detector(SYNTH / "model_final.pth", SYNTH / "config.yaml")
+    return load_model(SYNTH / "model_final.pth", SYNTH / "config.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def table():
 @pytest.fixture(scope="module")
 def family_detector(detector):
     """The same model as the detector family's :class:`Detector`."""
-    from norcal.export.families.detectron2 import detector_of
+    from norcal.export.families.detectron2.family import detector_of
 
     return detector_of(*detector)
 
@@ -51,7 +51,7 @@ def cache(family_detector):
 
 def rescored(detector, cache, table, gamma, mechanism="exp", factor="cdt"):
     from norcal.core.calibration import log_prior
-    from norcal.export.families.detectron2 import detector_of
+    from norcal.export.families.detectron2.family import detector_of
     from norcal.workflows.tune import rescore_images
 
     prior = None if gamma == 0 else log_prior(table.counts(), gamma, factor)
@@ -84,7 +84,8 @@ def test_rescoring_matches_detectron2(setting, detector, cache, table):
 
 @pytest.fixture(scope="module")
 def plain_onnx(detector):
-    from norcal.export.detector import export_detector
+    from norcal.export.rcnn.export import export_detector
+    from norcal.export.families.detectron2.loader import load_model
 
     spec, model = detector
     return export_detector(model, spec)
@@ -107,7 +108,7 @@ def onnx_detections(model, tmp_path, ids, batch_size=4):
 def test_rescoring_equals_exported_model(gamma, mechanism, factor, detector, cache, table,
                                          plain_onnx, tmp_path):
     # norcal-export's graph with this gamma, run whole by ONNX Runtime, on 4 images
-    from norcal.export.calibrate_onnx import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_onnx
 
     ids = GOLDEN_IDS[:4]
     model = calibrate_onnx(plain_onnx, gamma, table, factor=factor, mechanism=mechanism)
@@ -217,7 +218,7 @@ def test_tune_rejects_images_not_in_gt(tmp_path):
 
 
 def test_cache_estimate_bounds_the_real_cache(detector, cache):
-    from norcal.export.families.detectron2 import estimate_cache_bytes
+    from norcal.export.families.detectron2.family import estimate_cache_bytes
 
     spec = detector[0]
     # by hand: 500 proposals x (61 logits + 240 deltas + 4 box coords) x 4 bytes + 1 flag
@@ -228,7 +229,7 @@ def test_cache_estimate_bounds_the_real_cache(detector, cache):
 def test_tune_in_chunks_equals_one_cache(detector, family_detector, cache, table, subset_gt):
     # a memory budget of 4 images' cache: the 8 images go through as 2 chunks
     from norcal.core.errors import NorcalError
-    from norcal.export.families.detectron2 import estimate_cache_bytes
+    from norcal.export.families.detectron2.family import estimate_cache_bytes
     from norcal.workflows.tune import sweep, tune
 
     budget = 4 * estimate_cache_bytes(detector[0], 1)

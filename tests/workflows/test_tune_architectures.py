@@ -30,12 +30,13 @@ class Arch:
     """One fixture: the detector, its plain export, the cache and the re-scored detections."""
 
     def __init__(self, name: str):
-        from norcal.export.detector import export_detector, load_detector
-        from norcal.export.families.detectron2 import detector_of
+        from norcal.export.rcnn.export import export_detector
+        from norcal.export.families.detectron2.loader import load_model
+        from norcal.export.families.detectron2.family import detector_of
 
         self.name, self.fixture = name, FIXTURES / ARCHS[name]
         self.pairs = [(k, self.fixture / "images" / f"img{k}.png") for k in IMAGES]
-        self.spec, self.model = load_detector(self.fixture / "model_final.pth", self.fixture / "config.yaml")
+        self.spec, self.model = load_model(self.fixture / "model_final.pth", self.fixture / "config.yaml")
         self.table = manifest_table(self.fixture)
         self.retina = name == "retinanet"
         self.plain = export_detector(self.model, self.spec)
@@ -83,7 +84,7 @@ class Arch:
 
     def _run_onnx(self, gamma: float, mechanism: str, factor: str, tmp_path):
         from norcal.core.onnx_io import save_onnx
-        from norcal.export.calibrate_onnx import calibrate_onnx
+        from norcal.export.graph.calibrate import calibrate_onnx
         from norcal.runtime.inference import run_images
         from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
 
@@ -135,7 +136,7 @@ def test_rescoring_differs_between_gammas(arch):
 
 
 def test_cache_estimate_bounds_the_real_cache(arch):
-    from norcal.export.families.detectron2 import estimate_cache_bytes
+    from norcal.export.families.detectron2.family import estimate_cache_bytes
 
     cache = arch.cache()
     gammas = sum(m == "exp" for _, m, _ in VARIANTS) if arch.retina else 1

@@ -12,7 +12,7 @@ from test_tune_yolo import _gamma_0_is_infer, _gt, _tune_sweep  # noqa: E402 - t
 
 @pytest.mark.slow
 def test_tune_rtdetr_checkpoint_end_to_end_and_gamma_0_is_infer(yolo_work, tmp_path):
-    from norcal.export.families.ultralytics_rtdetr import RtdetrDetector
+    from norcal.export.families.ultralytics.rtdetr import RtdetrDetector
 
     best, gt, images, table, res = _tune_sweep(yolo_work.rtdetr, yolo_work.table, tmp_path)
     assert all(p["num_detections"] > 0 for p in res["sweep"])

@@ -179,7 +179,7 @@ def test_quantize_calibrates_on_the_letterboxed_input(graphs, monkeypatch, tmp_p
     """The calibration images reach the quantizer as the graph's host prepares them: equal to
     Ultralytics' own LetterBox (non-square images: centred, 114 around), image_sizes the
     resized (h, w). The quantizer is replaced by a recorder (the feeds are what is checked)."""
-    import norcal.export.quantize as quantize
+    import norcal.export.graph.quantize as quantize
     from ultralytics.data.augment import LetterBox
 
     from norcal.cli import main

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from norcal.export.trt_support import OPSET_MAX, OPSET_MIN, TENSORRT_VERSION
+from norcal.export.trt_check.support import OPSET_MAX, OPSET_MIN, TENSORRT_VERSION
 
 HELP = f"check an ONNX model against the TensorRT {TENSORRT_VERSION} ONNX parser (no TensorRT needed)"
 DESCRIPTION = f"""Check every operator, data type and attribute of an ONNX model against the

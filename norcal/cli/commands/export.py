@@ -205,8 +205,8 @@ def print_summary(result) -> None:
 
     from norcal.core.onnx_io import describe_io
     from norcal.core.outputs import current_path
-    from norcal.export.spec import arch_name
-    from norcal.export.trt_support import TENSORRT_VERSION
+    from norcal.export.rcnn.spec import arch_name
+    from norcal.export.trt_check.support import TENSORRT_VERSION
 
     console = Console(soft_wrap=True)
     meta = result.norcal
@@ -261,7 +261,7 @@ def print_summary(result) -> None:
 
 def _computed_as(meta: dict[str, str]) -> str:
     """What the written node computes, from the variant its metadata records."""
-    from norcal.export.norcal_node import computed_as
+    from norcal.export.graph.norcal_node import computed_as
 
     try:
         return computed_as(meta.get(contract.MECHANISM, ""), meta.get(contract.RENORMALIZE) == "true",

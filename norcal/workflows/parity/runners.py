@@ -73,7 +73,7 @@ class ParityRunners:
     score_thresh: float
     fixed_shape: Any
     batch_size: int
-    calibration: Any = None  # norcal.export.torch_runner.OnnxCalibration
+    calibration: Any = None  # norcal.export.pytorch.runner.OnnxCalibration
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -126,7 +126,7 @@ def build_runners(request: ParityRequest,
     a front end's spinner."""
     from norcal.core.contract import check_detector, input_spec
     from norcal.export.families import load_detector
-    from norcal.export.torch_runner import onnx_calibration
+    from norcal.export.pytorch.runner import onnx_calibration
     from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
     from norcal.workflows.parity.run import fixed_input_shape, model_score_thresh
 

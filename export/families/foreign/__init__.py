@@ -1,0 +1,1 @@
+"""Any ONNX detector of no known family."""

@@ -1,0 +1,522 @@
+"""Ultralytics' own ONNX export (``YOLO(...).export(format="onnx")``, with or without its
+``nms=True``) -> our output contract, ready for the NorCal surgery.
+
+An Ultralytics graph is recognised by its metadata (author "Ultralytics", task, names, imgsz)
+and then by structure: the head's one Sigmoid whose output is concatenated along axis 1 with the
+decoded boxes (xywh in input pixels, [B, 4, A]) and, for segment models, the mask coefficients
+([B, nm, A]); the prototypes [B, nm, h, w] are a graph output of their own. The ingest keeps
+Ultralytics' network up to those tensors (its NMS, if exported, is dropped), puts a Div by 255
+in front (our host feeds 0-255 RGB, letterboxed as the metadata says) and appends our
+post-processing, traced from :class:`YoloGraph`'s own ``detections`` (the .pt export's code):
+class logits transposed to ``cls_logits`` [B, A, C] (the tensor the NorCal node then reads), one
+Sigmoid, class-wise multi-label NMS to K, letterbox offset removal, box-relative masks. Anything
+else is refused in one line naming what was found: a silently wrong graph is the worst outcome.
+
+An end-to-end export (YOLO26 with ``nms=False``: metadata ``end2end`` True) has the same head
+structure, its one Sigmoid over the one-to-one branch's logits concatenated with that branch's
+boxes (always corners) and coefficients; Ultralytics' top-k after it is dropped and
+:class:`~norcal.export.families.ultralytics.yolo_graph.OneToOneTopk` (the .pt export's selection for
+such a head) appended instead of the NMS.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import onnx
+
+from norcal.core import contract
+from norcal.core.errors import NorcalError
+
+if TYPE_CHECKING:
+    from norcal.export.families.ultralytics.onnx_rtdetr import RtdetrHead
+
+AUTHOR = "Ultralytics"
+TASKS = ("detect", "segment")
+POST_PREFIX = "norcal_post/"  # names of the appended post-processing's inner nodes and tensors
+SCALED = "norcal_ingest/images_01"  # the Div's output: Ultralytics' graph wants pixels in 0-1
+MIN_OPSET = 17  # RoiAlign half_pixel needs 16; our exports use 17
+
+
+def _meta(model: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def is_ultralytics(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` says it was exported by Ultralytics (metadata author)."""
+    return _meta(model).get("author") == AUTHOR
+
+
+@dataclass(frozen=True)
+class HeadTensors:
+    """The pre-NMS tensors found in an Ultralytics graph, and what the metadata says."""
+
+    task: str
+    names: list
+    imgsz: int
+    nms: bool  # Ultralytics' own NMS was in the graph (dropped by the ingest)
+    end2end: bool  # the one-to-one branch and Ultralytics' top-k (dropped): our graph selects by top-k
+    boxes: str  # [B, 4, A] in input pixels: x, y, w, h, or x0, y0, x1, y1 when ``xyxy``
+    xyxy: bool  # Ultralytics decodes to corners when it exports its NMS (Detect.xyxy)
+    logits: str  # [B, C, A] class logits (the head Sigmoid's input)
+    sigmoid: str  # the head Sigmoid's node name
+    coefs: str | None  # [B, nm, A] mask coefficients (segment)
+    protos: str | None  # [B, nm, h, w] prototypes (segment)
+    anchors: int
+    num_masks: int
+    proto_hw: tuple
+
+
+def _literal(meta: dict[str, str], key: str, where: str):
+    try:
+        return ast.literal_eval(meta[key])
+    except KeyError:
+        raise NorcalError(f"{where}: an Ultralytics graph without its {key!r} metadata") from None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise NorcalError(f"{where}: Ultralytics metadata {key!r} is not readable: {meta[key][:80]!r}") from None
+
+
+def _names(meta: dict[str, str], where: str) -> list[str]:
+    raw = _literal(meta, "names", where)
+    if isinstance(raw, dict):
+        keys = sorted(raw, key=lambda k: int(k) if isinstance(k, (int, str)) and str(k).isdigit() else -1)
+        if [str(k) for k in keys] != [str(i) for i in range(len(raw))]:
+            raise NorcalError(f"{where}: Ultralytics metadata 'names' is not indexed 0..{len(raw) - 1}")
+        names = [str(raw[k]) for k in keys]
+    elif isinstance(raw, (list, tuple)):
+        names = [str(n) for n in raw]
+    else:
+        raise NorcalError(f"{where}: Ultralytics metadata 'names' is a {type(raw).__name__}, not a dict of class names")
+    if not names:
+        raise NorcalError(f"{where}: Ultralytics metadata 'names' lists no classes")
+    return names
+
+
+def _imgsz(meta: dict[str, str], where: str) -> int:
+    raw = _literal(meta, "imgsz", where)
+    sizes = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    if not sizes or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in sizes):
+        raise NorcalError(f"{where}: Ultralytics metadata 'imgsz' is {meta['imgsz']!r}, not a positive size")
+    if len(set(sizes)) != 1:
+        raise NorcalError(f"{where}: exported at a non-square imgsz {sizes}; our letterbox input is square")
+    return int(sizes[0])
+
+
+def _dims(types: dict, name: str):
+    tp = types.get(name)
+    if tp is None or not tp.tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in tp.tensor_type.shape.dim]
+
+
+def _static_input(model: onnx.ModelProto, size: int, where: str, batch: int | None = None) -> onnx.ModelProto:
+    """A copy whose one image input is [batch, 3, size, size] (the batch dim kept unless given)."""
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    if len(inputs) != 1:
+        raise NorcalError(f"{where}: an Ultralytics graph with {len(inputs)} inputs "
+                          f"({', '.join(i.name for i in inputs)}); expected one image input")
+    dims = inputs[0].type.tensor_type.shape.dim
+    if len(dims) != 4 or (dims[1].HasField("dim_value") and dims[1].dim_value != 3):
+        raise NorcalError(f"{where}: input {inputs[0].name!r} is not an image batch [B, 3, H, W]")
+    for d, v in ((dims[2], size), (dims[3], size)):
+        if d.HasField("dim_value") and d.dim_value != v:
+            raise NorcalError(f"{where}: input {inputs[0].name!r} is fixed at {d.dim_value} but the metadata's "
+                              f"imgsz is {size}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    dims = out.graph.input[[i.name for i in out.graph.input].index(inputs[0].name)].type.tensor_type.shape.dim
+    dims[1].Clear()
+    dims[1].dim_value = 3
+    # shape inference only: a dynamic batch hides the anchor count (a fixed one stays: the
+    # graph's reshapes hold it)
+    if batch is not None and not dims[0].HasField("dim_value"):
+        dims[0].Clear()
+        dims[0].dim_value = batch
+    for k in (2, 3):
+        dims[k].Clear()
+        dims[k].dim_value = size
+    return out
+
+
+def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
+    """The pre-NMS tensors of an Ultralytics detect / segment graph, checked against its
+    metadata; a one-line NorcalError naming what was found when the structure is not the one
+    Ultralytics' Detect / Segment head exports."""
+    meta = _meta(model)
+    task = meta.get("task")
+    if task not in TASKS:
+        raise NorcalError(f"{where}: an Ultralytics {task or 'unknown-task'} model; only "
+                          f"{' and '.join(TASKS)} models can be ingested")
+    e2e = str(meta.get("end2end", "False"))
+    if e2e not in ("True", "False"):
+        raise NorcalError(f"{where}: Ultralytics metadata 'end2end' is {e2e[:40]!r}, not True or False")
+    end2end = e2e == "True"
+    names, imgsz = _names(meta, where), _imgsz(meta, where)
+    args = _literal(meta, "args", where) if "args" in meta else {}
+    nms = bool(args.get("nms")) if isinstance(args, dict) else False
+    g = model.graph
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    producer = {o: n for n in g.node for o in n.output}
+
+    def axis(node) -> int | None:
+        a = next((x for x in node.attribute if x.name == "axis"), None)
+        return None if a is None else a.i
+
+    heads = [(s, c) for s in g.node if s.op_type == "Sigmoid"
+             for c in consumers.get(s.output[0], []) if c.op_type == "Concat"]
+    if len(heads) != 1:
+        raise NorcalError(f"{where}: an Ultralytics graph with {len(heads)} Sigmoid outputs concatenated into the "
+                          "head's output (expected 1: the class scores); structure not recognised, refused")
+    sig, cat = heads[0]
+    if axis(cat) not in (1, -2) or list(cat.input).index(sig.output[0]) != 1 or len(cat.input) not in (2, 3):
+        raise NorcalError(f"{where}: the Ultralytics head concat {cat.name!r} joins {len(cat.input)} tensors on "
+                          f"axis {axis(cat)} with the class scores at input {list(cat.input).index(sig.output[0])}; "
+                          "expected boxes, scores(, mask coefficients) on axis 1")
+    boxes = cat.input[0]
+    coefs = cat.input[2] if len(cat.input) == 3 else None
+    if coefs is None:  # older Ultralytics: Segment concatenates the coefficients to Detect's output
+        outer = [c for c in consumers.get(cat.output[0], []) if c.op_type == "Concat"]
+        if len(outer) == 1 and axis(outer[0]) in (1, -2) and len(outer[0].input) == 2 \
+                and outer[0].input[0] == cat.output[0]:
+            coefs = outer[0].input[1]
+    if (coefs is not None) != (task == "segment"):
+        raise NorcalError(f"{where}: an Ultralytics {task} model whose head "
+                          f"{'has' if coefs is not None else 'has no'} mask coefficients")
+    xyxy = _box_format(boxes, producer, where)
+    if end2end and not xyxy:
+        raise NorcalError(f"{where}: an end-to-end Ultralytics head whose boxes are decoded to centre and size "
+                          "(Ultralytics decodes an end-to-end head to corners); structure not recognised, refused")
+    if not end2end and "nms" in (args if isinstance(args, dict) else {}) and xyxy != nms:
+        raise NorcalError(f"{where}: the Ultralytics head decodes boxes to {'corners' if xyxy else 'centre and size'} "
+                          f"but its metadata says nms={nms} (Ultralytics decodes to corners exactly when it "
+                          "exports its NMS or an end-to-end head); structure not recognised, refused")
+    types = _shapes(_static_input(model, imgsz, where, batch=1))
+    want = {"boxes": (boxes, 4), "class logits": (sig.input[0], len(names))}
+    found = {}
+    for what, (name, width) in want.items():
+        d = _dims(types, name)
+        if d is None or len(d) != 3 or d[1] is None or d[2] is None:
+            raise NorcalError(f"{where}: the Ultralytics head's {what} {name!r} have shape {d}, expected "
+                              f"[batch, {width}, anchors] with known sizes")
+        if d[1] != width:
+            raise NorcalError(f"{where}: the Ultralytics head's {what} {name!r} have {d[1]} channels, expected "
+                              f"{width}" + (f" (len(names) = {width})" if what == "class logits" else ""))
+        found[what] = d
+    anchors = found["boxes"][2]
+    if found["class logits"][2] != anchors:
+        raise NorcalError(f"{where}: the Ultralytics head's boxes cover {anchors} anchors, its class logits "
+                          f"{found['class logits'][2]}")
+    protos, nm, hw = None, 0, ()
+    if coefs is not None:
+        d = _dims(types, coefs)
+        if d is None or len(d) != 3 or d[1] is None or d[2] != anchors:
+            raise NorcalError(f"{where}: the Ultralytics head's mask coefficients {coefs!r} have shape {d}, "
+                              f"expected [batch, nm, {anchors}]")
+        nm = d[1]
+        cands = [o.name for o in g.output
+                 if (pd := _dims(types, o.name)) is not None and len(pd) == 4 and pd[1] == nm
+                 and pd[2] is not None and pd[3] is not None]
+        if len(cands) != 1:
+            raise NorcalError(f"{where}: an Ultralytics segment graph with {len(cands)} prototype outputs "
+                              f"[batch, {nm}, h, w] (expected 1)")
+        protos = cands[0]
+        pd = _dims(types, protos)
+        hw = (pd[2], pd[3])
+        if producer.get(protos) is None:
+            raise NorcalError(f"{where}: the prototypes {protos!r} are not computed by the graph")
+    return HeadTensors(task=task, names=names, imgsz=imgsz, nms=nms, end2end=end2end, boxes=boxes, xyxy=xyxy, logits=sig.input[0],
+                       sigmoid=sig.name, coefs=coefs, protos=protos, anchors=anchors, num_masks=nm, proto_hw=hw)
+
+
+def _box_format(boxes: str, producer: dict, where: str) -> bool:
+    """True when the head decodes to x0,y0,x1,y1, False for x,y,w,h, read from the decoding's
+    last ops (dist2bbox: Concat(Sub, Add) for corners, Concat(Div, Sub) for centre and size,
+    times the strides); anything else is refused."""
+    mul = producer.get(boxes)
+    cats = [producer.get(x) for x in (mul.input if mul is not None and mul.op_type == "Mul" else ())]
+    for cat in cats:
+        if cat is not None and cat.op_type == "Concat" and len(cat.input) == 2:
+            ops = tuple(getattr(producer.get(x), "op_type", None) for x in cat.input)
+            if ops == ("Sub", "Add"):
+                return True
+            if ops == ("Div", "Sub"):
+                return False
+    raise NorcalError(f"{where}: the Ultralytics head's boxes {boxes!r} are not decoded as dist2bbox decodes them "
+                      "(strides times Concat(Sub, Add) or Concat(Div, Sub)); cannot tell their format, refused")
+
+
+def _shapes(model: onnx.ModelProto) -> dict:
+    """Inferred types by tensor name (data propagation: Ultralytics builds its reshapes from Shape ops)."""
+    for options in ({"data_prop": True}, {}):
+        try:
+            g = onnx.shape_inference.infer_shapes(model, **options).graph
+            return {v.name: v.type for v in [*g.value_info, *g.input, *g.output]}
+        except Exception:  # shape inference helps; the checks below refuse what it cannot tell
+            continue
+    return {}
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _cut(model: onnx.ModelProto, wanted: list[str]) -> onnx.GraphProto:
+    """Ultralytics' nodes that the ``wanted`` tensors need (its NMS and score Concat dropped),
+    with the image input scaled 0-255 -> 0-1 in front."""
+    g = model.graph
+    producer = {o: i for i, n in enumerate(g.node) for o in n.output}
+    keep, stack = set(), list(wanted)
+    while stack:
+        t = stack.pop()
+        i = producer.get(t)
+        if i is None or i in keep:
+            continue
+        keep.add(i)
+        node = g.node[i]
+        stack.extend(node.input)
+        for a in node.attribute:  # outer-scope names a subgraph reads
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                stack.extend(x for n in sub.node for x in n.input)
+    image = next(i.name for i in g.input if i.name not in {x.name for x in g.initializer})
+    out = onnx.GraphProto()
+    out.name = g.name or "ultralytics"
+    scale = onnx.helper.make_tensor("norcal_ingest/255", onnx.TensorProto.FLOAT, [], [255.0])
+    out.node.append(onnx.helper.make_node("Div", [image, scale.name], [SCALED], name="norcal_ingest/Div"))
+    for i in sorted(keep):
+        node = onnx.NodeProto()
+        node.CopyFrom(g.node[i])
+        for k, x in enumerate(node.input):
+            if x == image:
+                node.input[k] = SCALED
+        out.node.append(node)
+    used = {x for n in out.node for x in n.input}
+    out.initializer.extend([scale, *(t for t in g.initializer if t.name in used)])
+    out.sparse_initializer.extend(t for t in g.sparse_initializer if t.values.name in used)
+    return out
+
+
+def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: float, topk: int) -> onnx.ModelProto:
+    """Our post-processing after Ultralytics' decoding, traced to ONNX: inputs ``ul_boxes``,
+    ``ul_logits``, ``image_sizes`` (, ``ul_coefs``, ``ul_protos``) -> the contract's outputs,
+    with ``cls_logits`` [B, A, C] named inside."""
+    import torch
+
+    from norcal.export.families.ultralytics.yolo_graph import MASK_SIZE
+
+    post = _post_module_class()(len(head.names), head.imgsz, head.xyxy, score_thresh, nms_thresh, topk, MASK_SIZE,
+                                head.end2end)
+    gen = torch.Generator().manual_seed(0)
+    a, c = head.anchors, len(head.names)
+    args = [torch.rand((1, 4, a), generator=gen) * head.imgsz, torch.randn((1, c, a), generator=gen) - 2.0,
+            torch.tensor([[head.imgsz, head.imgsz]], dtype=torch.int64)]
+    inputs = ["ul_boxes", "ul_logits", "image_sizes"]
+    if head.coefs:
+        args += [torch.randn((1, head.num_masks, a), generator=gen),
+                 torch.randn((1, head.num_masks, *head.proto_hw), generator=gen)]
+        inputs += ["ul_coefs", "ul_protos"]
+    outputs = [n for n in contract.OUTPUT_NAMES if n != "masks" or head.coefs]
+    logits = contract.CLS_LOGITS_TENSOR
+    dynamic = {n: {0: "batch"} for n in (*inputs, *outputs)}
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
+        torch.onnx.export(post.eval(), tuple(args), buf, input_names=inputs, output_names=[*outputs, logits],
+                          dynamic_axes=dynamic, opset_version=opset, dynamo=False, do_constant_folding=True)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def _post_module_class():
+    from torch import nn
+
+    from norcal.export.families.ultralytics.yolo_graph import ClassWiseNms, OneToOneTopk, YoloGraph
+
+    class Post(YoloGraph):
+        """YoloGraph's detections and masks without its network: the part after decoding."""
+
+        def __init__(self, num_classes, size, xyxy, score_thresh, nms_thresh, topk, mask_size, end2end):
+            nn.Module.__init__(self)  # no Ultralytics model: the network is Ultralytics' ONNX
+            self.num_classes, self.size, self.xyxy = int(num_classes), int(size), bool(xyxy)
+            self.score_thresh, self.nms_thresh = float(score_thresh), float(nms_thresh)
+            self.end2end = bool(end2end)
+            self.selection = OneToOneTopk() if self.end2end else ClassWiseNms(self.nms_thresh)
+            self.topk, self.mask_size = int(topk), int(mask_size)
+            self.init_norcal()  # plain sigmoid: the NorCal node goes into the graph afterwards
+
+        def forward(self, boxes, logits, image_sizes, coefs=None, protos=None):
+            import torch
+
+            if self.xyxy:
+                xyxy = boxes.transpose(1, 2)  # [B, A, 4]
+            else:
+                xy, wh = boxes[:, :2], boxes[:, 2:4]
+                xyxy = torch.cat([xy - wh / 2, xy + wh / 2], dim=1).transpose(1, 2)
+            cls_logits = logits.transpose(1, 2)  # [B, A, C]: class axis last, as the .pt export's
+            out = self.detections(xyxy, self.probs(cls_logits), image_sizes, (self.size, self.size),
+                                  None if coefs is None else coefs.transpose(1, 2), protos)
+            return (*(out[k] for k in contract.OUTPUT_NAMES if k in out), cls_logits)
+
+    return Post
+
+
+def _prefixed(post: onnx.GraphProto, io_map: dict[str, str]) -> tuple[list, list]:
+    """The post graph's nodes and initializers with inner names prefixed and its inputs mapped
+    onto Ultralytics' tensors; the contract's outputs and ``cls_logits`` keep their names."""
+    keep = {o.name for o in post.output} | {contract.CLS_LOGITS_TENSOR, "image_sizes"}
+
+    def rename(name: str) -> str:
+        if not name or name in keep:
+            return name
+        return io_map.get(name, POST_PREFIX + name)
+
+    nodes = []
+    for n in post.node:
+        node = onnx.NodeProto()
+        node.CopyFrom(n)
+        node.name = POST_PREFIX + (n.name or n.op_type)
+        node.input[:] = [rename(x) for x in n.input]
+        node.output[:] = [rename(x) for x in n.output]
+        nodes.append(node)
+    inits = []
+    for t in post.initializer:
+        init = onnx.TensorProto()
+        init.CopyFrom(t)
+        init.name = rename(t.name)
+        inits.append(init)
+    return nodes, inits
+
+
+def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, topk: int,
+                     mask_size: int) -> dict[str, str]:
+    """The runtime keys a .pt export of the same model records, plus where the graph came from."""
+    meta = contract.letterbox_preprocessing(head.imgsz).metadata()
+    meta[contract.NUM_CLASSES] = str(len(head.names))
+    settings = {"family": "ultralytics", "task": head.task, "input_size": head.imgsz,
+                "score_thresh_test": score_thresh, "nms_thresh_test": nms_thresh,
+                "detections_per_image": topk, "multi_label": True, "names": head.names,
+                "source": "ultralytics-onnx" + (" (its NMS dropped)" if head.nms else
+                                                " (end-to-end, its top-k replaced)" if head.end2end else "")}
+    if head.end2end:  # as the .pt export of the same head records it
+        from norcal.export.families.ultralytics.yolo_graph import OneToOneTopk
+
+        del settings["nms_thresh_test"], settings["multi_label"]
+        settings["selection"] = OneToOneTopk.name
+    if head.coefs:
+        settings["mask_size"] = mask_size
+    meta[contract.DETECTOR] = json.dumps(settings)
+    meta.update(contract.class_names_metadata(head.names))
+    meta[contract.CLASSIFIER_LOGITS] = contract.CLS_LOGITS_TENSOR
+    meta[contract.CLASSIFIER_BACKGROUND] = "none"
+    if head.coefs:
+        meta[contract.MASK_HEAD_ROIS] = "static"
+    return meta
+
+
+def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_thresh: float | None = None,
+                       nms_thresh: float | None = None, detections_per_image: int | None = None
+                       ) -> tuple[onnx.ModelProto, HeadTensors | RtdetrHead]:
+    """Ultralytics' ONNX -> our contract's plain graph (no NorCal node yet). An RT-DETR goes to
+    :func:`~norcal.export.families.ultralytics.onnx_rtdetr.ingest_rtdetr` (its own outputs
+    and stretch input; ``nms_thresh`` plays no part). A YOLO: ``images`` RGB 0-255 letterboxed
+    to imgsz, ``image_sizes`` -> num_detections, boxes, scores, classes(, masks), with
+    ``cls_logits`` recorded as the classifier. Thresholds default to the .pt export's
+    (Ultralytics' validation settings). Returns the graph and what was found."""
+    from norcal.export.families.ultralytics.family import DETECTIONS, NMS_THRESH, SCORE_THRESH
+    from norcal.export.families.ultralytics.yolo_graph import MASK_SIZE
+
+    from norcal.export.families.ultralytics.onnx_rtdetr import ingest_rtdetr, is_rtdetr
+
+    if is_rtdetr(model):  # RT-DETR's own structure and post-processing
+        return ingest_rtdetr(model, where, score_thresh=score_thresh, detections_per_image=detections_per_image)
+    head = find_head(model, where)
+    if head.end2end and nms_thresh is not None:
+        raise NorcalError(f"{where}: an end-to-end Ultralytics head (one-to-one, no NMS): nms_thresh does not apply",
+                          param="nms_thresh")
+    score = SCORE_THRESH if score_thresh is None else float(score_thresh)
+    iou = NMS_THRESH if nms_thresh is None else float(nms_thresh)
+    topk = int(detections_per_image or DETECTIONS)
+    model, opset = at_least_opset(model, where)
+    static = _static_input(model, head.imgsz, where)
+    body = _cut(static, [t for t in (head.boxes, head.logits, head.coefs, head.protos) if t])
+    post = _post_graph(head, opset, score, iou, topk)
+    io_map = {"ul_boxes": head.boxes, "ul_logits": head.logits}
+    if head.coefs:
+        io_map.update(ul_coefs=head.coefs, ul_protos=head.protos)
+    merged = assemble(static, body, post, io_map, topk, opset)
+    onnx.helper.set_model_props(merged, runtime_metadata(head, score, iou, topk, MASK_SIZE))
+    return merged, head
+
+
+def at_least_opset(model: onnx.ModelProto, where: str) -> tuple[onnx.ModelProto, int]:
+    """``model`` at opset >= MIN_OPSET (converted when older) and its opset."""
+    opset = _opset(model)
+    if opset >= MIN_OPSET:
+        return model, opset
+    from onnx import version_converter
+
+    try:
+        model = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # the converter's own errors are of many kinds
+        raise NorcalError(f"{where}: the Ultralytics graph (opset {opset}) could not be converted to opset "
+                          f"{MIN_OPSET} ({type(e).__name__}); export it with opset >= {MIN_OPSET}") from None
+    return model, MIN_OPSET
+
+
+def assemble(static: onnx.ModelProto, body: onnx.GraphProto, post: onnx.ModelProto, io_map: dict[str, str],
+             topk: int, opset: int) -> onnx.ModelProto:
+    """The cut Ultralytics network ``body`` and our traced ``post`` graph (its inputs mapped
+    onto the network's tensors by ``io_map``) as one model: inputs ``images`` (Ultralytics'
+    image input) and ``image_sizes``, the contract's outputs padded to ``topk``; a static
+    export's fixed batch fixes every input and output's batch."""
+    nodes, inits = _prefixed(post.graph, io_map)
+    body.node.extend(nodes)
+    body.initializer.extend(inits)
+    image = next(i for i in static.graph.input if i.name not in {x.name for x in static.graph.initializer})
+    sizes = next(i for i in post.graph.input if i.name == "image_sizes")
+    body.input.extend([image, sizes])
+    fixed = image.type.tensor_type.shape.dim[0]
+    fixed = fixed.dim_value if fixed.HasField("dim_value") else None  # a static export: batch fixed
+    if fixed is not None:
+        body.input[1].type.tensor_type.shape.dim[0].dim_value = fixed
+    for out in post.graph.output:
+        if out.name == contract.CLS_LOGITS_TENSOR:
+            continue
+        o = onnx.ValueInfoProto()
+        o.CopyFrom(out)
+        dims = o.type.tensor_type.shape.dim
+        if fixed is not None and dims:
+            dims[0].dim_value = fixed
+        if out.name != "num_detections" and len(dims) >= 2:  # padded to K like EfficientNMS
+            dims[1].Clear()
+            dims[1].dim_value = topk
+        body.output.append(o)
+    opsets = {o.domain: o.version for o in static.opset_import}
+    for o in post.opset_import:
+        opsets[o.domain] = max(opsets.get(o.domain, 0), o.version)
+    opsets[""] = opset
+    opsets.pop("ai.onnx", None)
+    merged = onnx.helper.make_model(body, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()],
+                                    producer_name="norcal-deploy")
+    merged.ir_version = max(static.ir_version, post.ir_version)
+    merged.functions.extend(static.functions)
+    return merged
+
+
+def summary(head: HeadTensors | RtdetrHead) -> str:
+    """One line saying what the ingest did."""
+    if not isinstance(head, HeadTensors):
+        from norcal.export.families.ultralytics.onnx_rtdetr import summary as rtdetr_summary
+
+        return rtdetr_summary(head)
+    return (f"Ultralytics {head.task} ONNX ({len(head.names)} classes, imgsz {head.imgsz}"
+            f"{', its NMS dropped' if head.nms else ''}"
+            f"{', end-to-end: its top-k replaced by ours' if head.end2end else ''}) converted to our outputs; NorCal on "
+            f"{contract.CLS_LOGITS_TENSOR} (its class logits, transposed from {head.logits!r})")

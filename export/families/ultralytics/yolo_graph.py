@@ -1,0 +1,256 @@
+"""Our export module around an Ultralytics YOLOv8 / YOLO11 / YOLO26 detect or segment model.
+
+The Ultralytics model runs unchanged up to its head's raw outputs; everything after is ours and
+written once for the eager model and the ONNX trace alike:
+
+- input: the letterboxed square, RGB 0-255 (norcal.core.contract RESIZE = letterbox); the
+  graph divides by 255 as Ultralytics' predictor does;
+- the head's class logits [B, C, A] are transposed to ``cls_logits`` [B, A, C] (the tensor the
+  NorCal node reads, class axis last, no background) and go through one Sigmoid;
+- boxes decoded as Ultralytics does (DFL expectation, distances from the anchor points
+  ``make_anchors(feats, stride, 0.5)``, times the level's stride), here straight to x0,y0,x1,y1;
+- the detections are chosen by the head's selection (:class:`ClassWiseNms` or
+  :class:`OneToOneTopk`, picked from the head's ``end2end``):
+  - one-to-many heads (Ultralytics' default): NMS as its ``non_max_suppression(multi_label=True)``
+    (its validation setting): every (anchor, class) pair with score > score_thresh is a
+    candidate, class-wise NMS at nms_thresh (ONNX NonMaxSuppression), the top K kept; unlike
+    Ultralytics there is no 30000-candidate cap before the NMS (it only changes anything when
+    more candidates pass the threshold);
+  - end-to-end heads (YOLO26's one-to-one branch selected, ``end2end`` True): no NMS; the
+    one-to-one branch's boxes and logits, Ultralytics' ``Detect.get_topk_index`` (the top
+    min(K, A) anchors by their best class score, then the top min(K, A) of those anchors'
+    (anchor, class) pairs) and its predictor's ``score > conf`` filter, padded to K;
+- the letterbox's centring offset ((S - h) // 2, (S - w) // 2 from ``image_sizes``) is removed,
+  so boxes are in resized-image coordinates like every export of ours;
+- segment models: our contract's masks are box-relative [B, K, M, M] probabilities (detectron2's
+  form, pasted into the box by the host). Ultralytics' mask of a detection is the logit map
+  coefficients . prototypes, upsampled bilinearly to the input (half-pixel, edge values at the
+  border), > 0 and cropped to the box; we take that same continuous logit map's exact mean over
+  each of the box's M x M bins (:func:`bin_weights`, separable) and apply the sigmoid, so the
+  host's paste-and-threshold at 0.5 gives the cropped mask at M x M resolution inside the box.
+  The mean moves continuously with the box, so two fp32 kernels whose boxes differ by 1e-3 px
+  give masks that differ by as little.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from norcal.core.contract import OUTPUT_NAMES
+from norcal.core.errors import NorcalError
+from norcal.export.pytorch.ops import non_max_suppression
+from norcal.export.pytorch.sigmoid_norcal import SigmoidNorCal
+
+MASK_SIZE = 28  # M of the masks output (detectron2's mask head resolution)
+
+
+class ClassWiseNms:
+    """Ultralytics' multi-label NMS: every (anchor, class) above the threshold, class-wise NMS
+    at ``iou``, the top K of what it keeps."""
+
+    name = "nms"
+
+    def __init__(self, iou: float):
+        self.iou = float(iou)
+
+    def least_anchors(self, topk: int, num_classes: int, anchors: int) -> int:
+        """Anchors a re-scored subset needs so that the top-K cut sees K (anchor, class) pairs."""
+        return -(-int(topk) // int(num_classes))
+
+    def __call__(self, boxes: torch.Tensor, scores: torch.Tensor, topk: int, thresh: float):
+        """(scores [B, K], classes [B, K], anchors [B, K]); scores 0 in the unused slots."""
+        b, a, c = scores.shape
+        dense = scores.transpose(1, 2)  # [B, C, A]: NonMaxSuppression's layout
+        sel = non_max_suppression(boxes, dense, topk, self.iou, thresh)
+        flat = (sel[:, 0] * c + sel[:, 1]) * a + sel[:, 2]
+        kept = torch.zeros_like(dense).reshape(-1)
+        kept = kept.scatter(0, flat, dense.reshape(-1)[flat]).reshape(b, -1)  # [B, C*A]
+        top, idx = kept.topk(topk, dim=1)
+        cls = torch.div(idx, a, rounding_mode="trunc")
+        return top, cls, idx - cls * a
+
+
+class OneToOneTopk:
+    """An end-to-end head's selection, as Ultralytics' ``Detect.get_topk_index`` (class-aware)
+    and its predictor: the top k = min(K, A) anchors by best class score, the top k of their
+    (anchor, class) pairs, the scores above the threshold kept (the rest zeroed), padded to K."""
+
+    name = "one-to-one top-k"
+
+    def least_anchors(self, topk: int, num_classes: int, anchors: int) -> int:
+        """Ultralytics takes min(K, A) anchors and pairs: a re-scored subset needs as many rows."""
+        return min(int(topk), int(anchors))
+
+    def __call__(self, boxes: torch.Tensor, scores: torch.Tensor, topk: int, thresh: float):
+        """(scores [B, K], classes [B, K], anchors [B, K]); scores 0 where not above ``thresh``."""
+        a, c = int(scores.shape[1]), int(scores.shape[2])
+        k = min(int(topk), a)
+        first = scores.max(dim=-1).values.topk(k, dim=1).indices  # [B, k] anchors
+        pairs = torch.gather(scores, 1, first[:, :, None].expand(-1, -1, c)).flatten(1)  # [B, k*C]
+        top, idx = pairs.topk(k, dim=1)
+        row = torch.div(idx, c, rounding_mode="trunc")
+        cls = idx - row * c  # not Mod: older TensorRT parsers lack it
+        anchor = torch.gather(first, 1, row)
+        top = top * (top > thresh).to(top.dtype)
+        if k < topk:  # fewer anchors than K slots: pad like the NMS path's unused slots
+            pad = topk - k
+            top = torch.nn.functional.pad(top, (0, pad))
+            cls = torch.nn.functional.pad(cls, (0, pad))
+            anchor = torch.nn.functional.pad(anchor, (0, pad))
+        return top, cls, anchor
+
+
+def head_selection(head: nn.Module, nms_thresh: float):
+    """The selection Ultralytics predicts ``head`` with: its one-to-one top-k when the head is
+    end-to-end (``end2end`` True), else class-wise NMS at ``nms_thresh``."""
+    return OneToOneTopk() if is_end2end(head) else ClassWiseNms(nms_thresh)
+
+
+def is_end2end(head: nn.Module) -> bool:
+    """Whether Ultralytics predicts with ``head``'s one-to-one branch (Detect.end2end)."""
+    return bool(getattr(head, "end2end", False))
+
+
+class YoloGraph(SigmoidNorCal, nn.Module):
+    """images [B,3,S,S] (letterboxed RGB 0-255), image_sizes [B,2] -> our output contract."""
+
+    head_name = "the YOLO head"
+
+    def __init__(self, model: nn.Module, *, num_classes: int, score_thresh: float, nms_thresh: float,
+                 detections_per_image: int, mask_size: int = MASK_SIZE):
+        super().__init__()
+        self.model = model
+        layers = list(model.model)
+        self.head = layers[-1]
+        self.end2end = is_end2end(self.head)
+        self.branch = "one2one" if self.end2end else "one2many"
+        parts = getattr(self.head, self.branch)
+        if parts.get("box_head") is None or parts.get("cls_head") is None:
+            raise NorcalError(f"the Ultralytics head has no {self.branch} branch (removed by fusion)")
+        self.selection = head_selection(self.head, nms_thresh)
+        self.has_masks = hasattr(self.head, "proto")
+        self.num_classes = int(num_classes)
+        self.score_thresh = float(score_thresh)
+        self.nms_thresh = float(nms_thresh)
+        self.topk = int(detections_per_image)
+        self.mask_size = int(mask_size)
+        # NorCal state, named like the R-CNN box predictor's so the PyTorch runner treats all alike
+        self.init_norcal()
+
+    # --- NorCal in eager PyTorch (the reference and the tuning sweep)
+    # --- the network
+    def features(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The head's input maps: the Ultralytics layers' own loop (``_predict_once``) minus the head."""
+        y: list = []
+        save = self.model.save
+        for m in list(self.model.model)[:-1]:
+            if m.f != -1:
+                x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
+            x = m(x)
+            y.append(x if m.i in save else None)
+        f = self.head.f
+        return [x if j == -1 else y[j] for j in (f if isinstance(f, (list, tuple)) else [f])]
+
+    def head_outputs(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """boxes [B, A, 4] x0,y0,x1,y1 in letterboxed-input pixels, cls_logits [B, A, C], and for
+        segment models coefs [B, A, nm] and protos [B, nm, S/4, S/4]."""
+        from ultralytics.utils.tal import make_anchors
+
+        head = self.head
+        feats = self.features(images / 255.0)
+        raw = head.forward_head(feats, **getattr(head, self.branch))
+        anchors, strides = make_anchors(feats, head.stride, 0.5)  # [A, 2] grid units, [A, 1]
+        # both branches share the DFL; an end-to-end head decodes to corners too (dist2bbox xyxy)
+        dist = head.dfl(raw["boxes"]).transpose(1, 2)  # [B, A, 4] l, t, r, b in grid units
+        boxes = torch.cat([anchors - dist[..., :2], anchors + dist[..., 2:]], dim=-1) * strides
+        out = {"boxes": boxes, "cls_logits": raw["scores"].transpose(1, 2)}
+        if self.has_masks:
+            out["coefs"] = raw["mask_coefficient"].transpose(1, 2)
+            # YOLO26's Proto26 fuses every level, the older Proto reads the finest one
+            out["protos"] = head.proto(feats if type(head.proto).__name__ == "Proto26" else feats[0])
+        return out
+
+    def detections(self, boxes: torch.Tensor, scores: torch.Tensor, image_sizes: torch.Tensor,
+                   input_hw: tuple, coefs: torch.Tensor | None = None,
+                   protos: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The head's selection (class-wise NMS, or an end-to-end head's top-k) over every
+        (anchor, class) of ``scores`` [B, A, C] to K slots, masks, and boxes moved from the
+        letterboxed input to resized-image coordinates."""
+        top, cls, anchor = self.selection(boxes, scores, self.topk, self.score_thresh)
+        det = torch.gather(boxes, 1, anchor[:, :, None].expand(-1, -1, 4))
+        keep = top > 0  # kept scores are > score_thresh >= 0; the rest are the zero padding
+        keep_f = keep.to(top.dtype)
+        h, w = input_hw
+        sizes = image_sizes.to(boxes.dtype)
+        top_pad = torch.div(h - sizes[:, 0], 2, rounding_mode="floor")
+        left_pad = torch.div(w - sizes[:, 1], 2, rounding_mode="floor")
+        offset = torch.stack([left_pad, top_pad, left_pad, top_pad], dim=1)[:, None, :]
+        out = {"num_detections": keep.sum(dim=1), "boxes": (det - offset) * keep_f[..., None],
+               "scores": top * keep_f, "classes": cls * keep.to(cls.dtype)}
+        if coefs is not None and protos is not None:
+            out["masks"] = self.masks(det * keep_f[..., None], anchor, coefs, protos, h) * keep_f[..., None, None]
+        return out
+
+    def masks(self, det: torch.Tensor, anchor: torch.Tensor, coefs: torch.Tensor, protos: torch.Tensor,
+              input_h) -> torch.Tensor:
+        """[B, K, M, M] mask probabilities inside each box (letterboxed-input coordinates): the
+        logit map's mean over each of the box's M x M bins."""
+        b, k = anchor.shape
+        nm, ph, pw = protos.shape[1], protos.shape[2], protos.shape[3]
+        scale = float(ph) / float(input_h)
+        co = torch.gather(coefs, 1, anchor[:, :, None].expand(-1, -1, nm))  # [B, K, nm]
+        logit_map = torch.bmm(co, protos.reshape(b, nm, ph * pw)).reshape(b, k, ph, pw)
+        x0, y0, x1, y1 = (det * scale - 0.5).unbind(-1)  # half-pixel: prototype i's centre is at i
+        wy = bin_weights(y0, y1, ph, self.mask_size)  # [B, K, M, ph]
+        wx = bin_weights(x0, x1, pw, self.mask_size)  # [B, K, M, pw]
+        logit = torch.matmul(torch.matmul(wy, logit_map), wx.transpose(2, 3))
+        return torch.sigmoid(logit)
+
+    def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
+                  intermediates: bool = False) -> dict[str, torch.Tensor]:
+        """Detections by name; with ``intermediates`` also ``cls_logits`` [B, A, C]."""
+        head = self.head_outputs(images)
+        scores = self.probs(head["cls_logits"])
+        out = self.detections(head["boxes"], scores, image_sizes, images.shape[2:],
+                              head.get("coefs"), head.get("protos"))
+        if intermediates:
+            out["cls_logits"] = head["cls_logits"]
+        return out
+
+    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False):
+        """The outputs in OUTPUT_NAMES order; ``with_cls_logits`` appends the class logits (the
+        ONNX export names that tensor)."""
+        out = self.inference(images, image_sizes, intermediates=with_cls_logits)
+        outputs = tuple(out[k] for k in OUTPUT_NAMES if k in out)
+        return (*outputs, out["cls_logits"]) if with_cls_logits else outputs
+
+
+def bin_weights(lo: torch.Tensor, hi: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """[..., m, n]: row j holds the weights of a map's n pixels in the mean, over bin j of
+    [lo, hi] split in m equal bins, of the map's bilinear interpolant (pixel i's centre at i),
+    held at its edge values beyond the border as Ultralytics' upsampling is.
+
+    Exact, so the result moves continuously with the box: RoIAlign, used before, reads 0 past
+    one pixel outside the map and picks its sample count from the box size, and either jump
+    turned a box difference of 1e-3 px between two fp32 kernels into a mask difference of 0.1."""
+    t = torch.arange(m + 1, dtype=lo.dtype, device=lo.device) / m
+    edges = lo[..., None] + (hi - lo)[..., None] * t  # [..., m+1]
+    area = _interpolant_integral(edges, n)  # [..., m+1, n]
+    width = ((hi - lo) / m).clamp_min(1e-6)[..., None, None]  # a zero-width box: weights 0
+    return (area[..., 1:, :] - area[..., :-1, :]) / width
+
+
+def _interpolant_integral(x: torch.Tensor, n: int) -> torch.Tensor:
+    """[..., n]: the integral from 0 to ``x`` of each pixel's bilinear hat max(0, 1 - |u - i|),
+    u clamped to [0, n - 1] (edge values beyond the border)."""
+    i = torch.arange(n, dtype=x.dtype, device=x.device)
+    c = x.clamp(0.0, float(n - 1))[..., None]
+    d = c - i
+    # antiderivative of the hat: 0 below -1, (d+1)^2/2 up to 0, 1 - (1-d)^2/2 up to 1, then 1
+    lo, hi = (d + 1).clamp_min(0.0), (1 - d).clamp_min(0.0)
+    cum = torch.where(d < 0, 0.5 * lo * lo, 1.0 - 0.5 * hi * hi)
+    at_zero = (i == 0).to(x.dtype) * 0.5  # the antiderivative at u = 0
+    first, last = (i == 0).to(x.dtype), (i == n - 1).to(x.dtype)
+    outside = x.clamp_max(0.0)[..., None] * first + (x - float(n - 1)).clamp_min(0.0)[..., None] * last
+    return cum - at_zero + outside

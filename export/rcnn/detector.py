@@ -1,0 +1,86 @@
+"""What detectron2's R-CNN and RetinaNet detectors share: the spec and model, how the host
+prepares images, the export, the PyTorch runner, and the re-scoring's plumbing."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+from norcal.export.families.base import Detector
+
+FAMILY = "detectron2"
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """How :meth:`Detectron2Detector.export` shapes the graph (the options of
+    :func:`norcal.export.rcnn.export.export_detector`)."""
+
+    batch: int | None = None
+    height: int | None = None
+    width: int | None = None
+    opset: int = 17
+    mask_head_rois: str = "valid"
+    padding_masks: bool | None = None
+    check: bool = True
+
+
+class Detectron2Detector(Detector):
+    """A detectron2 checkpoint as our PyTorch model (``norcal.export.rcnn.modeling``), with its
+    :class:`norcal.export.rcnn.spec.ModelSpec`."""
+
+    family: ClassVar[str] = FAMILY
+    calibration_source: ClassVar[str | None] = "TEST.CALIBRATION"
+
+    def __init__(self, spec, model):
+        self.spec, self.model = spec, model
+        self.num_classes = int(spec.num_classes)
+
+    def recorded_calibration(self):
+        """The config's TEST.CALIBRATION settings (the NorCal authors' keys), or None."""
+        return self.spec.calibration
+
+    def export_options(self, options) -> GraphOptions:
+        """GraphOptions from the export job's options; mask_head_rois only where the model has
+        something it changes (a mask head, or multi-level box pooling)."""
+        from norcal.core.contract import MASK_HEAD_ROIS_VALUES
+
+        check_mask_head_rois(options.mask_head_rois, self.spec)
+        return GraphOptions(batch=options.batch, height=options.height, width=options.width, opset=options.opset,
+                            mask_head_rois=options.mask_head_rois or MASK_HEAD_ROIS_VALUES[0],
+                            check=False)  # the export job checks the calibrated graph
+
+    @property
+    def preprocessing(self):
+        """ResizeShortestEdge to the spec's min/max test size, BGR, zero padding to the size
+        divisibility (:class:`norcal.core.contract.InputSpec`, read from the runtime metadata
+        the export writes)."""
+        from norcal.core.contract import input_spec
+        from norcal.export.rcnn.export import runtime_metadata
+
+        return input_spec(runtime_metadata(self.spec))
+
+    def export(self, options: GraphOptions | None = None):
+        from norcal.export.rcnn.export import export_detector
+
+        return export_detector(self.model, self.spec, **asdict(options or GraphOptions()))
+
+    def torch_runner(self, calibration=None, name: str = "pytorch"):
+        from norcal.export.rcnn.export import runtime_metadata
+        from norcal.export.pytorch.runner import TorchRunner
+
+        return TorchRunner(self.model, name=name, calibration=calibration, metadata=runtime_metadata(self.spec))
+
+
+def check_mask_head_rois(choice: str | None, spec) -> None:
+    """Refuse a mask_head_rois choice the model has nothing to apply to: no mask head, and no
+    multi-level box pooler whose form it also sets."""
+    from norcal.core.errors import NorcalError
+    from norcal.export.rcnn.spec import FPN_BACKBONE, RETINANET, arch_name
+
+    if choice is None or spec.mask_on:
+        return
+    if spec.meta_architecture == RETINANET or spec.backbone_name != FPN_BACKBONE:
+        raise NorcalError(f"mask_head_rois {choice!r} changes nothing in a {arch_name(spec)} model "
+                          "without a mask head (no multi-level ROI pooling either)",
+                          param="mask_head_rois")

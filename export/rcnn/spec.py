@@ -1,0 +1,131 @@
+"""ModelSpec: everything about a detectron2 R-CNN that changes inference, in one place.
+
+Four detectron2 layouts (``arch_name``): FPN (``build_resnet_fpn_backbone`` + StandardROIHeads
+over P2-P5), C4 (``build_resnet_backbone`` up to res4 + ``Res5ROIHeads``, which runs res5 on
+each pooled box), DC5 (``build_resnet_backbone`` with a dilated, stride-16 res5 +
+StandardROIHeads on it), Cascade (FPN + ``CascadeROIHeads``: a box head and predictor per
+stage, ``cascade_bbox_reg_weights``) and RetinaNet (``meta_architecture`` RETINANET: FPN P3-P7,
+a sigmoid head, no ROI heads). Built from a detectron2 config (``norcal.export.families.detectron2.config``) or
+inferred from a checkpoint's weights (``norcal.export.families.detectron2.arch_from_weights``); consumed by
+``norcal.export.rcnn.modeling``.
+Field defaults are detectron2's (``detectron2/config/defaults.py``) except the test-time
+settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from norcal.core.calibration_spec import Calibration
+
+FPN_BACKBONE = "build_resnet_fpn_backbone"
+RESNET_BACKBONE = "build_resnet_backbone"  # one ResNet stage as the only feature (C4, DC5)
+STANDARD_ROI_HEADS = "StandardROIHeads"
+RES5_ROI_HEADS = "Res5ROIHeads"
+CASCADE_ROI_HEADS = "CascadeROIHeads"  # FPN only; one box head and predictor per stage
+RETINANET_BACKBONE = "build_retinanet_resnet_fpn_backbone"  # FPN over res3-res5 + P6/P7 from res5
+RETINANET = "RetinaNet"  # meta architecture: dense sigmoid head on FPN P3-P7, no ROI heads
+SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt FPN, "
+                           "C4 or DC5 backbone, Cascade (Mask) R-CNN with FPN, and RetinaNet with a "
+                           "ResNet/ResNeXt FPN")
+
+
+@dataclass
+class ModelSpec:
+    meta_architecture: str = "GeneralizedRCNN"
+    # whose R-CNN the weights come from: "detectron2", or "torchvision" (its Faster / Mask R-CNN:
+    # rounded anchors with strides from each image's padded size, level mapping with the eps
+    # outside the log, background FIRST with a box per class and background, boxes under 1e-2
+    # dropped, mask channel = class + 1; the host's resize rule "torchvision")
+    convention: str = "detectron2"
+    # input
+    pixel_mean: tuple[float, float, float] = (103.53, 116.28, 123.675)
+    pixel_std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    input_format: str = "BGR"
+    min_size_test: int = 800
+    max_size_test: int = 1333
+    size_divisibility: int = 32  # the host pads a batch to a multiple of this
+    backbone_name: str = FPN_BACKBONE
+    backbone_out_feature: str = "res5"  # RESNET_BACKBONE only: the stage the heads read
+    roi_heads_name: str = STANDARD_ROI_HEADS
+    # backbone: ResNet / ResNeXt
+    depth: int = 50
+    norm: str = "FrozenBN"  # FrozenBN | BN | SyncBN | GN | ""
+    stem_out_channels: int = 64
+    res2_out_channels: int = 256
+    num_groups: int = 1
+    width_per_group: int = 64
+    stride_in_1x1: bool = True
+    res5_dilation: int = 1
+    # FPN
+    fpn_out_channels: int = 256
+    fpn_norm: str = ""
+    fpn_fuse_type: str = "sum"
+    # anchors and RPN
+    anchor_sizes: tuple[tuple[float, ...], ...] = ((32,), (64,), (128,), (256,), (512,))
+    anchor_aspect_ratios: tuple[tuple[float, ...], ...] = ((0.5, 1.0, 2.0),)
+    anchor_offset: float = 0.0
+    rpn_conv_dims: tuple[int, ...] = (-1,)
+    rpn_bbox_reg_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
+    rpn_pre_nms_topk_test: int = 1000
+    rpn_post_nms_topk_test: int = 1000
+    rpn_nms_thresh: float = 0.7
+    rpn_min_size: float = 0.0
+    # ROI heads
+    num_classes: int = 1203
+    pooler_type: str = "ROIAlignV2"  # or ROIAlign (aligned=False)
+    pooler_resolution: int = 7
+    pooler_sampling_ratio: int = 0
+    box_head_num_conv: int = 0
+    box_head_conv_dim: int = 256
+    box_head_num_fc: int = 2
+    box_head_fc_dim: int = 1024
+    box_head_norm: str = ""
+    bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
+    cls_agnostic_bbox_reg: bool = False
+    # CascadeROIHeads: each stage's BBOX_REG_WEIGHTS (ROI_BOX_CASCADE_HEAD), one entry per stage
+    cascade_bbox_reg_weights: tuple[tuple[float, float, float, float], ...] = ()
+    use_sigmoid_ce: bool = False
+    score_thresh_test: float = 1e-4
+    nms_thresh_test: float = 0.5
+    detections_per_image: int = 300
+    # mask head
+    mask_on: bool = True
+    mask_head_num_conv: int = 4
+    mask_head_conv_dim: int = 256
+    mask_head_norm: str = ""
+    mask_pooler_resolution: int = 14
+    mask_pooler_sampling_ratio: int = 0
+    mask_pooler_type: str = "ROIAlignV2"  # Res5ROIHeads pools masks with the box pooler instead
+    cls_agnostic_mask: bool = False
+    # RetinaNet (meta_architecture RETINANET): MODEL.RETINANET.*; its score/NMS thresholds,
+    # box weights and class count use the fields above
+    retinanet_num_convs: int = 4
+    retinanet_topk_candidates: int = 1000  # per level, before NMS
+    retinanet_p6_from_p5: bool = False  # torchvision's LastLevelP6P7(256, 256); detectron2 reads res5
+    # NorCal settings from the config (the NorCal authors' TEST.CALIBRATION keys: gamma, factor,
+    # mechanism, renormalize), used when the user gives none; None: the config has none
+    calibration: Calibration | None = None
+    # free-form notes on where values came from (config file, inferred from weights)
+    provenance: dict[str, str] = field(default_factory=dict)
+
+
+CONVENTIONS = ("detectron2", "torchvision")
+
+
+def is_torchvision(spec: ModelSpec) -> bool:
+    return spec.convention == "torchvision"
+
+
+def arch_name(spec: ModelSpec) -> str:
+    """"FPN", "C4", "DC5" (or "C5": an undilated res5 as the only feature), "Cascade" (FPN with
+    CascadeROIHeads), "RetinaNet", for messages."""
+    if spec.meta_architecture == RETINANET:
+        return RETINANET
+    if spec.roi_heads_name == CASCADE_ROI_HEADS:
+        return "Cascade"
+    if spec.backbone_name == FPN_BACKBONE:
+        return "FPN"
+    if spec.roi_heads_name == RES5_ROI_HEADS:
+        return "C4"
+    return "DC5" if spec.res5_dilation == 2 else "C5"

@@ -1,0 +1,454 @@
+"""The Ultralytics family (YOLO11 / YOLOv8 detect and segment) against Ultralytics itself.
+
+The reference is computed from the Ultralytics PyTorch model alone: its own LetterBox, its own
+forward on that tensor, its raw class logits calibrated by hand (sigmoid(phi - gamma log N_c)),
+its own ``non_max_suppression(multi_label=True)`` and ``process_mask``; for an end-to-end head
+(YOLO26 with ``end2end`` True) its one-to-one branch's logits calibrated by hand, then its head's
+own box decoding and ``postprocess`` (``get_topk_index``: NorCal changes which pairs the top-k
+keeps, so it comes first) and ``non_max_suppression(end2end=True)`` (its predictor's conf filter).
+Ours is the exported NorCal ONNX in ONNX Runtime, fed by our host preprocessing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from yolo_models import IMAGES, IMGSZ, NUM_CLASSES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
+
+import torch  # noqa: E402
+from ultralytics.data.augment import LetterBox  # noqa: E402
+from ultralytics.utils import ops  # noqa: E402
+from ultralytics.utils.nms import non_max_suppression  # noqa: E402
+
+from norcal.core import contract  # noqa: E402
+from norcal.core.boxes import box_iou  # noqa: E402
+from norcal.core.errors import NorcalError  # noqa: E402
+from norcal.export.families import FAMILIES, family_of, load_detector  # noqa: E402
+from norcal.export.families.ultralytics.family import UltralyticsFamily  # noqa: E402
+from norcal.runtime.images import read_rgb  # noqa: E402
+
+S = IMGSZ  # the test checkpoints' trained-at size: their exports' input
+
+
+@pytest.fixture(scope="module")
+def work(yolo_work):
+    """The session's checkpoints, table and plain exports (tests/conftest.py YoloWork)."""
+    return yolo_work
+
+
+# --- loading -------------------------------------------------------------------------------
+
+def test_model_save_checkpoints_load_and_are_claimed(work, tmp_path):
+    from ultralytics import YOLO
+
+    v8 = tmp_path / "yolov8n.pt"
+    YOLO("yolov8n.yaml").save(str(v8))  # 80 classes, as Ultralytics writes it
+    assert any(isinstance(f, UltralyticsFamily) for f in FAMILIES)
+    for path, task, nc, size in ((work.det, "detect", NUM_CLASSES, S), (v8, "detect", 80, 640)):
+        assert isinstance(family_of(path), UltralyticsFamily)
+        det = load_detector(path)
+        assert (det.task, det.num_classes, det.has_masks) == (task, nc, task == "segment")
+        assert det.classifier == load_detector(path).classifier
+        assert det.classifier.background == "none" and det.classifier.activation == "sigmoid"
+        # the size the model records (its args' imgsz), else the yaml default 640
+        assert det.preprocessing.letterbox and det.preprocessing.input_size == size
+    # not ours: a plain state dict, a detectron2 pickle, a non-zip file
+    torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "d2.pth")
+    (tmp_path / "junk.pt").write_bytes(b"not a zip")
+    fam = UltralyticsFamily()
+    assert not fam.claims(tmp_path / "d2.pth", None) and not fam.claims(tmp_path / "junk.pt", None)
+    assert not fam.claims(work.det, tmp_path / "config.yaml")
+
+
+def test_loading_leaves_pil_image_open_alone(work):
+    from PIL import Image
+
+    load_detector(work.det)
+    assert Image.open.__module__ == "PIL.Image"  # Ultralytics' import-time patches undone
+    assert np.get_printoptions()["formatter"] is None and np.get_printoptions()["linewidth"] == 75
+
+
+def test_trainer_checkpoint_loads(work, tmp_path):
+    """last.pt / best.pt as the trainer writes them: model None, the EMA, train_args, numpy
+    metrics, the optimizer state, the model's args as IterableSimpleNamespace."""
+    from ultralytics.nn.tasks import DetectionModel
+    from ultralytics.utils import DEFAULT_CFG_DICT, IterableSimpleNamespace
+
+    model = DetectionModel("yolo11n.yaml", nc=3, verbose=False)
+    model.names = {0: "a", 1: "b", 2: "c"}
+    model.args = IterableSimpleNamespace(**{**DEFAULT_CFG_DICT, "imgsz": 320})
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    path = tmp_path / "last.pt"
+    torch.save({"epoch": 3, "best_fitness": np.float64(0.25), "model": None, "ema": model.half(), "updates": 7,
+                "optimizer": opt.state_dict(), "train_args": {**DEFAULT_CFG_DICT, "imgsz": 320},
+                "train_metrics": {"metrics/mAP50(B)": np.float64(0.1), "fitness": np.float32(0.2)},
+                "train_results": {"epoch": [1.0, 2.0]}, "date": "2026-01-01", "version": "8.4.190",
+                "git": {"root": None}, "license": "AGPL-3.0", "docs": "x"}, path)
+    det = load_detector(path)
+    assert det.num_classes == 3 and det.imgsz == 320 and det.names == ["a", "b", "c"]
+    # the export records the model's names: runners check annotation categories against them
+    assert json.loads(det.runtime_metadata()[contract.CLASS_NAMES]) == ["a", "b", "c"]
+
+
+def test_yaml_placeholder_names_are_not_recorded(work):
+    from ultralytics.nn.tasks import DetectionModel
+
+    from norcal.export.families.ultralytics.family import YoloDetector
+
+    model = DetectionModel("yolo11n.yaml", nc=2, verbose=False)
+    assert model.names == {0: "0", 1: "1"}  # Ultralytics' placeholders: they name no category
+    assert contract.CLASS_NAMES not in YoloDetector(model.eval(), "yolo11n.yaml").runtime_metadata()
+    # yolo_models names the test checkpoints' classes class0, class1, ...
+    assert json.loads(load_detector(work.det).runtime_metadata()[contract.CLASS_NAMES]) == [
+        f"class{i}" for i in range(NUM_CLASSES)]
+
+
+class _System:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("kind", ["det", "rtdetr"])
+@pytest.mark.parametrize("payload,global_name", [
+    ("system", "posix.system"), ("eval", "builtins.eval"), ("optimizer", "torch.optim.sgd.SGD")])
+def test_malicious_checkpoint_is_refused_naming_the_global(work, tmp_path, payload, global_name, kind):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "best.pt"
+    ckpt = torch.load(getattr(work, kind), weights_only=False)  # our own file: a real YOLO / RT-DETR checkpoint
+    # the payload rides along the real model, so the file still looks like an Ultralytics one
+    ckpt["train_args"] = {"system": _System(marker), "eval": eval, "optimizer": torch.optim.SGD}[payload]
+    torch.save(ckpt, path)
+    assert isinstance(family_of(path), UltralyticsFamily)  # it looks like one of Ultralytics' files
+    with pytest.raises(NorcalError) as e:
+        load_detector(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and f"'{global_name}'" in msg and "refused" in msg
+    assert not marker.exists()
+
+
+def test_plain_pickle_with_pt_suffix_is_not_loaded(tmp_path):
+    path = tmp_path / "evil.pt"
+    path.write_bytes(pickle.dumps(_System(tmp_path / "pwned")))
+    assert not UltralyticsFamily().claims(path, None)  # no Ultralytics classes named: not its file
+    with pytest.raises(NorcalError, match="evil.pt: refused to load"):
+        load_detector(path)  # detectron2's safe loader takes what no other family claims; nothing unpickled
+    assert not (tmp_path / "pwned").exists()
+
+
+# --- the reference -------------------------------------------------------------------------
+
+def _reference(ckpt: Path, images, gamma: float, counts, seg: bool, max_det: int = 300):
+    """Ultralytics' own pipeline with NorCal applied by hand to its raw logits (an end-to-end
+    head's: its one-to-one branch's, before its top-k of ``max_det``)."""
+    model = torch.load(ckpt, weights_only=False)["model"].float().eval()  # our test file
+    head = model.model[-1]
+    lb = [LetterBox((S, S), auto=False)(image=im.copy()) for im in images]
+    x = torch.from_numpy(np.stack(lb).transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
+    with torch.no_grad():
+        out = model(x)
+    (y, proto), raw = out if seg else ((out[0], None), out[1])
+    e2e = head.end2end
+    raw = raw["one2one"] if e2e else raw.get("one2many", raw)  # YOLO26 with nms None: one-to-many
+    logits = raw["scores"].double().numpy()  # [B, C, A], before the head's sigmoid
+    probs = 1.0 / (1.0 + np.exp(-(logits - gamma * np.log(counts)[None, :, None])))
+    with torch.no_grad():  # an end-to-end head's y is already its top-k: decode all anchors again
+        boxes = head._get_decode_boxes(raw) if e2e else y[:, :4]  # corners when end-to-end
+    pred = torch.cat([boxes, torch.from_numpy(probs.astype(np.float32))]
+                     + ([raw["mask_coefficient"]] if seg else []), 1)
+    if e2e:
+        head.max_det = max_det  # as the predictor sets it
+        with torch.no_grad():
+            pred = head.postprocess(pred.permute(0, 2, 1))  # [B, k, 6 (+nm)]: get_topk_index
+    dets = non_max_suppression(pred, conf_thres=0.001, iou_thres=0.7, multi_label=True, max_det=max_det,
+                               nc=NUM_CLASSES, end2end=e2e)
+    pads = []
+    for im in images:
+        p = LetterBox((S, S), auto=False).get_params({"img": im})
+        pads.append(np.array([p["left"], p["top"]] * 2, np.float32))
+    masks = [ops.process_mask(proto[b], d[:, 6:], d[:, :4], (S, S), upsample=True).numpy().astype(bool)
+             for b, d in enumerate(dets)] if seg else None
+    return [d.numpy() for d in dets], pads, masks
+
+
+def _match(ref, ours_boxes, ours_scores, ours_classes):
+    """For each reference detection, the index of ours with the same class, IoU >= 0.99 and
+    score within 1e-4 (-1 when none)."""
+    ok = (box_iou(ref[:, :4], ours_boxes) >= 0.99) & (ref[:, 5:6].astype(int) == ours_classes[None]) \
+        & (np.abs(ref[:, 4:5] - ours_scores[None]) <= 1e-4)
+    return np.where(ok.any(1), ok.argmax(1), -1)
+
+
+def _graph(work, kind, gamma):
+    """The session's one plain export of ``kind``, calibrated at ``gamma`` (surgery only)."""
+    from norcal.workflows.export_job import NorCal, calibrate_onnx
+
+    det, plain = work.plain(kind)
+    return det, calibrate_onnx(plain, NorCal(gamma=gamma, table=str(work.table)))
+
+
+def _onnx(work, kind, gamma):
+    import onnxruntime as ort
+
+    det, graph = _graph(work, kind, gamma)
+    meta = {p.key: p.value for p in graph.metadata_props}
+    return det, ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]), meta
+
+
+def _run(sess, feeds):
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["det", "seg", "v8", "y26", "y26e2e", "y26e2e_seg"])
+def test_onnx_matches_ultralytics_with_norcal(work, kind):
+    from norcal.runtime.inference import prepare
+    from norcal.runtime.postprocess import paste_masks
+
+    seg = kind in ("seg", "y26e2e_seg")
+    images = [read_rgb(p) for p in IMAGES]
+    assert len(images) >= 4
+    for gamma in (0.0, 0.5):
+        det, sess, meta = _onnx(work, kind, gamma)
+        assert meta[contract.RESIZE] == "letterbox" and meta[contract.INPUT_SIZE] == str(S)
+        assert meta[contract.CLASSIFIER_LOGITS] == "cls_logits" and meta[contract.CLASSIFIER_BACKGROUND] == "none"
+        assert meta[contract.ACTIVATION] == "sigmoid" and float(meta[contract.GAMMA]) == gamma
+        out = _run(sess, prepare(images, contract.input_spec(meta)).feeds())
+        refs, pads, ref_masks = _reference(getattr(work, kind), images, gamma, work.counts, seg)
+        total = matched = 0
+        mask_ious = []
+        for b, ref in enumerate(refs):
+            n = int(out["num_detections"][b])
+            boxes = out["boxes"][b, :n] + pads[b]  # ours are in resized coordinates
+            idx = _match(ref, boxes, out["scores"][b, :n], out["classes"][b, :n])
+            assert n == len(ref) > 0
+            total += len(ref)
+            matched += int((idx >= 0).sum())
+            if seg:
+                pasted = paste_masks(out["masks"][b, :n], boxes, (S, S))
+                for i in np.nonzero(idx >= 0)[0]:
+                    a, o = ref_masks[b][i], pasted[idx[i]]
+                    if a.sum() >= 20:
+                        mask_ious.append((a & o).sum() / (a | o).sum())
+        assert total > 0 and matched / total >= 0.99, (gamma, matched, total)
+        if seg:  # loosely: M x M box-relative masks against Ultralytics' full-resolution ones
+            assert len(mask_ious) > 50 and np.mean(mask_ious) > 0.5, np.mean(mask_ious)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["seg", "y26e2e_seg"])
+def test_batch_of_two_equals_each_alone_and_torch_runner(work, kind):
+    from norcal.runtime.inference import prepare
+    from norcal.export.pytorch.runner import onnx_calibration
+
+    det, sess, meta = _onnx(work, kind, 0.5)
+    images = [read_rgb(p) for p in IMAGES[:2]]
+    spec = contract.input_spec(meta)
+    both = _run(sess, prepare(images, spec).feeds())
+    for b, im in enumerate(images):
+        alone = _run(sess, prepare([im], spec).feeds())
+        assert int(alone["num_detections"][0]) == int(both["num_detections"][b]) > 0
+        for k in ("boxes", "scores", "classes", "masks"):
+            np.testing.assert_allclose(alone[k][0], both[k][b], rtol=1e-5, atol=1e-4)
+    # the PyTorch reference runner with the ONNX's own calibration gives the same detections
+    import onnx
+
+    _, graph = _graph(work, kind, 0.5)
+    runner = det.torch_runner(onnx_calibration(graph))
+    assert runner.output_names == list(contract.OUTPUT_NAMES)
+    feeds = prepare(images, spec).feeds()
+    theirs = runner.infer(feeds)
+    assert isinstance(graph, onnx.ModelProto)
+    np.testing.assert_array_equal(theirs["num_detections"], both["num_detections"])
+    for b in range(len(images)):  # as sets: float32 kernels differ, near-ties may swap slots
+        n = int(both["num_detections"][b])
+        ref = np.concatenate([theirs["boxes"][b, :n], theirs["scores"][b, :n, None],
+                              theirs["classes"][b, :n, None]], 1)
+        idx = _match(ref, both["boxes"][b, :n], both["scores"][b, :n], both["classes"][b, :n])
+        assert (idx >= 0).mean() >= 0.99
+
+
+@pytest.mark.slow
+def test_torch_runner_masks_equal_onnx_runtime_for_boxes_past_the_border(work):
+    """The PyTorch runner (--verify, norcal parity --checkpoint) and ONNX Runtime give the same
+    box-relative masks within the fp32 parity preset's 1e-3, boxes reaching past the input
+    included (their boxes differ by up to ~2e-3 px between the two fp32 kernels)."""
+    from norcal.export.pytorch.runner import onnx_calibration
+    from norcal.runtime.inference import prepare
+    from norcal.workflows.parity.tolerances import PRESETS
+
+    det, sess, meta = _onnx(work, "seg", 0.5)
+    _, graph = _graph(work, "seg", 0.5)
+    runner = det.torch_runner(onnx_calibration(graph))
+    images = [read_rgb(p) for p in IMAGES]
+    feeds = prepare(images, contract.input_spec(meta)).feeds()
+    ours, theirs = _run(sess, feeds), runner.infer(feeds)
+    atol = PRESETS["fp32"].atol["masks"]
+    past = 0
+    for b in range(len(images)):
+        n = int(ours["num_detections"][b])
+        assert n == int(theirs["num_detections"][b]) > 0
+        h, w = feeds["image_sizes"][b]
+        box = theirs["boxes"][b, :n]
+        same = (ours["classes"][b, :n] == theirs["classes"][b, :n]) \
+            & (np.abs(ours["boxes"][b, :n] - box).max(1) < 1e-2)
+        assert same.mean() >= 0.99
+        outside = (box[:, 0] < 0) | (box[:, 1] < 0) | (box[:, 2] > w) | (box[:, 3] > h)
+        past += int((same & outside).sum())
+        np.testing.assert_allclose(ours["masks"][b, :n][same], theirs["masks"][b, :n][same], rtol=0, atol=atol)
+    assert past >= 100  # the random-init model's boxes are large: most reach past the input
+
+
+def _custom_onnx(work, kind, gamma, **options):
+    """``kind``'s checkpoint loaded with ``options``, exported and calibrated at ``gamma``."""
+    import onnxruntime as ort
+
+    from norcal.workflows.export_job import NorCal, calibrate_onnx
+
+    det = load_detector(getattr(work, kind), **options)
+    graph = calibrate_onnx(det.export(None), NorCal(gamma=gamma, table=str(work.table)))
+    meta = {p.key: p.value for p in graph.metadata_props}
+    return det, ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]), meta
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["det", "y26e2e"])
+def test_tune_rescore_equals_the_onnx(work, kind):
+    """The family's tune cache from the host's prepared batches, re-scored at gamma 0.5, gives
+    the graph's outputs (resized coordinates; the host maps both back alike). An end-to-end
+    head: fewer slots than anchors (K 50 of 189), a sweep of gammas 0.5 and 1 and a threshold
+    that leave most anchors out of the cache, so the top-k re-run at gamma 0.5 works on a subset
+    of each image's anchors, padded up to K rows where fewer are cached."""
+    from norcal.core.calibration import log_prior
+    from norcal.runtime.inference import prepare
+    from norcal.runtime.postprocess import split_outputs
+
+    if kind == "det":
+        det, sess, meta = _onnx(work, "det", 0.5)
+    else:
+        det, sess, meta = _custom_onnx(work, kind, 0.5, detections_per_image=50, score_thresh=0.12)
+        assert det.model.end2end and det.topk == 50 < det._anchors()
+    gammas = (0.0, 0.5) if kind == "det" else (0.5, 1.0)
+    spec = contract.input_spec(meta)
+    assert det.preprocessing == spec
+    priors = [log_prior(work.counts, g, background="none") for g in gammas]
+    arrays = [read_rgb(p) for p in IMAGES]
+    batches = [([0, 1], prepare(arrays[:2], spec)), ([2, 3], prepare(arrays[2:4], spec))]
+    parts = [det.cache([b], priors, "exp") for b in batches]
+    cache = type(parts[0]).concat(parts)
+    assert len(cache) == 4 and cache.image_ids == [0, 1, 2, 3] and cache.nbytes > 0
+    if kind != "det":  # a subset cached: the top-k re-run per prior sees fewer anchors than the graph
+        lens = [len(b) for b in cache.boxes]
+        assert all(0 < n < det._anchors() for n in lens) and min(lens) < det.topk, lens
+    assert det.cache_bytes(4, 2) >= cache.nbytes
+    at = gammas.index(0.5)  # the graph's gamma
+    got = det.rescore(cache, at, priors[at], "exp", batch_size=3)
+    assert got["boxes"].shape == (4, det.topk, 4)
+    batch = prepare(arrays[:4], spec)
+    np.testing.assert_array_equal(cache.image_sizes, batch.image_sizes)
+    mine = split_outputs(got, cache.image_sizes, cache.original_sizes)
+    want = split_outputs(_run(sess, batch.feeds()), batch.image_sizes, batch.original_sizes)
+    total = matched = 0
+    for g, w in zip(mine, want):  # original coordinates; as sets (torch vs ONNX Runtime kernels)
+        assert len(g.scores) == len(w.scores) > 0
+        ref = np.concatenate([g.boxes, g.scores[:, None], g.classes[:, None]], 1)
+        total, matched = total + len(ref), matched + int((_match(ref, w.boxes, w.scores, w.classes) >= 0).sum())
+    assert matched / total >= 0.99, (matched, total)
+
+
+@pytest.mark.parametrize("yaml, task", [("yolo11n-pose.yaml", "PoseModel"), ("yolo11n-obb.yaml", "OBBModel"),
+                                        ("yolo11n-cls.yaml", "ClassificationModel")])
+def test_other_ultralytics_tasks_are_refused_by_name(tmp_path, yaml, task):
+    from ultralytics import YOLO
+
+    f = tmp_path / "other.pt"
+    YOLO(yaml).save(str(f))
+    with pytest.raises(NorcalError) as e:
+        load_detector(f)
+    assert str(e.value) == (f"{f}: an Ultralytics {task}; only DetectionModel, SegmentationModel, "
+                            "RTDETRDetectionModel checkpoints are exported")
+
+
+def test_end_to_end_head_loads_as_its_one_to_one_branch(work):
+    """A YOLO26 saved with its one-to-one head selected (Ultralytics then predicts without NMS)
+    loads as that branch with a top-k, recorded in its settings; an NMS threshold is refused in
+    one line naming the file; the same file with end2end False is the one-to-many NMS graph."""
+    from ultralytics import YOLO
+
+    e2e = work.y26e2e  # work.y26 with head.end2end = True
+    assert YOLO(str(e2e)).model.model[-1].end2end  # as Ultralytics reads the file back
+    det = load_detector(e2e)
+    assert det.model.end2end and det.model.branch == "one2one"
+    settings = det.settings()
+    assert settings["selection"] == "one-to-one top-k" and "nms_thresh_test" not in settings
+    assert not load_detector(work.y26).model.end2end and load_detector(work.y26).settings()["multi_label"]
+    with pytest.raises(NorcalError) as e:
+        load_detector(e2e, nms_thresh=0.5)
+    assert str(e.value).startswith(f"{e2e}: an end-to-end YOLO head") and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_end_to_end_top_k_with_fewer_slots_than_anchors_matches_ultralytics(work):
+    """K 50 of 189 anchors: Ultralytics' top-k first keeps 50 anchors by best class score, then
+    50 of their (anchor, class) pairs, both on NorCal's scores; ours in ONNX Runtime the same,
+    with no NMS in the graph."""
+    from norcal.runtime.inference import prepare
+
+    images = [read_rgb(p) for p in IMAGES]
+    det, sess, meta = _custom_onnx(work, "y26e2e", 0.5, detections_per_image=50)
+    assert det.topk == 50 < det._anchors()
+    out = _run(sess, prepare(images, contract.input_spec(meta)).feeds())
+    assert out["scores"].shape == (len(images), 50)
+    refs, pads, _ = _reference(work.y26e2e, images, 0.5, work.counts, False, max_det=50)
+    total = matched = 0
+    for b, ref in enumerate(refs):
+        n = int(out["num_detections"][b])
+        assert n == len(ref) > 0
+        idx = _match(ref, out["boxes"][b, :n] + pads[b], out["scores"][b, :n], out["classes"][b, :n])
+        total, matched = total + len(ref), matched + int((idx >= 0).sum())
+    assert matched / total >= 0.99, (matched, total)
+
+
+@pytest.mark.slow
+def test_cli_export_verify_infer_check(work, tmp_path):
+    from norcal.cli import export_main, main
+
+    out = tmp_path / "best.norcal.onnx"
+    best = tmp_path / "best.pt"
+    best.write_bytes(work.det.read_bytes())
+    # verify: the family's PyTorch runner against ONNX Runtime on the letterboxed images, fp32 tolerances
+    assert export_main([str(best), "--gamma", "0.5", "--table", str(work.table), "--height", str(S),
+                        "--width", str(S), "-o", str(out), "--verify", *map(str, IMAGES)]) == 0
+    results = tmp_path / "results.json"
+    assert main(["infer", str(out), *map(str, IMAGES), "-o", str(results)]) == 0
+    rows = json.loads(results.read_text())
+    assert rows and {r["category_id"] for r in rows} <= set(range(1, NUM_CLASSES + 1))
+    assert main(["check", str(out)]) == 0
+    # the C++ host's sidecar reader and a size override refuse a letterbox model in one line
+    assert main(["infer", str(out), str(IMAGES[0]), "--min-size", "100", "-o", str(tmp_path / "r2.json")]) == 2
+
+
+@pytest.mark.slow
+def test_export_options_a_yolo_checkpoint_cannot_take(work, tmp_path):
+    """Refused by the family in one line naming the parameter, before anything is written."""
+    from norcal.workflows.export_job import CheckpointExport, NorCal, export_checkpoint
+
+    out = tmp_path / "m.onnx"
+    cases = [(CheckpointExport(mask_head_rois="static"), NorCal(gamma=0.5), "mask_head_rois does not apply to ultralytics"),
+             (CheckpointExport(config=tmp_path / "c.yaml"), NorCal(gamma=0.5), "takes no config"),
+             (CheckpointExport(), NorCal(gamma=None), "gamma is required (0 gives the plain sigmoid)"),
+             (CheckpointExport(height=S, width=2 * S), NorCal(gamma=0.5), "square letterbox input")]
+    (tmp_path / "c.yaml").write_text("MODEL: {}\n")
+    for options, norcal, message in cases:
+        with pytest.raises(NorcalError) as e:
+            export_checkpoint(work.det, out, norcal, options)
+        assert message in str(e.value) and "\n" not in str(e.value)
+        assert not out.exists()
