@@ -1,6 +1,6 @@
 """Benchmark: the NorCal node's share of ONNX Runtime latency (target <= 1%).
 
-One detector is exported once; NorCal is inserted (export.calibrate_onnx) and the same graph
+One detector is exported once; NorCal is inserted (graph.calibrate.calibrate_graph) and the same graph
 is stripped of it again (export.surgery.strip_norcal), so the two models differ only by the
 node (Sub + Softmax in place of Softmax). Both run on the same inputs, interleaved A B B A in
 one process, on this machine; the ratio of median latencies and the median of per-round ratios
@@ -43,7 +43,7 @@ def export_models(out: Path, full: bool, gammas: list[float]) -> tuple[dict[str,
     """Export once; write '<gamma>/with' and '<gamma>/without' model files. Returns (paths, spec)."""
     import onnx
 
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
     from norcal.export.graph.surgery import strip_norcal
@@ -61,7 +61,7 @@ def export_models(out: Path, full: bool, gammas: list[float]) -> tuple[dict[str,
     print(f"exported in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     paths = {}
     for g in gammas:
-        with_node = calibrate_onnx(graph, g)
+        with_node = calibrate_graph(graph, g)
         without = strip_norcal(with_node)  # the same graph, node removed
         for tag, m in (("with", with_node), ("without", without)):
             p = out / f"g{g}_{tag}.onnx"

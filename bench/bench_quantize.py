@@ -58,7 +58,7 @@ def variants(fp32, cal_paths, precisions, say, setting=""):
 
 def build_models(gamma: float, n_cal: int, say, precisions=PRECISIONS):
     from norcal.core.tables import build_table
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
     from norcal.workflows.demo import FIXTURE_NAME, default_data_dir
@@ -69,7 +69,7 @@ def build_models(gamma: float, n_cal: int, say, precisions=PRECISIONS):
     plain = export_detector(torch_model, spec)
     cal_paths = sorted((d / "train_subset").glob("*.png"))[:n_cal]
     models = {}
-    for setting, fp32 in (("baseline", plain), (f"NorCal g={gamma:g}", calibrate_onnx(plain, gamma, table))):
+    for setting, fp32 in (("baseline", plain), (f"NorCal g={gamma:g}", calibrate_graph(plain, gamma, table))):
         models[setting] = variants(fp32, cal_paths, precisions, say, setting)
     return d, table, spec, models
 

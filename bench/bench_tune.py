@@ -38,7 +38,7 @@ def main() -> int:
 
     from norcal.core.calibration import log_prior
     from norcal.evaluation import evaluate, prepare_gt
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
     from norcal.core.onnx_io import save_onnx
@@ -74,7 +74,7 @@ def main() -> int:
             # full re-inference, as tuning without a cache must do it
             t0 = time.perf_counter()
             path = Path(tmp) / f"g{g:g}.onnx"
-            save_onnx(calibrate_onnx(plain, g, table), path)
+            save_onnx(calibrate_graph(plain, g, table), path)
             runner = OnnxRuntimeRunner(path)
             dets = [d for _, d in run_images(runner, [p for _, p in pairs], args.batch)]
             ap_full = ap_of(dets)

@@ -105,7 +105,7 @@ def _check(key, name, args, dev, table, console, tmp) -> int:
     import onnxruntime as ort
 
     from norcal.core.onnx_io import save_onnx
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
     from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
@@ -119,7 +119,7 @@ def _check(key, name, args, dev, table, console, tmp) -> int:
     weights, config, cal_table, image_paths = _model_inputs(name, args.images)
     spec, model = load_model(weights, config)
     path = Path(tmp) / f"{name}.onnx"
-    save_onnx(calibrate_onnx(export_detector(model, spec), GAMMA, cal_table), path)
+    save_onnx(calibrate_graph(export_detector(model, spec), GAMMA, cal_table), path)
     cal = onnx_calibration(path)
     images = [read_rgb(p) for p in image_paths]
     common = dict(min_size=spec.min_size_test, max_size=spec.max_size_test,

@@ -8,9 +8,10 @@ from norcal.core import contract
 from norcal.core.calibration_spec import Calibration, default_table
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
-from norcal.export.graph.surgery import classifier_candidates, insert_norcal
+from norcal.export.graph.classifier_search import classifier_candidates
+from norcal.export.graph.surgery import insert_norcal
 
-__all__ = ["calibrate_onnx", "classifier_classes", "default_table", "recorded_background",
+__all__ = ["calibrate_graph", "classifier_classes", "default_table", "recorded_background",
            "check_background", "check_background_scale"]
 
 
@@ -81,7 +82,7 @@ def check_class_order(meta: dict[str, str], calibration: Calibration) -> None:
                           "another class); list them in the model's order", param="table")
 
 
-def calibrate_onnx(model: onnx.ModelProto, calibration: Calibration | float | None,
+def calibrate_graph(model: onnx.ModelProto, calibration: Calibration | float | None,
                    table: str | CalibrationTable | None = None, *, count_type: str | None = None,
                    **options) -> onnx.ModelProto:
     """Return a copy of ``model`` whose box classifier is NorCal-calibrated.
@@ -96,7 +97,7 @@ def calibrate_onnx(model: onnx.ModelProto, calibration: Calibration | float | No
     """
     if isinstance(calibration, Calibration):
         if table is not None or count_type is not None or options:
-            raise TypeError("calibrate_onnx takes a Calibration or its fields, not both")
+            raise TypeError("calibrate_graph takes a Calibration or its fields, not both")
         cal = calibration
     else:
         cal = Calibration(gamma=calibration, table=table, count=count_type, **options)

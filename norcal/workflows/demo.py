@@ -184,7 +184,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     from norcal.core.onnx_io import save_onnx
     from norcal.core.tables import build_table
     from norcal.evaluation import evaluate, evaluate_fixed, prepare_gt
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.families import load_detector
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import run_images
@@ -228,7 +228,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     paths = {}
     for g in wanted:
         paths[g] = out / f"model_{_name(g)}.onnx"
-        save_onnx(plain if g is None else calibrate_onnx(plain, g, table), paths[g])
+        save_onnx(plain if g is None else calibrate_graph(plain, g, table), paths[g])
     seconds["export"] = time.perf_counter() - t0
     say(f"exported the {detector.num_classes}-class Mask R-CNN and inserted NorCal at gamma "
         f"{', '.join(f'{g:g}' for g in wanted[1:])} in {seconds['export']:.1f} s")

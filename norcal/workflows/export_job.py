@@ -26,7 +26,7 @@ from norcal.core.ranges import MAX_EXPORT_BATCH, MAX_EXPORT_SIDE, MAX_TENSOR_VOL
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
 from norcal.core.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
 from norcal.core.calibration_spec import Calibration
-from norcal.export.graph.calibrate import calibrate_onnx as _insert_norcal
+from norcal.export.graph.calibrate import calibrate_graph as _insert_norcal
 from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
 
 if TYPE_CHECKING:

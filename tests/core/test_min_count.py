@@ -11,7 +11,7 @@ from norcal.cli import export_main
 from norcal.core.calibration import calibrate, clamp_counts, log_prior
 from norcal.core.errors import NorcalError
 from norcal.core.tables import load_table
-from norcal.export.graph.calibrate import calibrate_onnx
+from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.graph.surgery import norcal_metadata
 
 from onnx_graphs import classifier_graph, gemm_weights
@@ -69,8 +69,8 @@ def test_metadata_records_min_count_and_scores_use_the_clamped_counts(tmp_path):
     table = write_table(tmp_path, COUNTS)
     model = classifier_graph(num_classes=4)
     with pytest.raises(NorcalError, match="class0"):
-        calibrate_onnx(model, 0.5, str(table))
-    out = calibrate_onnx(model, 0.5, str(table), min_count=2)
+        calibrate_graph(model, 0.5, str(table))
+    out = calibrate_graph(model, 0.5, str(table), min_count=2)
     meta = norcal_metadata(out)
     assert meta["norcal.min_count"] == "2" and meta["norcal.min_count_clamped"] == "2"
     x = np.random.default_rng(0).normal(size=(5, 8)).astype(np.float32)
@@ -79,7 +79,7 @@ def test_metadata_records_min_count_and_scores_use_the_clamped_counts(tmp_path):
     expected = calibrate(x @ w.T + b, log_prior([2.0, 2.0, 3.0, 10.0], 0.5))
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], expected, atol=1e-6)
     # a later calibration without --min-count leaves no stale record
-    again = calibrate_onnx(out, 0.5, load_table(write_table(tmp_path, [4, 1, 3, 10])))
+    again = calibrate_graph(out, 0.5, load_table(write_table(tmp_path, [4, 1, 3, 10])))
     assert "norcal.min_count" not in norcal_metadata(again)
     assert "norcal.min_count_clamped" not in norcal_metadata(again)
 

@@ -190,7 +190,7 @@ def run_exported(gammas, num_images: int | None = None) -> dict[float, list[dict
 
     from norcal.core.onnx_io import save_onnx
     from norcal.core.tables import build_table
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
     from norcal.runtime.inference import run_images
@@ -207,7 +207,7 @@ def run_exported(gammas, num_images: int | None = None) -> dict[float, list[dict
     with tempfile.TemporaryDirectory() as tmp:
         for g in gammas:
             path = Path(tmp) / f"model_{g}.onnx"
-            save_onnx(calibrate_onnx(plain, g, table) if g else plain, path)
+            save_onnx(calibrate_graph(plain, g, table) if g else plain, path)
             out[g] = []
             for p, det in run_images(OnnxRuntimeRunner(path), [p for _, p in pairs], 8):
                 out[g] += detections_to_results(ids[str(p)], det, table.category_ids)

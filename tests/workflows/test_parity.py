@@ -321,14 +321,14 @@ def test_calibrated_gives_the_box_predictor_the_onnx_prior_and_restores_it():
 
 
 def test_onnx_calibration_reads_the_baked_prior():
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.core.tables import load_table
 
     from onnx_graphs import classifier_graph
 
     plain = classifier_graph(num_classes=1203)
     assert onnx_calibration(plain) is None
-    cal = onnx_calibration(calibrate_onnx(plain, 0.5, mechanism="logit"))
+    cal = onnx_calibration(calibrate_graph(plain, 0.5, mechanism="logit"))
     expected = log_prior(load_table("lvis_v1").counts("image"), 0.5).astype(np.float32)
     np.testing.assert_array_equal(cal.stored_prior, expected)
     assert cal.stored_prior.dtype == np.float32  # as the graph holds it
@@ -344,7 +344,7 @@ CKPT, CFG = TINY / "model_final.pth", TINY / "config.yaml"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny detector exported once: plain and NorCal gamma 0.5 (ONNX files) + the model."""
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
     from norcal.core.onnx_io import save_onnx
@@ -353,7 +353,7 @@ def tiny(tmp_path_factory):
     spec, model = load_model(CKPT, CFG)
     graph = export_detector(model, spec)
     save_onnx(graph, d / "plain.onnx")
-    save_onnx(calibrate_onnx(graph, 0.5), d / "g05.onnx")
+    save_onnx(calibrate_graph(graph, 0.5), d / "g05.onnx")
     return types.SimpleNamespace(dir=d, spec=spec, model=model)
 
 

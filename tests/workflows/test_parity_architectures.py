@@ -21,7 +21,7 @@ ARCHS = {"cascade": "d2_cascade_tiny", "c4": "d2_c4_tiny", "dc5": "d2_dc5_tiny",
 def test_cli_parity_pytorch_vs_onnxruntime(name, tmp_path, capsys):
     from norcal.cli import main
     from norcal.core.onnx_io import save_onnx
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
 
@@ -29,7 +29,7 @@ def test_cli_parity_pytorch_vs_onnxruntime(name, tmp_path, capsys):
     weights, config = fixture / "model_final.pth", fixture / "config.yaml"
     spec, model = load_model(weights, config)
     path, report = tmp_path / "model.onnx", tmp_path / "parity.json"
-    save_onnx(calibrate_onnx(export_detector(model, spec), 0.5, manifest_table(fixture)), path)
+    save_onnx(calibrate_graph(export_detector(model, spec), 0.5, manifest_table(fixture)), path)
     images = [str(fixture / "images" / f"img{k}.png") for k in (0, 1)]
     rc = main(["parity", str(path), *images, "--checkpoint", str(weights), "--config", str(config),
                "--batch", "2", "--json", str(report)])

@@ -32,12 +32,12 @@ KEYS = ("num_detections", "boxes", "scores", "classes")
 @pytest.fixture(scope="module")
 def fp32():
     from norcal.core.tables import build_table
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
 
     spec, model = load_model(SYNTH / "model_final.pth", SYNTH / "config.yaml")
-    return calibrate_onnx(export_detector(model, spec), GAMMA, build_table(SYNTH / "train_annotations.json"))
+    return calibrate_graph(export_detector(model, spec), GAMMA, build_table(SYNTH / "train_annotations.json"))
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,13 @@ CKPT, CFG = TINY / "model_final.pth", TINY / "config.yaml"
 def g05(tmp_path_factory):
     """The tiny detector exported with NorCal at gamma 0.5."""
     from norcal.core.onnx_io import save_onnx
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
 
     spec, model = load_model(CKPT, CFG)
     path = tmp_path_factory.mktemp("runners") / "g05.onnx"
-    save_onnx(calibrate_onnx(export_detector(model, spec), 0.5), path)
+    save_onnx(calibrate_graph(export_detector(model, spec), 0.5), path)
     return path
 
 

@@ -84,11 +84,11 @@ def test_counts_are_training_image_counts(table):
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_onnx_matches_detectron2(setting, plain_export, table, images, tmp_path):
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
 
     _, plain = plain_export
     gamma = SETTINGS[setting]
-    model = plain if gamma == 0 else calibrate_onnx(plain, gamma, table)
+    model = plain if gamma == 0 else calibrate_graph(plain, gamma, table)
     assert_tensorrt_compatible(model)
     dets = run_onnx(model, images, tmp_path, setting)
     assert len(dets) == len(IMAGE_IDS)
@@ -103,11 +103,11 @@ def test_onnx_matches_detectron2(setting, plain_export, table, images, tmp_path)
 def test_instance_counts_would_not_match(plain_export, table, images, tmp_path):
     # the match above is sharp enough to tell N_c apart: with instance counts instead of image
     # counts (close, but not equal) the gamma-1 scores drift beyond the tolerance
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
 
     assert (table.counts("instance") != table.counts("image")).sum() >= 10
     _, plain = plain_export
-    model = calibrate_onnx(plain, 1.0, table, count_type="instance")
+    model = calibrate_graph(plain, 1.0, table, count_type="instance")
     dets = run_onnx(model, images[:4], tmp_path, "instance", batch_size=4)
     fracs = [match_detections(*golden(i, "cdt_g1.0"), d.boxes, d.scores, d.classes)[0]
              for i, d in zip(IMAGE_IDS[:4], dets)]

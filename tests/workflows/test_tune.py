@@ -108,10 +108,10 @@ def onnx_detections(model, tmp_path, ids, batch_size=4):
 def test_rescoring_equals_exported_model(gamma, mechanism, factor, detector, cache, table,
                                          plain_onnx, tmp_path):
     # norcal-export's graph with this gamma, run whole by ONNX Runtime, on 4 images
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
 
     ids = GOLDEN_IDS[:4]
-    model = calibrate_onnx(plain_onnx, gamma, table, factor=factor, mechanism=mechanism)
+    model = calibrate_graph(plain_onnx, gamma, table, factor=factor, mechanism=mechanism)
     full = onnx_detections(model, tmp_path, ids)
     ours = rescored(detector, cache, table, gamma, mechanism, factor)[:4]
     for image_id, a, b in zip(ids, full, ours):

@@ -84,11 +84,11 @@ class Arch:
 
     def _run_onnx(self, gamma: float, mechanism: str, factor: str, tmp_path):
         from norcal.core.onnx_io import save_onnx
-        from norcal.export.graph.calibrate import calibrate_onnx
+        from norcal.export.graph.calibrate import calibrate_graph
         from norcal.runtime.inference import run_images
         from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
 
-        model = self.plain if gamma == 0 else calibrate_onnx(self.plain, gamma, self.table, factor=factor,
+        model = self.plain if gamma == 0 else calibrate_graph(self.plain, gamma, self.table, factor=factor,
                                                               mechanism=mechanism)
         path = tmp_path / f"{self.name}.onnx"
         save_onnx(model, path)

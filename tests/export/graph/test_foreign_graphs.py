@@ -15,7 +15,7 @@ from norcal.cli import export_main
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
-from norcal.export.graph.calibrate import calibrate_onnx
+from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
 from norcal.export.trt_check import check_model
 
@@ -90,7 +90,7 @@ def yolo_images():
 def test_yolo_without_logits_is_refused_not_put_on_the_attention_softmax(yolo_seg):
     model = onnx.load(str(yolo_seg))
     with pytest.raises(NorcalError) as e:
-        calibrate_onnx(model, 0.5, table(YOLO_COUNTS), background="none")
+        calibrate_graph(model, 0.5, table(YOLO_COUNTS), background="none")
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and "found no box classifier" in msg
     assert "attn/Softmax" in msg and "attention" in msg  # what was found, and why it was not taken
@@ -100,7 +100,7 @@ def test_yolo_without_logits_is_refused_not_put_on_the_attention_softmax(yolo_se
 
 @pytest.mark.slow
 def test_yolo_cli_without_logits_converts_it_to_our_outputs(yolo_seg, tmp_path, capsys):
-    # norcal export (not the library's calibrate_onnx) takes Ultralytics' graph through the
+    # norcal export (not the library's calibrate_graph) takes Ultralytics' graph through the
     # ingest (norcal.export.families.ultralytics.onnx_yolo): our outputs, NorCal on cls_logits
     out = tmp_path / "y.onnx"
     rc = export_main([str(yolo_seg), "-o", str(out), "--gamma", "0.5", "--table",
@@ -115,9 +115,9 @@ def test_yolo_cli_without_logits_converts_it_to_our_outputs(yolo_seg, tmp_path, 
 def test_yolo_logits_at_the_sigmoid_input_calibrate_class_axis_1(yolo_seg, yolo_images):
     model = onnx.load(str(yolo_seg))
     with pytest.raises(NorcalError, match="81"):  # a background slot (81 wide) fits no axis: refused
-        calibrate_onnx(model, 0.5, table(YOLO_COUNTS), logits=YOLO_LOGITS)
+        calibrate_graph(model, 0.5, table(YOLO_COUNTS), logits=YOLO_LOGITS)
     gamma = 0.5
-    out = calibrate_onnx(model, gamma, table(YOLO_COUNTS), background="none", logits=YOLO_LOGITS)
+    out = calibrate_graph(model, gamma, table(YOLO_COUNTS), background="none", logits=YOLO_LOGITS)
     meta = norcal_metadata(out)
     assert meta[contract.CLASS_AXIS] == "1" and meta[contract.ACTIVATION] == "sigmoid"
     assert meta[contract.LOGITS] == YOLO_LOGITS
@@ -138,8 +138,8 @@ def test_yolo_logits_at_the_sigmoid_input_calibrate_class_axis_1(yolo_seg, yolo_
 @pytest.mark.slow
 def test_yolo_recalibrate_and_strip_keep_the_class_axis(yolo_seg, yolo_images):
     model = onnx.load(str(yolo_seg))
-    once = calibrate_onnx(model, 0.5, table(YOLO_COUNTS), background="none", logits=YOLO_LOGITS)
-    twice = calibrate_onnx(once, 1.0, table(YOLO_COUNTS), background="none")  # the node's own tensor
+    once = calibrate_graph(model, 0.5, table(YOLO_COUNTS), background="none", logits=YOLO_LOGITS)
+    twice = calibrate_graph(once, 1.0, table(YOLO_COUNTS), background="none")  # the node's own tensor
     assert norcal_metadata(twice)[contract.CLASS_AXIS] == "1"
     logits = session(with_output(model, YOLO_LOGITS)).run(None, {"images": yolo_images})[-1]
     got = session(twice).run(None, {"images": yolo_images})[0][:, 4:4 + YOLO_CLASSES]
@@ -187,7 +187,7 @@ def test_attention_softmax_with_as_many_tokens_as_classes_is_refused(constant_ke
     model = attention_graph(tokens=6, constant_keys=constant_keys)
     assert session(model).run(None, {"x": np.ones((1, 6, 4), np.float32)})[0].shape == (1, 2, 6, 6)
     with pytest.raises(NorcalError) as e:
-        calibrate_onnx(model, 0.5, table([1, 2, 3, 4, 5]))
+        calibrate_graph(model, 0.5, table([1, 2, 3, 4, 5]))
     msg = str(e.value)
     assert "found no box classifier" in msg and "'attn_softmax' on 'scores_in' [B, 2, 6, 6]" in msg, msg
     why = "cannot tell which holds the classes" if constant_keys else "multiplies two activations"
@@ -215,7 +215,7 @@ COUNTS = np.array([2.0, 5.0, 40.0, 900.0])
 def test_softmax_on_axis_1_by_hand(inline, mechanism):
     model = class_axis_graph(len(COUNTS), "Softmax")
     gamma, b = 0.7, 0.5
-    out = calibrate_onnx(model, gamma, table(COUNTS), logits="logits", mechanism=mechanism,
+    out = calibrate_graph(model, gamma, table(COUNTS), logits="logits", mechanism=mechanism,
                          background_scale=b, inline=inline)
     assert norcal_metadata(out)[contract.CLASS_AXIS] == "1"
     # the node's body passes the parser check (the graph input's own dynamic dims need a profile)
@@ -238,7 +238,7 @@ def test_sigmoid_class_axis_found_by_size_and_said():
     """A Sigmoid has no axis: the one axis of the table's size is the class axis, and the result
     says so; the anchors axis may be any size."""
     model = class_axis_graph(len(COUNTS), "Sigmoid", background=False)
-    out = calibrate_onnx(model, 0.5, table(COUNTS), logits="logits", background="none")
+    out = calibrate_graph(model, 0.5, table(COUNTS), logits="logits", background="none")
     from norcal.export.graph.surgery import placement
 
     assert placement(out) == ["logits (class axis 1 of [B, 4, A])"]
@@ -251,7 +251,7 @@ def test_sigmoid_with_two_axes_of_the_class_count_is_refused():
     model = class_axis_graph(len(COUNTS), "Sigmoid", background=False)
     model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = len(COUNTS)  # [B, 4, 4]
     with pytest.raises(NorcalError, match=r"'logits' \[B, 4, 4\]: axes 1, 2 all have size 4") as e:
-        calibrate_onnx(model, 0.5, table(COUNTS), logits="logits", background="none")
+        calibrate_graph(model, 0.5, table(COUNTS), logits="logits", background="none")
     assert e.value.params == ("logits",)
 
 
@@ -260,4 +260,4 @@ def test_several_candidates_are_listed_with_names_and_shapes():
 
     with pytest.raises(NorcalError, match=r"ambiguous: 2 classifier candidates: .*'logits0' \[N, 6\].*"
                                           r"'logits1' \[N, 6\].*name the one to calibrate as logits"):
-        calibrate_onnx(classifier_graph(heads=2), 0.5, table(np.arange(1.0, 6.0)))
+        calibrate_graph(classifier_graph(heads=2), 0.5, table(np.arange(1.0, 6.0)))

@@ -7,12 +7,12 @@ import pytest
 
 from norcal.core.calibration import calibrate, log_prior
 from norcal.core.errors import NorcalError
-from norcal.export.graph.calibrate import calibrate_onnx
+from norcal.export.graph.calibrate import calibrate_graph
 from norcal.core import contract
 from norcal.core.contract import NODE_DOMAIN as DOMAIN, PRIOR_NAME
 from norcal.core.calibration_spec import Calibration
-from norcal.export.graph.surgery import (classifier_candidates, find_classifiers, has_norcal, insert_norcal,
-                                   norcal_metadata, strip_norcal)
+from norcal.export.graph.classifier_search import classifier_candidates, find_classifiers
+from norcal.export.graph.surgery import has_norcal, insert_norcal, norcal_metadata, strip_norcal
 
 from onnx_graphs import classifier_graph, gemm_weights
 
@@ -56,7 +56,7 @@ def test_onnxruntime_matches_calibration(inline, variant):
 def test_node_spec_metadata_and_input_untouched():
     model = classifier_graph()
     before = model.SerializeToString()
-    out = calibrate_onnx(model, 0.5, _table_file_free())
+    out = calibrate_graph(model, 0.5, _table_file_free())
     assert model.SerializeToString() == before  # pure function
     node = [n for n in out.graph.node if n.domain == DOMAIN][0]
     assert node.op_type == "NorCal" and list(node.input) == ["logits0", PRIOR_NAME]
@@ -162,9 +162,9 @@ def test_node_writes_exactly_its_keys_and_calibration_adds_runtime_keys():
     out = insert_norcal(model, settings(0.5))
     always = contract.NODE_KEYS - contract.OPTIONAL_NODE_KEYS
     assert set(norcal_metadata(out)) == always | {contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS, contract.CLASS_NAMES}
-    cal = calibrate_onnx(model, 0.5, _table_file_free())
+    cal = calibrate_graph(model, 0.5, _table_file_free())
     assert set(norcal_metadata(cal)) == always | {contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS, contract.CLASS_NAMES}
-    clamped = calibrate_onnx(model, 0.5, _table_file_free(), min_count=2)
+    clamped = calibrate_graph(model, 0.5, _table_file_free(), min_count=2)
     # every key but the class axis, which is written only for a class axis other than the last
     assert set(norcal_metadata(clamped)) == contract.NODE_KEYS - {contract.CLASS_AXIS} | {
         contract.TABLE, contract.NUM_CLASSES, contract.CATEGORY_IDS, contract.CLASS_NAMES}
@@ -184,7 +184,7 @@ def test_strip_removes_only_node_keys():
     assert contract.RUNTIME_KEYS <= set(runtime)
     onnx.helper.set_model_props(model, runtime)
     for inline in (False, True):
-        cal = calibrate_onnx(model, 0.5, _table_file_free(), inline=inline)
+        cal = calibrate_graph(model, 0.5, _table_file_free(), inline=inline)
         plain = strip_norcal(cal)
         assert {p.key: p.value for p in plain.metadata_props} == runtime
         assert not has_norcal(plain) and not plain.functions
@@ -283,9 +283,9 @@ def test_recalibrating_a_checkpoint_export_without_a_table():
 
     model = classifier_graph(num_classes=1203, features=4)
     onnx.helper.set_model_props(model, {contract.CLASSIFIER_LOGITS: "logits0"})
-    first = calibrate_onnx(model, 0.6)
+    first = calibrate_graph(model, 0.6)
     assert classifier_classes(first, "last") == 1203
-    again = calibrate_onnx(first, 0.3)
+    again = calibrate_graph(first, 0.3)
     assert norcal_metadata(again)["norcal.gamma"] == "0.3"
     x = np.random.default_rng(7).normal(size=(2, 4)).astype(np.float32)
     w, b = gemm_weights(model)
@@ -315,23 +315,23 @@ def test_table_listing_the_models_classes_in_another_order_is_refused():
     onnx.helper.set_model_props(model, {contract.DETECTOR: json.dumps({"names": ["cat", "traffic light", "dog"]})})
     with pytest.raises(NorcalError, match=r"table 'named' lists the model's classes in another order: class 0 is "
                                           r"'dog' there, 'cat' in the model") as e:
-        calibrate_onnx(model, 0.5, _named_table(["dog", "traffic light", "cat"]))
+        calibrate_graph(model, 0.5, _named_table(["dog", "traffic light", "cat"]))
     assert e.value.param == "table"
-    out = calibrate_onnx(model, 0.5, _named_table(["Cat", "traffic_light", "dog"]))
+    out = calibrate_graph(model, 0.5, _named_table(["Cat", "traffic_light", "dog"]))
     assert norcal_metadata(out)["norcal.gamma"] == "0.5"
     # names of another form (no permutation to be sure of) are not judged
-    assert has_norcal(calibrate_onnx(model, 0.5, _named_table(["class0", "class1", "class2"])))
+    assert has_norcal(calibrate_graph(model, 0.5, _named_table(["class0", "class1", "class2"])))
 
 
 def test_recalibrating_with_the_recorded_names_in_another_order_is_refused():
     """A model calibrated once records its table's names (norcal.class_names, kept by strip): a
     later table with those classes in another order is refused as an export's names are."""
     model = classifier_graph(num_classes=3)
-    once = strip_norcal(calibrate_onnx(model, 0.5, _named_table(["cat", "traffic light", "dog"])))
+    once = strip_norcal(calibrate_graph(model, 0.5, _named_table(["cat", "traffic light", "dog"])))
     assert norcal_metadata(once)[contract.CLASS_NAMES] == '["cat", "traffic light", "dog"]'
     with pytest.raises(NorcalError, match=r"class 1 is 'dog' there, 'traffic light' in the model"):
-        calibrate_onnx(once, 0.5, _named_table(["cat", "dog", "traffic light"]))
+        calibrate_graph(once, 0.5, _named_table(["cat", "dog", "traffic light"]))
     bad = classifier_graph(num_classes=3)
     onnx.helper.set_model_props(bad, {contract.CLASS_NAMES: "cat, dog"})
     with pytest.raises(NorcalError, match=r"^model metadata norcal.class_names is not a JSON list of class names$"):
-        calibrate_onnx(bad, 0.5, _named_table(["cat", "traffic light", "dog"]))
+        calibrate_graph(bad, 0.5, _named_table(["cat", "traffic light", "dog"]))

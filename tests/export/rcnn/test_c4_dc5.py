@@ -19,7 +19,7 @@ import golden as G
 from golden import manifest_table
 from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core.calibration import log_prior
-from norcal.export.graph.calibrate import calibrate_onnx
+from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.rcnn.modeling.build import model_from_state
 from norcal.export.rcnn.onnx_export import export_onnx
@@ -80,7 +80,7 @@ class Arch:
         factor, gamma = G.GAMMAS[setting]
         if gamma == 0:
             return self.onnx
-        return calibrate_onnx(self.onnx, gamma, manifest_table(self.fixture), factor=factor)
+        return calibrate_graph(self.onnx, gamma, manifest_table(self.fixture), factor=factor)
 
     def ort_outputs(self, setting: str) -> dict:
         if setting not in self.ort:

@@ -17,7 +17,7 @@ from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.export.families.detectron2.arch_from_weights import architecture
-from norcal.export.graph.calibrate import calibrate_onnx
+from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.rcnn.modeling.build import model_from_state
 from norcal.export.rcnn.onnx_export import export_onnx
@@ -124,7 +124,7 @@ def test_one_norcal_node_per_stage(cascade, setting):
 
 def test_recalibration_replaces_and_strip_removes_every_stage_node(cascade):
     once = cascade.calibrated("cdt_g0.5")
-    twice = calibrate_onnx(once, 1.0, cascade.table)
+    twice = calibrate_graph(once, 1.0, cascade.table)
     nodes = [n for n in twice.graph.node if n.domain == contract.NODE_DOMAIN]
     assert len(nodes) == STAGES and norcal_metadata(twice)[contract.GAMMA] == "1.0"
     assert len([i for i in twice.graph.initializer if i.name == contract.PRIOR_NAME]) == 1
@@ -140,7 +140,7 @@ def test_recalibration_replaces_and_strip_removes_every_stage_node(cascade):
 
 
 def test_inlined_nodes_per_stage(cascade):
-    cal = calibrate_onnx(cascade.onnx, 0.5, cascade.table, inline=True)
+    cal = calibrate_graph(cascade.onnx, 0.5, cascade.table, inline=True)
     onnx.checker.check_model(cal, full_check=True)
     check_detections(run(session(cal), cascade.images, cascade.sizes), "cdt_g0.5", FIXTURE)
     assert not has_norcal(strip_norcal(cal))
@@ -165,6 +165,6 @@ def test_weights_only_export_matches_golden_img0():
     assert_tensorrt_compatible(proto)
     images, sizes = G.batch([0], fixture=FIXTURE)
     check_detections(run(session(proto), images, sizes), "baseline", FIXTURE, images=[0])
-    cal = calibrate_onnx(proto, 0.999, manifest_table(FIXTURE), factor="ens")
+    cal = calibrate_graph(proto, 0.999, manifest_table(FIXTURE), factor="ens")
     check_detections(run(session(cal), images, sizes), "ens_g0.999", FIXTURE, images=[0])
 

@@ -208,7 +208,7 @@ def test_classifier_is_named_at_export(tiny_onnx, monkeypatch):
     """A checkpoint export records its classifier's logits tensor; surgery takes it by name and
     never runs the heuristic search meant for foreign ONNX."""
     from norcal.core import contract
-    from norcal.export.graph import surgery
+    from norcal.export.graph import classifier_search, surgery
     from norcal.core.calibration_spec import Calibration
 
     meta = {p.key: p.value for p in tiny_onnx.metadata_props}
@@ -220,7 +220,7 @@ def test_classifier_is_named_at_export(tiny_onnx, monkeypatch):
     def no_search(self, want=None):
         raise AssertionError("the heuristic classifier search ran on a checkpoint export")
 
-    monkeypatch.setattr(surgery._View, "search", no_search)
+    monkeypatch.setattr(classifier_search.ClassifierView, "search", no_search)
     lp = log_prior(G.lvis_counts(), 0.5, "cdt")
     cal = surgery.insert_norcal(tiny_onnx, Calibration(gamma=0.5, table="lvis_v1", background="last").resolve(1203))
     np.testing.assert_allclose(
@@ -235,7 +235,7 @@ def test_strip_keeps_every_runtime_key(tiny_model):
     """Export with runtime metadata, calibrate, strip: every runtime key keeps its value, every
     key the NorCal node owns is gone (norcal.table and norcal.num_classes are runtime keys)."""
     from norcal.core import contract
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector, runtime_metadata
     from norcal.export.graph.surgery import norcal_metadata, strip_norcal
 
@@ -244,7 +244,7 @@ def test_strip_keeps_every_runtime_key(tiny_model):
     assert runtime_metadata(G.tiny_spec()).items() <= before.items()
     assert before[contract.NUM_CLASSES] == "1203"
     assert contract.CLASS_NAMES not in before  # a detectron2 checkpoint names no class
-    calibrated = calibrate_onnx(exported, 0.5, "lvis_v1")
+    calibrated = calibrate_graph(exported, 0.5, "lvis_v1")
     cal_meta = norcal_metadata(calibrated)
     assert contract.NODE_KEYS - contract.OPTIONAL_NODE_KEYS <= set(cal_meta)
     assert contract.RUNTIME_KEYS - contract.OPTIONAL_RUNTIME_KEYS <= set(cal_meta)

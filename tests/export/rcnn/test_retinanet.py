@@ -18,7 +18,7 @@ from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core import contract
 from norcal.core.calibration import log_prior
 from norcal.core.errors import NorcalError
-from norcal.export.graph.calibrate import calibrate_onnx
+from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.rcnn.modeling.build import model_from_state
 from norcal.export.rcnn.onnx_export import export_onnx
@@ -68,7 +68,7 @@ class Retina(Arch):
     def calibrated(self, setting: str) -> onnx.ModelProto:
         factor, gamma = G.GAMMAS[setting]
         # no background argument: the export recorded that this classifier has none
-        return self.onnx if gamma == 0 else calibrate_onnx(self.onnx, gamma, self.table, factor=factor)
+        return self.onnx if gamma == 0 else calibrate_graph(self.onnx, gamma, self.table, factor=factor)
 
     def ort_outputs(self, setting: str) -> dict:
         if setting not in self.ort:
@@ -212,7 +212,7 @@ def test_image_alone_equals_image_in_a_larger_batch(retina):
 
 def test_norcal_node_replaced_on_rerun_and_stripped(retina):
     once = retina.calibrated("cdt_g1.0")
-    twice = calibrate_onnx(once, 0.5, retina.table)
+    twice = calibrate_graph(once, 0.5, retina.table)
     for model, gamma in ((once, "1.0"), (twice, "0.5")):
         nodes = [n for n in model.graph.node if n.domain == contract.NODE_DOMAIN]
         assert len(nodes) == 1 and list(nodes[0].input)[0] == contract.CLS_LOGITS_TENSOR
@@ -221,7 +221,7 @@ def test_norcal_node_replaced_on_rerun_and_stripped(retina):
             (gamma, "sigmoid", "none")
         assert meta[contract.BACKGROUND_INDEX] == "-1"
     # the re-run equals a calibration of the plain graph at 0.5 (img0 alone: less memory)
-    direct = run_img0(calibrate_onnx(retina.onnx, 0.5, retina.table))
+    direct = run_img0(calibrate_graph(retina.onnx, 0.5, retina.table))
     rerun = run_img0(twice)
     for k in direct:
         np.testing.assert_array_equal(direct[k], rerun[k])

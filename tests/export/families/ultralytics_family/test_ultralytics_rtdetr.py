@@ -187,7 +187,7 @@ def test_detector_refuses_what_does_not_fit(rtdetr):
 def test_onnx_matches_ultralytics_with_norcal(rtdetr, tmp_path):
     import onnxruntime as ort
 
-    from norcal.export.graph.calibrate import calibrate_onnx
+    from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.families.ultralytics.rtdetr import RtdetrDetector
     from norcal.export.pytorch.runner import onnx_calibration
     from norcal.runtime.postprocess import split_outputs
@@ -204,7 +204,7 @@ def test_onnx_matches_ultralytics_with_norcal(rtdetr, tmp_path):
     cache = det.cache(parts, [], "exp")
     assert cache.logits.shape == (4, 300, 80) and cache.boxes.shape == (4, 300, 4)
     for gamma in (0.0, 0.5):
-        model = calibrate_onnx(plain, gamma, table())
+        model = calibrate_graph(plain, gamma, table())
         m = {p.key: p.value for p in model.metadata_props}
         assert m[contract.ACTIVATION] == "sigmoid" and m[contract.LOGITS] == "cls_logits"
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
