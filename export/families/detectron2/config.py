@@ -1,32 +1,24 @@
-"""Read a detectron2 YAML config (with ``_BASE_`` chains) into a :class:`ModelSpec`, without detectron2.
+"""A detectron2 config as a :class:`ModelSpec`, without detectron2 (the file and its ``_BASE_``
+chain are read by :mod:`.config_file`).
 
-Semantics follow ``detectron2.config.CfgNode.merge_from_file``: each ``_BASE_`` path is
-relative to the file naming it; a child's values override its base's and nested mappings
-merge; keys no file sets take detectron2's defaults (``d2_defaults``). Keys that change
-inference in a way we do not implement raise :class:`NorcalError`; training-only keys
-(SOLVER, DATASETS, ...) are ignored.
+Keys that change inference in a way we do not implement raise :class:`NorcalError`;
+training-only keys (SOLVER, DATASETS, ...) are ignored.
 """
 
 from __future__ import annotations
 
-import ast
-import difflib
-import math
-import os
 from pathlib import Path
-from typing import Any
 
 from norcal.core.calibration_spec import Calibration
-from norcal.core.errors import NorcalError, shown
+from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_TOPK
-from norcal.core.yaml_io import read_yaml_mapping
 
-from .defaults import KNOWN_KEYS, d2_defaults
+from .config_file import load_cfg_dict
+from .config_values import ConfigValues
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
                    RETINANET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec)
 from norcal.export.rcnn.spec import SUPPORTED_ARCHITECTURES as SUPPORTED
 
-BASE_KEY = "_BASE_"
 # Box2BoxTransform divides the predicted deltas by these weights
 _DIVIDES = "Box2BoxTransform divides the box deltas by them"
 FPN_IN_FEATURES = ["res2", "res3", "res4", "res5"]
@@ -38,209 +30,9 @@ SINGLE_FEATURES = ("res4", "res5")  # build_resnet_backbone's one output: C4 (re
 # calibrates its scores with TEST.CALIBRATION.*; nothing else differs at inference
 NORCAL_ROI_HEADS = "CalibrationROIHeads"
 NORCAL_CALIBRATION = {"METHOD": "gamma", "WITH": "exps", "GAMMA": 0.0, "RENORM": True}  # add_norcal_config
-# every BatchNorm flavour is a fixed affine map at inference; SyncBN's variants act as SyncBN
-_NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naiveSyncBN": "SyncBN",
-          "nnSyncBN": "SyncBN", "GN": "GN"}
 
 
-# ---------------------------------------------------------------- YAML with _BASE_ chains
-
-def _read_yaml(path: Path) -> dict:
-    # an empty file would silently mean detectron2's defaults, not the model's: refused there
-    return read_yaml_mapping(path, "detectron2 config")
-
-
-def _merge_base(child: dict, base: dict, path: Path, prefix: str = "") -> None:
-    """Merge ``child`` into ``base`` in place: child wins, nested mappings merge."""
-    for k, v in child.items():
-        if isinstance(v, dict) and k in base:
-            if not isinstance(base[k], dict):
-                raise NorcalError(f"{path}: cannot inherit key '{prefix}{k}' from base: the base sets it "
-                                  f"to {shown(base[k])}, not a mapping")
-            _merge_base(v, base[k], path, f"{prefix}{k}.")
-        else:
-            base[k] = v
-
-
-def _check_known_keys(cfg: dict, path: Path) -> None:
-    """Refuse keys detectron2 does not have in the sections we read (it raises KeyError too)."""
-    for section, known in KNOWN_KEYS.items():
-        node: Any = cfg
-        for part in section.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict):
-            continue
-        for key in node:
-            if key not in known:
-                near = difflib.get_close_matches(str(key), sorted(known), n=1)
-                hint = f"; did you mean {section}.{near[0]}?" if near else ""
-                raise NorcalError(f"{path}: {section}.{key}: {shown(node[key])}: not a detectron2 config key "
-                                  f"(detectron2 refuses it too){hint}")
-
-
-def load_yaml_with_base(path, _chain: tuple[Path, ...] = ()) -> dict:
-    """The YAML file at ``path`` with its ``_BASE_`` files merged in (a nested dict)."""
-    path = Path(os.path.expanduser(str(path)))
-    key = path.resolve()
-    if key in _chain:
-        cycle = " -> ".join(str(p) for p in (*_chain, key))
-        raise NorcalError(f"{path}: _BASE_ chain loops: {cycle}")
-    cfg = _read_yaml(path)
-    _check_known_keys(cfg, path)
-    if BASE_KEY not in cfg:
-        return cfg
-    bases = cfg.pop(BASE_KEY)
-    names = bases if isinstance(bases, list) else [bases]
-    merged: dict = {}
-    for name in names:
-        if not isinstance(name, str):
-            raise NorcalError(f"{path}: _BASE_ entry {shown(name)} is not a file name")
-        if name.startswith(("http://", "https://")):
-            raise NorcalError(f"{path}: _BASE_ {name} is a URL; download it and name the local file")
-        base_path = Path(os.path.expanduser(name))
-        if not base_path.is_absolute():
-            base_path = path.parent / base_path  # relative to the file that names it
-        if not base_path.is_file():
-            raise NorcalError(f"{path}: _BASE_ file {name} not found (looked for {base_path})")
-        if base_path.suffix == ".py":  # detectron2 runs a Python base as a program
-            raise NorcalError(f"{path}: _BASE_ {name} is a Python config, which would have to be executed; "
-                              "name a YAML base")
-        _merge_base(load_yaml_with_base(base_path, (*_chain, key)), merged, base_path)
-    _merge_base(cfg, merged, path)
-    return merged
-
-
-def _decode(value: Any) -> Any:
-    # yacs literal-evals strings when merging, so "1e-4" (a string to YAML 1.1) is a float
-    if isinstance(value, str):
-        try:
-            return ast.literal_eval(value)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return value
-    return value
-
-
-def _merge_into_defaults(loaded: dict, defaults: dict, path, prefix: str = "") -> None:
-    for k, v in loaded.items():
-        full = f"{prefix}{k}"
-        if isinstance(defaults.get(k), dict):
-            if not isinstance(v, dict):
-                raise NorcalError(f"{path}: config key {full} must be a mapping, got {shown(v)}")
-            _merge_into_defaults(v, defaults[k], path, full + ".")
-        else:
-            defaults[k] = v if isinstance(v, dict) else _decode(v)
-
-
-def load_cfg_dict(path) -> dict:
-    """detectron2's defaults (for the keys we read) overridden by the file and its bases."""
-    cfg = d2_defaults()
-    _merge_into_defaults(load_yaml_with_base(path), cfg, path)
-    return cfg
-
-
-# ---------------------------------------------------------------- typed access
-
-class _Cfg:
-    def __init__(self, data: dict, source: str):
-        self.data, self.source = data, source
-
-    def get(self, key: str) -> Any:
-        node: Any = self.data
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                raise NorcalError(f"{self.source}: config key {key} is missing")
-            node = node[part]
-        return node
-
-    def bad(self, key: str, why: str) -> NorcalError:
-        return NorcalError(f"{self.source}: {key}: {shown(self.get(key))}: {why}")
-
-    def int(self, key: str, minimum: int | None = None) -> int:
-        v = self.get(key)
-        if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and v.is_integer():
-                v = int(v)
-            else:
-                raise self.bad(key, "expected an integer")
-        if minimum is not None and v < minimum:
-            raise self.bad(key, f"must be >= {minimum}")
-        return v
-
-    def float(self, key: str, lo: float | None = None, hi: float | None = None,
-              hi_open: bool = False) -> float:
-        """A finite number, in [lo, hi] (or [lo, hi) with ``hi_open``) where they are given."""
-        v = self.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.bad(key, "expected a number")
-        v = float(v)
-        # NaN compares false with every threshold: a NaN score threshold would drop every detection
-        if not math.isfinite(v):
-            raise self.bad(key, "expected a finite number")
-        if (lo is not None and v < lo) or (hi is not None and (v >= hi if hi_open else v > hi)):
-            raise self.bad(key, f"expected {lo:g} <= value {'<' if hi_open else '<='} {hi:g}" if hi is not None
-                           else f"must be >= {lo:g}")
-        return v
-
-    def bool(self, key: str) -> bool:
-        v = self.get(key)
-        if not isinstance(v, bool):
-            raise self.bad(key, "expected true or false")
-        return v
-
-    def str(self, key: str) -> str:
-        v = self.get(key)
-        if not isinstance(v, str):
-            raise self.bad(key, "expected a string")
-        return v
-
-    def seq(self, key: str) -> list:
-        v = self.get(key)
-        if not isinstance(v, (list, tuple)):
-            raise self.bad(key, "expected a list")
-        return list(v)
-
-    def floats(self, key: str, length: int | None = None, positive: bool = False,
-               why_positive: str = "") -> tuple[float, ...]:
-        v = self.seq(key)
-        if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v):
-            raise self.bad(key, "expected a list of numbers")
-        if length is not None and len(v) != length:
-            raise self.bad(key, f"expected {length} numbers")
-        if not all(math.isfinite(x) for x in v):
-            raise self.bad(key, "expected finite numbers")
-        if positive and not all(x > 0 for x in v):
-            raise self.bad(key, f"expected positive numbers ({why_positive})")
-        return tuple(float(x) for x in v)
-
-    def float_lists(self, key: str) -> tuple[tuple[float, ...], ...]:
-        v = self.seq(key)
-        ok = v and all(isinstance(r, (list, tuple)) and r and
-                       all(not isinstance(x, bool) and isinstance(x, (int, float)) for x in r) for r in v)
-        if not ok:
-            raise self.bad(key, "expected a non-empty list of non-empty lists of numbers")
-        if not all(math.isfinite(x) and x > 0 for r in v for x in r):
-            raise self.bad(key, "expected positive finite numbers")
-        return tuple(tuple(float(x) for x in r) for r in v)
-
-    def norm(self, key: str) -> str:
-        v = self.str(key)
-        if v not in _NORMS:
-            raise self.bad(key, f"unsupported norm; supported: {', '.join(repr(n) for n in _NORMS)}")
-        return _NORMS[v]
-
-    def require(self, key: str, allowed, why: str = "not supported") -> None:
-        """Raise unless the value is ``allowed`` (or one of a tuple of allowed values)."""
-        v = self.get(key)
-        v = list(v) if isinstance(v, tuple) else v
-        options = list(allowed) if isinstance(allowed, tuple) else [allowed]
-        # bools must match as bools: YAML's true is not the integer 1
-        if not any(v == o and isinstance(v, bool) == isinstance(o, bool) for o in options):
-            raise self.bad(key, f"{why} (supported: {', '.join(repr(o) for o in options)})")
-
-
-# ---------------------------------------------------------------- config -> ModelSpec
-
-def _check_supported(c: _Cfg) -> None:
+def _check_supported(c: ConfigValues) -> None:
     """Refuse what changes inference and is not implemented, naming the key and value."""
     c.require("VERSION", 2, "only version-2 detectron2 configs are supported")
     c.require("MODEL.META_ARCHITECTURE", "GeneralizedRCNN", f"not supported; {SUPPORTED}")
@@ -276,7 +68,7 @@ def _check_supported(c: _Cfg) -> None:
             c.require("MODEL.ROI_MASK_HEAD.POOLER_TYPE", POOLER_TYPES)
 
 
-def _check_fpn(c: _Cfg) -> None:
+def _check_fpn(c: ConfigValues) -> None:
     c.require("MODEL.FPN.FUSE_TYPE", "sum")
     c.require("MODEL.FPN.IN_FEATURES", (FPN_IN_FEATURES,))
     c.require("MODEL.RPN.IN_FEATURES", (RPN_IN_FEATURES,))
@@ -289,7 +81,7 @@ def _check_fpn(c: _Cfg) -> None:
     c.require("MODEL.RESNETS.RES5_DILATION", 1, "a dilated res5 is not supported with FPN")
 
 
-def _check_cascade(c: _Cfg) -> None:
+def _check_cascade(c: ConfigValues) -> None:
     """CascadeROIHeads: detectron2 asserts class-agnostic regression and one IoU per stage."""
     c.require("MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG", True,
               "CascadeROIHeads regress class-agnostic boxes, as detectron2 requires")
@@ -300,14 +92,14 @@ def _check_cascade(c: _Cfg) -> None:
         raise c.bad("MODEL.ROI_BOX_CASCADE_HEAD.IOUS", "needs one IoU per stage of BBOX_REG_WEIGHTS")
 
 
-def _cascade_weights(c: _Cfg) -> tuple[tuple[float, ...], ...]:
+def _cascade_weights(c: ConfigValues) -> tuple[tuple[float, ...], ...]:
     """Each cascade stage's box regression weights; () for other ROI heads."""
     if c.str("MODEL.ROI_HEADS.NAME") != CASCADE_ROI_HEADS:
         return ()
     return c.float_lists("MODEL.ROI_BOX_CASCADE_HEAD.BBOX_REG_WEIGHTS")
 
 
-def _check_single_feature(c: _Cfg) -> None:
+def _check_single_feature(c: ConfigValues) -> None:
     """build_resnet_backbone: one stage feeds the RPN and the ROI heads (C4: res4, DC5: res5)."""
     if c.str("MODEL.ROI_HEADS.NAME") == CASCADE_ROI_HEADS:
         raise c.bad("MODEL.ROI_HEADS.NAME", f"supported with FPN only; {SUPPORTED}")
@@ -324,14 +116,14 @@ def _check_single_feature(c: _Cfg) -> None:
     c.require("MODEL.RESNETS.RES5_DILATION", (1, 2), "detectron2 allows only 1 or 2")
 
 
-def _calibration(c: _Cfg, provenance: dict) -> Calibration | None:
+def _calibration(c: ConfigValues, provenance: dict) -> Calibration | None:
     """The NorCal authors' TEST.CALIBRATION keys (with their defaults) in our terms."""
     if c.str("MODEL.ROI_HEADS.NAME") != NORCAL_ROI_HEADS:
         return None
     given = c.get("TEST").get("CALIBRATION") or {}
     if not isinstance(given, dict):
         raise c.bad("TEST.CALIBRATION", "expected a mapping")
-    cal = _Cfg({"TEST": {"CALIBRATION": {**NORCAL_CALIBRATION, **given}}}, c.source)
+    cal = ConfigValues({"TEST": {"CALIBRATION": {**NORCAL_CALIBRATION, **given}}}, c.source)
     method = cal.str("TEST.CALIBRATION.METHOD")
     factors = {"gamma": "cdt", "cb": "ens"}  # a_c = N_c^gamma | (1 - gamma^N_c) / (1 - gamma)
     if method not in factors:
@@ -352,7 +144,7 @@ def _calibration(c: _Cfg, provenance: dict) -> Calibration | None:
     return result
 
 
-def _anchors(c: _Cfg) -> tuple[tuple, tuple]:
+def _anchors(c: ConfigValues) -> tuple[tuple, tuple]:
     sizes = c.float_lists("MODEL.ANCHOR_GENERATOR.SIZES")
     ratios = c.float_lists("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS")
     levels = len(c.seq("MODEL.RPN.IN_FEATURES"))
@@ -366,7 +158,7 @@ def _anchors(c: _Cfg) -> tuple[tuple, tuple]:
     return sizes, ratios
 
 
-def _detections_per_image(c: _Cfg, candidates: int, made_of: str) -> int:
+def _detections_per_image(c: ConfigValues, candidates: int, made_of: str) -> int:
     """TEST.DETECTIONS_PER_IMAGE: the graph's fixed output rows, a TopK over ``candidates``."""
     key = "TEST.DETECTIONS_PER_IMAGE"
     k = c.int(key, 1)
@@ -377,7 +169,7 @@ def _detections_per_image(c: _Cfg, candidates: int, made_of: str) -> int:
     return k
 
 
-def _min_size_test(c: _Cfg) -> int:
+def _min_size_test(c: ConfigValues) -> int:
     v = c.int("INPUT.MIN_SIZE_TEST")
     if v == 0:  # detectron2's ResizeShortestEdge: no resizing at test time
         raise c.bad("INPUT.MIN_SIZE_TEST", "0 (no resizing at test time) is not supported; give the shorter side")
@@ -393,7 +185,7 @@ POOLER_TYPES = ("ROIAlignV2", "ROIAlign")
 
 def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
     """Map a merged detectron2 config (nested dict, defaults filled) to a :class:`ModelSpec`."""
-    c = _Cfg(cfg, source)
+    c = ConfigValues(cfg, source)
     if c.get("MODEL.META_ARCHITECTURE") == RETINANET:
         return retinanet_spec_from_cfg(c)
     _check_supported(c)
@@ -474,7 +266,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
     )
 
 
-def retinanet_spec_from_cfg(c: _Cfg) -> ModelSpec:
+def retinanet_spec_from_cfg(c: ConfigValues) -> ModelSpec:
     """A RetinaNet config (``meta_arch/retinanet.py`` on ``build_retinanet_resnet_fpn_backbone``)."""
     c.require("VERSION", 2, "only version-2 detectron2 configs are supported")
     c.require("MODEL.BACKBONE.NAME", RETINANET_BACKBONE, f"not supported for RetinaNet; {SUPPORTED}")

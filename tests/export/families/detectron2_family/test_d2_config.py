@@ -10,7 +10,8 @@ import yaml
 
 from conftest import SYNTH
 from norcal.core.errors import NorcalError
-from norcal.export.families.detectron2.config import load_config, load_yaml_with_base
+from norcal.export.families.detectron2.config import load_config
+from norcal.export.families.detectron2.config_file import load_yaml_with_base
 
 FIXTURES = Path(__file__).parents[3] / "fixtures"
 FIXTURE_CONFIGS = [FIXTURES / "d2_lvis_tiny" / "config.yaml", SYNTH / "config.yaml",
