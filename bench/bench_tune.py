@@ -47,7 +47,8 @@ def main() -> int:
     from norcal.core.tables import build_table
     from norcal.cli.options import parse_gammas
     from norcal.export.families.detectron2.family import detector_of
-    from norcal.workflows.tune import cache_images, images_from_gt, rescore_images, to_eval_detections
+    from norcal.workflows.tune import images_from_gt
+    from norcal.workflows.tune_cache import cache_images, rescore_images, to_eval_detections
 
     gammas = parse_gammas(args.gammas)
     table = build_table(SYNTH / "train_annotations.json")

@@ -28,8 +28,8 @@ _API = {
     "calibrate_onnx": "norcal.workflows.export_job",
     # choosing gamma
     "tune": "norcal.workflows.tune",
-    "TuneResult": "norcal.workflows.tune",
-    "SweepPoint": "norcal.workflows.tune",
+    "TuneResult": "norcal.workflows.tune_sweep",
+    "SweepPoint": "norcal.workflows.tune_sweep",
     "tune_ray": "norcal.workflows.ray_tune",
     # calibration tables
     "CalibrationTable": "norcal.core.tables",
@@ -93,4 +93,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run
                                              export_checkpoint, export_onnx_file)
     from norcal.workflows.quantize import QuantizeOptions, QuantizeResult, quantize_model
     from norcal.workflows.ray_tune import tune_ray
-    from norcal.workflows.tune import SweepPoint, TuneResult, tune
+    from norcal.workflows.tune import tune
+    from norcal.workflows.tune_sweep import SweepPoint, TuneResult

@@ -26,8 +26,9 @@ from typing import Any, Callable, Sequence
 
 from norcal.core.tables import CalibrationTable
 from norcal.runtime.ray_inference import BatchFailed, RayOptions, ray_session, worker_error
-from norcal.workflows.tune import (SweepPoint, TunePlan, TuneResult, cache_images, concat_caches,
-                                   evaluate_gamma, plan_tune, progress_step, rescore_gamma)
+from norcal.workflows.tune import TunePlan, plan_tune, progress_step
+from norcal.workflows.tune_cache import cache_images, concat_caches, rescore_gamma
+from norcal.workflows.tune_sweep import SweepPoint, TuneResult, evaluate_gamma
 
 
 class _TuneWorker:

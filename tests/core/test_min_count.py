@@ -103,7 +103,7 @@ def test_cli_prints_how_many_classes_were_clamped(tmp_path, capsys):
 
 
 def test_tune_sweeps_with_the_clamped_counts(tmp_path):
-    from norcal.workflows.tune import _priors
+    from norcal.workflows.tune_sweep import _priors
 
     t = load_table(write_table(tmp_path, COUNTS))
     priors, n = _priors(t, [0.0, 0.5], "cdt", 2)

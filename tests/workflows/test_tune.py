@@ -42,7 +42,7 @@ def family_detector(detector):
 
 @pytest.fixture(scope="module")
 def cache(family_detector):
-    from norcal.workflows.tune import cache_images
+    from norcal.workflows.tune_cache import cache_images
 
     pairs = [(i, SYNTH / "val" / f"{i}.png") for i in GOLDEN_IDS]
     # batch 3: the last batch is partial, so batching must not change anything
@@ -52,7 +52,7 @@ def cache(family_detector):
 def rescored(detector, cache, table, gamma, mechanism="exp", factor="cdt"):
     from norcal.core.calibration import log_prior
     from norcal.export.families.detectron2.family import detector_of
-    from norcal.workflows.tune import rescore_images
+    from norcal.workflows.tune_cache import rescore_images
 
     prior = None if gamma == 0 else log_prior(table.counts(), gamma, factor)
     return rescore_images(detector_of(*detector), cache, 0, prior, mechanism, batch_size=5)
@@ -230,7 +230,8 @@ def test_tune_in_chunks_equals_one_cache(detector, family_detector, cache, table
     # a memory budget of 4 images' cache: the 8 images go through as 2 chunks
     from norcal.core.errors import NorcalError
     from norcal.export.families.detectron2.family import estimate_cache_bytes
-    from norcal.workflows.tune import sweep, tune
+    from norcal.workflows.tune import tune
+    from norcal.workflows.tune_sweep import sweep
 
     budget = 4 * estimate_cache_bytes(detector[0], 1)
     chunked = tune(SYNTH / "model_final.pth", subset_gt, SYNTH / "val", [0.0, 1.0], table,

@@ -55,7 +55,7 @@ class Arch:
     def cache(self, mechanism: str = "exp"):
         """R-CNNs: one cache for every gamma; RetinaNet: one per mechanism, holding the
         candidates of every variant's prior."""
-        from norcal.workflows.tune import cache_images
+        from norcal.workflows.tune_cache import cache_images
 
         key = mechanism if self.retina else "all"
         if key not in self._caches:
@@ -65,7 +65,7 @@ class Arch:
         return self._caches[key]
 
     def rescored(self, gamma: float, mechanism: str = "exp", factor: str = "cdt"):
-        from norcal.workflows.tune import rescore_images
+        from norcal.workflows.tune_cache import rescore_images
 
         key = (gamma, mechanism, factor)
         if key not in self._rescored:
@@ -156,7 +156,8 @@ def test_sweep_ap_is_the_exported_models_ap(arch, gt_files, tmp_path):
     """tune()'s AP at each gamma equals the AP of the export calibrated at that gamma, run by
     ONNX Runtime and scored by the evaluation on its own."""
     from norcal.evaluation import evaluate, prepare_gt
-    from norcal.workflows.tune import to_eval_detections, tune
+    from norcal.workflows.tune import tune
+    from norcal.workflows.tune_cache import to_eval_detections
 
     gammas = [0.0, 0.5]  # the ONNX runs of test_rescoring_equals_exported_model
     result = tune(arch.fixture / "model_final.pth", gt_files[arch.name], arch.fixture / "images", gammas,
@@ -202,7 +203,7 @@ def test_cascade_cached_stage_logits_are_the_models(cascade):
 def test_retinanet_candidate_cache_refuses_another_sweep():
     """A candidate cache is tied to the priors (gammas, counts) and mechanism it was made with."""
     from norcal.core.errors import NorcalError
-    from norcal.workflows.tune import sweep
+    from norcal.workflows.tune_sweep import sweep
 
     retina = _ARCHS.get("retinanet") or Arch("retinanet")
     with pytest.raises(NorcalError, match="other gammas"):

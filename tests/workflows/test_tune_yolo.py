@@ -71,7 +71,8 @@ def _gamma_0_is_infer(best, gt, images, table, tmp_path):
     against norcal infer of the gamma-0 export: >= 99% of the detections matched. Returns the
     plan and its cache."""
     from norcal.cli import main
-    from norcal.workflows.tune import cache_images, plan_tune, rescore_gamma
+    from norcal.workflows.tune import plan_tune
+    from norcal.workflows.tune_cache import cache_images, rescore_gamma
 
     plan = plan_tune(best, gt, images, [0.0, 0.5], table, batch_size=3)
     cache = cache_images(plan.detector, plan.pairs, plan.acc.priors, "exp", 3)
