@@ -88,7 +88,7 @@ def test_any_json_in_any_field_loads_or_is_one_clean_error(tmp_path, fmt, data):
         use(fmt, load(file))
     except NorcalError as e:
         msg = str(e)
-        assert "\n" not in msg and msg.startswith(f"{file}: ") or msg.startswith(("class ", "table ")), msg
+        assert "\n" not in msg and (msg.startswith(f"{file}: ") or msg.startswith(("class ", "table "))), msg
 
 
 @pytest.mark.parametrize("fmt", ["gt", "results"])
