@@ -203,9 +203,8 @@ def prepare_infer(options: InferOptions,
     from norcal.core.contract import check_detector, input_spec
     from norcal.runtime.images import check_annotated_sizes, expand_inputs, unreadable_files
     from norcal.runtime.inference import runner_metadata
-    from norcal.runtime.backends import backend_for
     from norcal.runtime.results import category_ids_from_annotations
-    from norcal.runtime.runners import open_runner
+    from norcal.runtime.runners import backend_of, open_runner
 
     t0 = time.perf_counter()
     options.check()
@@ -227,8 +226,8 @@ def prepare_infer(options: InferOptions,
     if ray is None:
         runner = open_runner(options.model, options.provider, options.threads)
     else:  # only for the metadata here: the workers, maybe on GPU nodes, open their own
-        backend = backend_for(options.model)
-        runner = open_runner(options.model, backend.cpu_provider if backend is not None else None, 1)
+        backend = backend_of(options.model)
+        runner = open_runner(options.model, backend.cpu_provider, 1)
     meta = runner_metadata(runner)
     check_detector(Path(options.model).name, runner.input_names, runner.output_names, meta)
     spec = input_spec(meta, options.min_size, options.max_size)
