@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from norcal.core.errors import NorcalError
 from norcal.runtime.backends.base import Backend
 from norcal.runtime.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from norcal.runtime.backends.tensorrt import BACKEND as TENSORRT
@@ -23,7 +24,8 @@ def backend_named(name: str) -> Backend:
     for b in BACKENDS:
         if b.name == name:
             return b
-    raise KeyError(name)
+    raise NorcalError(f"unknown backend {name!r}; choose one of {', '.join(b.name for b in BACKENDS)}",
+                      param="backend")
 
 
 def expected_files() -> str:

@@ -28,6 +28,8 @@ def test_every_suffix_maps_to_its_backend():
     every = [s for b in BACKENDS for s in b.suffixes]
     assert len(every) == len(set(every))  # no suffix claimed twice
     assert backend_for("model.pt") is None and backend_for("model") is None
+    with pytest.raises(NorcalError, match="^unknown backend 'tpu'; choose one of onnxruntime, tensorrt$"):
+        backend_named("tpu")
 
 
 def test_triton_uses_the_one_engine_suffix_list():
