@@ -126,7 +126,7 @@ def example_results(out: Path) -> Path:
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
     from norcal.runtime.inference import run_images
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
     from norcal.runtime.results import detections_to_results
     from norcal.workflows.tune import images_from_gt
 

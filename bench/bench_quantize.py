@@ -83,7 +83,7 @@ def run(models, d, table, spec, out_dir: Path, say, threads: int = 2, repeats: i
     from norcal.evaluation import evaluate, prepare_gt
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import prepare
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
     from norcal.runtime.postprocess import split_outputs
     from norcal.runtime.results import detections_to_results
     from norcal.workflows.tune import images_from_gt
@@ -167,7 +167,7 @@ def fullsize(path: Path, n_cal: int, threads: int, repeats: int, say) -> None:
     from norcal.core.onnx_io import load_onnx, save_onnx
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import prepare
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
     from norcal.workflows.demo import default_data_dir
 
     import tempfile

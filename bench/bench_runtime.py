@@ -40,7 +40,7 @@ def export_fixture(out: Path) -> Path:
 def bench(model: Path, image_paths: list[Path], batches: list[int], rounds: int, threads: int | None):
     from norcal.core.contract import input_spec
     from norcal.runtime.images import read_rgb
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
     from norcal.runtime.postprocess import split_outputs
     from norcal.runtime.preprocess import prepare_batch
     from norcal.runtime.results import detections_to_results

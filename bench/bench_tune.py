@@ -43,7 +43,7 @@ def main() -> int:
     from norcal.export.families.detectron2.loader import load_model
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.inference import run_images
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
     from norcal.core.tables import build_table
     from norcal.cli.options import parse_gammas
     from norcal.export.families.detectron2.family import detector_of

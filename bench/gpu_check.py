@@ -110,7 +110,7 @@ def _check(key, name, args, dev, table, console, tmp) -> int:
     from norcal.export.families.detectron2.loader import load_model
     from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
     from norcal.runtime.images import read_rgb
-    from norcal.runtime.onnxruntime_runner import PROVIDERS, OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import PROVIDERS, OnnxRuntimeRunner
     from norcal.workflows.parity import run_parity
     from norcal.workflows.parity.compare import compare
 

@@ -1,4 +1,4 @@
-"""``open_runner``: the right backend for a model file."""
+"""``open_runner``: the right backend for a model file (the registry in :mod:`norcal.runtime.backends`)."""
 
 from __future__ import annotations
 
@@ -7,34 +7,30 @@ from pathlib import Path
 
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
-
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+from norcal.runtime import backends
+from norcal.runtime.backends.base import Backend
 
 
 def open_runner(path: str | os.PathLike, provider: str | None = None, threads: int | None = None) -> Runner:
-    """.onnx -> OnnxRuntimeRunner(provider or 'cpu', threads); .engine/.plan -> TensorRTRunner
+    """The model at ``path`` opened by the backend its suffix names: .onnx -> ONNX Runtime
+    (provider 'cpu' by default, 'cuda', 'tensorrt' or 'auto'); .engine/.plan/.trt -> TensorRT
     (provider None, 'auto' or 'tensorrt').
 
     threads: ONNX Runtime's intra-op threads (None: its default, one per core)."""
-    p = Path(path)
-    suffix = p.suffix.lower()
-    if suffix == ".onnx":
-        from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    return backend_of(path).open(path, provider, threads)
 
-        return OnnxRuntimeRunner(p, provider or "cpu", threads)
-    if suffix in ENGINE_SUFFIXES:
-        if provider not in (None, "auto", "tensorrt"):
-            raise NorcalError(f"{p.name} is a TensorRT engine; provider {provider} applies to .onnx models",
-                              param="provider")
-        try:
-            from norcal.runtime.tensorrt_runner import TensorRTRunner
-        except ImportError as e:
-            raise NorcalError(f"cannot run {p.name}: the TensorRT runner is unavailable ({e})") from None
-        return TensorRTRunner(p)
+
+def backend_of(path: str | os.PathLike) -> Backend:
+    """The backend that opens ``path`` (by its suffix); a file none opens is refused, a
+    training checkpoint by what it is."""
+    p = Path(path)
+    backend = backends.backend_for(p)
+    if backend is not None:
+        return backend
     from norcal.core.onnx_io import not_onnx_checkpoint
 
     foreign = not_onnx_checkpoint(p) if p.is_file() else None
     if foreign is not None:
         raise foreign
-    raise NorcalError(f"{p}: unknown model type {suffix or '(no suffix)'!r}; "
-                      f"expected .onnx or a TensorRT engine ({', '.join(ENGINE_SUFFIXES)})")
+    suffix = p.suffix.lower()
+    raise NorcalError(f"{p}: unknown model type {suffix or '(no suffix)'!r}; expected {backends.expected_files()}")

@@ -19,8 +19,8 @@ from norcal.core.errors import NorcalError
 from norcal.core.onnx_io import graph_io
 from norcal.core.fileio import write_text
 from norcal.core.outputs import current_path, staged_dir
+from norcal.runtime.backends.tensorrt import ENGINE_SUFFIXES
 
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 DEFAULT_MAX_BATCH = 8
 
 # ONNX element type name -> Triton data type (model_config.proto DataType)

@@ -188,7 +188,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     from norcal.export.families import load_detector
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import run_images
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends import ONNXRUNTIME
     from norcal.runtime.results import detections_to_results
     from norcal.workflows.pictures import gt_caption, gt_objects, pick_images, write_pictures
     from norcal.workflows.tune import images_from_gt, tune, write_sweep_plot
@@ -243,7 +243,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     for g in wanted:
         label = "baseline" if g is None else f"NorCal γ={g:g}"
         t1 = time.perf_counter()
-        runner = OnnxRuntimeRunner(paths[g])
+        runner = ONNXRUNTIME.open(paths[g])
         step = (lambda n, label=label: progress(label, n, len(pairs))) if progress is not None else None
         results, kept[g] = [], {}
         for img_path, det in run_images(runner, [p for _, p in pairs], batch_size, on_done=step):

@@ -204,7 +204,7 @@ def prepare_infer(options: InferOptions,
     from norcal.runtime.images import check_annotated_sizes, expand_inputs, unreadable_files
     from norcal.runtime.inference import runner_metadata
     from norcal.runtime.results import category_ids_from_annotations
-    from norcal.runtime.runners import open_runner
+    from norcal.runtime.runners import backend_of, open_runner
 
     t0 = time.perf_counter()
     options.check()
@@ -226,7 +226,8 @@ def prepare_infer(options: InferOptions,
     if ray is None:
         runner = open_runner(options.model, options.provider, options.threads)
     else:  # only for the metadata here: the workers, maybe on GPU nodes, open their own
-        runner = open_runner(options.model, "cpu" if Path(options.model).suffix.lower() == ".onnx" else None, 1)
+        backend = backend_of(options.model)
+        runner = open_runner(options.model, backend.cpu_provider, 1)
     meta = runner_metadata(runner)
     check_detector(Path(options.model).name, runner.input_names, runner.output_names, meta)
     spec = input_spec(meta, options.min_size, options.max_size)
@@ -243,8 +244,9 @@ def prepare_infer(options: InferOptions,
         check_annotated_sizes(paths, by_name, ann_sizes, options.image_ids)
     with_masks = options.masks and "masks" in runner.output_names
     draw_table = _draw_table(options, meta) if options.draw_dir is not None else None
-    name = runner.name if ray is None or not runner.name.startswith("onnxruntime") else \
-        f"onnxruntime-{options.provider or 'cpu'}"
+    name = runner.name
+    if ray is not None and backend.name_for is not None:  # the workers' runners, not this one
+        name = backend.name_for(options.provider)
     return InferJob(options, paths, [_image_id(p, by_name) for p in paths],
                     runner if ray is None else None, name, spec, cat_ids, cat_source, with_masks,
                     draw_table, not_listed, unreadable, time.perf_counter() - t0)

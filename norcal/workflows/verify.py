@@ -73,10 +73,10 @@ def verify_detector(detector, onnx_path, image_paths, skip_unreadable: bool = Fa
     (:class:`norcal.export.families.Detector`): its PyTorch runner against the ONNX file,
     images prepared per the detector's preprocessing (ResizeShortestEdge or letterbox), score
     threshold as the file records it."""
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends import ONNXRUNTIME
     from norcal.workflows.parity import model_score_thresh
 
-    thresh = model_score_thresh(OnnxRuntimeRunner(Path(onnx_path), "cpu").metadata)
+    thresh = model_score_thresh(ONNXRUNTIME.open(onnx_path, "cpu").metadata)
     return _verify(lambda cal: detector.torch_runner(cal), onnx_path, image_paths, detector.preprocessing, thresh,
                    skip_unreadable)
 
@@ -84,11 +84,11 @@ def verify_detector(detector, onnx_path, image_paths, skip_unreadable: bool = Fa
 def _verify(make_reference, onnx_path, image_paths, spec, score_thresh: float,
             skip_unreadable: bool) -> VerifyResult:
     from norcal.export.pytorch.runner import onnx_calibration
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends import ONNXRUNTIME
     from norcal.workflows.parity import PRESETS, compare, fixed_input_shape, run_parity
 
     images, skipped = check_images(image_paths, skip_unreadable)
-    ort = OnnxRuntimeRunner(Path(onnx_path), "cpu")
+    ort = ONNXRUNTIME.open(onnx_path, "cpu")
     calibration = onnx_calibration(onnx_path)
     reference = make_reference(calibration)
     run = run_parity([reference, ort], images, spec=spec, batch_size=1, score_thresh=score_thresh,

@@ -194,7 +194,7 @@ def run_exported(gammas, num_images: int | None = None) -> dict[float, list[dict
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
     from norcal.runtime.inference import run_images
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
     from norcal.runtime.results import detections_to_results
     from norcal.workflows.tune import images_from_gt
 

@@ -21,7 +21,7 @@ from norcal.cli import main
 from norcal.core.errors import NorcalError
 from norcal.core.contract import input_spec
 from norcal.runtime.inference import run_arrays
-from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 from norcal.runtime.results import detections_to_results, encode_rle
 from norcal.runtime.runners import open_runner
 

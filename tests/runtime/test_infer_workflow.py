@@ -148,3 +148,12 @@ def test_images_of_another_size_than_the_annotations_say_are_refused(toy, tmp_pa
     with pytest.raises(NorcalError, match="the image is 100x50 pixels"):
         prepare_infer(InferOptions(toy, [tmp_path / "imgs"], out, image_ids=gt))
     assert not out.exists()
+
+
+def test_ray_job_opens_here_on_the_cpu_and_names_the_workers_provider(toy, tmp_path):
+    from norcal.runtime.ray_inference import RayOptions
+
+    write_images(tmp_path / "imgs")
+    job = prepare_infer(InferOptions(toy, [tmp_path / "imgs"], tmp_path / "res.json", provider="cuda",
+                                     skip_unreadable=True, ray=RayOptions(num_workers=1)))
+    assert job.runner is None and job.runner_name == "onnxruntime-cuda"

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto as T, helper as h
 
 from norcal.cli import main
-from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner, choose_provider
+from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner, choose_provider
 
 CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 

@@ -101,7 +101,7 @@ def test_build_without_tensorrt_is_one_line_exit_2_and_writes_nothing(tmp_path, 
 
 def test_import_tensorrt_message_is_neutral_and_the_runner_adds_context(tmp_path, monkeypatch):
     from norcal.runtime.tensorrt_build import import_tensorrt
-    from norcal.runtime.tensorrt_runner import TensorRTRunner
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
 
     _hide_tensorrt(monkeypatch)
     with pytest.raises(NorcalError) as e:
@@ -113,7 +113,7 @@ def test_import_tensorrt_message_is_neutral_and_the_runner_adds_context(tmp_path
 
 def test_engine_without_sidecar_warns_about_the_default_resize(tmp_path, capsys):
     from norcal.cli import _show_warning
-    from norcal.runtime.tensorrt_runner import NoSidecarWarning, engine_metadata
+    from norcal.runtime.backends.tensorrt.runner import NoSidecarWarning, engine_metadata
 
     engine = tmp_path / "m.engine"
     engine.write_bytes(b"x")
@@ -183,7 +183,7 @@ def test_real_engine_matches_onnxruntime(tmp_path, fp16, capsys):
     import onnxruntime as ort
 
     from norcal.runtime.tensorrt_build import build_engine, prepare
-    from norcal.runtime.tensorrt_runner import TensorRTRunner
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
 
     model_path = tmp_path / "tiny.onnx"
     onnx.save(tiny_detector({"norcal.gamma": "0.3"}), model_path)
@@ -480,7 +480,7 @@ def test_real_int8_engine_from_qdq_matches_onnxruntime(tmp_path, capsys):
     import onnxruntime as ort
 
     from norcal.runtime.tensorrt_build import build_engine, prepare
-    from norcal.runtime.tensorrt_runner import TensorRTRunner
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
 
     model_path = tmp_path / "tiny.int8.onnx"
     onnx.save(tiny_qdq_detector(), model_path)

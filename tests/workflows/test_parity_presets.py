@@ -68,7 +68,7 @@ def images():
 def reference(fp32, int8, images, tmp_path_factory):
     """PyTorch's outputs (with the ONNX model's prior) and the parity run of the good int8 model."""
     from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     path = tmp_path_factory.mktemp("int8") / "int8.onnx"
     save_onnx(int8, path)
@@ -83,7 +83,7 @@ def _judge(model, reference, images, tmp_path):
     `norcal parity` picks for it (from its norcal.precision) -> (preset, report)."""
     from norcal.core.contract import InputSpec
     from norcal.runtime.inference import prepared_batches
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     save_onnx(model, tmp_path / "model.onnx")
     runner = OnnxRuntimeRunner(tmp_path / "model.onnx")

@@ -48,7 +48,7 @@ def run_onnx(model, images, tmp_path, name, batch_size=4):
     """ONNX Runtime on the images, ``batch_size`` per padded batch -> per-image Detections."""
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.inference import run_arrays
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     path = tmp_path / f"{name}.onnx"
     save_onnx(model, path)

@@ -94,7 +94,7 @@ def plain_onnx(detector):
 def onnx_detections(model, tmp_path, ids, batch_size=4):
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.inference import run_images
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     path = tmp_path / "model.onnx"
     save_onnx(model, path)

@@ -86,7 +86,7 @@ class Arch:
         from norcal.core.onnx_io import save_onnx
         from norcal.export.graph.calibrate import calibrate_graph
         from norcal.runtime.inference import run_images
-        from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+        from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
         model = self.plain if gamma == 0 else calibrate_graph(self.plain, gamma, self.table, factor=factor,
                                                               mechanism=mechanism)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from norcal.cli.options import add_ray_arguments, ray_options
 
 HELP = "run a model (.onnx or TensorRT engine) on images; write LVIS/COCO results JSON"
@@ -95,7 +93,7 @@ def run(args) -> int:
     from rich.text import Text
 
     from norcal.cli.options import check_outputs
-    from norcal.runtime.runners import ENGINE_SUFFIXES
+    from norcal.runtime.backends import needs_gpu
     from norcal.workflows.infer import InferOptions, prepare_infer, run_infer, skipped_path
 
     console = Console(stderr=True, soft_wrap=True)
@@ -104,8 +102,7 @@ def run(args) -> int:
                            image_ids=args.image_ids, table=args.table, masks=not args.no_masks,
                            skip_unreadable=args.skip_unreadable, draw_dir=args.draw, draw_count=args.draw_count)
     options.check()
-    gpu = args.provider in ("cuda", "tensorrt") or Path(args.model).suffix.lower() in ENGINE_SUFFIXES
-    options = replace(options, ray=ray_options(args, gpu))
+    options = replace(options, ray=ray_options(args, needs_gpu(args.model, args.provider)))
 
     def outputs(paths):  # before any file is read; the errors name the flags
         check_outputs([args.model, *args.inputs, *paths, args.image_ids, args.table],

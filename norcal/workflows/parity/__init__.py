@@ -22,7 +22,8 @@ detection level only: matched fraction, box IoU, score difference, and AP on giv
 Modules: ``tolerances`` (presets per precision), ``matching`` (pairing detections; the tests
 match detectron2's goldens with it too), ``compare`` (one candidate against the reference),
 ``run`` (runners side by side on the same batches, AP), ``runners`` (which runners a request
-names: ONNX Runtime, PyTorch from a checkpoint, TensorRT, with their presets), ``report``
+names: ONNX Runtime, PyTorch from a checkpoint, a TensorRT engine or any model file a runtime
+backend opens, with their presets), ``report``
 (verdict lines, JSON),
 ``inputs`` (synthetic images). Everything returns data; the CLI draws the tables
 (``norcal.cli.parity_tables``).
@@ -34,10 +35,10 @@ from norcal.workflows.parity.inputs import synthetic_images
 from norcal.workflows.parity.matching import box_iou, match_detections
 from norcal.workflows.parity.report import report_json, verdict_lines
 from norcal.workflows.parity.run import ParityRun, fixed_input_shape, model_score_thresh, run_parity
-from norcal.workflows.parity.runners import ParityRequest, ParityRunners, build_runners
+from norcal.workflows.parity.runners import Candidate, ParityRequest, ParityRunners, build_runners
 from norcal.workflows.parity.tolerances import PRESETS, Tolerances, runner_precision, tolerances_for
 
-__all__ = ["DETECTION_KEYS", "DetectionDiff", "PRESETS", "ParityReport", "ParityRequest", "ParityRun",
+__all__ = ["Candidate", "DETECTION_KEYS", "DetectionDiff", "PRESETS", "ParityReport", "ParityRequest", "ParityRun",
            "ParityRunners", "TensorDiff", "Tolerances", "box_iou", "build_runners", "compare",
            "fixed_input_shape", "match_detections",
            "model_score_thresh", "report_json", "run_parity", "runner_precision", "synthetic_images",

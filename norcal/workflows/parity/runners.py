@@ -2,15 +2,15 @@
 
 A :class:`ParityRequest` names the model (run with ONNX Runtime) and, optionally, the
 checkpoint it was exported from (any detector family: detectron2 .pth/.pkl, Ultralytics .pt;
-its family's PyTorch runner with the ONNX's NorCal prior: the reference when given) and a TensorRT engine built from it. :func:`build_runners` opens them,
-reference first, with each candidate's tolerance preset, the model's input spec and score
-threshold, and the batch the model allows.
+its family's PyTorch runner with the ONNX's NorCal prior: the reference when given) and model
+files built from it (a TensorRT engine, or any file a runtime backend opens), each opened by
+its backend. :func:`build_runners` opens them, reference first, with each candidate's
+tolerance preset, the model's input spec and score threshold, and the batch the model allows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,16 +19,29 @@ from typing import Any, Callable, ContextManager
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
+from norcal.runtime.backends.base import Backend
 from norcal.workflows.parity.tolerances import PRESETS, Tolerances, runner_precision
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A model file compared with the reference, opened by the runtime backend its suffix
+    names (or the one called ``backend``); precision: its tolerance preset (default: from
+    the runner, :func:`~norcal.workflows.parity.runner_precision`)."""
+
+    path: str | os.PathLike
+    precision: str | None = None
+    backend: str | None = None
 
 
 @dataclass(frozen=True)
 class ParityRequest:
     """model: the ONNX model. checkpoint / config: the checkpoint it was exported from (a
     supported family's; config: detectron2's yaml, default inferred) that adds PyTorch as the
-    reference. engine: a TensorRT engine built
-    from the model; engine_precision: its tolerance preset (default from the engine).
-    provider: ONNX Runtime's execution provider. batch_size: images per batch, every backend."""
+    reference. engine: a TensorRT engine built from the model; engine_precision: its tolerance
+    preset (default from the engine). candidates: more model files to compare, each run by its
+    backend. provider: ONNX Runtime's execution provider. batch_size: images per batch, every
+    backend."""
 
     model: str | os.PathLike
     checkpoint: str | os.PathLike | None = None
@@ -37,6 +50,12 @@ class ParityRequest:
     engine_precision: str | None = None
     provider: str = "cpu"
     batch_size: int = 1
+    candidates: tuple[Candidate, ...] = ()
+
+    def compared(self) -> list[Candidate]:
+        """The model files compared with the ONNX model: the engine, then ``candidates``."""
+        engine = [Candidate(self.engine, self.engine_precision, "tensorrt")] if self.engine else []
+        return engine + list(self.candidates)
 
     def check(self) -> None:
         """The request on its own: the model exists, and there is something to compare it with."""
@@ -52,7 +71,11 @@ class ParityRequest:
         if self.engine_precision is not None and self.engine_precision not in PRESETS:
             raise NorcalError(f"engine_precision must be one of {', '.join(PRESETS)}, got "
                               f"{self.engine_precision!r}", param="engine_precision")
-        if not self.checkpoint and not self.engine:
+        for c in self.candidates:
+            if c.precision is not None and c.precision not in PRESETS:
+                raise NorcalError(f"candidates: precision must be one of {', '.join(PRESETS)}, got "
+                                  f"{c.precision!r} for {c.path}", param="candidates")
+        if not self.checkpoint and not self.engine and not self.candidates:
             raise NorcalError("nothing to compare ONNX Runtime with: give checkpoint (PyTorch) and/or engine",
                               param=("checkpoint", "engine"))
 
@@ -64,7 +87,7 @@ class ParityRunners:
     threshold and fixed input shape (if any), and the batch size (the model's fixed batch
     wins over the requested one). ``calibration``: the NorCal prior the PyTorch side was
     given (None for a plain model or without a checkpoint). ``notes``: what was left out or
-    differs, one line each (TensorRT unavailable, an engine built at another gamma)."""
+    differs, one line each (a backend unavailable, an engine built at another gamma)."""
 
     runners: list[Runner]
     onnx: Runner
@@ -91,48 +114,41 @@ class ParityRunners:
                 raise NorcalError(f"{where}: cannot run this image: {problem}")
 
 
-def tensorrt_unavailable() -> str | None:
-    """Why TensorRT cannot run here (no Python package, no torch, no CUDA GPU), or None."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return "TensorRT's Python package is not installed"
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    return None if torch.cuda.is_available() else "no CUDA GPU is visible"
+def _candidate_runner(candidate: Candidate) -> tuple[Runner | None, Backend, str | None]:
+    """The candidate's runner and backend, or (None, backend, a note) when its backend cannot
+    run here (TensorRT without its package or a GPU)."""
+    from norcal.runtime.backends import backend_named
+    from norcal.runtime.runners import backend_of
 
-
-def _engine_runner(request: ParityRequest) -> tuple[Runner | None, str | None]:
-    """The TensorRT runner, or (None, a note) when TensorRT or a GPU is missing."""
-    engine = Path(request.engine)
-    if not engine.is_file():
-        raise NorcalError(f"{engine}: no such engine file")
-    why = tensorrt_unavailable()
+    path = Path(candidate.path)
+    backend = backend_named(candidate.backend) if candidate.backend else backend_of(path)
+    if not path.is_file():
+        raise NorcalError(f"{path}: no such {backend.file_noun} file")
+    why = backend.unavailable()
     if why:
-        return None, f"TensorRT not compared ({why}); {engine.name} was not run"
-    from norcal.runtime.tensorrt_runner import TensorRTRunner
-
-    runner = TensorRTRunner(engine)
-    if request.engine_precision:
-        runner.precision = request.engine_precision
-    return runner, None
+        return None, backend, f"{backend.title} not compared ({why}); {path.name} was not run"
+    runner = backend.open(path)
+    if candidate.precision:
+        runner.precision = candidate.precision
+    return runner, backend, None
 
 
 def build_runners(request: ParityRequest,
                   stage: Callable[[str], ContextManager] | None = None) -> ParityRunners:
     """Open the runners the request names: PyTorch (with ``checkpoint``; the reference), ONNX
-    Runtime, TensorRT (with ``engine``, when TensorRT and a GPU are present; else a note).
+    Runtime, then each compared file by its backend (TensorRT for ``engine``), when that
+    backend can run here (else a note).
     stage(description): a context manager around slow steps (loading the PyTorch model), for
     a front end's spinner."""
     from norcal.core.contract import check_detector, input_spec
     from norcal.export.families import load_detector
     from norcal.export.pytorch.runner import onnx_calibration
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends import ONNXRUNTIME
     from norcal.workflows.parity.run import fixed_input_shape, model_score_thresh
 
     request.check()
     stage = stage or (lambda _description: contextlib.nullcontext())
-    ort = OnnxRuntimeRunner(request.model, request.provider)
+    ort = ONNXRUNTIME.open(request.model, request.provider)
     check_detector(Path(request.model).name, ort.input_names, ort.output_names, ort.metadata)
     calibration = onnx_calibration(request.model)
     runners: list[Runner] = []
@@ -147,18 +163,20 @@ def build_runners(request: ParityRequest,
                               "checkpoint it was exported from", param="checkpoint")
         runners.append(torch_runner)
     runners.append(ort)
-    if request.engine:
-        trt, note = _engine_runner(request)
+    missing: list[str] = []
+    for candidate in request.compared():
+        runner, backend, note = _candidate_runner(candidate)
         if note:
             notes.append(note)
-        if trt is not None:
-            mine, theirs = ort.metadata.get(contract.GAMMA), trt.metadata.get(contract.GAMMA)
-            if trt.metadata and mine != theirs:
-                notes.append(f"the engine was built with NorCal gamma {theirs}, the ONNX has {mine}")
-            runners.append(trt)
+            missing.append(backend.title)
+        if runner is not None:
+            mine, theirs = ort.metadata.get(contract.GAMMA), runner.metadata.get(contract.GAMMA)
+            if runner.metadata and mine != theirs:
+                notes.append(f"the {backend.file_noun} was built with NorCal gamma {theirs}, the ONNX has {mine}")
+            runners.append(runner)
     if len(runners) < 2:
-        raise NorcalError("nothing left to compare: TensorRT is unavailable and no checkpoint was given",
-                          param="checkpoint")
+        raise NorcalError(f"nothing left to compare: {', '.join(dict.fromkeys(missing))} is unavailable and "
+                          "no checkpoint was given", param="checkpoint")
     fixed = fixed_input_shape(ort)
     batch = fixed[0] if fixed and fixed[0] and fixed[0] != request.batch_size else request.batch_size
     return ParityRunners(runners, ort, {r.name: PRESETS[runner_precision(r)] for r in runners},

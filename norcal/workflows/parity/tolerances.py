@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from norcal.core.contract import PRECISION
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
+from norcal.runtime import backends
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ def tolerances_for(precision: str, **overrides) -> Tolerances:
 def runner_precision(runner: Runner) -> str:
     """The preset a runner's outputs are judged with: its ``precision`` attribute, else what its
     model's metadata says `norcal quantize` made of it (int8, fp16), else from its name
-    ('...fp16' -> fp16; TensorRT fp32 engines -> tf32, TensorRT's default on Ampere+)."""
+    ('...fp16' -> fp16), else its backend's preset (a runner name containing a backend's
+    name; TensorRT -> tf32, its default for fp32 on Ampere+), else fp32."""
     explicit = getattr(runner, "precision", None)
     if explicit in PRESETS:
         return explicit
@@ -82,7 +84,5 @@ def runner_precision(runner: Runner) -> str:
         return "int8"
     if "fp16" in name:
         return "fp16"
-    if name.startswith("tensorrt") or "tensorrt" in name:
-        return "tf32"
-    return "fp32"
+    return next((b.parity_precision for b in backends.BACKENDS if b.parity_precision and b.name in name), "fp32")
 

@@ -177,7 +177,7 @@ def test_detections_agree_with_the_fp32_model(fp32, int8, fp16, tmp_path):
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import run_arrays
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     images = [read_rgb(p) for p in VAL]
     dets = {}
@@ -214,7 +214,7 @@ def test_parity_judges_the_int8_model_by_the_int8_preset(fp32, int8, tmp_path, c
     assert rep["passed"] and rep["detections"]["reference_count"] >= 50
     # the same comparison at fp32 tolerances fails: the preset is what lets int8 pass
     from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
     from norcal.workflows.parity.compare import compare
 
     feeds = next(_feeds(VAL[:1]))
@@ -289,7 +289,7 @@ def test_ort_form_detections_agree_and_parity_passes_at_the_int8_preset(fp32, in
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import run_arrays
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     images = [read_rgb(p) for p in VAL[:4]]
     save_onnx(fp32, tmp_path / "fp32.onnx")

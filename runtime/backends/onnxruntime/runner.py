@@ -10,6 +10,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_THREADS, check_range
+from norcal.core.runner import BaseRunner
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -29,7 +30,7 @@ def choose_provider(requested: str, available: Sequence[str]) -> str:
     return "cuda" if PROVIDERS["cuda"][0] in available else "cpu"
 
 
-class OnnxRuntimeRunner:
+class OnnxRuntimeRunner(BaseRunner):
     """An ONNX model in an ``onnxruntime.InferenceSession``.
 
     provider: 'cpu', 'cuda' or 'tensorrt' (ONNX Runtime's execution provider, with the usual
@@ -70,10 +71,9 @@ class OnnxRuntimeRunner:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
 
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def missing_inputs(self, missing: list[str]) -> str:
+        return f"{self.path.name}: missing inputs {', '.join(missing)}"
+
+    def infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """images float32 [B,3,H,W], image_sizes int64 [B,2] -> outputs by name."""
-        missing = [n for n in self.input_names if n not in feeds]
-        if missing:
-            raise NorcalError(f"{self.path.name}: missing inputs {', '.join(missing)}")
-        outs = self.session.run(self.output_names, {n: feeds[n] for n in self.input_names})
-        return dict(zip(self.output_names, outs))
+        return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))

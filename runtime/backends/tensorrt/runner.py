@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core.errors import NorcalError
+from norcal.core.runner import BaseRunner
+from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
 
 
 class NoSidecarWarning(UserWarning):
     """An engine without its sidecar: the default resize sizes apply."""
 
     params = ("min_size", "max_size")  # what the message names, for front ends to spell
-from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
 
 
 def _torch_cuda():
@@ -49,7 +50,7 @@ def engine_metadata(engine_path) -> tuple[dict, dict[str, str]]:
     return sidecar, dict(sidecar.get("metadata", {}))
 
 
-class TensorRTRunner:
+class TensorRTRunner(BaseRunner):
     """Run a TensorRT engine: ``infer({"images": [B,3,H,W] f32, "image_sizes": [B,2] i64})``."""
 
     def __init__(self, engine_path, device: int = 0):
@@ -102,12 +103,12 @@ class TensorRTRunner:
             raise NorcalError(f"input '{name}' has shape {shape}, outside the engine's profile "
                               f"{lo} .. {hi}; rebuild the engine with a profile that covers it (batch, image sizes)")
 
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def missing_inputs(self, missing: list[str]) -> str:
+        return f"missing inputs {missing} (the engine takes {self.input_names})"
+
+    def infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch on the GPU; returns host arrays by output name."""
         torch = self._torch
-        missing = [n for n in self.input_names if n not in feeds]
-        if missing:
-            raise NorcalError(f"missing inputs {missing} (the engine takes {self.input_names})")
         keep = []  # device tensors must outlive the launch
         with torch.cuda.stream(self._stream):
             for name in self.input_names:
