@@ -2,7 +2,6 @@
 against torchvision's own model (NorCal applied by hand to its class logits, then torchvision's
 own postprocess_detections), alone and batched."""
 
-import math
 import pickle
 import zipfile
 from pathlib import Path
@@ -23,7 +22,8 @@ from norcal.export.families.torchvision.family import detector_from_state
 from norcal.export.graph.surgery import insert_norcal
 from norcal.runtime.preprocess import prepare_batch, resize_bilinear_float, torchvision_size
 from norcal.workflows.parity.matching import match_detections
-from tests.torchvision_models import COUNTS, r50, table_file, tiny_rcnn, tiny_retinanet
+from family_cases import torchvision_prior as _by_hand_prior, torchvision_reference as _reference
+from tests.torchvision_models import r50, table_file, tiny_rcnn, tiny_retinanet
 
 # small inputs keep the parity tests fast (the family's default is 800 / 1333); a 224 side pads to
 # 7 stride-32 cells, so torchvision's P6 stride is 224 // 4 = 56, not 64: the anchors' quirk is in play
@@ -33,36 +33,6 @@ GAMMAS = (0.0, 0.5)
 
 def _images(tiny_dir):
     return [np.asarray(Image.open(p).convert("RGB")).copy() for p in sorted((tiny_dir / "images").glob("*.png"))]
-
-
-def _by_hand_prior(gamma: float) -> torch.Tensor:
-    """NorCal's log prior in torchvision's layout: background (first) untouched, then
-    gamma * log N_c (the table's counts)."""
-    return torch.tensor([0.0] + [gamma * math.log(c) for c in COUNTS])
-
-
-def _reference(model, img: np.ndarray, gammas=(0.5,)) -> list[dict]:
-    """torchvision's own pipeline (GeneralizedRCNN.forward before the boxes go back to the
-    original image) with the class logits shifted by NorCal's prior before its softmax, one
-    result per gamma (the network up to the ROI heads run once)."""
-    with torch.no_grad():
-        images, _ = model.transform([torch.from_numpy(img).permute(2, 0, 1).float() / 255])
-        features = model.backbone(images.tensors)
-        proposals, _ = model.rpn(images, features)
-    out = []
-    for gamma in gammas:
-        lp = _by_hand_prior(gamma)
-        hook = model.roi_heads.box_predictor.register_forward_hook(lambda m, a, o: (o[0] - lp, o[1]))
-        try:
-            with torch.no_grad():
-                dets, _ = model.roi_heads(features, proposals, images.image_sizes)
-        finally:
-            hook.remove()
-        d = {k: v.numpy() for k, v in dets[0].items()}
-        d["labels"] = d["labels"] - 1  # torchvision's labels count the background as 0
-        d["size"] = tuple(images.image_sizes[0])
-        out.append(d)
-    return out
 
 
 def _assert_matches(ref: dict, boxes, scores, classes, masks=None):

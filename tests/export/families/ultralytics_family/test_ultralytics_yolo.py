@@ -22,10 +22,8 @@ import pytest
 from yolo_models import IMAGES, IMGSZ, NUM_CLASSES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 import torch  # noqa: E402
-from ultralytics.data.augment import LetterBox  # noqa: E402
-from ultralytics.utils import ops  # noqa: E402
-from ultralytics.utils.nms import non_max_suppression  # noqa: E402
 
+from family_cases import yolo_reference as _reference  # noqa: E402
 from norcal.core import contract  # noqa: E402
 from norcal.core.boxes import box_iou  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
@@ -144,40 +142,7 @@ def test_plain_pickle_with_pt_suffix_is_not_loaded(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
-# --- the reference -------------------------------------------------------------------------
-
-def _reference(ckpt: Path, images, gamma: float, counts, seg: bool, max_det: int = 300):
-    """Ultralytics' own pipeline with NorCal applied by hand to its raw logits (an end-to-end
-    head's: its one-to-one branch's, before its top-k of ``max_det``)."""
-    model = torch.load(ckpt, weights_only=False)["model"].float().eval()  # our test file
-    head = model.model[-1]
-    lb = [LetterBox((S, S), auto=False)(image=im.copy()) for im in images]
-    x = torch.from_numpy(np.stack(lb).transpose(0, 3, 1, 2).astype(np.float32) / 255.0)
-    with torch.no_grad():
-        out = model(x)
-    (y, proto), raw = out if seg else ((out[0], None), out[1])
-    e2e = head.end2end
-    raw = raw["one2one"] if e2e else raw.get("one2many", raw)  # YOLO26 with nms None: one-to-many
-    logits = raw["scores"].double().numpy()  # [B, C, A], before the head's sigmoid
-    probs = 1.0 / (1.0 + np.exp(-(logits - gamma * np.log(counts)[None, :, None])))
-    with torch.no_grad():  # an end-to-end head's y is already its top-k: decode all anchors again
-        boxes = head._get_decode_boxes(raw) if e2e else y[:, :4]  # corners when end-to-end
-    pred = torch.cat([boxes, torch.from_numpy(probs.astype(np.float32))]
-                     + ([raw["mask_coefficient"]] if seg else []), 1)
-    if e2e:
-        head.max_det = max_det  # as the predictor sets it
-        with torch.no_grad():
-            pred = head.postprocess(pred.permute(0, 2, 1))  # [B, k, 6 (+nm)]: get_topk_index
-    dets = non_max_suppression(pred, conf_thres=0.001, iou_thres=0.7, multi_label=True, max_det=max_det,
-                               nc=NUM_CLASSES, end2end=e2e)
-    pads = []
-    for im in images:
-        p = LetterBox((S, S), auto=False).get_params({"img": im})
-        pads.append(np.array([p["left"], p["top"]] * 2, np.float32))
-    masks = [ops.process_mask(proto[b], d[:, 6:], d[:, :4], (S, S), upsample=True).numpy().astype(bool)
-             for b, d in enumerate(dets)] if seg else None
-    return [d.numpy() for d in dets], pads, masks
-
+# --- the reference (Ultralytics with NorCal by hand: family_cases.yolo_reference) -------------
 
 def _match(ref, ours_boxes, ours_scores, ours_classes):
     """For each reference detection, the index of ours with the same class, IoU >= 0.99 and
