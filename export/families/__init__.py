@@ -36,5 +36,17 @@ def load_detector(path, config=None, **options) -> Detector:
     return family_of(path, config).load(Path(path), None if config is None else Path(config), **options)
 
 
+def checkpoint_runner(weights, config=None, name: str = "pytorch", calibration=None, device: str = "cpu",
+                      threads: int | None = None):
+    """A checkpoint of any family loaded by :func:`load_detector`, as its family's PyTorch
+    runner (:class:`norcal.export.pytorch.runner.TorchRunner`) on ``device``."""
+    import torch
+
+    runner = load_detector(weights, config).torch_runner(calibration, name)
+    runner.model = runner.model.to(device)
+    runner.device, runner.threads = torch.device(device), threads
+    return runner
+
+
 __all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "family_of",
-           "load_detector"]
+           "load_detector", "checkpoint_runner"]

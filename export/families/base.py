@@ -29,24 +29,9 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from norcal.core.contract import CLS_LOGITS_TENSOR
+from norcal.core.contract import CLS_LOGITS_TENSOR, Classifier  # Classifier: the contract's, re-exported
 
 PathLike = str | os.PathLike
-
-
-@dataclass(frozen=True)
-class Classifier:
-    """Where a detector's class logits are in its exported graph, and how they are laid out.
-
-    logits: the tensor names the export gives them (one per cascade stage); class_axis: the
-    axis of the C (+ background) classes (-1 for [B, R, C+1], 1 for YOLO's [B, C, anchors]);
-    background: "last", "first" or "none"; activation: "softmax" or "sigmoid" (the op NorCal
-    replaces)."""
-
-    logits: tuple[str, ...]
-    class_axis: int
-    background: str
-    activation: str
 
 
 def square_size(options, what: str, kind: str) -> int | None:
