@@ -29,7 +29,8 @@ def is_ultralytics(model: onnx.ModelProto) -> bool:
     return graph_metadata(model).get("author") == AUTHOR
 
 
-def _literal(meta: dict[str, str], key: str, where: str):
+def metadata_literal(meta: dict[str, str], key: str, where: str):
+    """The Python literal an Ultralytics metadata value holds (its ``names``, ``imgsz``, ``args``)."""
     try:
         return ast.literal_eval(meta[key])
     except KeyError:
@@ -40,7 +41,7 @@ def _literal(meta: dict[str, str], key: str, where: str):
 
 def class_names(meta: dict[str, str], where: str) -> list[str]:
     """The class names of Ultralytics' ``names`` metadata, in index order."""
-    raw = _literal(meta, "names", where)
+    raw = metadata_literal(meta, "names", where)
     if isinstance(raw, dict):
         keys = sorted(raw, key=lambda k: int(k) if isinstance(k, (int, str)) and str(k).isdigit() else -1)
         if [str(k) for k in keys] != [str(i) for i in range(len(raw))]:
@@ -57,7 +58,7 @@ def class_names(meta: dict[str, str], where: str) -> list[str]:
 
 def square_imgsz(meta: dict[str, str], where: str) -> int:
     """The square input side of Ultralytics' ``imgsz`` metadata; a non-square one is refused."""
-    raw = _literal(meta, "imgsz", where)
+    raw = metadata_literal(meta, "imgsz", where)
     sizes = list(raw) if isinstance(raw, (list, tuple)) else [raw]
     if not sizes or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in sizes):
         raise NorcalError(f"{where}: Ultralytics metadata 'imgsz' is {meta['imgsz']!r}, not a positive size")

@@ -33,7 +33,8 @@ from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import sigmoid_classifier
 from norcal.export.families.ultralytics.onnx_common import (assemble, at_least_opset, class_names, cut_network,
-                                                            graph_metadata, square_imgsz, static_input)
+                                                            graph_metadata, metadata_literal, square_imgsz,
+                                                            static_input)
 from norcal.export.families.ultralytics.yolo import DETECTIONS, NMS_THRESH, SCORE_THRESH
 from norcal.export.graph.onnx_helpers import inferred_types, tensor_sizes
 
@@ -77,7 +78,7 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
         raise NorcalError(f"{where}: Ultralytics metadata 'end2end' is {e2e[:40]!r}, not True or False")
     end2end = e2e == "True"
     names, imgsz = class_names(meta, where), square_imgsz(meta, where)
-    args = _literal(meta, "args", where) if "args" in meta else {}
+    args = metadata_literal(meta, "args", where) if "args" in meta else {}
     nms = bool(args.get("nms")) if isinstance(args, dict) else False
     g = model.graph
     consumers: dict[str, list] = {}
