@@ -74,7 +74,7 @@ def reference(fp32, int8, images, tmp_path_factory):
     path = tmp_path_factory.mktemp("int8") / "int8.onnx"
     save_onnx(int8, path)
     torch = checkpoint_runner(SYNTH / "model_final.pth", SYNTH / "config.yaml",
-                                        calibration=onnx_calibration(fp32))
+                              calibration=onnx_calibration(fp32))
     run = run_parity([torch, OnnxRuntimeRunner(path)], images, min_size=256, max_size=400, batch_size=4)
     return run.outputs[torch.name], run.reports[0]
 

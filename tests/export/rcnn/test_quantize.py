@@ -220,7 +220,7 @@ def test_parity_judges_the_int8_model_by_the_int8_preset(fp32, int8, tmp_path, c
 
     feeds = next(_feeds(VAL[:1]))
     ref = checkpoint_runner(SYNTH / "model_final.pth", SYNTH / "config.yaml",
-                                      calibration=onnx_calibration(fp32)).infer(feeds)
+                            calibration=onnx_calibration(fp32)).infer(feeds)
     cand = OnnxRuntimeRunner(tmp_path / "int8.onnx").infer(feeds)
     keys = ("num_detections", "boxes", "scores", "classes")
     assert not compare({k: ref[k] for k in keys}, {k: cand[k] for k in keys}, "fp32").passed
