@@ -95,7 +95,6 @@ def test_torchvision_exports_record_their_classifier(kind):
 
 
 def test_a_yolo_export_records_its_classifier(tmp_path):
-    pytest.importorskip("ultralytics")
     from yolo_models import make_checkpoint
 
     from norcal.export.families import load_detector
@@ -106,7 +105,6 @@ def test_a_yolo_export_records_its_classifier(tmp_path):
 
 @pytest.mark.slow
 def test_an_rtdetr_export_records_its_classifier(tmp_path):
-    pytest.importorskip("ultralytics")
     from yolo_models import make_rtdetr_checkpoint
 
     from norcal.export.families import load_detector
