@@ -1,5 +1,5 @@
-"""Detector families (see :mod:`norcal.export.families.base`) and the one function that picks
-the family of a checkpoint file."""
+"""Detector families (see :mod:`norcal.export.families.base`) and the functions that pick the family
+of a checkpoint file (:func:`family_of`) and of an ONNX graph (:func:`graph_family`)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ from pathlib import Path
 
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, Detections, Detector, Family, TuneCache
-from norcal.export.families.detectron2.family import Detectron2Family
-from norcal.export.families.torchvision.family import TorchvisionFamily
-from norcal.export.families.ultralytics.family import UltralyticsFamily
+from norcal.export.families.detectron2 import Detectron2Family
+from norcal.export.families.foreign import ForeignFamily
+from norcal.export.families.torchvision import TorchvisionFamily
+from norcal.export.families.ultralytics import UltralyticsFamily
 
 # Each family in the order their claims are tried; a family module is imported only here.
-# Ultralytics first: it claims only files naming its own classes; torchvision only state dicts
-# with its key names (backbone.body, rpn.head); detectron2 whatever is left.
-FAMILIES: list[Family] = [UltralyticsFamily(), TorchvisionFamily(), Detectron2Family()]
+# Ultralytics first: it claims only files (and graphs) naming its own classes (its own metadata);
+# torchvision only state dicts with its key names (backbone.body, rpn.head); detectron2 whatever
+# checkpoint is left; foreign, last, every graph left and no checkpoint.
+FAMILIES: list[Family] = [UltralyticsFamily(), TorchvisionFamily(), Detectron2Family(), ForeignFamily()]
 
 
 def family_of(path, config=None) -> Family:
@@ -27,8 +29,14 @@ def family_of(path, config=None) -> Family:
         for family in FAMILIES:
             if family.claims(p, None):
                 return family
-    names = ", ".join(f.name for f in FAMILIES) or "none"
+    names = ", ".join(f.name for f in FAMILIES if f.reads_checkpoints) or "none"
     raise NorcalError(f"{p}: not a checkpoint of a known detector family ({names})")
+
+
+def graph_family(model) -> Family:
+    """The family whose ONNX export ``model`` (onnx.ModelProto) is: the first that claims it
+    (the foreign family, last, claims any graph)."""
+    return next(f for f in FAMILIES if f.claims_graph(model))
 
 
 def load_detector(path, config=None, **options) -> Detector:
@@ -36,5 +44,17 @@ def load_detector(path, config=None, **options) -> Detector:
     return family_of(path, config).load(Path(path), None if config is None else Path(config), **options)
 
 
+def checkpoint_runner(weights, config=None, name: str = "pytorch", calibration=None, device: str = "cpu",
+                      threads: int | None = None):
+    """A checkpoint of any family loaded by :func:`load_detector`, as its family's PyTorch
+    runner (:class:`norcal.export.pytorch.runner.TorchRunner`) on ``device``."""
+    import torch
+
+    runner = load_detector(weights, config).torch_runner(calibration, name)
+    runner.model = runner.model.to(device)
+    runner.device, runner.threads = torch.device(device), threads
+    return runner
+
+
 __all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "family_of",
-           "load_detector"]
+           "graph_family", "load_detector", "checkpoint_runner"]

@@ -12,11 +12,14 @@ methods, never through ``isinstance`` / ``hasattr`` checks on the model:
 - the plain ONNX graph of our output contract (:meth:`Detector.export`), with the classifier
   logits named so that the surgery puts the NorCal node on them;
 - the PyTorch reference for parity (:meth:`Detector.torch_runner`);
+- which ONNX graphs are the family's own export and how they become ours
+  (:meth:`Family.claims_graph`, :meth:`Family.ingest_graph`);
 - what ``norcal tune`` caches from one network pass and re-runs per gamma
   (:meth:`Detector.cache_bytes`, :meth:`Detector.cache`, :meth:`Detector.rescore`).
 
-Adding a family: subclass :class:`Family` and :class:`Detector` in ``export/families/<name>.py``
-and list the family in ``export/families/__init__.py``'s ``FAMILIES`` (docs/architecture.md).
+Adding a family: subclass :class:`Family` and :class:`Detector` in a package
+``export/families/<name>/`` whose ``__init__`` re-exports the Family, and list the family in
+``export/families/__init__.py``'s ``FAMILIES`` (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -29,24 +32,9 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from norcal.core.contract import CLS_LOGITS_TENSOR
+from norcal.core.contract import CLS_LOGITS_TENSOR, Classifier  # Classifier: the contract's, re-exported
 
 PathLike = str | os.PathLike
-
-
-@dataclass(frozen=True)
-class Classifier:
-    """Where a detector's class logits are in its exported graph, and how they are laid out.
-
-    logits: the tensor names the export gives them (one per cascade stage); class_axis: the
-    axis of the C (+ background) classes (-1 for [B, R, C+1], 1 for YOLO's [B, C, anchors]);
-    background: "last", "first" or "none"; activation: "softmax" or "sigmoid" (the op NorCal
-    replaces)."""
-
-    logits: tuple[str, ...]
-    class_axis: int
-    background: str
-    activation: str
 
 
 def square_size(options, what: str, kind: str) -> int | None:
@@ -188,9 +176,11 @@ class Detector(ABC):
 
 
 class Family(ABC):
-    """One kind of checkpoint: which files are its own, and how they load."""
+    """One kind of checkpoint: which files are its own, and how they load; and, where the family
+    has an ONNX export of its own, which graphs are its own and how they become ours."""
 
     name: ClassVar[str]
+    reads_checkpoints: ClassVar[bool] = True  # False: a family of ONNX graphs only (claims no file)
 
     @abstractmethod
     def claims(self, path: Path, config: Path | None) -> bool:
@@ -205,3 +195,15 @@ class Family(ABC):
     @abstractmethod
     def load(self, path: Path, config: Path | None = None, **options) -> Detector:
         """The checkpoint, loaded without running code from the file; errors name the file."""
+
+    def claims_graph(self, model) -> bool:
+        """Whether the ONNX graph ``model`` (onnx.ModelProto) is this family's own export, from
+        its metadata and structure. Default: none is."""
+        return False
+
+    def ingest_graph(self, model, path: Path, calibration) -> tuple[Any, str]:
+        """A graph this family claims as our contract's plain graph, ready for the NorCal node
+        (``calibration``: the :class:`norcal.core.calibration_spec.Calibration` to bake in; its
+        ``logits`` may name the tensor it goes on), and one line saying what was done ("" for
+        nothing). Errors name ``path``. Default: the graph as it is."""
+        return model, ""

@@ -6,6 +6,7 @@ import onnx
 
 from norcal.core import contract
 from norcal.core.calibration_spec import Calibration, default_table
+from norcal.core.contract import recorded_background
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
 from norcal.export.graph.classifier_search import classifier_candidates
@@ -31,14 +32,6 @@ def classifier_classes(model: onnx.ModelProto, background: str) -> int | None:
 _SLOT = {"none": "has one logit per class and no other slot",
          "last": "has that slot last, after the classes' logits (detectron2)",
          "first": "has that slot first, before the classes' logits"}
-
-
-def recorded_background(meta: dict[str, str]) -> str | None:
-    """Where a checkpoint export's classifier has its background slot (None: not our export,
-    the caller must say)."""
-    if not meta.get(contract.CLASSIFIER_LOGITS):
-        return None
-    return meta.get(contract.CLASSIFIER_BACKGROUND, "last")
 
 
 def check_background(background: str, recorded: str | None) -> None:

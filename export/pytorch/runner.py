@@ -117,21 +117,6 @@ class TorchRunner:
         if calibration is not None:
             box_predictor(model)  # fail now, not at the first batch
 
-    @classmethod
-    def from_checkpoint(cls, weights, config=None, name: str = "pytorch",
-                        calibration: Calibration | None = None, device: str = "cpu",
-                        threads: int | None = None) -> "TorchRunner":
-        """A checkpoint of any detector family (detectron2 + optional config, Ultralytics),
-        loaded by :func:`norcal.export.families.load_detector`, as its family's runner."""
-        import torch
-
-        from norcal.export.families import load_detector
-
-        runner = load_detector(weights, config).torch_runner(calibration, name)
-        runner.model = runner.model.to(device)
-        runner.device, runner.threads = torch.device(device), threads
-        return runner
-
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """images float32 [B,3,H,W], image_sizes int64 [B,2] -> outputs by name (numpy)."""
         import torch

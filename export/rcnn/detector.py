@@ -72,6 +72,18 @@ class Detectron2Detector(Detector):
         return TorchRunner(self.model, name=name, calibration=calibration, metadata=runtime_metadata(self.spec))
 
 
+def check_graph_options(options) -> None:
+    """Refuse, before anything is loaded, a mask_head_rois value the R-CNN graph does not know
+    (the export job's options; what the loaded model can apply is :func:`check_mask_head_rois`'s)."""
+    from norcal.core.contract import MASK_HEAD_ROIS_VALUES
+    from norcal.core.errors import NorcalError
+
+    rois = getattr(options, "mask_head_rois", None)
+    if rois is not None and rois not in MASK_HEAD_ROIS_VALUES:
+        raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_HEAD_ROIS_VALUES)}, got "
+                          f"{rois!r}", param="mask_head_rois")
+
+
 def check_mask_head_rois(choice: str | None, spec) -> None:
     """Refuse a mask_head_rois choice the model has nothing to apply to: no mask head, and no
     multi-level box pooler whose form it also sets."""

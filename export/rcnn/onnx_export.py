@@ -19,14 +19,13 @@ from contextlib import contextmanager, nullcontext
 import onnx
 import torch
 
-from norcal.core.contract import (CLASSIFIER_BACKGROUND, CLASSIFIER_LOGITS, INPUT_NAMES, LIST_SEP,
-                                  MASK_HEAD_ROIS, OUTPUT_NAMES, PADDING_MASKS, cls_logits_tensors)
+from norcal.core.contract import INPUT_NAMES, MASK_HEAD_ROIS, OUTPUT_NAMES, PADDING_MASKS, classifier_metadata
 from norcal.core.errors import NorcalError
 
 from .modeling.folding import frozen_bn_folded
 from .padding_switch import join_branches, placeholder_backbone, switchable, trace_branches
 from .modeling.roi_heads import MASK_ROIS, MASK_ROIS_STATIC, MASK_ROIS_VALID
-from .spec import RETINANET, ModelSpec
+from .spec import RETINANET, ModelSpec, box_classifier
 
 MIN_OPSET = 17  # RoiAlign-16 (half_pixel) and Softmax-13 on the last axis
 
@@ -156,7 +155,8 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     if width is None:
         dynamic["images"][3] = "width"
     names = [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on]
-    logits = cls_logits_tensors(len(spec.cascade_bbox_reg_weights))
+    classifier = box_classifier(spec)  # its logits become named outputs, then internal again
+    logits = list(classifier.logits)
     buf = io.BytesIO()
     switch = padding_masks and padding_switch and switchable(model)
     with torch.no_grad(), warnings.catch_warnings(), frozen_bn_folded(model), \
@@ -180,15 +180,11 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     proto.producer_name = "norcal-deploy"
     for name in logits:
         _drop_output(proto, name)
-    props = {CLASSIFIER_LOGITS: LIST_SEP.join(logits)}
+    props = classifier_metadata(classifier)
     if spec.meta_architecture != RETINANET:  # RetinaNet always masks padding, has no mask head
         props[PADDING_MASKS] = "true" if padding_masks else "false"
         if spec.mask_on:
             props[MASK_HEAD_ROIS] = mask_head_rois
-    if spec.meta_architecture == RETINANET:  # one sigmoid over all levels' logits, no background
-        props[CLASSIFIER_BACKGROUND] = "none"
-    elif spec.convention == "torchvision":  # FastRCNNPredictor: background is class 0
-        props[CLASSIFIER_BACKGROUND] = "first"
     onnx.helper.set_model_props(proto, props)
     _fix_detection_dim(proto, int(spec.detections_per_image), batch)
     if check:

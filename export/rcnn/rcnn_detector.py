@@ -20,11 +20,11 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from norcal.core import calibration
-from norcal.core.contract import cls_logits_tensors
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, TuneCache
 from norcal.export.pytorch.tools import join_outputs, torch_threads
 from norcal.export.rcnn.detector import Detectron2Detector
+from norcal.export.rcnn.spec import box_classifier
 
 _KEYS = ("proposals", "valid", "cls_logits", "box_deltas")
 
@@ -217,9 +217,7 @@ class RCNNDetector(Detectron2Detector):
 
     @property
     def classifier(self) -> Classifier:
-        stages = len(self.spec.cascade_bbox_reg_weights)
-        return Classifier(logits=tuple(cls_logits_tensors(stages)), class_axis=-1, background="last",
-                          activation="sigmoid" if self.spec.use_sigmoid_ce else "softmax")
+        return box_classifier(self.spec)
 
     @property
     def has_masks(self) -> bool:

@@ -16,9 +16,10 @@ import numpy as np
 
 from norcal.core import calibration
 from norcal.core.errors import NorcalError
-from norcal.export.families.base import Classifier, TuneCache, sigmoid_classifier
+from norcal.export.families.base import Classifier, TuneCache
 from norcal.export.pytorch.tools import join_outputs, torch_threads
 from norcal.export.rcnn.detector import Detectron2Detector
+from norcal.export.rcnn.spec import box_classifier
 
 _KEYS = ("boxes", "scores", "classes")
 _LEVELS = 5  # P3-P7
@@ -123,7 +124,7 @@ class RetinaNetDetector(Detectron2Detector):
 
     @property
     def classifier(self) -> Classifier:
-        return sigmoid_classifier()
+        return box_classifier(self.spec)
 
     def cache_bytes(self, num_images: int, num_gammas: int = 1) -> int:
         return estimate_cache_bytes(self.spec, num_images, num_gammas)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from norcal.core.calibration_spec import Calibration
+from norcal.core.contract import CLS_LOGITS_TENSOR, Classifier, cls_logits_tensors
 
 FPN_BACKBONE = "build_resnet_fpn_backbone"
 RESNET_BACKBONE = "build_resnet_backbone"  # one ResNet stage as the only feature (C4, DC5)
@@ -115,6 +116,17 @@ CONVENTIONS = ("detectron2", "torchvision")
 
 def is_torchvision(spec: ModelSpec) -> bool:
     return spec.convention == "torchvision"
+
+
+def box_classifier(spec: ModelSpec) -> Classifier:
+    """The spec's box classifier as its export names and lays it out: RetinaNet's one sigmoid
+    with no background slot; an R-CNN's cls_logits (one per cascade stage), background last
+    (first in the torchvision convention: FastRCNNPredictor), softmax or sigmoid as trained."""
+    if spec.meta_architecture == RETINANET:
+        return Classifier(logits=(CLS_LOGITS_TENSOR,), class_axis=-1, background="none", activation="sigmoid")
+    return Classifier(logits=tuple(cls_logits_tensors(len(spec.cascade_bbox_reg_weights))), class_axis=-1,
+                      background="first" if is_torchvision(spec) else "last",
+                      activation="sigmoid" if spec.use_sigmoid_ce else "softmax")
 
 
 def arch_name(spec: ModelSpec) -> str:

@@ -95,6 +95,47 @@ PADDING_MASKS = "norcal.padding_masks"
 # what the export says about the graph itself (kept by --strip, like the runtime keys)
 GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND, MASK_HEAD_ROIS, PADDING_MASKS})
 
+
+@dataclass(frozen=True)
+class Classifier:
+    """Where a detector's class logits are in its exported graph, and how they are laid out.
+
+    logits: the tensor names the export gives them (one per cascade stage); class_axis: the
+    axis of the C (+ background) classes (-1 for [B, R, C+1], 1 for YOLO's [B, C, anchors]);
+    background: "last", "first" or "none"; activation: "softmax" or "sigmoid" (the op NorCal
+    replaces)."""
+
+    logits: tuple[str, ...]
+    class_axis: int
+    background: str
+    activation: str
+
+
+def classifier_metadata(classifier: Classifier) -> dict[str, str]:
+    """The graph keys recording ``classifier`` in an export's metadata: its logits' name(s) and,
+    unless it is last (the default), its background slot. The exported logits keep the class
+    axis last, which is what an absent :data:`CLASS_AXIS` says."""
+    if classifier.class_axis != -1:
+        raise ValueError(f"an export's classifier logits have their class axis last, got {classifier.class_axis}")
+    meta = {CLASSIFIER_LOGITS: LIST_SEP.join(classifier.logits)}
+    if classifier.background != "last":
+        meta[CLASSIFIER_BACKGROUND] = classifier.background
+    return meta
+
+
+def recorded_logits(meta: dict[str, str]) -> list[str]:
+    """The classifier logits tensor(s) an export records ([] for a graph not exported by us)."""
+    return split_names(meta.get(CLASSIFIER_LOGITS))
+
+
+def recorded_background(meta: dict[str, str]) -> str | None:
+    """Where an export's classifier has its background slot (None: not our export, the caller
+    must say)."""
+    if not meta.get(CLASSIFIER_LOGITS):
+        return None
+    return meta.get(CLASSIFIER_BACKGROUND, "last")
+
+
 # Precision keys: what `norcal quantize` did to the graph (absent: an fp32 graph). They describe
 # the graph, not the NorCal node, so stripping keeps them.
 PRECISION = "norcal.precision"  # int8 (explicit Q/DQ) or fp16 (mixed: NorCal, NMS, decoding in fp32)

@@ -147,10 +147,11 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
     instead removes NorCal. ``triton_repo``: also write a Triton model repository there
     (``force``: replace an existing model folder).
 
-    Ultralytics' own ONNX export (detect / segment, with or without its NMS; RT-DETR) is first
-    converted to our output contract (norcal.export.families.ultralytics.onnx_yolo) and NorCal goes
-    on its class logits, unless ``norcal.logits`` names a tensor: then the node goes there in place and
-    the outputs stay Ultralytics'. ``result.ingest`` says which happened."""
+    A graph a detector family claims as its own export (Ultralytics': detect / segment, with or
+    without its NMS; RT-DETR) is first converted to our output contract by that family
+    (:meth:`norcal.export.families.Family.ingest_graph`) and NorCal goes on its class logits,
+    unless ``norcal.logits`` names a tensor: then the node goes there in place and the outputs
+    stay the tool's. ``result.ingest`` says which happened."""
     if strip and norcal is not None:
         raise NorcalError("strip=True removes NorCal; it takes no norcal", param="strip=True")
     if not strip and norcal is None:
@@ -172,18 +173,12 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
 
 
 def _ingest_foreign(model: onnx.ModelProto, src: Path, norcal: NorCal) -> tuple[onnx.ModelProto, str]:
-    """An Ultralytics graph converted to our contract (NorCal then on ``cls_logits``), unless the
-    caller named the logits; other graphs unchanged. Returns the graph and a line saying what
-    was done ("" for none)."""
-    from norcal.export.families.ultralytics.onnx_yolo import ingest_ultralytics, is_ultralytics, summary
+    """The graph as its family makes it ours (an Ultralytics export converted to our contract,
+    unless the caller named the logits; another tool's graph unchanged), and a line saying what
+    was done ("" for nothing)."""
+    from norcal.export.families import graph_family
 
-    if not is_ultralytics(model):
-        return model, ""
-    if norcal.logits:
-        return model, (f"Ultralytics ONNX kept as it is (logits {norcal.logits!r} given): NorCal placed on that "
-                       "tensor, the outputs stay Ultralytics' (our infer and eval cannot read them)")
-    model, head = ingest_ultralytics(model, str(src))
-    return model, summary(head)
+    return graph_family(model).ingest_graph(model, src, norcal)
 
 
 def _calibration_for(norcal: NorCal, detector: Detector) -> tuple[NorCal, str]:

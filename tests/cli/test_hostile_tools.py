@@ -70,7 +70,7 @@ def test_a_square_input_given_one_side_names_the_missing_side(family, h, w):
     from types import SimpleNamespace
 
     from norcal.core.errors import NorcalError
-    from norcal.export.families.ultralytics.family import YoloDetector
+    from norcal.export.families.ultralytics.yolo import YoloDetector
     from norcal.export.families.ultralytics.rtdetr import RtdetrDetector
 
     options = SimpleNamespace(height=h, width=w, batch=None)

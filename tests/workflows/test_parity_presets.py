@@ -67,13 +67,14 @@ def images():
 @pytest.fixture(scope="module")
 def reference(fp32, int8, images, tmp_path_factory):
     """PyTorch's outputs (with the ONNX model's prior) and the parity run of the good int8 model."""
-    from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
+    from norcal.export.families import checkpoint_runner
+    from norcal.export.pytorch.runner import onnx_calibration
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     path = tmp_path_factory.mktemp("int8") / "int8.onnx"
     save_onnx(int8, path)
-    torch = TorchRunner.from_checkpoint(SYNTH / "model_final.pth", SYNTH / "config.yaml",
-                                        calibration=onnx_calibration(fp32))
+    torch = checkpoint_runner(SYNTH / "model_final.pth", SYNTH / "config.yaml",
+                              calibration=onnx_calibration(fp32))
     run = run_parity([torch, OnnxRuntimeRunner(path)], images, min_size=256, max_size=400, batch_size=4)
     return run.outputs[torch.name], run.reports[0]
 

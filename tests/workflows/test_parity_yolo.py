@@ -15,7 +15,7 @@ from yolo_models import IMAGES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 def test_parity_yolo_checkpoint_against_its_export_passes_fp32(yolo_work, tmp_path):
     from norcal.cli import export_main, main
     from norcal.core import contract
-    from norcal.export.pytorch.runner import TorchRunner
+    from norcal.export.families import checkpoint_runner
     from norcal.workflows.parity import ParityRequest, build_runners
 
     best, onnx_path = tmp_path / "best.pt", tmp_path / "best.norcal.onnx"
@@ -27,7 +27,7 @@ def test_parity_yolo_checkpoint_against_its_export_passes_fp32(yolo_work, tmp_pa
     assert runners.spec.letterbox and runners.calibration is not None  # the ONNX's NorCal, given to PyTorch
     assert runners.reference.output_names == runners.onnx.output_names
     # the library's own loader goes through the family as well: the letterbox model's runner
-    runner = TorchRunner.from_checkpoint(best)
+    runner = checkpoint_runner(best)
     assert runner.metadata[contract.RESIZE] == "letterbox" and "masks" in runner.output_names
     report = tmp_path / "parity.json"
     assert main(["parity", str(onnx_path), *map(str, IMAGES), "--checkpoint", str(best), "--batch", "2",

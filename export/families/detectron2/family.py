@@ -9,7 +9,7 @@ from pathlib import Path
 
 from norcal.export.families.checkpoints import PICKLE_SUFFIXES, TORCH_SUFFIXES
 from norcal.export.families.base import Family
-from norcal.export.rcnn.detector import FAMILY, Detectron2Detector, GraphOptions
+from norcal.export.rcnn.detector import FAMILY, Detectron2Detector, GraphOptions, check_graph_options
 from norcal.export.rcnn.rcnn_detector import RCNNDetector
 from norcal.export.rcnn.rcnn_detector import estimate_cache_bytes as _rcnn_bytes
 from norcal.export.rcnn.retinanet_detector import RetinaNetDetector
@@ -78,13 +78,7 @@ class Detectron2Family(Family):
         return is_detectron2_checkpoint(path)
 
     def check_export_options(self, options) -> None:
-        from norcal.core.contract import MASK_HEAD_ROIS_VALUES
-        from norcal.core.errors import NorcalError
-
-        rois = getattr(options, "mask_head_rois", None)
-        if rois is not None and rois not in MASK_HEAD_ROIS_VALUES:
-            raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_HEAD_ROIS_VALUES)}, got "
-                              f"{rois!r}", param="mask_head_rois")
+        check_graph_options(options)
 
     def load(self, path: Path, config: Path | None = None, *,
              detections_per_image: int | None = None) -> Detectron2Detector:

@@ -25,6 +25,9 @@ import onnx
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
+from norcal.export.families.ultralytics.onnx_common import (assemble, at_least_opset, class_names, cut_network,
+                                                            graph_metadata, square_imgsz, static_input)
+from norcal.export.graph.onnx_helpers import inferred_types, tensor_sizes
 
 HEAD = "RTDETRDecoder"  # the metadata's ``head`` of an Ultralytics RT-DETR export
 LOGITS_NODE = "norcal_ingest/cls_logits"
@@ -121,9 +124,7 @@ def is_rtdetr(model: onnx.ModelProto) -> bool:
 def find_rtdetr_head(model: onnx.ModelProto, where: str = "model") -> RtdetrHead:
     """The last decoder layer's boxes and class logits in an Ultralytics RT-DETR graph, checked
     against its metadata; a one-line NorcalError naming what was found otherwise."""
-    from norcal.export.families.ultralytics.onnx_yolo import _dims, _imgsz, _meta, _names, _shapes, _static_input
-
-    meta = _meta(model)
+    meta = graph_metadata(model)
     head = meta.get("head")
     if head is not None and head != HEAD:
         raise NorcalError(f"{where}: an Ultralytics graph shaped like RT-DETR's but its metadata says head "
@@ -131,7 +132,7 @@ def find_rtdetr_head(model: onnx.ModelProto, where: str = "model") -> RtdetrHead
     if meta.get("task") != "detect":
         raise NorcalError(f"{where}: an Ultralytics RT-DETR whose metadata says task "
                           f"{meta.get('task') or 'unknown'!r}; only detect can be ingested")
-    names, imgsz = _names(meta, where), _imgsz(meta, where)
+    names, imgsz = class_names(meta, where), square_imgsz(meta, where)
     if imgsz % 32:
         raise NorcalError(f"{where}: an Ultralytics RT-DETR exported at imgsz {imgsz}, not a multiple of 32 "
                           "(its stride)")
@@ -150,9 +151,9 @@ def find_rtdetr_head(model: onnx.ModelProto, where: str = "model") -> RtdetrHead
     if src != "Sigmoid":
         raise NorcalError(f"{where}: the RT-DETR boxes {boxes!r} come from {src or 'no op'}, not a Sigmoid: "
                           "cannot tell they are cx, cy, w, h normalised to the input, refused")
-    types = _shapes(_static_input(model, imgsz, where, batch=1))
+    types = inferred_types(static_input(model, imgsz, where, batch=1))
     logits = sig.input[0]
-    dl, db = _dims(types, logits), _dims(types, boxes)
+    dl, db = tensor_sizes(types.get(logits)), tensor_sizes(types.get(boxes))
     for what, d, width in (("class logits", dl, len(names)), ("boxes", db, 4)):
         if d is None or len(d) != 3 or d[2] is None:
             raise NorcalError(f"{where}: the RT-DETR {what} {logits if what == 'class logits' else boxes!r} have "
@@ -246,11 +247,9 @@ def _integer_clips(body: onnx.GraphProto, model: onnx.ModelProto, imgsz: int, wh
     """Ultralytics' dynamic export clamps shape values (int64) with Clip, which TensorRT takes on
     floats only: each such Clip becomes the Max then Min it computes (exact on integers, also
     when min > max: ONNX's Clip then gives max, as Min(Max(x, min), max) does). Returns how many."""
-    from norcal.export.families.ultralytics.onnx_yolo import _shapes, _static_input
-
     if not any(n.op_type == "Clip" for n in body.node):
         return 0
-    types = _shapes(_static_input(model, imgsz, where, batch=1))
+    types = inferred_types(static_input(model, imgsz, where, batch=1))
     integer = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
     nodes, count = [], 0
     for n in body.node:
@@ -279,13 +278,12 @@ def ingest_rtdetr(model: onnx.ModelProto, where: str = "model", *, score_thresh:
     ``images`` RGB 0-255 stretched to imgsz, ``image_sizes`` -> num_detections, boxes, scores,
     classes, ``cls_logits`` recorded as the classifier, RtdetrDetector's metadata. Thresholds
     default to RtdetrDetector's. Returns the graph and what was found."""
-    from norcal.export.families.ultralytics.onnx_yolo import _cut, _static_input, assemble, at_least_opset
     from norcal.export.families.ultralytics.rtdetr import DEFAULT_SCORE_THRESH, RtdetrDetector
 
     head = find_rtdetr_head(model, where)
     model, opset = at_least_opset(model, where)
-    static = _static_input(model, head.imgsz, where)
-    body = _cut(static, [head.boxes, head.logits])
+    static = static_input(model, head.imgsz, where)
+    body = cut_network(static, [head.boxes, head.logits])
     _integer_clips(body, static, head.imgsz, where)
     queries = head.queries or _probe_queries(body, static, head, opset, where)
     detector = RtdetrDetector(_OnnxNetwork(len(head.names), queries), head.names, head.imgsz,

@@ -21,7 +21,6 @@ such a head) appended instead of the NMS.
 
 from __future__ import annotations
 
-import ast
 import io
 import json
 import warnings
@@ -32,24 +31,17 @@ import onnx
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
+from norcal.export.families.base import sigmoid_classifier
+from norcal.export.families.ultralytics.onnx_common import (assemble, at_least_opset, class_names, cut_network,
+                                                            graph_metadata, metadata_literal, square_imgsz,
+                                                            static_input)
+from norcal.export.families.ultralytics.yolo import DETECTIONS, NMS_THRESH, SCORE_THRESH
+from norcal.export.graph.onnx_helpers import inferred_types, tensor_sizes
 
 if TYPE_CHECKING:
     from norcal.export.families.ultralytics.onnx_rtdetr import RtdetrHead
 
-AUTHOR = "Ultralytics"
 TASKS = ("detect", "segment")
-POST_PREFIX = "norcal_post/"  # names of the appended post-processing's inner nodes and tensors
-SCALED = "norcal_ingest/images_01"  # the Div's output: Ultralytics' graph wants pixels in 0-1
-MIN_OPSET = 17  # RoiAlign half_pixel needs 16; our exports use 17
-
-
-def _meta(model: onnx.ModelProto) -> dict[str, str]:
-    return {p.key: p.value for p in model.metadata_props}
-
-
-def is_ultralytics(model: onnx.ModelProto) -> bool:
-    """Whether ``model`` says it was exported by Ultralytics (metadata author)."""
-    return _meta(model).get("author") == AUTHOR
 
 
 @dataclass(frozen=True)
@@ -72,83 +64,11 @@ class HeadTensors:
     proto_hw: tuple
 
 
-def _literal(meta: dict[str, str], key: str, where: str):
-    try:
-        return ast.literal_eval(meta[key])
-    except KeyError:
-        raise NorcalError(f"{where}: an Ultralytics graph without its {key!r} metadata") from None
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        raise NorcalError(f"{where}: Ultralytics metadata {key!r} is not readable: {meta[key][:80]!r}") from None
-
-
-def _names(meta: dict[str, str], where: str) -> list[str]:
-    raw = _literal(meta, "names", where)
-    if isinstance(raw, dict):
-        keys = sorted(raw, key=lambda k: int(k) if isinstance(k, (int, str)) and str(k).isdigit() else -1)
-        if [str(k) for k in keys] != [str(i) for i in range(len(raw))]:
-            raise NorcalError(f"{where}: Ultralytics metadata 'names' is not indexed 0..{len(raw) - 1}")
-        names = [str(raw[k]) for k in keys]
-    elif isinstance(raw, (list, tuple)):
-        names = [str(n) for n in raw]
-    else:
-        raise NorcalError(f"{where}: Ultralytics metadata 'names' is a {type(raw).__name__}, not a dict of class names")
-    if not names:
-        raise NorcalError(f"{where}: Ultralytics metadata 'names' lists no classes")
-    return names
-
-
-def _imgsz(meta: dict[str, str], where: str) -> int:
-    raw = _literal(meta, "imgsz", where)
-    sizes = list(raw) if isinstance(raw, (list, tuple)) else [raw]
-    if not sizes or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in sizes):
-        raise NorcalError(f"{where}: Ultralytics metadata 'imgsz' is {meta['imgsz']!r}, not a positive size")
-    if len(set(sizes)) != 1:
-        raise NorcalError(f"{where}: exported at a non-square imgsz {sizes}; our letterbox input is square")
-    return int(sizes[0])
-
-
-def _dims(types: dict, name: str):
-    tp = types.get(name)
-    if tp is None or not tp.tensor_type.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else None for d in tp.tensor_type.shape.dim]
-
-
-def _static_input(model: onnx.ModelProto, size: int, where: str, batch: int | None = None) -> onnx.ModelProto:
-    """A copy whose one image input is [batch, 3, size, size] (the batch dim kept unless given)."""
-    inits = {i.name for i in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in inits]
-    if len(inputs) != 1:
-        raise NorcalError(f"{where}: an Ultralytics graph with {len(inputs)} inputs "
-                          f"({', '.join(i.name for i in inputs)}); expected one image input")
-    dims = inputs[0].type.tensor_type.shape.dim
-    if len(dims) != 4 or (dims[1].HasField("dim_value") and dims[1].dim_value != 3):
-        raise NorcalError(f"{where}: input {inputs[0].name!r} is not an image batch [B, 3, H, W]")
-    for d, v in ((dims[2], size), (dims[3], size)):
-        if d.HasField("dim_value") and d.dim_value != v:
-            raise NorcalError(f"{where}: input {inputs[0].name!r} is fixed at {d.dim_value} but the metadata's "
-                              f"imgsz is {size}")
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    dims = out.graph.input[[i.name for i in out.graph.input].index(inputs[0].name)].type.tensor_type.shape.dim
-    dims[1].Clear()
-    dims[1].dim_value = 3
-    # shape inference only: a dynamic batch hides the anchor count (a fixed one stays: the
-    # graph's reshapes hold it)
-    if batch is not None and not dims[0].HasField("dim_value"):
-        dims[0].Clear()
-        dims[0].dim_value = batch
-    for k in (2, 3):
-        dims[k].Clear()
-        dims[k].dim_value = size
-    return out
-
-
 def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
     """The pre-NMS tensors of an Ultralytics detect / segment graph, checked against its
     metadata; a one-line NorcalError naming what was found when the structure is not the one
     Ultralytics' Detect / Segment head exports."""
-    meta = _meta(model)
+    meta = graph_metadata(model)
     task = meta.get("task")
     if task not in TASKS:
         raise NorcalError(f"{where}: an Ultralytics {task or 'unknown-task'} model; only "
@@ -157,8 +77,8 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
     if e2e not in ("True", "False"):
         raise NorcalError(f"{where}: Ultralytics metadata 'end2end' is {e2e[:40]!r}, not True or False")
     end2end = e2e == "True"
-    names, imgsz = _names(meta, where), _imgsz(meta, where)
-    args = _literal(meta, "args", where) if "args" in meta else {}
+    names, imgsz = class_names(meta, where), square_imgsz(meta, where)
+    args = metadata_literal(meta, "args", where) if "args" in meta else {}
     nms = bool(args.get("nms")) if isinstance(args, dict) else False
     g = model.graph
     consumers: dict[str, list] = {}
@@ -199,11 +119,11 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
         raise NorcalError(f"{where}: the Ultralytics head decodes boxes to {'corners' if xyxy else 'centre and size'} "
                           f"but its metadata says nms={nms} (Ultralytics decodes to corners exactly when it "
                           "exports its NMS or an end-to-end head); structure not recognised, refused")
-    types = _shapes(_static_input(model, imgsz, where, batch=1))
+    types = inferred_types(static_input(model, imgsz, where, batch=1))
     want = {"boxes": (boxes, 4), "class logits": (sig.input[0], len(names))}
     found = {}
     for what, (name, width) in want.items():
-        d = _dims(types, name)
+        d = tensor_sizes(types.get(name))
         if d is None or len(d) != 3 or d[1] is None or d[2] is None:
             raise NorcalError(f"{where}: the Ultralytics head's {what} {name!r} have shape {d}, expected "
                               f"[batch, {width}, anchors] with known sizes")
@@ -217,19 +137,19 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
                           f"{found['class logits'][2]}")
     protos, nm, hw = None, 0, ()
     if coefs is not None:
-        d = _dims(types, coefs)
+        d = tensor_sizes(types.get(coefs))
         if d is None or len(d) != 3 or d[1] is None or d[2] != anchors:
             raise NorcalError(f"{where}: the Ultralytics head's mask coefficients {coefs!r} have shape {d}, "
                               f"expected [batch, nm, {anchors}]")
         nm = d[1]
         cands = [o.name for o in g.output
-                 if (pd := _dims(types, o.name)) is not None and len(pd) == 4 and pd[1] == nm
+                 if (pd := tensor_sizes(types.get(o.name))) is not None and len(pd) == 4 and pd[1] == nm
                  and pd[2] is not None and pd[3] is not None]
         if len(cands) != 1:
             raise NorcalError(f"{where}: an Ultralytics segment graph with {len(cands)} prototype outputs "
                               f"[batch, {nm}, h, w] (expected 1)")
         protos = cands[0]
-        pd = _dims(types, protos)
+        pd = tensor_sizes(types.get(protos))
         hw = (pd[2], pd[3])
         if producer.get(protos) is None:
             raise NorcalError(f"{where}: the prototypes {protos!r} are not computed by the graph")
@@ -252,56 +172,6 @@ def _box_format(boxes: str, producer: dict, where: str) -> bool:
                 return False
     raise NorcalError(f"{where}: the Ultralytics head's boxes {boxes!r} are not decoded as dist2bbox decodes them "
                       "(strides times Concat(Sub, Add) or Concat(Div, Sub)); cannot tell their format, refused")
-
-
-def _shapes(model: onnx.ModelProto) -> dict:
-    """Inferred types by tensor name (data propagation: Ultralytics builds its reshapes from Shape ops)."""
-    for options in ({"data_prop": True}, {}):
-        try:
-            g = onnx.shape_inference.infer_shapes(model, **options).graph
-            return {v.name: v.type for v in [*g.value_info, *g.input, *g.output]}
-        except Exception:  # shape inference helps; the checks below refuse what it cannot tell
-            continue
-    return {}
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
-def _cut(model: onnx.ModelProto, wanted: list[str]) -> onnx.GraphProto:
-    """Ultralytics' nodes that the ``wanted`` tensors need (its NMS and score Concat dropped),
-    with the image input scaled 0-255 -> 0-1 in front."""
-    g = model.graph
-    producer = {o: i for i, n in enumerate(g.node) for o in n.output}
-    keep, stack = set(), list(wanted)
-    while stack:
-        t = stack.pop()
-        i = producer.get(t)
-        if i is None or i in keep:
-            continue
-        keep.add(i)
-        node = g.node[i]
-        stack.extend(node.input)
-        for a in node.attribute:  # outer-scope names a subgraph reads
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                stack.extend(x for n in sub.node for x in n.input)
-    image = next(i.name for i in g.input if i.name not in {x.name for x in g.initializer})
-    out = onnx.GraphProto()
-    out.name = g.name or "ultralytics"
-    scale = onnx.helper.make_tensor("norcal_ingest/255", onnx.TensorProto.FLOAT, [], [255.0])
-    out.node.append(onnx.helper.make_node("Div", [image, scale.name], [SCALED], name="norcal_ingest/Div"))
-    for i in sorted(keep):
-        node = onnx.NodeProto()
-        node.CopyFrom(g.node[i])
-        for k, x in enumerate(node.input):
-            if x == image:
-                node.input[k] = SCALED
-        out.node.append(node)
-    used = {x for n in out.node for x in n.input}
-    out.initializer.extend([scale, *(t for t in g.initializer if t.name in used)])
-    out.sparse_initializer.extend(t for t in g.sparse_initializer if t.values.name in used)
-    return out
 
 
 def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: float, topk: int) -> onnx.ModelProto:
@@ -367,33 +237,6 @@ def _post_module_class():
     return Post
 
 
-def _prefixed(post: onnx.GraphProto, io_map: dict[str, str]) -> tuple[list, list]:
-    """The post graph's nodes and initializers with inner names prefixed and its inputs mapped
-    onto Ultralytics' tensors; the contract's outputs and ``cls_logits`` keep their names."""
-    keep = {o.name for o in post.output} | {contract.CLS_LOGITS_TENSOR, "image_sizes"}
-
-    def rename(name: str) -> str:
-        if not name or name in keep:
-            return name
-        return io_map.get(name, POST_PREFIX + name)
-
-    nodes = []
-    for n in post.node:
-        node = onnx.NodeProto()
-        node.CopyFrom(n)
-        node.name = POST_PREFIX + (n.name or n.op_type)
-        node.input[:] = [rename(x) for x in n.input]
-        node.output[:] = [rename(x) for x in n.output]
-        nodes.append(node)
-    inits = []
-    for t in post.initializer:
-        init = onnx.TensorProto()
-        init.CopyFrom(t)
-        init.name = rename(t.name)
-        inits.append(init)
-    return nodes, inits
-
-
 def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, topk: int,
                      mask_size: int) -> dict[str, str]:
     """The runtime keys a .pt export of the same model records, plus where the graph came from."""
@@ -413,8 +256,7 @@ def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, 
         settings["mask_size"] = mask_size
     meta[contract.DETECTOR] = json.dumps(settings)
     meta.update(contract.class_names_metadata(head.names))
-    meta[contract.CLASSIFIER_LOGITS] = contract.CLS_LOGITS_TENSOR
-    meta[contract.CLASSIFIER_BACKGROUND] = "none"
+    meta.update(contract.classifier_metadata(sigmoid_classifier()))  # the .pt export's classifier
     if head.coefs:
         meta[contract.MASK_HEAD_ROIS] = "static"
     return meta
@@ -429,9 +271,7 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
     to imgsz, ``image_sizes`` -> num_detections, boxes, scores, classes(, masks), with
     ``cls_logits`` recorded as the classifier. Thresholds default to the .pt export's
     (Ultralytics' validation settings). Returns the graph and what was found."""
-    from norcal.export.families.ultralytics.family import DETECTIONS, NMS_THRESH, SCORE_THRESH
     from norcal.export.families.ultralytics.yolo_graph import MASK_SIZE
-
     from norcal.export.families.ultralytics.onnx_rtdetr import ingest_rtdetr, is_rtdetr
 
     if is_rtdetr(model):  # RT-DETR's own structure and post-processing
@@ -444,8 +284,8 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
     iou = NMS_THRESH if nms_thresh is None else float(nms_thresh)
     topk = int(detections_per_image or DETECTIONS)
     model, opset = at_least_opset(model, where)
-    static = _static_input(model, head.imgsz, where)
-    body = _cut(static, [t for t in (head.boxes, head.logits, head.coefs, head.protos) if t])
+    static = static_input(model, head.imgsz, where)
+    body = cut_network(static, [t for t in (head.boxes, head.logits, head.coefs, head.protos) if t])
     post = _post_graph(head, opset, score, iou, topk)
     io_map = {"ul_boxes": head.boxes, "ul_logits": head.logits}
     if head.coefs:
@@ -453,61 +293,6 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
     merged = assemble(static, body, post, io_map, topk, opset)
     onnx.helper.set_model_props(merged, runtime_metadata(head, score, iou, topk, MASK_SIZE))
     return merged, head
-
-
-def at_least_opset(model: onnx.ModelProto, where: str) -> tuple[onnx.ModelProto, int]:
-    """``model`` at opset >= MIN_OPSET (converted when older) and its opset."""
-    opset = _opset(model)
-    if opset >= MIN_OPSET:
-        return model, opset
-    from onnx import version_converter
-
-    try:
-        model = version_converter.convert_version(model, MIN_OPSET)
-    except Exception as e:  # the converter's own errors are of many kinds
-        raise NorcalError(f"{where}: the Ultralytics graph (opset {opset}) could not be converted to opset "
-                          f"{MIN_OPSET} ({type(e).__name__}); export it with opset >= {MIN_OPSET}") from None
-    return model, MIN_OPSET
-
-
-def assemble(static: onnx.ModelProto, body: onnx.GraphProto, post: onnx.ModelProto, io_map: dict[str, str],
-             topk: int, opset: int) -> onnx.ModelProto:
-    """The cut Ultralytics network ``body`` and our traced ``post`` graph (its inputs mapped
-    onto the network's tensors by ``io_map``) as one model: inputs ``images`` (Ultralytics'
-    image input) and ``image_sizes``, the contract's outputs padded to ``topk``; a static
-    export's fixed batch fixes every input and output's batch."""
-    nodes, inits = _prefixed(post.graph, io_map)
-    body.node.extend(nodes)
-    body.initializer.extend(inits)
-    image = next(i for i in static.graph.input if i.name not in {x.name for x in static.graph.initializer})
-    sizes = next(i for i in post.graph.input if i.name == "image_sizes")
-    body.input.extend([image, sizes])
-    fixed = image.type.tensor_type.shape.dim[0]
-    fixed = fixed.dim_value if fixed.HasField("dim_value") else None  # a static export: batch fixed
-    if fixed is not None:
-        body.input[1].type.tensor_type.shape.dim[0].dim_value = fixed
-    for out in post.graph.output:
-        if out.name == contract.CLS_LOGITS_TENSOR:
-            continue
-        o = onnx.ValueInfoProto()
-        o.CopyFrom(out)
-        dims = o.type.tensor_type.shape.dim
-        if fixed is not None and dims:
-            dims[0].dim_value = fixed
-        if out.name != "num_detections" and len(dims) >= 2:  # padded to K like EfficientNMS
-            dims[1].Clear()
-            dims[1].dim_value = topk
-        body.output.append(o)
-    opsets = {o.domain: o.version for o in static.opset_import}
-    for o in post.opset_import:
-        opsets[o.domain] = max(opsets.get(o.domain, 0), o.version)
-    opsets[""] = opset
-    opsets.pop("ai.onnx", None)
-    merged = onnx.helper.make_model(body, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()],
-                                    producer_name="norcal-deploy")
-    merged.ir_version = max(static.ir_version, post.ir_version)
-    merged.functions.extend(static.functions)
-    return merged
 
 
 def summary(head: HeadTensors | RtdetrHead) -> str:

@@ -209,8 +209,7 @@ class RtdetrDetector(Detector):
         return {**self.preprocessing.metadata(),
                 contract.NUM_CLASSES: str(self.num_classes),
                 contract.DETECTOR: json.dumps(self.settings(), sort_keys=True),
-                contract.CLASSIFIER_LOGITS: contract.CLS_LOGITS_TENSOR,
-                contract.CLASSIFIER_BACKGROUND: "none", **contract.class_names_metadata(self.names)}
+                **contract.classifier_metadata(self.classifier), **contract.class_names_metadata(self.names)}
 
     def graph_module(self):
         """The torch module the export traces (and the PyTorch runner runs)."""

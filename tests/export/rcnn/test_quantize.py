@@ -213,13 +213,19 @@ def test_parity_judges_the_int8_model_by_the_int8_preset(fp32, int8, tmp_path, c
     rep = json.loads(report.read_text())["comparisons"][0]
     assert rep["passed"] and rep["detections"]["reference_count"] >= 50
     # the same comparison at fp32 tolerances fails: the preset is what lets int8 pass
+<<<<<<< HEAD
     from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
+=======
+    from norcal.export.families import checkpoint_runner
+    from norcal.export.pytorch.runner import onnx_calibration
+    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+>>>>>>> families
     from norcal.workflows.parity.compare import compare
 
     feeds = next(_feeds(VAL[:1]))
-    ref = TorchRunner.from_checkpoint(SYNTH / "model_final.pth", SYNTH / "config.yaml",
-                                      calibration=onnx_calibration(fp32)).infer(feeds)
+    ref = checkpoint_runner(SYNTH / "model_final.pth", SYNTH / "config.yaml",
+                            calibration=onnx_calibration(fp32)).infer(feeds)
     cand = OnnxRuntimeRunner(tmp_path / "int8.onnx").infer(feeds)
     keys = ("num_detections", "boxes", "scores", "classes")
     assert not compare({k: ref[k] for k in keys}, {k: cand[k] for k in keys}, "fp32").passed

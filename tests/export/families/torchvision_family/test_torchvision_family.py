@@ -18,7 +18,7 @@ from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.export.families import family_of, load_detector
 from norcal.export.rcnn.detector import GraphOptions
-from norcal.export.families.torchvision.family import detector_from_state
+from norcal.export.families.torchvision.detector import detector_from_state
 from norcal.export.graph.surgery import insert_norcal
 from norcal.runtime.preprocess import prepare_batch, resize_bilinear_float, torchvision_size
 from norcal.workflows.parity.matching import match_detections

@@ -19,8 +19,8 @@ from yolo_models import IMAGES, make_checkpoint, write_table  # sets YOLO_OFFLIN
 from norcal.core import contract  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
 from norcal.export.families import load_detector  # noqa: E402
-from norcal.export.families.ultralytics.onnx_yolo import (find_head, ingest_ultralytics, is_ultralytics,  # noqa: E402
-                                                     summary)
+from norcal.export.families.ultralytics.onnx_common import is_ultralytics  # noqa: E402
+from norcal.export.families.ultralytics.onnx_yolo import find_head, ingest_ultralytics, summary  # noqa: E402
 from norcal.runtime.images import read_rgb  # noqa: E402
 from norcal.workflows.export_job import NorCal, calibrate_onnx, export_onnx_file  # noqa: E402
 

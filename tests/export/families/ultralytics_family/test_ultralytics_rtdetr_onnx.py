@@ -20,7 +20,8 @@ from norcal.core import contract  # noqa: E402
 from norcal.core.boxes import box_iou  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
 from norcal.core.tables import CalibrationTable  # noqa: E402
-from norcal.export.families.ultralytics.onnx_yolo import ingest_ultralytics, is_ultralytics  # noqa: E402
+from norcal.export.families.ultralytics.onnx_common import is_ultralytics  # noqa: E402
+from norcal.export.families.ultralytics.onnx_yolo import ingest_ultralytics  # noqa: E402
 from norcal.export.families.ultralytics.onnx_rtdetr import find_rtdetr_head  # noqa: E402
 from norcal.runtime.images import read_rgb  # noqa: E402
 from norcal.workflows.export_job import NorCal, calibrate_onnx, export_onnx_file  # noqa: E402

@@ -97,7 +97,7 @@ def test_trainer_checkpoint_loads(work, tmp_path):
 def test_yaml_placeholder_names_are_not_recorded(work):
     from ultralytics.nn.tasks import DetectionModel
 
-    from norcal.export.families.ultralytics.family import YoloDetector
+    from norcal.export.families.ultralytics.yolo import YoloDetector
 
     model = DetectionModel("yolo11n.yaml", nc=2, verbose=False)
     assert model.names == {0: "0", 1: "1"}  # Ultralytics' placeholders: they name no category

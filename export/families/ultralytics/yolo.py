@@ -1,0 +1,304 @@
+"""An Ultralytics YOLOv8 / YOLO11 / YOLO26 detect or segment model as a :class:`Detector`: the graph
+is ours around the Ultralytics network (:mod:`norcal.export.families.ultralytics.yolo_graph`):
+letterbox input, ``cls_logits`` [B, A, C] before one Sigmoid (NorCal's sigmoid variant,
+background none), class-wise NMS to our fixed-K outputs (an end-to-end head's one-to-one top-k
+instead, as Ultralytics predicts it), box-relative masks for segment models."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from norcal.core import contract
+from norcal.core.errors import NorcalError
+from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
+from norcal.export.families.ultralytics.checkpoint import ordered_names
+
+# Ultralytics' validation settings (DetectionValidator: conf 0.001, iou 0.7, max_det 300):
+# the AP-measuring defaults, as detectron2's LVIS configs keep every detection above 1e-4
+SCORE_THRESH, NMS_THRESH, DETECTIONS = 0.001, 0.7, 300
+DEFAULT_IMGSZ = 640
+
+
+def model_names(model, path) -> list[str]:
+    """The class names of a loaded Ultralytics model, in index order (placeholders "0", "1", ...
+    when it names none); refused when they do not match its head's class count."""
+    nc = int(model.model[-1].nc)
+    names = ordered_names(getattr(model, "names", None), path)
+    if names is None:
+        names = [str(i) for i in range(nc)]
+    if len(names) != nc:
+        raise NorcalError(f"{path}: the model names {len(names)} classes but its head predicts {nc}")
+    return names
+
+
+@dataclass
+class YoloTuneCache(TuneCache):
+    """Per image: the anchors that pass the score threshold at some prior of the sweep, with
+    their boxes (letterboxed-input pixels), class logits and mask coefficients, and the
+    prototypes; ``input_hw`` the letterboxed input's (h, w); image_sizes / original_sizes int64
+    [N, 2] as :class:`TuneCache` says."""
+
+    keep_empty_boxes = True  # Ultralytics keeps boxes clipped to no area
+
+    image_ids: list
+    boxes: list  # [a_i, 4] float32 per image
+    logits: list  # [a_i, C] float32
+    coefs: list  # [a_i, nm] float32, or None (no masks cached)
+    protos: list  # [nm, h, w] float32, or None
+    image_sizes: np.ndarray
+    original_sizes: np.ndarray
+    input_hw: tuple
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for part in (self.boxes, self.logits, self.coefs, self.protos)
+                       for a in part if a is not None))
+
+    @classmethod
+    def concat(cls, parts: Sequence["YoloTuneCache"]) -> "YoloTuneCache":
+        if len({tuple(c.input_hw) for c in parts}) != 1:
+            raise NorcalError("caches of different input sizes do not join")
+        return cls(*([x for c in parts for x in getattr(c, k)]
+                     for k in ("image_ids", "boxes", "logits", "coefs", "protos")),
+                   np.concatenate([c.image_sizes for c in parts]),
+                   np.concatenate([c.original_sizes for c in parts]), parts[0].input_hw)
+
+
+class YoloDetector(Detector):
+    """A loaded YOLOv8 / YOLO11 / YOLO26 detect or segment model; a head with ``end2end`` True
+    (YOLO26's one-to-one branch selected) is exported as Ultralytics predicts it: that branch,
+    its top-k, no NMS (``nms_thresh`` then refused)."""
+
+    family = "ultralytics"
+
+    def __init__(self, model, path, *, imgsz: int = DEFAULT_IMGSZ, detections_per_image: int | None = None,
+                 score_thresh: float | None = None, nms_thresh: float | None = None):
+        from norcal.export.families.ultralytics.yolo_graph import YoloGraph, is_end2end
+
+        if nms_thresh is not None and is_end2end(model.model[-1]):
+            raise NorcalError(f"{path}: an end-to-end YOLO head (one-to-one, no NMS): nms_thresh does not apply",
+                              param="nms_thresh")
+        self.path = Path(path)
+        self.names = model_names(model, path)
+        self.num_classes = len(self.names)
+        self.topk = int(detections_per_image or DETECTIONS)
+        self.imgsz = int(imgsz)
+        self.stride = int(max(float(s) for s in model.model[-1].stride))
+        self.task = "segment" if type(model).__name__ == "SegmentationModel" else "detect"
+        self.model = YoloGraph(model, num_classes=self.num_classes,
+                               score_thresh=SCORE_THRESH if score_thresh is None else float(score_thresh),
+                               nms_thresh=NMS_THRESH if nms_thresh is None else float(nms_thresh),
+                               detections_per_image=self.topk).eval()
+
+    @property
+    def classifier(self) -> Classifier:
+        return sigmoid_classifier()
+
+    @property
+    def preprocessing(self) -> contract.Preprocessing:
+        return contract.letterbox_preprocessing(self.imgsz)
+
+    @property
+    def has_masks(self) -> bool:
+        return self.model.has_masks
+
+    def settings(self) -> dict[str, Any]:
+        """What ``norcal.detector`` records (parity reads score_thresh_test)."""
+        m = self.model
+        out = {"family": self.family, "task": self.task, "input_size": self.imgsz,
+               "score_thresh_test": m.score_thresh, "nms_thresh_test": m.nms_thresh,
+               "detections_per_image": self.topk, "multi_label": True, "names": self.names}
+        if m.end2end:  # no NMS: the one-to-one branch's top-k
+            del out["nms_thresh_test"], out["multi_label"]
+            out["selection"] = m.selection.name
+        if self.has_masks:
+            out["mask_size"] = m.mask_size
+        return out
+
+    def runtime_metadata(self) -> dict[str, str]:
+        meta = self.preprocessing.metadata()
+        meta[contract.NUM_CLASSES] = str(self.num_classes)
+        meta[contract.DETECTOR] = json.dumps(self.settings())
+        meta.update(contract.class_names_metadata(self.names))
+        return meta
+
+    def _input_size(self, options) -> int:
+        h = square_size(options, "a YOLO model", "letterbox")
+        if h is None:
+            return self.imgsz
+        if int(h) <= 0 or int(h) % self.stride:
+            raise NorcalError(f"export size {h} must be a positive multiple of the model's stride {self.stride}",
+                              param=("height", "width"))
+        return int(h)
+
+    def export_options(self, options) -> Any:
+        """The export job's options, checked before the export: a square size that is a
+        multiple of the stride (default the trained imgsz), a positive batch."""
+        self._input_size(options)
+        batch = getattr(options, "batch", None)
+        if batch is not None and int(batch) <= 0:
+            raise NorcalError(f"export batch must be positive, got {batch}", param="batch")
+        return options
+
+    def export(self, options=None) -> Any:
+        """The plain ONNX graph: fixed S x S input (the model's imgsz, or the options' equal
+        height and width), batch dynamic unless the options fix it."""
+        import onnx
+        import torch
+
+        size = self._input_size(options)
+        self.imgsz = size
+        batch = getattr(options, "batch", None)
+        opset = int(getattr(options, "opset", 17) or 17)
+        b = 1 if batch is None else int(batch)
+        if b <= 0:
+            raise NorcalError(f"export batch must be positive, got {b}", param="batch")
+        gen = torch.Generator().manual_seed(0)
+        images = torch.rand((b, 3, size, size), generator=gen) * 255.0
+        sizes = torch.tensor([[size, size]] * b, dtype=torch.int64)
+        names = [n for n in contract.OUTPUT_NAMES if n != "masks" or self.has_masks]
+        (logits,) = self.classifier.logits
+        dynamic = {n: {0: "batch"} for n in (*contract.INPUT_NAMES, *names)} if batch is None else None
+        buf = io.BytesIO()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
+            torch.onnx.export(self.model.eval(), (images, sizes, {"with_cls_logits": True}), buf,
+                              input_names=list(contract.INPUT_NAMES), output_names=[*names, logits],
+                              dynamic_axes=dynamic, opset_version=opset, dynamo=False,
+                              do_constant_folding=True)
+        proto = onnx.load_from_string(buf.getvalue())
+        proto.producer_name = "norcal-deploy"
+        kept = [o for o in proto.graph.output if o.name != logits]
+        del proto.graph.output[:]
+        proto.graph.output.extend(kept)
+        for out in proto.graph.output:  # padded to K like EfficientNMS: say so in the shapes
+            dims = out.type.tensor_type.shape.dim
+            if batch is not None and dims:
+                dims[0].Clear()
+                dims[0].dim_value = b
+            if out.name != "num_detections" and len(dims) >= 2:
+                dims[1].Clear()
+                dims[1].dim_value = self.topk
+        props = self.runtime_metadata() | contract.classifier_metadata(self.classifier)
+        if self.has_masks:
+            props[contract.MASK_HEAD_ROIS] = "static"  # the K slots' masks, no data-dependent shapes
+        onnx.helper.set_model_props(proto, props)
+        return proto
+
+    def torch_runner(self, calibration=None, name: str = "pytorch"):
+        from norcal.export.pytorch.runner import TorchRunner
+
+        runner = TorchRunner(self.model, name=name, calibration=calibration, metadata=self.runtime_metadata())
+        runner.output_names = [n for n in contract.OUTPUT_NAMES if n != "masks" or self.has_masks]
+        return runner
+
+    # --- tuning
+    def _anchors(self) -> int:
+        return sum(math.ceil(self.imgsz / float(s)) ** 2 for s in self.model.head.stride)
+
+    def cache_bytes(self, num_images: int, num_gammas: int) -> int:
+        per_anchor = 4 + self.num_classes + (self.model.head.nm if self.has_masks else 0)
+        protos = (self.model.head.nm * (self.imgsz // 4) ** 2) if self.has_masks else 0
+        return int(num_images) * 4 * (self._anchors() * per_anchor + protos)
+
+    def cache(self, batches: Iterable[tuple[list, Any]], priors: Sequence[np.ndarray | None], mechanism: str,
+              on_step: Callable[[int], None] | None = None, with_masks: bool = False) -> YoloTuneCache:
+        """One network pass over the host's prepared (letterboxed) batches; per image the
+        anchors whose score reaches the threshold under some prior of the sweep (no other
+        anchor can be a candidate of the graph's NMS at any of them, nor pass the threshold
+        after an end-to-end head's top-k: that top-k is re-run per prior by :meth:`rescore`)."""
+        import torch
+
+        from norcal.core.calibration import calibrate
+
+        lps = [None if p is None else torch.as_tensor(np.asarray(p, np.float64), dtype=torch.float32)
+               for p in priors]
+        for lp in lps:
+            if lp is not None and lp.shape != (self.num_classes,):
+                raise NorcalError(f"log prior has shape {tuple(lp.shape)}, the YOLO head needs ({self.num_classes},)")
+        masks = with_masks and self.has_masks
+        thresh = self.model.score_thresh
+        ids, boxes, logits, coefs, protos, sizes, originals = [], [], [], [], [], [], []
+        input_hw = None
+        with torch.no_grad():
+            for chunk_ids, b in batches:
+                hw = tuple(int(v) for v in b.images.shape[2:])
+                if input_hw not in (None, hw):
+                    raise NorcalError(f"batches of different input sizes {input_hw} and {hw}")
+                input_hw = hw
+                head = self.model.head_outputs(torch.from_numpy(np.ascontiguousarray(b.images, np.float32)))
+                for j in range(len(chunk_ids)):
+                    lg = head["cls_logits"][j]
+                    best = torch.zeros(lg.shape[0], dtype=torch.bool)
+                    for lp in lps or [None]:
+                        p = torch.sigmoid(lg) if lp is None else calibrate(
+                            lg, lp, mechanism=mechanism, activation="sigmoid", background="none")
+                        best |= (p >= thresh).any(dim=1)
+                    keep = best.nonzero()[:, 0]
+                    boxes.append(head["boxes"][j, keep].numpy())
+                    logits.append(lg[keep].numpy())
+                    coefs.append(head["coefs"][j, keep].numpy() if masks else None)
+                    protos.append(head["protos"][j].numpy() if masks else None)
+                sizes.append(np.asarray(b.image_sizes, np.int64).reshape(-1, 2))
+                originals.append(np.asarray(b.original_sizes, np.int64).reshape(-1, 2))
+                ids.extend(chunk_ids)
+                if on_step:
+                    on_step(len(chunk_ids))
+        if not ids:
+            raise NorcalError("no images to cache")
+        return YoloTuneCache(ids, boxes, logits, coefs, protos, np.concatenate(sizes), np.concatenate(originals),
+                             input_hw)
+
+    def rescore(self, cache: YoloTuneCache, index: int, prior: np.ndarray | None, mechanism: str,
+                batch_size: int) -> dict[str, np.ndarray]:
+        """The cached anchors scored with ``prior`` through the graph's own selection (NMS, or
+        an end-to-end head's top-k), top K and masks: the contract's outputs in resized-image
+        coordinates, in cache order. Images are batched with their anchor lists padded by
+        anchors no prior can score (logit -1e4), to at least as many as the selection needs to
+        fill its K slots as the whole image's anchors would (an end-to-end top-k takes
+        min(K, A) pairs)."""
+        import torch
+
+        from norcal.export.pytorch.tools import join_outputs
+        from norcal.export.pytorch.runner import predictor_state
+
+        if batch_size < 1:
+            raise NorcalError(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
+        least = self.model.selection.least_anchors(self.topk, self.num_classes, self._anchors())
+        out = []
+        with torch.no_grad(), predictor_state(self.model):
+            self.model.set_log_prior(prior, mechanism)
+            for s in range(0, len(cache), batch_size):
+                sl = slice(s, s + batch_size)
+                a = max([least, *(len(x) for x in cache.boxes[sl])])
+                boxes = torch.stack([_pad(x, a, 0.0) for x in cache.boxes[sl]])
+                logits = torch.stack([_pad(x, a, -1e4) for x in cache.logits[sl]])
+                coefs = protos = None
+                if cache.coefs[s] is not None:
+                    coefs = torch.stack([_pad(x, a, 0.0) for x in cache.coefs[sl]])
+                    protos = torch.stack([torch.as_tensor(x) for x in cache.protos[sl]])
+                det = self.model.detections(boxes, self.model.probs(logits), torch.from_numpy(cache.image_sizes[sl]),
+                                            cache.input_hw, coefs, protos)
+                out.append({k: v.numpy() for k, v in det.items()})
+        return join_outputs(out)
+
+
+def _pad(x: np.ndarray, rows: int, value: float):
+    """``x`` [a, ...] as a torch tensor padded with ``value`` rows to ``rows``."""
+    import torch
+
+    t = torch.as_tensor(x)
+    if len(t) == rows:
+        return t
+    return torch.cat([t, torch.full((rows - len(t), *t.shape[1:]), value, dtype=t.dtype)])
