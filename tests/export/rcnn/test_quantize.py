@@ -219,7 +219,7 @@ def test_parity_judges_the_int8_model_by_the_int8_preset(fp32, int8, tmp_path, c
 =======
     from norcal.export.families import checkpoint_runner
     from norcal.export.pytorch.runner import onnx_calibration
-    from norcal.runtime.onnxruntime_runner import OnnxRuntimeRunner
+    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 >>>>>>> families
     from norcal.workflows.parity.compare import compare
 
