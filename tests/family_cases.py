@@ -7,13 +7,19 @@ detectron2: plain softmax and its NorCal at gamma 0.5), Ultralytics' model and i
 their class logits. The Ultralytics and torchvision references are the ones their family tests
 use (tests/export/families/*_family/).
 
+The foreign family (any ONNX graph of no known family) is tried on torchvision's own ONNX export
+of a Faster R-CNN (``torch.onnx.export`` of the torchvision model, not our exporter), against that
+torchvision model with NorCal by hand. detectron2's own export of d2_lvis_tiny is no use here: it
+is traced at a fixed 800x1216 input (its padding and image size are constants) while detectron2's
+goldens are at the config's 320 / 512 resize.
+
 Adding a family: one :class:`FamilyCase` in :data:`CASES`, keyed by the family's ``name``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,17 +53,38 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class GraphIO:
+    """A graph's own inputs and outputs, where they are another tool's, not our contract's.
+
+    feeds(image): its feeds for one image (RGB uint8 HWC); detections(outputs by name): that
+    image's (boxes, scores, classes 0-based) in its reference's coordinates; profiles: the
+    ``norcal check --profile`` entries its dynamic inputs need."""
+
+    feeds: Callable[[np.ndarray], dict[str, np.ndarray]]
+    detections: Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray, np.ndarray]]
+    profiles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class FamilyCase:
-    """make(folder) -> its :class:`Checkpoint`; reference(checkpoint, gamma) -> one
-    :class:`Reference` per image of ``checkpoint.images``; min_detections: the fewest each image
-    must have, so that no comparison is vacuous; host_sizes: the (min, max) resize the host runs
-    the graph at (``norcal infer --min-size/--max-size``), None: the one the export records."""
+    """make(folder) -> its :class:`Checkpoint` (an ONNX file for a family that reads no
+    checkpoints); reference(checkpoint, gamma) -> one :class:`Reference` per image of
+    ``checkpoint.images``; min_detections: the fewest each image must have, so that no
+    comparison is vacuous; host_sizes: the (min, max) resize the host runs the graph at
+    (``norcal infer --min-size/--max-size``), None: the one the export records; graph_io: the
+    graph's own I/O (None: our contract); norcal: further NorCal options the export takes
+    (e.g. the background slot, which no graph search can tell); not_applicable: check name
+    (tests/export/families/test_conformance.py ``CHECKS``) -> one line saying why it does not
+    apply to this case."""
 
     family: str
     make: Callable[[Path], Checkpoint]
     reference: Callable[[Checkpoint, float], list[Reference]]
     min_detections: int = 5
     host_sizes: tuple[int, int] | None = None
+    graph_io: GraphIO | None = None
+    norcal: dict[str, Any] = field(default_factory=dict)
+    not_applicable: dict[str, str] = field(default_factory=dict)
 
 
 def read_images(paths) -> list[np.ndarray]:
@@ -210,10 +237,71 @@ def _tv_reference(ckpt: Checkpoint, gamma: float) -> list[Reference]:
     return [Reference(r["boxes"], r["scores"], r["labels"]) for r in refs]
 
 
+# --- foreign: torchvision's own ONNX export of the torchvision Faster R-CNN ------------------
+
+def _tv_graph_make(folder: Path) -> Checkpoint:
+    """The torchvision case's model exported by torch.onnx as torchvision supports it: a list of
+    one image [3, H, W] (0-1 RGB; resize and normalisation inside), H and W dynamic; boxes in the
+    image's coordinates, labels counting the background as 0."""
+    import warnings
+
+    import torch
+
+    from torchvision_models import table_file, tiny_rcnn
+
+    model = tiny_rcnn(min_size=TV_SIZES[0], max_size=TV_SIZES[1])
+    path = folder / "faster_rcnn_tiny.onnx"
+    with warnings.catch_warnings():  # the tracer's warnings about torchvision's shape arithmetic
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, ([torch.rand(3, 240, 320)],), str(path), opset_version=17, dynamo=False,
+                          input_names=["image"], output_names=["boxes", "labels", "scores"],
+                          dynamic_axes={"image": [1, 2]})
+    return Checkpoint(path, table_file(folder / "tv_table.json"), sorted((D2_TINY / "images").glob("img*.png")),
+                      upstream=model)
+
+
+def _tv_image(img: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32) / 255
+
+
+def _tv_graph_reference(ckpt: Checkpoint, gamma: float) -> list[Reference]:
+    """torchvision's whole forward (boxes mapped back to the image, as its graph does) with the
+    class logits shifted by NorCal's prior before its softmax; 0-based classes."""
+    import torch
+
+    model, lp = ckpt.upstream, torchvision_prior(gamma)
+    out = []
+    hook = model.roi_heads.box_predictor.register_forward_hook(lambda m, a, o: (o[0] - lp, o[1]))
+    try:
+        for img in read_images(ckpt.images):
+            with torch.no_grad():
+                d = model([torch.from_numpy(_tv_image(img))])[0]
+            out.append(Reference(d["boxes"].numpy(), d["scores"].numpy(), d["labels"].numpy() - 1))
+    finally:
+        hook.remove()
+    return out
+
+
+TV_GRAPH_IO = GraphIO(
+    feeds=lambda img: {"image": _tv_image(img)},
+    detections=lambda out: (out["boxes"], out["scores"], out["labels"] - 1),
+    profiles=("image:3x200x200:3x480x640:3x1333x1333",))
+
+
 # --- the table: one entry per registered family ------------------------------------------------
 
+CHECKPOINT_EXPORT = "a checkpoint export: its classifier is its Detector's (the detector check)"
+
 CASES: dict[str, FamilyCase] = {c.family: c for c in (
-    FamilyCase("ultralytics", _yolo_make, _yolo_reference),
-    FamilyCase("torchvision", _tv_make, _tv_reference, host_sizes=TV_SIZES),
-    FamilyCase("detectron2", _d2_make, _d2_reference),
+    FamilyCase("ultralytics", _yolo_make, _yolo_reference, not_applicable={"search": CHECKPOINT_EXPORT}),
+    FamilyCase("torchvision", _tv_make, _tv_reference, host_sizes=TV_SIZES,
+               not_applicable={"search": CHECKPOINT_EXPORT}),
+    FamilyCase("detectron2", _d2_make, _d2_reference, not_applicable={"search": CHECKPOINT_EXPORT}),
+    FamilyCase("foreign", _tv_graph_make, _tv_graph_reference, graph_io=TV_GRAPH_IO,
+               norcal={"background": "first"},  # torchvision's: no graph search can tell
+               not_applicable={
+                   "batch": "torchvision's export takes one image [3, H, W]: no batch axis",
+                   "infer": "its inputs and outputs are torchvision's (image; boxes, labels, scores), not ours",
+                   "detector": "no checkpoint, so no Detector: the search check compares with the graph",
+               }),
 )}
