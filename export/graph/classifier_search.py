@@ -215,7 +215,7 @@ class ClassifierView(ModelView):
         want = _want(settings)
         if logits is not None:
             return [self.named(name, "", want, axis_hint) for name in contract.split_names(logits)]
-        recorded = contract.split_names(self.meta.get(contract.CLASSIFIER_LOGITS))
+        recorded = contract.recorded_logits(self.meta)
         if recorded:  # a checkpoint export: the classes are on the last axis
             return [self.named(name, f" (the model's {contract.CLASSIFIER_LOGITS})", want, -1)
                     for name in recorded]
@@ -260,7 +260,7 @@ def classifier_candidates(model: onnx.ModelProto) -> list[Candidate]:
     view = ClassifierView(model)
     if has_norcal(model):
         view.strip()
-    if view.meta.get(contract.CLASSIFIER_LOGITS):
+    if contract.recorded_logits(view.meta):
         return view.classifiers(None, None)
     return [c for c in view.search(None) if not c.problem]
 

@@ -35,8 +35,7 @@ def classifier_logits(model: onnx.ModelProto, where: str = "model") -> list[str]
     """The box classifiers' logits tensors the export recorded (the NorCal node's input for a
     calibrated graph); a NorcalError when the model carries neither key."""
     meta = {p.key: p.value for p in model.metadata_props}
-    names = (contract.split_names(meta.get(contract.CLASSIFIER_LOGITS))
-             or contract.split_names(meta.get(contract.LOGITS)))
+    names = contract.classifier_tensors(meta)
     if not names:
         raise NorcalError(f"{where}: no {contract.CLASSIFIER_LOGITS} metadata: the model was not exported by "
                           f"norcal export (or lost its metadata), so its classifier cannot be found to keep "

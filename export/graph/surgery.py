@@ -123,10 +123,10 @@ def insert_norcal(model: onnx.ModelProto, calibration: Calibration) -> onnx.Mode
 def _recorded_width(meta: dict[str, str]) -> int | None:
     """Logits per box of a checkpoint export's classifier, from its metadata (class count and
     background slot), for graphs whose shapes leave the class axis dynamic (RetinaNet)."""
-    n = meta.get(contract.NUM_CLASSES)
-    if not meta.get(contract.CLASSIFIER_LOGITS) or not (n or "").isdigit():
+    n, background = meta.get(contract.NUM_CLASSES), contract.recorded_background(meta)
+    if background is None or not (n or "").isdigit():
         return None
-    return int(n) + (0 if meta.get(contract.CLASSIFIER_BACKGROUND) == "none" else 1)
+    return int(n) + (0 if background == "none" else 1)
 
 
 def _axis_from_end(view: ModelView, cand: Candidate) -> int:

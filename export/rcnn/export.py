@@ -23,7 +23,8 @@ def max_detections(spec: ModelSpec) -> int:
 
 def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
     """What runners need to prepare inputs (the keys of norcal.core.contract)."""
-    meta = {contract.RESIZE: contract.RESIZE_TORCHVISION} if spec.convention == "torchvision" else {}
+    resize = spec.convention.resize
+    meta = {contract.RESIZE: resize} if resize else {}
     return meta | {
         contract.MIN_SIZE_TEST: str(spec.min_size_test),
         contract.MAX_SIZE_TEST: str(spec.max_size_test),

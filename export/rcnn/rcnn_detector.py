@@ -74,8 +74,8 @@ class HeadCache(TuneCache):
 def estimate_cache_bytes(spec, num_images: int) -> int:
     """Upper bound of the cache: P = the RPN's post-NMS top-k proposals, each with C+1 logits
     per stage, K*4 deltas, a box and a valid flag (float32 / bool)."""
-    # torchvision regresses a box for the background too
-    k = 1 if spec.cls_agnostic_bbox_reg else spec.num_classes + (spec.convention == "torchvision")
+    # a background slot first comes with a box regressed for it too
+    k = 1 if spec.cls_agnostic_bbox_reg else spec.num_classes + (spec.convention.background == "first")
     stages = max(len(spec.cascade_bbox_reg_weights), 1)
     per_proposal = 4 * (stages * (spec.num_classes + 1) + 4 * k + 4) + 1
     return int(num_images) * int(spec.rpn_post_nms_topk_test) * per_proposal
@@ -227,7 +227,9 @@ class RCNNDetector(Detectron2Detector):
         return estimate_cache_bytes(self.spec, num_images)  # one cache serves every gamma
 
     def cache(self, batches, priors, mechanism, on_step=None, with_masks=False) -> HeadCache:
-        return cache_head_outputs(self.model, batches, on_step, with_masks)
+        cache = cache_head_outputs(self.model, batches, on_step, with_masks)
+        cache.mask_paste = self.spec.convention.mask_paste  # the re-scored masks pasted as the trainer pastes them
+        return cache
 
     def rescore(self, cache: HeadCache, index: int, prior, mechanism: str, batch_size: int):
         heads = self.model.roi_heads if cache.features is not None else None

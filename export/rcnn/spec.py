@@ -31,14 +31,44 @@ SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) wit
                            "ResNet/ResNeXt FPN")
 
 
+@dataclass(frozen=True)
+class Convention:
+    """How the trainer of the weights runs the same layers, where trainers differ; set by the
+    family that loads them. The defaults are detectron2's."""
+
+    name: str = "detectron2"  # for messages
+    # cell anchors with ratios outer and sizes inner, in float32, corners rounded to integers
+    # (else sizes outer, ratios inner, exact)
+    rounded_anchors: bool = False
+    # each level's anchor stride taken per image: its padded size // its grid size (P6 of an
+    # 800-pixel side: 61, not 64); anchors then come per image
+    per_image_anchor_strides: bool = False
+    # FPN level of a box: floor(k0 + log2(sqrt(area) / 224) + 1e-6) (else eps inside the log)
+    level_eps_after_log: bool = False
+    # the box classifier's background slot: "last", or "first" with a box regressed for it too
+    background: str = "last"
+    # detections with a side under this are dropped before the final NMS (0: none)
+    min_box_size: float = 0.0
+    # a class-specific mask predictor has a background channel: class c is channel c + 1
+    mask_background_channel: bool = False
+    # the RPN keeps proposals whose sides are >= its min size (else > it)
+    rpn_min_size_inclusive: bool = False
+    # RetinaNet clips each candidate box to its image before NMS (else only the detections, after)
+    clip_retinanet_boxes: bool = False
+    # the host's resize rule the graph records (norcal.core.contract.RESIZE; None: the default)
+    resize: str | None = None
+    # how the host pastes the re-scored masks (a rule of norcal.runtime's paste_masks)
+    mask_paste: str = "detectron2"
+    # its R-CNN is covered with an FPN backbone and standard ROI heads only
+    fpn_only: bool = False
+
+
 @dataclass
 class ModelSpec:
     meta_architecture: str = "GeneralizedRCNN"
-    # whose R-CNN the weights come from: "detectron2", or "torchvision" (its Faster / Mask R-CNN:
-    # rounded anchors with strides from each image's padded size, level mapping with the eps
-    # outside the log, background FIRST with a box per class and background, boxes under 1e-2
-    # dropped, mask channel = class + 1; the host's resize rule "torchvision")
-    convention: str = "detectron2"
+    # where the weights' trainer runs the same layers differently (anchors, level mapping,
+    # background slot, ...); set by the family that reads the weights
+    convention: Convention = Convention()
     # input
     pixel_mean: tuple[float, float, float] = (103.53, 116.28, 123.675)
     pixel_std: tuple[float, float, float] = (1.0, 1.0, 1.0)
@@ -111,21 +141,14 @@ class ModelSpec:
     provenance: dict[str, str] = field(default_factory=dict)
 
 
-CONVENTIONS = ("detectron2", "torchvision")
-
-
-def is_torchvision(spec: ModelSpec) -> bool:
-    return spec.convention == "torchvision"
-
-
 def box_classifier(spec: ModelSpec) -> Classifier:
     """The spec's box classifier as its export names and lays it out: RetinaNet's one sigmoid
     with no background slot; an R-CNN's cls_logits (one per cascade stage), background last
-    (first in the torchvision convention: FastRCNNPredictor), softmax or sigmoid as trained."""
+    (or first, as the spec's convention says), softmax or sigmoid as trained."""
     if spec.meta_architecture == RETINANET:
         return Classifier(logits=(CLS_LOGITS_TENSOR,), class_axis=-1, background="none", activation="sigmoid")
     return Classifier(logits=tuple(cls_logits_tensors(len(spec.cascade_bbox_reg_weights))), class_axis=-1,
-                      background="first" if is_torchvision(spec) else "last",
+                      background=spec.convention.background,
                       activation="sigmoid" if spec.use_sigmoid_ce else "softmax")
 
 

@@ -136,6 +136,12 @@ def recorded_background(meta: dict[str, str]) -> str | None:
     return meta.get(CLASSIFIER_BACKGROUND, "last")
 
 
+def classifier_tensors(meta: dict[str, str]) -> list[str]:
+    """The box classifiers' logits tensor(s) a graph records: the export's, else (a calibrated
+    graph not exported by us) its NorCal node's input ([] for neither)."""
+    return recorded_logits(meta) or split_names(meta.get(LOGITS))
+
+
 # Precision keys: what `norcal quantize` did to the graph (absent: an fp32 graph). They describe
 # the graph, not the NorCal node, so stripping keeps them.
 PRECISION = "norcal.precision"  # int8 (explicit Q/DQ) or fp16 (mixed: NorCal, NMS, decoding in fp32)

@@ -85,7 +85,7 @@ def _check_metadata(model, where: str) -> None:
     starts from must be there: a graph without them was not exported by norcal."""
     meta = {p.key: p.value for p in model.metadata_props}
     missing = [k for k in (contract.MIN_SIZE_TEST, contract.MAX_SIZE_TEST) if not meta.get(k)]
-    if not (meta.get(contract.CLASSIFIER_LOGITS) or meta.get(contract.LOGITS)):
+    if not contract.classifier_tensors(meta):
         missing.append(contract.CLASSIFIER_LOGITS)
     if missing:
         raise NorcalError(f"{where}: no {', '.join(missing)} metadata: quantize takes a model exported by "

@@ -16,6 +16,7 @@ from norcal.core.errors import NorcalError
 
 from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_of, pixel_stats, shape
 from .retinanet_weights import is_retinanet, retinanet_architecture, retinanet_spec_from_weights
+from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
                    STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES, ModelSpec, arch_name)
 
@@ -289,7 +290,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     if not fpn and not c4:
         provenance["res5_dilation"] = (f"{assumed}: 2, stride 16 (DC5: detectron2's zoo has no model with an "
                                        "undilated res5 as its only feature)")
-    return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=False, input_format="BGR",
+    return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=False, input_format="BGR", convention=DETECTRON2,
                      provenance=provenance, **fields)
 
 

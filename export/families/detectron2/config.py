@@ -15,6 +15,7 @@ from norcal.core.ranges import MAX_TOPK
 
 from .config_file import load_cfg_dict
 from .config_values import ConfigValues
+from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
                    RETINANET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec)
 from norcal.export.rcnn.spec import SUPPORTED_ARCHITECTURES as SUPPORTED
@@ -204,7 +205,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         if c4 else ("MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION", "MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO")
     mask_pooler_type = "MODEL.ROI_BOX_HEAD.POOLER_TYPE" if c4 else "MODEL.ROI_MASK_HEAD.POOLER_TYPE"
     return ModelSpec(
-        meta_architecture=c.str("MODEL.META_ARCHITECTURE"),
+        meta_architecture=c.str("MODEL.META_ARCHITECTURE"), convention=DETECTRON2,
         backbone_name=c.str("MODEL.BACKBONE.NAME"),
         backbone_out_feature="res5" if fpn else c.seq("MODEL.RESNETS.OUT_FEATURES")[0],
         roi_heads_name=RES5_ROI_HEADS if c4 else (
@@ -292,7 +293,7 @@ def retinanet_spec_from_cfg(c: ConfigValues) -> ModelSpec:
     if len({len(sizes[i % len(sizes)]) * len(ratios[i % len(ratios)]) for i in range(5)}) != 1:
         raise c.bad("MODEL.ANCHOR_GENERATOR.SIZES", "every level needs the same number of anchors")
     return ModelSpec(
-        meta_architecture=RETINANET, backbone_name=RETINANET_BACKBONE, mask_on=False,
+        meta_architecture=RETINANET, backbone_name=RETINANET_BACKBONE, mask_on=False, convention=DETECTRON2,
         pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
         pixel_std=c.floats("MODEL.PIXEL_STD", 3, positive=True, why_positive="the input is divided by them"),
         input_format=c.str("INPUT.FORMAT"), min_size_test=_min_size_test(c),

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from norcal.core.errors import NorcalError
 
 from .resnet_weights import STEM, backbone_fields, norm_of, pixel_stats, shape
+from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (FPN_BACKBONE, RETINANET, RETINANET_BACKBONE, STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES,
                    ModelSpec)
 
@@ -70,6 +71,7 @@ def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None) -> Mo
     }
     return ModelSpec(
         meta_architecture=RETINANET, backbone_name=RETINANET_BACKBONE, mask_on=False, use_sigmoid_ce=True,
+        convention=DETECTRON2,
         stride_in_1x1=True, input_format="BGR", min_size_test=800, max_size_test=1333,
         fpn_out_channels=shape(sd, "backbone.fpn_lateral3.weight")[0],
         fpn_norm=norm_of(sd, "backbone.fpn_lateral3.norm"),

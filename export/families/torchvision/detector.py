@@ -24,11 +24,6 @@ class TorchvisionDetector(RCNNDetector):
     def recorded_calibration(self):
         return None  # a bare state dict records no NorCal settings
 
-    def cache(self, batches, priors, mechanism, on_step=None, with_masks=False):
-        cache = super().cache(batches, priors, mechanism, on_step, with_masks)
-        cache.mask_paste = "torchvision"  # the re-scored masks pasted as torchvision pastes them
-        return cache
-
 
 class TorchvisionRetinaNet(RetinaNetDetector):
     """A torchvision RetinaNet as our RetinaNet in the torchvision convention: one sigmoid over

@@ -9,7 +9,7 @@ defaults: resize 800 / 1333, ImageNet mean and std on RGB 0-1; R-CNN: RPN 1000 /
 ``MultiScaleRoIAlign`` (sampling 2, aligned False), box weights (10, 10, 5, 5), score 0.05,
 NMS 0.5, 100 detections; RetinaNet: 9 anchors, score 0.05, top 1000 per level, NMS 0.5, 300
 detections. The model is our export-friendly R-CNN / RetinaNet (``norcal.export.rcnn.modeling``) in
-the torchvision convention (:data:`norcal.export.rcnn.spec.ModelSpec.convention`): an R-CNN's
+the torchvision convention (:data:`norcal.export.families.torchvision.convention.TORCHVISION`): an R-CNN's
 classifier has the background FIRST. FCOS and other heads or backbones are refused in one line.
 """
 

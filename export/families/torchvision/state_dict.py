@@ -9,6 +9,7 @@ from pathlib import Path
 
 from norcal.core.errors import NorcalError
 from norcal.export.families.checkpoints import TORCH_SUFFIXES
+from norcal.export.families.torchvision.convention import TORCHVISION
 from norcal.export.families.pickle_scan import scan_torch_zip
 
 # keys only a torchvision GeneralizedRCNN state dict has (detectron2 says bottom_up, rpn_head)
@@ -109,7 +110,7 @@ def _resnet(state: dict, path: Path) -> dict:
                   else "backbone.body.layer1.0.conv2.weight", path)[0]
     fpn = "backbone.fpn.layer_blocks.0.0.weight"
     fpn = _shape(state, fpn if fpn in state else "backbone.fpn.layer_blocks.0.weight", path)[0]
-    return dict(convention="torchvision", input_format="RGB",
+    return dict(convention=TORCHVISION, input_format="RGB",
                 pixel_mean=tuple(255.0 * m for m in IMAGENET_MEAN), pixel_std=tuple(255.0 * s for s in IMAGENET_STD),
                 min_size_test=800, max_size_test=1333, size_divisibility=32,
                 depth=depth, norm="FrozenBN", stem_out_channels=_shape(state, "backbone.body.conv1.weight", path)[0],

@@ -22,9 +22,9 @@ def cell_anchors(sizes, aspect_ratios) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float32)
 
 
-def cell_anchors_torchvision(sizes, aspect_ratios) -> torch.Tensor:
-    """torchvision's ``AnchorGenerator.generate_anchors``: ratios outer, sizes inner, float32
-    arithmetic, corners rounded to integers."""
+def rounded_cell_anchors(sizes, aspect_ratios) -> torch.Tensor:
+    """Ratios outer, sizes inner, float32 arithmetic, corners rounded to integers (torchvision's
+    ``AnchorGenerator.generate_anchors``)."""
     scales = torch.as_tensor(list(sizes), dtype=torch.float32)
     ratios = torch.as_tensor(list(aspect_ratios), dtype=torch.float32)
     h_ratios = torch.sqrt(ratios)
@@ -38,13 +38,13 @@ class AnchorGenerator(nn.Module):
     """Anchors for each feature map: [H*W*A, 4], location-major then anchor (detectron2 order)."""
 
     def __init__(self, sizes, aspect_ratios, strides, offset: float = 0.0,
-                 convention: str = "detectron2"):
-        """``convention`` "torchvision": its rounded cell anchors, and each level's stride taken
-        per image as torchvision does for a batch of that image alone: its padded size // the
-        level's grid size (P6 of an 800-pixel side: 800 // 13 = 61, not 64); anchors then
-        come per image, [B, H*W*A, 4]."""
+                 rounded: bool = False, per_image_strides: bool = False):
+        """``rounded``: :func:`rounded_cell_anchors` (else :func:`cell_anchors`).
+        ``per_image_strides``: each level's stride taken per image as torchvision does for a
+        batch of that image alone: its padded size // the level's grid size (P6 of an
+        800-pixel side: 800 // 13 = 61, not 64); anchors then come per image, [B, H*W*A, 4]."""
         super().__init__()
-        self.per_image = convention == "torchvision"
+        self.per_image = bool(per_image_strides)
         n = len(strides)
         sizes = list(sizes) * n if len(sizes) == 1 else list(sizes)
         ratios = list(aspect_ratios) * n if len(aspect_ratios) == 1 else list(aspect_ratios)
@@ -55,7 +55,7 @@ class AnchorGenerator(nn.Module):
             raise NorcalError(f"anchor offset must lie in [0, 1), got {offset}")
         self.strides = list(strides)
         self.offset = float(offset)
-        make = cell_anchors_torchvision if self.per_image else cell_anchors
+        make = rounded_cell_anchors if rounded else cell_anchors
         cells = [make(s, r) for s, r in zip(sizes, ratios)]
         counts = {len(c) for c in cells}
         if len(counts) != 1:
@@ -65,7 +65,7 @@ class AnchorGenerator(nn.Module):
             self.register_buffer(f"cell{i}", c, persistent=False)
 
     def forward(self, features: list[torch.Tensor], padded: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Per level [H*W*A, 4]; per image [B, H*W*A, 4] for the torchvision convention, from
+        """Per level [H*W*A, 4]; per image [B, H*W*A, 4] with ``per_image_strides``, from
         ``padded`` int64 [B, 2]: each image's own padded (h, w) in input pixels."""
         if self.per_image:
             return self._per_image(features, padded)

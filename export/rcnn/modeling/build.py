@@ -10,8 +10,8 @@ import torch
 
 from norcal.core.errors import NorcalError
 
-from ..spec import (CASCADE_ROI_HEADS, CONVENTIONS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
-                    STANDARD_ROI_HEADS, ModelSpec, is_torchvision)
+from ..spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET, STANDARD_ROI_HEADS,
+                    Convention, ModelSpec)
 from .anchors import AnchorGenerator
 from .backbone import ResNet, ResNetBackbone, res5_head
 from .box_head import FastRCNNConvFCHead
@@ -48,10 +48,15 @@ def _check_spec(spec: ModelSpec) -> None:
         raise NorcalError(f"input format {spec.input_format!r} must be BGR or RGB")
     if spec.fpn_fuse_type not in ("sum", "avg"):
         raise NorcalError(f"FPN fuse type {spec.fpn_fuse_type!r} must be 'sum' or 'avg'")
-    if spec.convention not in CONVENTIONS:
-        raise NorcalError(f"convention {spec.convention!r} must be one of {', '.join(CONVENTIONS)}")
-    if is_torchvision(spec) and (spec.backbone_name, spec.roi_heads_name) != (FPN_BACKBONE, STANDARD_ROI_HEADS):
-        raise NorcalError("the torchvision convention covers Faster / Mask R-CNN with FPN only")
+    _check_convention(spec)
+    if spec.convention.fpn_only and (spec.backbone_name, spec.roi_heads_name) != (FPN_BACKBONE, STANDARD_ROI_HEADS):
+        raise NorcalError(f"the {spec.convention.name} convention covers Faster / Mask R-CNN with FPN only")
+
+
+def _check_convention(spec: ModelSpec) -> None:
+    if not isinstance(spec.convention, Convention):
+        raise NorcalError(f"convention {spec.convention!r} must be a {Convention.__qualname__} "
+                          "(the family reading the weights sets it)")
 
 
 def _check_cascade(spec: ModelSpec) -> None:
@@ -78,32 +83,27 @@ def _backbone(spec: ModelSpec):
     return backbone, backbone.out_channels[spec.backbone_out_feature], backbone.size_divisibility
 
 
-# torchvision's RoIHeads.postprocess_detections drops boxes under this size (remove_small_boxes)
-TORCHVISION_MIN_BOX_SIZE = 1e-2
-
-
 def _box_predictor(spec: ModelSpec, input_size: int, box_weights=None) -> FastRCNNOutputLayers:
-    tv = is_torchvision(spec)
     return FastRCNNOutputLayers(
         input_size, spec.num_classes, cls_agnostic_bbox_reg=spec.cls_agnostic_bbox_reg,
         box_weights=spec.bbox_reg_weights if box_weights is None else box_weights, use_sigmoid=spec.use_sigmoid_ce,
         score_thresh=spec.score_thresh_test, nms_thresh=spec.nms_thresh_test,
-        topk=spec.detections_per_image, background="first" if tv else "last",
-        min_box_size=TORCHVISION_MIN_BOX_SIZE if tv else 0.0)
+        topk=spec.detections_per_image, background=spec.convention.background,
+        min_box_size=spec.convention.min_box_size)
 
 
 def _mask_head(spec: ModelSpec, in_channels: int) -> MaskRCNNConvUpsampleHead:
-    # torchvision predicts a background mask channel too: class c is channel c + 1
-    tv = is_torchvision(spec) and not spec.cls_agnostic_mask
+    # a background mask channel too: class c is channel c + 1
+    bg = spec.convention.mask_background_channel and not spec.cls_agnostic_mask
     return MaskRCNNConvUpsampleHead(in_channels, num_conv=spec.mask_head_num_conv,
-                                    conv_dim=spec.mask_head_conv_dim, num_classes=spec.num_classes + tv,
+                                    conv_dim=spec.mask_head_conv_dim, num_classes=spec.num_classes + bg,
                                     cls_agnostic=spec.cls_agnostic_mask, norm=spec.mask_head_norm,
-                                    class_offset=int(tv))
+                                    class_offset=int(bg))
 
 
 def _roi_heads(spec: ModelSpec, ch: int, roi_strides):
     box_pooler = ROIPooler(spec.pooler_resolution, roi_strides, spec.pooler_sampling_ratio,
-                           spec.pooler_type, convention=spec.convention)
+                           spec.pooler_type, level_eps_after_log=spec.convention.level_eps_after_log)
     if spec.roi_heads_name == RES5_ROI_HEADS:
         res5 = res5_head(ch, num_groups=spec.num_groups, width_per_group=spec.width_per_group,
                          norm=spec.norm, stride_in_1x1=spec.stride_in_1x1)
@@ -115,7 +115,7 @@ def _roi_heads(spec: ModelSpec, ch: int, roi_strides):
     if spec.mask_on:
         mask_pooler = ROIPooler(spec.mask_pooler_resolution, roi_strides,
                                 spec.mask_pooler_sampling_ratio, spec.mask_pooler_type,
-                                convention=spec.convention)
+                                level_eps_after_log=spec.convention.level_eps_after_log)
         mask_head = _mask_head(spec, ch)
     if spec.roi_heads_name == CASCADE_ROI_HEADS:
         heads = [_box_head(spec, ch) for _ in spec.cascade_bbox_reg_weights]
@@ -144,6 +144,12 @@ def _pixel_stats(spec: ModelSpec) -> tuple[list[float], list[float]]:
     return mean, std
 
 
+def _anchors(spec: ModelSpec, strides) -> AnchorGenerator:
+    return AnchorGenerator(spec.anchor_sizes, spec.anchor_aspect_ratios, strides, spec.anchor_offset,
+                           rounded=spec.convention.rounded_anchors,
+                           per_image_strides=spec.convention.per_image_anchor_strides)
+
+
 def create_retinanet(spec: ModelSpec) -> RetinaNet:
     """detectron2's RetinaNet for ``spec`` (FPN backbone, no norm in the head), in eval mode."""
     if spec.input_format not in ("BGR", "RGB"):
@@ -151,11 +157,9 @@ def create_retinanet(spec: ModelSpec) -> RetinaNet:
     resnet = ResNet(depth=spec.depth, norm=spec.norm, stem_out_channels=spec.stem_out_channels,
                     res2_out_channels=spec.res2_out_channels, num_groups=spec.num_groups,
                     width_per_group=spec.width_per_group, stride_in_1x1=spec.stride_in_1x1)
-    if spec.convention not in CONVENTIONS:
-        raise NorcalError(f"convention {spec.convention!r} must be one of {', '.join(CONVENTIONS)}")
+    _check_convention(spec)
     backbone = RetinaFPN(resnet, spec.fpn_out_channels, spec.fpn_norm, spec.retinanet_p6_from_p5)
-    anchors = AnchorGenerator(spec.anchor_sizes, spec.anchor_aspect_ratios, backbone.strides,
-                              spec.anchor_offset, convention=spec.convention)
+    anchors = _anchors(spec, backbone.strides)
     head = RetinaNetHead(spec.fpn_out_channels, anchors.num_anchors, spec.num_classes,
                          spec.retinanet_num_convs)
     mean, std = _pixel_stats(spec)
@@ -166,7 +170,7 @@ def create_retinanet(spec: ModelSpec) -> RetinaNet:
                       nms_thresh=spec.nms_thresh_test,
                       detections_per_image=spec.detections_per_image,
                       # detectron2 pads each image to FPN's largest input stride (res5's)
-                      size_divisibility=backbone.in_strides[-1], clip_boxes=is_torchvision(spec))
+                      size_divisibility=backbone.in_strides[-1], clip_boxes=spec.convention.clip_retinanet_boxes)
     return model.eval()
 
 
@@ -176,12 +180,11 @@ def create_model(spec: ModelSpec) -> GeneralizedRCNN | RetinaNet:
         return create_retinanet(spec)
     _check_spec(spec)
     backbone, ch, per_image_divisibility = _backbone(spec)
-    anchors = AnchorGenerator(spec.anchor_sizes, spec.anchor_aspect_ratios, backbone.strides,
-                              spec.anchor_offset, convention=spec.convention)
+    anchors = _anchors(spec, backbone.strides)
     rpn = RPN(StandardRPNHead(ch, anchors.num_anchors, spec.rpn_conv_dims), anchors,
               box_weights=spec.rpn_bbox_reg_weights, pre_nms_topk=spec.rpn_pre_nms_topk_test,
               post_nms_topk=spec.rpn_post_nms_topk_test, nms_thresh=spec.rpn_nms_thresh,
-              min_size=spec.rpn_min_size, min_size_inclusive=is_torchvision(spec))
+              min_size=spec.rpn_min_size, min_size_inclusive=spec.convention.rpn_min_size_inclusive)
     # FPN: the heads pool from P2-P5 (P6 is the RPN's only); C4/DC5: the one map
     roi_strides = backbone.in_strides if spec.backbone_name == FPN_BACKBONE else backbone.strides
     roi_heads = _roi_heads(spec, ch, roi_strides)

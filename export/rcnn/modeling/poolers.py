@@ -37,12 +37,13 @@ def replicate_edge(f: torch.Tensor, extent: torch.Tensor) -> torch.Tensor:
 
 def assign_boxes_to_levels(boxes: torch.Tensor, min_level: int, max_level: int,
                            canonical_box_size: float = 224.0, canonical_level: int = 4,
-                           convention: str = "detectron2"):
+                           eps_after_log: bool = False):
     """boxes [..., 4] -> int64 [...] level index from 0 (= min_level), detectron2's eq. (1):
-    floor(canonical_level + log2(sqrt(area) / canonical_box_size + eps)), clamped; torchvision's
-    ``LevelMapper``: floor(canonical_level + log2(sqrt(area) / canonical_box_size) + 1e-6)."""
+    floor(canonical_level + log2(sqrt(area) / canonical_box_size + eps)), clamped;
+    ``eps_after_log`` (torchvision's ``LevelMapper``):
+    floor(canonical_level + log2(sqrt(area) / canonical_box_size) + 1e-6)."""
     area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
-    if convention == "torchvision":
+    if eps_after_log:
         lvl = torch.floor(canonical_level + torch.log2(torch.sqrt(area) / canonical_box_size)
                           + torch.tensor(1e-6, dtype=area.dtype))
         return torch.clamp(lvl, min=min_level, max=max_level).to(torch.int64) - min_level
@@ -66,7 +67,7 @@ class ROIPooler(nn.Module):
 
     def __init__(self, output_size: int, strides, sampling_ratio: int = 0,
                  pooler_type: str = "ROIAlignV2", canonical_box_size: float = 224.0,
-                 canonical_level: int = 4, convention: str = "detectron2"):
+                 canonical_level: int = 4, level_eps_after_log: bool = False):
         super().__init__()
         if pooler_type not in ("ROIAlignV2", "ROIAlign"):
             raise NorcalError(f"pooler type {pooler_type!r} is not supported; "
@@ -82,7 +83,7 @@ class ROIPooler(nn.Module):
         self.max_level = int(round(math.log2(strides[-1])))
         self.canonical_box_size = canonical_box_size
         self.canonical_level = canonical_level
-        self.convention = convention
+        self.level_eps_after_log = bool(level_eps_after_log)
 
     def forward(self, features: list[torch.Tensor], boxes: torch.Tensor,
                 masks: PaddingMasks | None = None) -> torch.Tensor:
@@ -100,7 +101,8 @@ class ROIPooler(nn.Module):
             return roi_align(features[0], boxes, batch_idx, self.output_size, self.scales[0],
                              self.sampling_ratio, self.aligned)
         levels = assign_boxes_to_levels(boxes, self.min_level, self.max_level,
-                                        self.canonical_box_size, self.canonical_level, self.convention)
+                                        self.canonical_box_size, self.canonical_level,
+                                        self.level_eps_after_log)
         if self.select_rois:
             parts, order = [], []
             for i, (f, scale) in enumerate(zip(features, self.scales)):

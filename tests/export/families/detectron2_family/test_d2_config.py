@@ -185,6 +185,16 @@ def test_detectron2_defaults_where_the_lvis_config_is_silent(tmp_path):
     assert spec.num_classes == 80 and spec.mask_on is False
 
 
+def test_a_config_reads_as_detectron2s_convention_the_bare_specs_default(tmp_path):
+    from norcal.export.families.detectron2.convention import DETECTRON2
+    from norcal.export.rcnn.spec import ModelSpec
+
+    _write(tmp_path / "Base-RCNN-FPN.yaml", BASE_RCNN_FPN)
+    spec = load_config(_write(tmp_path / "c" / "x.yaml", '_BASE_: "../Base-RCNN-FPN.yaml"\n'))
+    assert spec.convention is DETECTRON2 and ModelSpec().convention == DETECTRON2
+    assert DETECTRON2.background == "last" and DETECTRON2.resize is None
+
+
 def test_three_level_chain_and_list_of_bases(tmp_path, lvis_chain):
     _write(tmp_path / "extra" / "sigmoid.yaml", "MODEL:\n  ROI_BOX_HEAD:\n    USE_SIGMOID_CE: true\n")
     grandchild = _write(tmp_path / "LVISv1-InstanceSegmentation" / "deeper" / "x101.yaml", """\

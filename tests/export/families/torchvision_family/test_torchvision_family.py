@@ -85,11 +85,13 @@ def test_anchors_are_torchvision_anchors_per_image():
     from torchvision.models.detection.anchor_utils import AnchorGenerator as TvAnchors
     from torchvision.models.detection.image_list import ImageList
 
+    from norcal.export.families.torchvision.convention import TORCHVISION
     from norcal.export.rcnn.modeling.anchors import AnchorGenerator
 
     sizes, ratios = ((32,), (64,), (128,), (256,), (512,)), ((0.5, 1.0, 2.0),) * 5
     tv = TvAnchors(sizes, ratios)
-    ours = AnchorGenerator(sizes, ratios[:1], [4, 8, 16, 32, 64], convention="torchvision")
+    ours = AnchorGenerator(sizes, ratios[:1], [4, 8, 16, 32, 64], rounded=TORCHVISION.rounded_anchors,
+                           per_image_strides=TORCHVISION.per_image_anchor_strides)
     padded = torch.tensor([[800, 1088], [832, 1216]])  # the batch pads to 832 x 1216
     feats = [torch.zeros(2, 1, -(-832 // s), -(-1216 // s)) for s in (4, 8, 16, 32, 64)]
     mine = ours(feats, padded)
