@@ -1,5 +1,6 @@
-"""What detectron2's R-CNN and RetinaNet detectors share: the spec and model, how the host
-prepares images, the export, the PyTorch runner, and the re-scoring's plumbing."""
+"""What the R-CNN and RetinaNet detectors of every family built on our R-CNN (detectron2,
+torchvision) share: the spec and model, how the host prepares images, the export, the PyTorch
+runner. The family that reads the checkpoint subclasses them and names itself."""
 
 from __future__ import annotations
 
@@ -8,12 +9,9 @@ from typing import ClassVar
 
 from norcal.export.families.base import Detector
 
-FAMILY = "detectron2"
-
-
 @dataclass(frozen=True)
 class GraphOptions:
-    """How :meth:`Detectron2Detector.export` shapes the graph (the options of
+    """How :meth:`SpecDetector.export` shapes the graph (the options of
     :func:`norcal.export.rcnn.export.export_detector`)."""
 
     batch: int | None = None
@@ -25,19 +23,17 @@ class GraphOptions:
     check: bool = True
 
 
-class Detectron2Detector(Detector):
-    """A detectron2 checkpoint as our PyTorch model (``norcal.export.rcnn.modeling``), with its
-    :class:`norcal.export.rcnn.spec.ModelSpec`."""
-
-    family: ClassVar[str] = FAMILY
-    calibration_source: ClassVar[str | None] = "TEST.CALIBRATION"
+class SpecDetector(Detector):
+    """A model built from a :class:`norcal.export.rcnn.spec.ModelSpec` as our PyTorch model
+    (``norcal.export.rcnn.modeling``); the family's subclass sets ``family`` and, where its
+    config can record NorCal settings, ``calibration_source``."""
 
     def __init__(self, spec, model):
         self.spec, self.model = spec, model
         self.num_classes = int(spec.num_classes)
 
     def recorded_calibration(self):
-        """The config's TEST.CALIBRATION settings (the NorCal authors' keys), or None."""
+        """The NorCal settings the spec's source recorded (``ModelSpec.calibration``), or None."""
         return self.spec.calibration
 
     def export_options(self, options) -> GraphOptions:

@@ -23,7 +23,7 @@ from norcal.core import calibration
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, TuneCache
 from norcal.export.pytorch.tools import join_outputs, torch_threads
-from norcal.export.rcnn.detector import Detectron2Detector
+from norcal.export.rcnn.detector import SpecDetector
 from norcal.export.rcnn.spec import box_classifier
 
 _KEYS = ("proposals", "valid", "cls_logits", "box_deltas")
@@ -207,7 +207,7 @@ def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: st
     return join_outputs(out)
 
 
-class RCNNDetector(Detectron2Detector):
+class RCNNDetector(SpecDetector):
     """A detectron2 GeneralizedRCNN (Cascade included): softmax (or sigmoid) box classifier
     with the background last, one classifier per cascade stage."""
 

@@ -18,7 +18,7 @@ from norcal.core import calibration
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, TuneCache
 from norcal.export.pytorch.tools import join_outputs, torch_threads
-from norcal.export.rcnn.detector import Detectron2Detector
+from norcal.export.rcnn.detector import SpecDetector
 from norcal.export.rcnn.spec import box_classifier
 
 _KEYS = ("boxes", "scores", "classes")
@@ -115,7 +115,7 @@ def _same_prior(a, b) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
 
 
-class RetinaNetDetector(Detectron2Detector):
+class RetinaNetDetector(SpecDetector):
     """A detectron2 RetinaNet: one sigmoid over all levels' class logits, no background."""
 
     def __init__(self, spec, model):

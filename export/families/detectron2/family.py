@@ -9,10 +9,9 @@ from pathlib import Path
 
 from norcal.export.families.checkpoints import PICKLE_SUFFIXES, TORCH_SUFFIXES
 from norcal.export.families.base import Family
-from norcal.export.rcnn.detector import FAMILY, Detectron2Detector, GraphOptions, check_graph_options
-from norcal.export.rcnn.rcnn_detector import RCNNDetector
+from norcal.export.families.detectron2.detector import FAMILY, Detectron2RCNN, Detectron2RetinaNet
+from norcal.export.rcnn.detector import GraphOptions, SpecDetector, check_graph_options
 from norcal.export.rcnn.rcnn_detector import estimate_cache_bytes as _rcnn_bytes
-from norcal.export.rcnn.retinanet_detector import RetinaNetDetector
 from norcal.export.rcnn.retinanet_detector import estimate_cache_bytes as _retinanet_bytes
 from norcal.export.families.pickle_scan import scan_torch_zip
 
@@ -55,9 +54,9 @@ def _is_retinanet(spec) -> bool:
     return spec.meta_architecture == RETINANET
 
 
-def detector_of(spec, model) -> Detectron2Detector:
+def detector_of(spec, model) -> SpecDetector:
     """The family's Detector for a loaded (spec, model): RetinaNet or R-CNN, by the spec."""
-    return (RetinaNetDetector if _is_retinanet(spec) else RCNNDetector)(spec, model)
+    return (Detectron2RetinaNet if _is_retinanet(spec) else Detectron2RCNN)(spec, model)
 
 
 def estimate_cache_bytes(spec, num_images: int, num_gammas: int = 1) -> int:
@@ -81,12 +80,12 @@ class Detectron2Family(Family):
         check_graph_options(options)
 
     def load(self, path: Path, config: Path | None = None, *,
-             detections_per_image: int | None = None) -> Detectron2Detector:
+             detections_per_image: int | None = None) -> SpecDetector:
         """options: ``detections_per_image`` replaces the config's K."""
         from norcal.export.families.detectron2.loader import load_model
 
         return detector_of(*load_model(path, config, detections_per_image=detections_per_image))
 
 
-__all__ = ["Detectron2Family", "Detectron2Detector", "GraphOptions", "RCNNDetector", "RetinaNetDetector",
+__all__ = ["Detectron2Family", "Detectron2RCNN", "Detectron2RetinaNet", "GraphOptions",
            "detector_of", "estimate_cache_bytes", "is_detectron2_checkpoint"]

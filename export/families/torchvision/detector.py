@@ -33,7 +33,7 @@ class TorchvisionRetinaNet(RetinaNetDetector):
     calibration_source = None
 
     def recorded_calibration(self):
-        return None
+        return None  # a bare state dict records no NorCal settings
 
 
 def detector_from_state(state: dict, path: Path, detections_per_image: int | None = None,

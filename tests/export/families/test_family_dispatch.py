@@ -79,6 +79,7 @@ def test_detectron2_exports_record_their_classifier(name):
     from norcal.export.families import load_detector
 
     det = load_detector(FIXTURES / name / "model_final.pth", FIXTURES / name / "config.yaml")
+    assert det.family == "detectron2" and det.calibration_source == "TEST.CALIBRATION"
     _check_classifier(det, det.export())
 
 
@@ -91,6 +92,8 @@ def test_torchvision_exports_record_their_classifier(kind):
     model = tiny_rcnn() if kind == "rcnn" else tiny_retinanet()
     det = detector_from_state(model.state_dict(), Path(f"{kind}.pth"), min_size=224, max_size=352)
     assert det.classifier.background == ("first" if kind == "rcnn" else "none")
+    # the shared R-CNN's detectors carry the name of the family that read the weights
+    assert det.family == "torchvision" and det.calibration_source is None and det.recorded_calibration() is None
     _check_classifier(det, det.export(GraphOptions()))
 
 
