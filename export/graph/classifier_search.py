@@ -268,3 +268,78 @@ def classifier_candidates(model: onnx.ModelProto) -> list[Candidate]:
 def _expected_width(num_classes: int, background: str) -> int:
     return num_classes + (0 if background == "none" else 1)
 
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _constant(tensor: gs.Tensor):
+    """A tensor's constant value (an initializer, or a Constant node's output), else None."""
+    if isinstance(tensor, gs.Constant):
+        return tensor.values
+    if tensor.inputs and tensor.inputs[0].op == "Constant":
+        value = tensor.inputs[0].attrs.get("value")
+        return getattr(value, "values", None)
+    return None
+
+
+def _slice_on(node: gs.Node, rank: int | None) -> dict[int, tuple] | None:
+    """A Slice's (start, end, step) per axis (non-negative where the rank is known; a bound that
+    is not a constant: None); None when its axes are not known."""
+    values = [_constant(t) for t in node.inputs[1:5]]
+    starts, ends = values[0], values[1] if len(values) > 1 else None
+    n = next((v.size for v in (starts, ends) if v is not None), None)
+    if len(values) > 2 and values[2] is not None:
+        axes = [int(v) for v in values[2].reshape(-1)]
+    elif len(values) <= 2 and n is not None:
+        axes = list(range(n))
+    else:
+        return None
+    if rank is not None:
+        axes = [a + rank if a < 0 else a for a in axes]
+
+    def at(v, i, default=None):
+        return default if v is None else int(v.reshape(-1)[i])
+
+    steps = values[3] if len(values) > 3 else None
+    return {a: (at(starts, i), at(ends, i), at(steps, i, 1 if len(values) <= 3 else None))
+            for i, a in enumerate(axes)}
+
+
+def background_in_graph(view: ModelView, cand: Candidate) -> tuple[str, str] | None:
+    """Where the graph itself puts a softmax classifier's background: the consumer of its
+    probabilities that drops one class column (torchvision's ``scores[:, 1:]``: "first";
+    detectron2's ``scores[:, :-1]``: "last"), with that Slice node's name; None where no
+    consumer says (the slot is then the caller's word).
+
+    Followed through Identity / Cast and Slices on other axes (a per-image split), nothing else."""
+    rank = None if cand.shape is None else len(cand.shape)
+    axis = cand.axis if cand.axis is not None else (None if rank is None else rank - 1)
+    out = next((t for n in view.graph.nodes if n.name == cand.node for t in n.outputs
+                if t.name == cand.output), None)
+    frontier, seen = [out] if out is not None else [], 0
+    while frontier and seen < 16:
+        tensor = frontier.pop()
+        for node in tensor.outputs:
+            seen += 1
+            if node.op in ("Identity", "Cast"):
+                frontier.extend(node.outputs)
+                continue
+            if node.op != "Slice":
+                continue
+            spans = _slice_on(node, rank)
+            if spans is None:
+                continue
+            key = axis if axis is not None else -1
+            if key not in spans:
+                frontier.extend(node.outputs)  # a slice along rows or images: the classes are whole
+                continue
+            start, end, step = spans[key]
+            wide = cand.width
+            if step != 1 or start is None or end is None:
+                continue
+            if start == 1 and (end >= _INT64_MAX // 2 or (wide is not None and end >= wide)):
+                return "first", node.name
+            if start == 0 and (end == -1 or (wide is not None and end == wide - 1)):
+                return "last", node.name
+    return None

@@ -20,7 +20,7 @@ from norcal.core import contract
 from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.core.version import __version__
-from norcal.export.graph.classifier_search import Candidate, ClassifierView
+from norcal.export.graph.classifier_search import Candidate, ClassifierView, background_in_graph
 from norcal.export.graph.model_view import ModelView, has_norcal, recorded_axis
 from norcal.export.graph.norcal_node import make_function, make_nodes, make_prior
 from norcal.export.graph.onnx_helpers import inferred_types, tensor_dims
@@ -86,6 +86,9 @@ def insert_norcal(model: onnx.ModelProto, calibration: Calibration) -> onnx.Mode
                               f"background {calibration.background!r})", param=("table", "background"))
     if len({c.op_type for c in cands}) != 1:
         raise NorcalError("the classifiers to calibrate mix Softmax and Sigmoid activations")
+    if contract.recorded_background(view.meta) is None:  # a foreign graph: its own consumers may say
+        for cand in cands:
+            _check_background_in_graph(view, cand, calibration.background)
     axes = {_axis_from_end(view, c) for c in cands}
     if len(axes) != 1:
         raise NorcalError("the classifiers to calibrate have their classes on different axes")
@@ -147,3 +150,18 @@ def _suffix(nodes: list[gs.Node], suffix: str, keep: set[str]) -> None:
         for t in node.outputs:
             if t.name not in keep:
                 t.name = f"{t.name}{suffix}"
+
+
+def _check_background_in_graph(view: ClassifierView, cand, background: str | None) -> None:
+    """Refuse a background slot the graph contradicts: a softmax whose probabilities lose their
+    first class column downstream has its background first (torchvision), its last column last
+    (detectron2); NorCal on the wrong slot would silently rescale the background as a class."""
+    if cand.op_type != "Softmax" or background not in ("first", "last"):
+        return
+    found = background_in_graph(view, cand)
+    if found is not None and found[0] != background:
+        slot, node = found
+        column = "class column 0" if slot == "first" else "the last class column"
+        raise NorcalError(f"the classifier {cand.node!r} puts its no-object logit {slot}: the graph drops "
+                          f"{column} after the softmax ({node!r}); with background {background!r} NorCal "
+                          f"would treat a class as that slot: give background {slot!r}", param="background")

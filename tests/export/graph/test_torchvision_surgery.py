@@ -91,3 +91,15 @@ def test_torchvision_parity(torchvision_detector, tmp_path, gamma):
         with torch.no_grad():
             plain = model([x])[0]
         assert not np.allclose(plain["scores"].numpy()[:10], scores[:10], atol=1e-4)
+
+
+@pytest.mark.parametrize("given", [[], ["--background", "last"]])
+def test_torchvision_graph_with_background_last_is_refused(torchvision_detector, tmp_path, capsys, given):
+    """torchvision's graph drops class column 0 after its softmax: NorCal at the default last slot
+    would scale the no-object logit as class 9 and leave class 0 alone. Refused, nothing written."""
+    _, path = torchvision_detector
+    out = tmp_path / "frcnn.norcal.onnx"
+    rc = export_main([str(path), "--gamma", "0.5", "--table", str(table_file(tmp_path)), *given, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert "puts its no-object logit first" in err and "give --background 'first'" in err
