@@ -32,6 +32,8 @@ from norcal.core.contract import InputSpec
 from norcal.core.errors import NorcalError, shown
 from norcal.core.ranges import MAX_THREADS, check_range
 from norcal.core.runner import Runner
+from norcal.runtime.ray_cluster import (CONNECT_TIMEOUT_S, check_cluster_address, check_reachable,  # noqa: F401
+                                        check_resources, handlers_kept, host_port)
 
 INSTALL_HINT = "pip install 'norcal-deploy[ray]'"
 # Ray Data hands a worker a whole block at a time: one planned batch per block spreads the
@@ -92,55 +94,30 @@ def require_ray():
 
 @contextlib.contextmanager
 def ray_session(options: RayOptions) -> Iterator[Any]:
-    """Ray, initialised as ``options`` say for the duration (shut down after only if started here)."""
+    """Ray, initialised as ``options`` say for the duration (shut down after only if started
+    here), once the cluster is known to answer and to have what each worker asks for; the
+    process's signal handlers stay its own."""
     ray = require_ray()
     if ray.is_initialized():
+        check_resources(ray, options.gpus_per_worker, options.cpus_per_worker)
         yield ray
         return
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
                               "configure_logging": True}
     if options.address is None:
         kwargs.update(options.init_args)
-    check_reachable(options.address)
+    check_cluster_address(options.address)
     try:
-        ray.init(address=options.address, **kwargs)
+        with handlers_kept():
+            ray.init(address=options.address, **kwargs)
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError ...
         where = f"the Ray cluster at {options.address}" if options.address else "a local Ray instance"
         raise NorcalError(f"cannot start or reach {where}: {_first_line(e)}", param="address") from None
     try:
+        check_resources(ray, options.gpus_per_worker, options.cpus_per_worker)
         yield ray
     finally:
         ray.shutdown()
-
-
-CONNECT_TIMEOUT_S = 3.0  # Ray itself retries an unreachable address for minutes
-
-
-def host_port(address: str) -> tuple[str, int]:
-    """(host, port) of ``HOST:PORT`` or ``SCHEME://HOST:PORT``; a NorcalError otherwise."""
-    rest = address.split("://", 1)[1] if "://" in address else address
-    host, sep, port = rest.rstrip("/").rpartition(":")
-    host = host.strip("[]")  # [::1]:6379
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise NorcalError(f"address {shown(address)}: expected HOST:PORT, ray://HOST:PORT or auto",
-                          param="address")
-    return host, int(port)
-
-
-def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Refuse in one line a ``HOST:PORT`` or ``ray://HOST:PORT`` address where nothing accepts
-    a connection within ``timeout`` seconds (None and "auto" are Ray's to resolve)."""
-    import socket
-
-    if address is None or address == "auto":
-        return
-    host, port = host_port(address)
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as e:
-        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
-        raise NorcalError(f"cannot reach the Ray cluster at {address}: {why} (checked for "
-                          f"{timeout:g} s); is it running?", param="address") from None
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ Each module in ``norcal.cli.commands`` is one subcommand; it defines ``HELP`` (o
 A module may also define ``FLAGS``: library parameter name -> its flag, so that errors the
 library raises about a parameter (:attr:`NorcalError.params`) name the flag the user typed.
 Errors a user can fix (:class:`NorcalError`) print one line on stderr and exit with 2;
-Ctrl-C (SIGINT) and SIGTERM stop a command the same way, with 130 and 143.
+Ctrl-C (SIGINT), SIGTERM and SIGHUP stop a command the same way, with 128 + the signal's
+number: 130, 143 and 129.
 """
 
 from __future__ import annotations
@@ -102,35 +103,68 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler, ``timeout``, ``kill``) raised like Ctrl-C, so that a run stopped
-    either way discards its staged outputs."""
+    """SIGTERM (a scheduler, ``timeout``, ``kill``) or SIGHUP (the terminal closed) raised like
+    Ctrl-C, so that a run stopped any of these ways discards its staged outputs."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = signum
+
+
+# the signals raised as Terminated -> the word the CLI says (SIGHUP: not on Windows)
+_TERMINATING = {getattr(signal, name): word for name, word in (("SIGTERM", "terminated"), ("SIGHUP", "hung up"))
+                if hasattr(signal, name)}
+
+
+def _raise_terminated(signum, _frame):
+    raise Terminated(signum)
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts():
-    """Within the block SIGTERM raises :class:`Terminated`; the old handler comes back after."""
+def _signals_interrupt():
+    """Within the block SIGTERM and SIGHUP raise :class:`Terminated` (a SIGHUP ignored, as
+    under ``nohup``, stays ignored); the old handlers come back after."""
     if threading.current_thread() is not threading.main_thread():  # handlers live in the main thread
         yield
         return
-
-    def terminated(_signum, _frame):
-        raise Terminated
-
-    old = signal.signal(signal.SIGTERM, terminated)
+    old = {sig: signal.getsignal(sig) for sig in _TERMINATING}
+    for sig in old:
+        if not (sig != signal.SIGTERM and old[sig] is signal.SIG_IGN):
+            signal.signal(sig, _raise_terminated)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or :class:`Terminated` that caused ``e``, if one did: a signal landing in a C
+    extension's import comes back as its error (onnxruntime: "ImportError: initialization
+    failed"), and must stop the command like the signal itself."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Run a command: all its outputs land together or not at all; errors are one line, exit 2;
-    SIGINT and SIGTERM stop it with 130 and 143."""
+    SIGINT, SIGTERM and SIGHUP stop it with 128 + the signal's number."""
     warnings.showwarning = _show_warning
     run = None
     try:
-        with _sigterm_interrupts(), output_run() as run:
-            return int(args._run(args) or 0)
+        try:
+            with _signals_interrupt(), output_run() as run:
+                return int(args._run(args) or 0)
+        except Exception as e:
+            stop = _interrupt_behind(e)
+            if stop is None:
+                raise
+            raise stop from None
     except NorcalError as e:
         print(f"error: {error_line(e, getattr(args, '_flags', None))}", file=sys.stderr)
         return 2
@@ -148,11 +182,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as e:
         # a signal held during the commit arrives after it: then the outputs are in place
         written = "the outputs were written" if run is not None and run.committed else "nothing was written"
-        if isinstance(e, Terminated):
-            print(f"terminated ({written})", file=sys.stderr)
-            return 143
-        print(f"interrupted ({written})", file=sys.stderr)
-        return 130
+        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+        print(f"{_TERMINATING.get(signum, 'interrupted')} ({written})", file=sys.stderr)
+        return 128 + signum
 
 
 def main(argv: list[str] | None = None) -> int:

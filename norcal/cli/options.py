@@ -247,8 +247,9 @@ def add_ray_arguments(p, gpus: bool) -> None:
 
 def ray_options(args, gpu: bool = False):
     """--ray and its flags -> :class:`norcal.runtime.ray_inference.RayOptions` (None without
-    --ray, where its flags are refused). Checks that Ray is installed before any work."""
-    from norcal.runtime.ray_inference import RayOptions, require_ray  # the module imports no Ray
+    --ray, where its flags are refused). Checks that Ray is installed and the cluster it will
+    join ($RAY_ADDRESS included) answers, before any work."""
+    from norcal.runtime.ray_inference import RayOptions, check_cluster_address, require_ray  # no Ray import
 
     gpus_flag = getattr(args, "gpus_per_worker", None)
     if not args.ray and args.ray_address is None:
@@ -265,4 +266,6 @@ def ray_options(args, gpu: bool = False):
                          threads=threads, max_retries=args.max_retries)
     options.check()
     require_ray()
+    if options.address in (None, "auto"):  # a cluster found by Ray ($RAY_ADDRESS): checked up front
+        check_cluster_address(options.address)
     return options

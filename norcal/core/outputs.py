@@ -5,8 +5,9 @@ and every folder written through :func:`staged_dir` goes to a temporary sibling 
 destination. Only when the whole run succeeded are the staged outputs moved into place, one
 rename each (an existing destination is set aside first and restored if a later rename fails);
 a failed or interrupted run deletes what it staged and leaves every existing file as it was.
-The commit itself holds SIGINT and SIGTERM back while it moves files, so a signal at any moment
-leaves all the old outputs or all the new ones, never a mix.
+The commit itself holds SIGINT, SIGTERM and SIGHUP back while it moves files, so a signal at any
+moment leaves all the old outputs or all the new ones, never a mix; staging an output holds them
+too, so that no staged file is made without the run knowing it (and deleting it).
 
 :func:`check_output_file` / :func:`check_output_dir` check a destination before any work starts
 (parent is a folder, writable, the path is not a folder or a file of the wrong kind), so a
@@ -186,6 +187,11 @@ class OutputRun:
         if key in self.staged:
             return self.staged[key].tmp
         (check_output_dir if is_dir else check_output_file)(dest)
+        # a signal between making a folder or the temp file and recording it would leave it behind
+        with _signals_held():
+            return self._make_staged(key, dest, is_dir)
+
+    def _make_staged(self, key: Path, dest: Path, is_dir: bool) -> Path:
         self._mkparents(dest)
         try:
             if is_dir:
@@ -214,8 +220,8 @@ class OutputRun:
         self.created_dirs.clear()
 
     def commit(self) -> None:
-        """Move every staged output into place: all of them, or (on any exception, or a SIGINT /
-        SIGTERM arriving before the last move) none, with what was replaced put back.
+        """Move every staged output into place: all of them, or (on any exception, or a SIGINT,
+        SIGTERM or SIGHUP arriving before the last move) none, with what was replaced put back.
 
         A signal that arrives during the commit is held and delivered when it is over: before
         the last move it undoes the commit first, so its handler sees the old outputs.
@@ -290,9 +296,13 @@ class _Held(list):
         return any(self.handlers.get(sig) is signal.SIG_DFL for sig in self)
 
 
+# the signals that stop a run (SIGHUP: the terminal closed; not on Windows)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 @contextlib.contextmanager
 def _signals_held() -> Iterator[_Held]:
-    """Hold SIGINT and SIGTERM back for the block: yield the list of those that arrived, and
+    """Hold :data:`STOP_SIGNALS` back for the block: yield the list of those that arrived, and
     deliver them to their own handlers at its end, also when the block raised (a handler's
     exception then takes the place of the block's).
 
@@ -304,7 +314,7 @@ def _signals_held() -> Iterator[_Held]:
     if threading.current_thread() is not threading.main_thread():
         yield held
         return
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         handler = signal.getsignal(sig)
         if handler is signal.SIG_IGN or handler is None:  # None: set outside Python; leave it
             continue

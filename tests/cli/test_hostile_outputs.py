@@ -4,8 +4,8 @@ An output folder may not be an input folder, hold an input, or lie inside an inp
 and no output file may replace an image of an input folder, however the path is spelled
 (symlink, ``..``). Each case runs the command in-process and checks: exit status 2, one line
 on stderr naming the flag, and every file of the test's folder and of the shared inputs
-byte-identical afterwards. The signal tests run ``norcal infer`` in a subprocess and stop it
-half way.
+byte-identical afterwards. The signal tests stop ``norcal infer`` (in subprocesses) at several
+moments of its run, and a run in this process with SIGHUP.
 """
 
 import json
@@ -162,46 +162,125 @@ def test_output_folder_beside_the_inputs_is_fine(world, tmp_path, capsys):  # no
     assert _digest([imgs]) == before
 
 
-def _wait_for(predicate, proc, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"exited early with {proc.returncode}: {proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError("the run never got going")
-        time.sleep(0.05)
+# signal -> (exit status, the word of the CLI's last line)
+STOPS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated"), signal.SIGHUP: (129, "hung up")}
+
+
+def _staged(out: Path) -> list[Path]:
+    return [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def _loaded_onnxruntime(pid: int) -> bool:
+    """ONNX Runtime's library is mapped: the command runs (the CLI imports it only there) and
+    is opening the model, its results not yet staged."""
+    try:
+        return "onnxruntime_pybind11_state" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+# the moments of a run a signal lands at, each told from outside the process: (pid, out) -> due
+MOMENTS = {
+    "loading the model": lambda pid, out: _loaded_onnxruntime(pid) and not _staged(out),
+    "results staged": lambda pid, out: bool(_staged(out)),
+    "first results streamed": lambda pid, out: any(p.stat().st_size > 0 for p in _staged(out)),
+    "several images in": lambda pid, out: any(p.stat().st_size > 1 << 20 for p in _staged(out)),
+}
+
+
+def _terminal_signals() -> None:
+    """The child takes SIGINT and SIGHUP as a foreground command in a terminal does, even when
+    the tests run in the background or under nohup (which ignore them, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, status, word", [(signal.SIGTERM, 143, "terminated"),
-                                               (signal.SIGINT, 130, "interrupted")])
-def test_signal_mid_run_stops_it_and_writes_nothing(world, tmp_path, sig, status, word):  # noqa: F811
-    """norcal infer on many images, stopped while it streams its results: the exit status of
-    the signal, one line saying so, the earlier results untouched and no staged file left."""
+def test_signal_at_any_moment_stops_the_run_and_writes_nothing(world, tmp_path):  # noqa: F811
+    """norcal infer on many images, stopped by SIGINT, SIGTERM and SIGHUP at each moment of
+    MOMENTS (the runs side by side, so the test takes one run's time): the exit status of the
+    signal within 60 s, one line saying so, the earlier results untouched and no staged file
+    left."""
     imgs = _imgs(tmp_path, 200)
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "r.json").write_bytes(SENTINEL)
-    proc = subprocess.Popen([sys.executable, "-m", "norcal", "infer", str(world / "tiny.onnx"), str(imgs),
-                             "--threads", "1", "-o", str(out / "r.json")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "COLUMNS": "400"})
-    # the results are being streamed to a staged file next to r.json: the run is under way
-    _wait_for(lambda: any(p.name.endswith(".tmp") for p in out.iterdir()), proc, 120)
-    time.sleep(0.5)
-    proc.send_signal(sig)
+    runs = {}
+    for k, (moment, sig) in enumerate((m, s) for m in MOMENTS for s in STOPS):
+        out = tmp_path / f"out{k}"
+        out.mkdir()
+        (out / "r.json").write_bytes(SENTINEL)
+        proc = subprocess.Popen([sys.executable, "-m", "norcal", "infer", str(world / "tiny.onnx"), str(imgs),
+                                 "--threads", "1", "-o", str(out / "r.json")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "COLUMNS": "400"}, preexec_fn=_terminal_signals)
+        runs[(moment, sig)] = (proc, out, None)
+    deadline = time.monotonic() + 240
     try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    assert proc.returncode == status, err
-    assert "Traceback" not in err, err
-    assert err.splitlines()[-1] == f"{word} (nothing was written)", err
-    assert sorted(p.name for p in out.iterdir()) == ["r.json"]
-    assert (out / "r.json").read_bytes() == SENTINEL
+        while any(sent is None for _, _, sent in runs.values()):
+            assert time.monotonic() < deadline, "some runs never reached their moment"
+            for (moment, sig), (proc, out, sent) in runs.items():
+                if sent is not None:
+                    continue
+                assert proc.poll() is None, f"{sig.name} at {moment}: the run ended first ({proc.returncode})"
+                if MOMENTS[moment](proc.pid, out):
+                    proc.send_signal(sig)
+                    runs[(moment, sig)] = (proc, out, time.monotonic())
+            time.sleep(0.02)
+        for (moment, sig), (proc, out, sent) in runs.items():
+            case = f"{sig.name} at {moment}"
+            try:
+                _, err = proc.communicate(timeout=max(1.0, sent + 60 - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{case}: still running 60 s after the signal") from None
+            status, word = STOPS[sig]
+            assert proc.returncode == status, f"{case}: {err}"
+            assert "Traceback" not in err, f"{case}: {err}"
+            assert err.splitlines()[-1] == f"{word} (nothing was written)", f"{case}: {err}"
+            assert sorted(p.name for p in out.iterdir()) == ["r.json"], case
+            assert (out / "r.json").read_bytes() == SENTINEL, case
+    finally:
+        for proc, _, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert len(list(imgs.iterdir())) == 200
+
+
+def test_sighup_stops_a_run_like_sigterm(tmp_path, monkeypatch, capsys):
+    """SIGHUP (the terminal closed) mid-run: exit 129, one line, nothing written, no staged
+    file; the CLI's handler is removed afterwards."""
+    out = tmp_path / "sim.json"
+    out.write_bytes(SENTINEL)
+    real = outputs.OutputRun.stage_file
+
+    def stage_then_hang_up(self, dest):
+        tmp = real(self, dest)
+        os.kill(os.getpid(), signal.SIGHUP)
+        return tmp
+
+    monkeypatch.setattr(outputs.OutputRun, "stage_file", stage_then_hang_up)
+    before = signal.getsignal(signal.SIGHUP)
+    rc = main(["simulate", "--images", "2", "--train-images", "2", "--json", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 129, err
+    assert err.splitlines() == ["hung up (nothing was written)"]
+    assert [p.name for p in tmp_path.iterdir()] == ["sim.json"] and out.read_bytes() == SENTINEL
+    assert signal.getsignal(signal.SIGHUP) is before
+
+
+def test_an_ignored_sighup_stays_ignored(tmp_path, capsys):
+    """Under nohup SIGHUP is ignored: the run goes on and writes its outputs."""
+    out = tmp_path / "sim.json"
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        real = outputs.OutputRun.stage_file
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(outputs.OutputRun, "stage_file",
+                      lambda self, dest: (os.kill(os.getpid(), signal.SIGHUP), real(self, dest))[1])
+            rc = main(["simulate", "--images", "2", "--train-images", "2", "--json", str(out)])
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["gammas"]
 
 
 def test_sigterm_after_the_outputs_are_in_place_says_so(tmp_path, monkeypatch, capsys):

@@ -1,10 +1,11 @@
-"""A run's commit is all or nothing under Ctrl-C and SIGTERM, whenever they arrive.
+"""A run's commit is all or nothing under Ctrl-C, SIGTERM and SIGHUP, whenever they arrive.
 
 The commit moves each staged output into place with os.replace (an existing destination is
 first set aside). Each test breaks the k-th os.replace of the commit, for every k: it raises
 KeyboardInterrupt before or after renaming, or sends SIGINT / SIGTERM to this process right
 after renaming; the folder must then hold exactly the old outputs (or, where the run goes
-on, exactly the new ones), with no staged or set-aside file left.
+on, exactly the new ones), with no staged or set-aside file left. A signal while an output
+is being staged leaves no staged file either.
 """
 
 import os
@@ -73,14 +74,16 @@ def states(tmp_path):
 
 @pytest.fixture
 def handlers():
-    """SIGINT raises KeyboardInterrupt and SIGTERM raises Stop, as in the CLI; restored after."""
+    """SIGINT raises KeyboardInterrupt, SIGTERM and SIGHUP raise Stop, as in the CLI; restored after."""
     def stop(_signum, _frame):
         raise Stop
 
-    old = signal.signal(signal.SIGINT, signal.default_int_handler), signal.signal(signal.SIGTERM, stop)
+    old = (signal.signal(signal.SIGINT, signal.default_int_handler), signal.signal(signal.SIGTERM, stop),
+           signal.signal(signal.SIGHUP, stop))
     yield
     signal.signal(signal.SIGINT, old[0])
     signal.signal(signal.SIGTERM, old[1])
+    signal.signal(signal.SIGHUP, old[2])
 
 
 def _break_kth(monkeypatch, k, how):
@@ -96,16 +99,16 @@ def _break_kth(monkeypatch, k, how):
         real(src, dst)
         if how == "raise after":
             raise KeyboardInterrupt
-        os.kill(os.getpid(), signal.SIGINT if how == "SIGINT" else signal.SIGTERM)
+        os.kill(os.getpid(), getattr(signal, how))
 
     monkeypatch.setattr(os, "replace", broken)
 
 
-@pytest.mark.parametrize("how", ["raise before", "raise after", "SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("how", ["raise before", "raise after", "SIGINT", "SIGTERM", "SIGHUP"])
 def test_interrupt_at_every_step_of_the_commit_leaves_the_old_outputs(tmp_path, monkeypatch, states,
                                                                       handlers, how):
     old, _new, steps = states
-    expected = Stop if how == "SIGTERM" else KeyboardInterrupt
+    expected = Stop if how in ("SIGTERM", "SIGHUP") else KeyboardInterrupt
     for k in range(1, steps + 1):
         root = tmp_path / f"k{k}"
         root.mkdir()
@@ -187,7 +190,8 @@ from pathlib import Path
 from test_outputs_signals import _write_new
 from norcal.core.outputs import output_run
 
-signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no handler: SIGTERM ends the process
+sig = getattr(signal, sys.argv[4])
+signal.signal(sig, signal.SIG_DFL)  # no handler: the signal ends the process
 root, k = Path(sys.argv[1]), int(sys.argv[2])
 real, n = os.replace, [0]
 
@@ -195,7 +199,7 @@ def replace(src, dst):
     real(src, dst)
     n[0] += 1
     if n[0] == k:
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), sig)
 
 with output_run():
     _write_new(root)
@@ -203,9 +207,10 @@ with output_run():
 """
 
 
-def test_sigterm_without_handler_ends_the_process_with_the_old_outputs(tmp_path, states):
-    """No handler (a library caller's process): SIGTERM during the commit still ends the
-    process, after the commit has been undone and its staged files deleted."""
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_signal_without_handler_ends_the_process_with_the_old_outputs(tmp_path, states, name):
+    """No handler (a library caller's process): SIGTERM or SIGHUP during the commit still ends
+    the process, after the commit has been undone and its staged files deleted."""
     import subprocess
     import sys
     from pathlib import Path
@@ -215,7 +220,26 @@ def test_sigterm_without_handler_ends_the_process_with_the_old_outputs(tmp_path,
         root = tmp_path / f"k{k}"
         root.mkdir()
         _old_state(root)
-        proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(root), str(k), str(Path(__file__).parent)],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == -signal.SIGTERM, proc.stderr
-        assert _tree(root) == old, f"SIGTERM at rename {k} of {steps}"
+        proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(root), str(k), str(Path(__file__).parent),
+                               name], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == -getattr(signal, name), proc.stderr
+        assert _tree(root) == old, f"{name} at rename {k} of {steps}"
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("step", ["chmod", "mkdir"])
+def test_signal_while_an_output_is_staged_leaves_no_staged_file(tmp_path, monkeypatch, handlers, name, step):
+    """A signal right after the staged file (or a missing parent folder) is made, before the
+    run has recorded it: the run still deletes it."""
+    real = {"chmod": os.chmod, "mkdir": os.mkdir}[step]
+
+    def then_signal(*args, **kwargs):
+        real(*args, **kwargs)
+        os.kill(os.getpid(), getattr(signal, name))
+
+    with pytest.raises(KeyboardInterrupt if name == "SIGINT" else Stop):
+        with output_run():
+            monkeypatch.setattr(os, step, then_signal)
+            write_text(tmp_path / "new" / "a.txt", "a")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []

@@ -1,5 +1,6 @@
-"""Ray's edges: an address where nothing listens is refused in seconds, a worker's NorcalError
-reaches the user as one line, and --ray never takes the input that follows it."""
+"""Ray's edges: an address where nothing listens (given, or in $RAY_ADDRESS) is refused in
+seconds, so are workers asking for more than the cluster has, a worker's NorcalError reaches
+the user as one line, and --ray never takes the input that follows it."""
 
 import socket
 import sys
@@ -11,8 +12,8 @@ import pytest
 from norcal.cli import main
 from norcal.core.contract import InputSpec
 from norcal.core.errors import NorcalError
-from norcal.runtime.ray_inference import (RayOptions, ResultsFormat, check_reachable, run_images_ray,
-                                          worker_error)
+from norcal.runtime.ray_inference import (RayOptions, ResultsFormat, check_cluster_address, check_reachable,
+                                          run_images_ray, worker_error)
 
 SYNTH_VAL = Path(__file__).parents[2] / "norcal" / "examples" / "d2_synth_trained" / "val"
 IMAGE = sorted(SYNTH_VAL.glob("*.png"))[0]
@@ -93,3 +94,38 @@ def test_run_images_ray_reports_a_worker_norcal_error_in_one_line(local_ray):
                             ResultsFormat(None, False), 1, RayOptions()))
     assert "\n" not in str(e.value), str(e.value)
     assert "channel format must be BGR or RGB" in str(e.value)
+
+
+def test_ray_address_from_the_environment_is_checked_too(tmp_path, capsys, monkeypatch):
+    """RAY_ADDRESS (which Ray takes over no address and over "auto") is checked like
+    --ray-address: refused in seconds, in one line naming RAY_ADDRESS, before any work."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # loopback, port 1: nothing listens
+    for address in (None, "auto"):
+        with pytest.raises(NorcalError, match=r"cannot reach the Ray cluster at 127\.0\.0\.1:1 \(from RAY_ADDRESS\)") as e:
+            check_cluster_address(address)
+        assert e.value.params == ()
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"not a model")
+    for extra in ([], ["--ray-address", "auto"]):
+        t0 = time.perf_counter()
+        rc = main(["infer", "--ray", str(model), str(IMAGE), *extra, "-o", str(tmp_path / "r.json")])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.splitlines()) == 1, err
+        assert "RAY_ADDRESS" in err and "127.0.0.1:1" in err and "--ray-address" not in err, err
+        assert time.perf_counter() - t0 < 30
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+
+
+def test_workers_asking_for_more_than_the_cluster_has_are_refused(local_ray):
+    """The local instance has 2 CPUs and no GPU: a worker asking for a GPU (or 3 CPUs) would
+    never be scheduled; the run is refused in one line naming what each worker asks for."""
+    for options, message in ((RayOptions(gpus_per_worker=1), "gpus_per_worker asks each Ray worker for a GPU; "
+                                                              "the cluster has none"),
+                             (RayOptions(cpus_per_worker=3), "cpus_per_worker asks each Ray worker for 3 CPUs; "
+                                                             "the cluster has 2")):
+        t0 = time.perf_counter()
+        with pytest.raises(NorcalError) as e:
+            list(run_images_ray(lambda: None, [IMAGE], [1], InputSpec(800, 1333, "BGR"),
+                                ResultsFormat(None, False), 1, options))
+        assert str(e.value) == message
+        assert time.perf_counter() - t0 < 30

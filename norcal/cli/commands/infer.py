@@ -54,7 +54,7 @@ raises is retried (--max-retries, default 3); --draw is not available with --ray
 # parameters of the runtime named in its errors -> the flags here
 FLAGS = {"provider": "--provider", "batch_size": "--batch", "skip_unreadable=True": "--skip-unreadable",
          "address": "--ray-address", "num_workers": "--num-workers", "gpus_per_worker": "--gpus-per-worker",
-         "threads": "--threads", "max_retries": "--max-retries", "image_ids": "--image-ids",
+         "threads": "--threads", "cpus_per_worker": "--threads", "max_retries": "--max-retries", "image_ids": "--image-ids",
          "draw_dir": "--draw", "draw_count": "--draw-count", "ray": "--ray"}
 
 
@@ -103,6 +103,11 @@ def run(args) -> int:
                            skip_unreadable=args.skip_unreadable, draw_dir=args.draw, draw_count=args.draw_count)
     options.check()
     options = replace(options, ray=ray_options(args, needs_gpu(args.model, args.provider)))
+    if options.ray is not None and options.ray.gpus_per_worker and args.gpus_per_worker is None:
+        # the GPUs each worker asks for come from the provider or the engine, not a flag
+        why = f"--provider {args.provider}" if args.provider in ("cuda", "tensorrt") else \
+            f"the TensorRT engine {args.model}"
+        args._flags = {**FLAGS, "gpus_per_worker": why}
 
     def outputs(paths):  # before any file is read; the errors name the flags
         check_outputs([args.model, *args.inputs, *paths, args.image_ids, args.table],
