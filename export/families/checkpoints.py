@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 
 TORCH_SUFFIXES = (".pth", ".pt")
 PICKLE_SUFFIXES = (".pkl",)
@@ -167,9 +168,7 @@ def read_checkpoint(path) -> dict:
     for what inference needs; this raw form keeps ``num_batches_tracked``, which tells BN
     from FrozenBN.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise NorcalError(f"{path}: checkpoint not found")
+    path = readable_file(path, "checkpoint")
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES:
         obj = _read_pickle(path)

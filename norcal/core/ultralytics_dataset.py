@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from norcal.core.errors import NorcalError, shown
+from norcal.core.fileio import readable_file
 from norcal.core.yaml_io import read_yaml_mapping
 
 WHAT = "Ultralytics dataset description"
@@ -104,6 +105,7 @@ def _images_in(folder: Path) -> list[Path]:
 
 
 def _images_listed(txt: Path) -> list[Path]:
+    readable_file(txt)
     try:
         lines = txt.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError:
