@@ -9,6 +9,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -191,8 +192,8 @@ def expand_inputs(inputs: list[str | os.PathLike]) -> list[Path]:
                               if (f.is_file() or (f.is_symlink() and not f.exists()))
                               and f.suffix.lower() in IMAGE_SUFFIXES
                               and not any(part.startswith(".") for part in f.relative_to(p).parts)))
-        elif p.exists():
-            out.append(p)
+        elif os.path.lexists(p):
+            out.append(readable_file(p))  # a FIFO or device would block or never end
         else:
             raise NorcalError(f"{p}: no such file or folder")
     return out

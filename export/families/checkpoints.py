@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 
 TORCH_SUFFIXES = (".pth", ".pt")
 PICKLE_SUFFIXES = (".pkl",)
@@ -167,9 +168,7 @@ def read_checkpoint(path) -> dict:
     for what inference needs; this raw form keeps ``num_batches_tracked``, which tells BN
     from FrozenBN.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise NorcalError(f"{path}: checkpoint not found")
+    path = readable_file(path, "checkpoint")
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES:
         obj = _read_pickle(path)
@@ -190,7 +189,19 @@ def read_checkpoint(path) -> dict:
     # detectron2 strips the prefix only when every key has it; so do we
     if all(k.startswith("module.") for k in state):
         state = {k[len("module."):]: v for k, v in state.items()}
+    check_finite(state, path)
     return state
+
+
+def check_finite(state: dict, path) -> None:
+    """Refuse a NaN or infinite value in any floating weight (one pass over the weights, a few
+    ms for a small model): it would turn every score it touches into NaN, silently."""
+    import torch
+
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = "NaN" if bool(torch.isnan(t).any()) else "infinite"
+            raise NorcalError(f"{path}: weight {name!r} holds {bad} values (a diverged or corrupt checkpoint)")
 
 
 def clean_state_dict(state: dict) -> dict:

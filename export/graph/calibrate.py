@@ -52,9 +52,10 @@ def check_background_scale(background_scale: float, activation: str, background:
 
 
 def check_class_order(meta: dict[str, str], calibration: Calibration) -> None:
-    """Refuse a table that lists the classes the model records (``norcal.class_names``, else
-    the ``norcal.detector`` names older Ultralytics exports wrote) in another order: each prior
-    would land on another class. Names of another form (no permutation to be sure of) are not judged."""
+    """Refuse a table whose classes are not the ones the model records (``norcal.class_names``,
+    else the ``norcal.detector`` names older Ultralytics exports wrote), in the model's order:
+    each prior would land on another class. The rule :func:`norcal.core.contract.check_class_names`
+    applies to infer's table and annotation ids."""
     import json
 
     names = contract.metadata_class_names(meta)
@@ -64,15 +65,10 @@ def check_class_order(meta: dict[str, str], calibration: Calibration) -> None:
         except (ValueError, AttributeError):
             return
     table = calibration.resolved_table
-    if not isinstance(names, list) or len(names) != table.num_classes:
+    if not isinstance(names, list):
         return
-    key = contract.class_name_key
-    ours, theirs = [key(n) for n in names], [key(n) for n in table.names]
-    if ours != theirs and sorted(ours) == sorted(theirs):
-        i = next(k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-        raise NorcalError(f"table {table.name!r} lists the model's classes in another order: class {i} is "
-                          f"{table.names[i]!r} there, {names[i]!r} in the model (its prior would go to "
-                          "another class); list them in the model's order", param="table")
+    contract.check_class_names(names, table.names, table.category_ids, f"table {table.name!r}", "table",
+                               harm="each class's prior would go to another class")
 
 
 def calibrate_graph(model: onnx.ModelProto, calibration: Calibration | float | None,

@@ -67,8 +67,8 @@ def check_outputs(inputs=(), files=None, folders=None) -> None:
     """Refuse, before any work, an output that cannot be written or touches one of the inputs.
 
     inputs: the paths the command reads (None entries and non-paths such as built-in table
-    names are ignored); an input folder stands for the image files in it too, which no output
-    file may replace (see :func:`norcal.core.outputs.check_apart` for what output folders may
+    names are ignored); an input folder stands for the image files in it too, and an Ultralytics
+    data.yaml for every file and folder of its dataset, which no output may replace (see :func:`norcal.core.outputs.check_apart` for what output folders may
     not do). files / folders: {flag: path or None} of what it writes. Two outputs naming the
     same path are refused too.
     """
@@ -76,9 +76,12 @@ def check_outputs(inputs=(), files=None, folders=None) -> None:
 
     from norcal.core.fileio import same_file
     from norcal.core.outputs import check_apart, check_output_dir, check_output_file
+    from norcal.core.ultralytics_dataset import dataset_files, is_dataset_description
     from norcal.runtime.images import IMAGE_SUFFIXES
 
     reads = [Path(p) for p in inputs if p is not None and Path(p).exists()]
+    # a data.yaml (an annotations or table argument) names the dataset's images and label files
+    reads += [f for p in reads if p.is_file() and is_dataset_description(p) for f in dataset_files(p)]
     # the files an image folder holds are inputs too (folders are searched recursively)
     images = [f for d in reads if d.is_dir() for f in d.rglob("*")
               if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()]

@@ -410,10 +410,12 @@ def class_name_key(name: object) -> str:
 
 
 def check_class_names(model_names: Sequence[str] | None, names: Sequence[str | None],
-                      ids: Sequence[int], where: str, param: str | None = None) -> None:
+                      ids: Sequence[int], where: str, param: str | None = None,
+                      harm: str = "its detections would be written under another category") -> None:
     """Refuse category ids taken for the model's classes in order (``ids``, with their ``names``,
     from ``where``) unless their names are the model's recorded class names (None: unknown, not
-    judged): another set or order puts every detection under another category."""
+    judged): another set or order puts every detection under another category (``harm`` says
+    what goes wrong for the caller)."""
     if model_names is None or len(model_names) != len(names):
         return  # unknown, or a class count the caller refuses
     ours = [class_name_key(n) for n in model_names]
@@ -425,8 +427,7 @@ def check_class_names(model_names: Sequence[str] | None, names: Sequence[str | N
     how = "the model's classes in another order" if sorted(ours) == sorted(t or "" for t in theirs) \
         else "not the model's classes"
     raise NorcalError(f"{where}: its categories are {how}: class {i} of the model is {model_names[i]!r} "
-                      f"but category {ids[i]} (the {_ordinal(i + 1)} by id) has {shown}; its detections "
-                      "would be written under another category", param=param)
+                      f"but category {ids[i]} (the {_ordinal(i + 1)} by id) has {shown}; {harm}", param=param)
 
 
 def _ordinal(n: int) -> str:

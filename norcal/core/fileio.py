@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -58,6 +60,35 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Non
     write_text(path, json.dumps(obj, indent=indent) + "\n")
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def readable_file(path: str | os.PathLike, what: str = "") -> Path:
+    """``path`` if it names a regular file (through any symlinks), else a NorcalError saying
+    what it is: no such file, a folder, a FIFO / pipe / device (whose read would block or never
+    end), a symlink loop. Every reader of a user's file asks this first; ``what`` names it."""
+    from norcal.core.errors import NorcalError
+
+    p = Path(path)
+    label = f"{what} {p}" if what else str(p)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NorcalError(f"{label}: symlink loop (a link that leads back to itself)") from None
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            broken = " (a broken symlink)" if os.path.islink(p) else ""
+            raise NorcalError(f"{label}: no such file{broken}") from None
+        raise NorcalError(f"{label}: cannot read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise NorcalError(f"{label}: is a folder, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((k for test, k in _KINDS if test(st.st_mode)), "a special file")
+        raise NorcalError(f"{label}: is not a regular file ({kind})")
+    return p
+
+
 def read_json(path: str | os.PathLike, what: str = "", schema: Schema | None = None) -> Any:
     """Parse a JSON file; a missing, non-JSON or folder path is a NorcalError (``what`` names it).
 
@@ -66,7 +97,7 @@ def read_json(path: str | os.PathLike, what: str = "", schema: Schema | None = N
     """
     from norcal.core.errors import NorcalError
 
-    p = Path(path)
+    p = readable_file(path, what)
     label = f"{what} {p}" if what else str(p)
     try:
         if schema is not None:
@@ -75,10 +106,8 @@ def read_json(path: str | os.PathLike, what: str = "", schema: Schema | None = N
             return schema.validate_json(raw[3:] if raw.startswith(codecs.BOM_UTF8) else raw, str(p))
         with open(p, encoding="utf-8-sig") as f:
             return json.load(f)
-    except FileNotFoundError:
-        raise NorcalError(f"{label}: no such file") from None
-    except IsADirectoryError:
-        raise NorcalError(f"{label}: is a directory, not a JSON file") from None
+    except OSError as e:  # removed or made unreadable since the check
+        raise NorcalError(f"{label}: cannot read: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise NorcalError(f"{label}: not valid JSON ({e})") from None
     except RecursionError:  # the parsers recurse once per level of nesting

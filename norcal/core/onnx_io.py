@@ -12,6 +12,7 @@ from onnx import external_data_helper
 from google.protobuf.message import DecodeError
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 from norcal.core.fileio import CHECKPOINT_SUFFIXES, atomic_path
 
 
@@ -89,11 +90,7 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
 
     A missing, foreign or truncated file, or missing or escaping external data, is a NorcalError.
     """
-    p = Path(path)
-    if p.is_dir():
-        raise NorcalError(f"{p}: is a folder, not an ONNX file")
-    if not p.is_file():
-        raise NorcalError(f"{p}: no such file")
+    p = readable_file(path)
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as e:

@@ -78,7 +78,7 @@ CountOrNull = _one_of("a count (a number >= 0) or null", integer=(int, Count),
 # ---------------------------------------------------------------------------- table
 class TableCategory(TypedDict):
     __pydantic_config__ = _CONFIG
-    id: Id
+    id: Annotated[int, Field(ge=0, lt=_INT64)]  # a category id written into results: never negative
     name: str
     image_count: NotRequired[CountOrNull]
     instance_count: NotRequired[CountOrNull]
@@ -90,7 +90,7 @@ class TableFile(TypedDict):
     name: NotRequired[str]
     source: NotRequired[str]
     count_type: NotRequired[Literal["image", "instance"]]
-    categories: list[TableCategory]
+    categories: Annotated[list[TableCategory], Field(min_length=1)]  # a table of no class calibrates nothing
 
 
 # ---------------------------------------------------------------------------- annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 
 from norcal.core.calibration import check_counts, clamp_counts
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import read_json, write_json
+from norcal.core.fileio import read_json, readable_file, write_json
 from norcal.core.schemas import ANNOTATIONS, TABLE, boxes_of, check_refs, ids_of, record_error
 from norcal.core.ultralytics_dataset import WHAT as DATASET, Progress, dataset_counts, is_dataset_description
 from norcal.core.yaml_io import read_yaml_mapping
@@ -134,7 +135,9 @@ def load_table(name_or_path: str | Path) -> CalibrationTable:
         text = resources.files("norcal.calibration_tables").joinpath(f"{s}.json").read_text()
         return _from_json(json.loads(text), s)
     p = Path(s)
-    if not p.is_file():
+    if os.path.lexists(p):
+        readable_file(p, "table")
+    else:
         raise NorcalError(
             f"no calibration table {s!r}: not a built-in ({', '.join(builtin_names())}) nor a file"
         )

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from norcal.core.errors import NorcalError, shown
+from norcal.core.fileio import readable_file
 from norcal.core.yaml_io import read_yaml_mapping
 
 WHAT = "Ultralytics dataset description"
@@ -104,6 +105,7 @@ def _images_in(folder: Path) -> list[Path]:
 
 
 def _images_listed(txt: Path) -> list[Path]:
+    readable_file(txt)
     try:
         lines = txt.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError:
@@ -238,3 +240,31 @@ def dataset_counts(data_yaml: str | os.PathLike, split: str = "train",
             progress(PROGRESS_STAGE, i + 1 - done, len(images))
             done = i + 1
     return names, image_counts, instance_counts, len(images)
+
+
+def dataset_files(data_yaml: str | os.PathLike) -> list[Path]:
+    """Every path a data.yaml names, for a check that no output is or replaces one of them: the
+    description, its splits' folders and image lists, their images, and the images' label files
+    and folders (those that exist). Empty when ``data_yaml`` is no readable dataset description
+    (its reader then says why)."""
+    p = Path(data_yaml)
+    try:
+        data = read_yaml_mapping(p, WHAT)
+        root = dataset_root(data, p)
+    except NorcalError:
+        return []
+    out = [p]
+    for split in ("train", "val", "test", "minival"):
+        raw = data.get(split)
+        for entry in raw if isinstance(raw, list) else [raw]:
+            if isinstance(entry, str) and entry:
+                q = Path(entry).expanduser()
+                out.append((q if q.is_absolute() else root / q).resolve())
+        try:
+            images = split_images(data, p, split) if raw is not None else []
+        except NorcalError:
+            continue  # a split that cannot be read names no files
+        for image in images:
+            labels = label_path(image)
+            out += [image, labels, labels.parent]
+    return [f for f in dict.fromkeys(out) if f.exists()]

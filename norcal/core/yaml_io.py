@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 
 # a config or dataset description is a few hundred to a few thousand values: far beyond this is
 # a crafted file ("billion laughs" aliases), which would expand to gigabytes once walked or printed
@@ -48,14 +49,10 @@ class _TooLarge(Exception):
 def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     """The YAML mapping in ``path``; ``what`` names the kind of file in errors ("detectron2
     config", "Ultralytics dataset description"). Empty files and non-mappings are refused."""
-    path = Path(path)
+    path = readable_file(path)
     a = "an" if what[:1].lower() in "aeiou" else "a"
     try:
         text = path.read_text()
-    except FileNotFoundError:
-        raise NorcalError(f"{path}: {what} file not found") from None
-    except IsADirectoryError:
-        raise NorcalError(f"{path}: is a folder, not {a} {what} file") from None
     except UnicodeDecodeError:
         raise NorcalError(f"{path}: not {a} {what} file (not UTF-8 text)") from None
     except OSError as e:

@@ -207,6 +207,10 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     weights, config = d / "model_final.pth", d / "config.yaml"
     table = build_table(d / "train_annotations.json", name=f"{FIXTURE_NAME}_train")
     table.save(out / "table.json")
+    # the validation GT is checked before the long work that comes before its use
+    gt_data = read_json(d / "val.json", "GT")
+    gt = prepare_gt(gt_data, table, where=str(d / "val.json"))
+    pairs = images_from_gt(gt_data, d / "val", str(d / "val.json"))
 
     # gamma is chosen on training images, exactly as `norcal tune` chooses it
     t0 = time.perf_counter()
@@ -234,9 +238,6 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
         f"{', '.join(f'{g:g}' for g in wanted[1:])} in {seconds['export']:.1f} s")
 
     t0 = time.perf_counter()
-    gt_data = read_json(d / "val.json", "GT")
-    gt = prepare_gt(gt_data, table)
-    pairs = images_from_gt(gt_data, d / "val", str(d / "val.json"))
     ids = {str(p): i for i, p in pairs}
     settings: dict[float | None, Setting] = {}
     kept: dict[float | None, dict] = {}  # detections per image id, for the pictures

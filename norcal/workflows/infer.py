@@ -50,7 +50,7 @@ class InferOptions:
     masks: bool = True
     skip_unreadable: bool = False
     draw_dir: str | os.PathLike | None = None
-    draw_count: int = 8
+    draw_count: int | None = None  # None: DRAW_COUNT
     ray: RayOptions | None = None
 
     def check(self) -> None:
@@ -62,8 +62,14 @@ class InferOptions:
         if self.ray is not None and self.draw_dir is not None:
             raise NorcalError("draw_dir is not available with ray: draw with a run on this machine",
                               param=("draw_dir", "ray"))
-        if self.draw_dir is not None and self.draw_count < 1:
+        if self.draw_dir is None and self.draw_count is not None:
+            raise NorcalError("draw_count needs draw_dir: it says how many images to draw there",
+                              param=("draw_count", "draw_dir"))
+        if self.draw_dir is not None and self.draw_count is not None and self.draw_count < 1:
             raise NorcalError(f"draw_count must be >= 1, got {self.draw_count}", param="draw_count")
+
+
+DRAW_COUNT = 8  # pictures drawn when draw_dir is given without draw_count
 
 
 def skipped_path(output: str | os.PathLike) -> Path:
@@ -272,7 +278,7 @@ def run_infer(job: InferJob, on_done: Callable[[int], None] | None = None) -> In
                                         on_done=on_done, skip_unreadable=options.skip_unreadable):
                 out.add(*results_fragment(id_of[path], det, job.category_ids, job.with_masks))
                 done_images += 1
-                if job.draw_table is not None and len(drawn) < options.draw_count:
+                if job.draw_table is not None and len(drawn) < (options.draw_count or DRAW_COUNT):
                     drawn.append((path, det))
         else:
             from norcal.runtime.ray_inference import ResultsFormat, run_images_ray

@@ -70,6 +70,24 @@ case("table-build-yolo-zero-class")(lambda w, t: build(
     w, t, "path: WORLD\ntrain: images/train\nnames: [a, b, c]\n", "c"))
 
 
+
+def onto(w, t, target, argv=("table", "build"), flag="-o"):
+    """A command reading ``t``'s dataset with its output ``target`` (a file of that dataset)."""
+    y = dataset(w, t, GOOD.replace("WORLD", str(t)) + "val: images/val\n", label="0 0.5 0.5 0.1 0.1\n")
+    (t / "images/val").mkdir()
+    (t / "images/val/v.png").write_bytes(b"")
+    out = t / target
+    return [*argv, str(y), flag, str(out)], f"{flag} {out} is the input file", [out]
+
+
+# a data.yaml names further inputs: its images and label files, of every split
+case("table-build-yolo-output-is-an-image")(lambda w, t: onto(w, t, "images/train/a.jpg"))
+case("table-build-yolo-output-is-a-label-file")(lambda w, t: onto(w, t, "labels/train/a.txt"))
+case("table-build-yolo-output-is-a-val-image")(lambda w, t: onto(w, t, "images/val/v.png"))
+case("simulate-yolo-table-json-is-a-label-file")(lambda w, t: onto(
+    w, t, "labels/train/a.txt", argv=("simulate", "--gammas", "0.5", "--table"), flag="--json"))
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_hostile_dataset_is_one_line_and_writes_nothing(name, world, tmp_path, capsys, monkeypatch):
     line = check_hostile_case(CASES[name], world, tmp_path, capsys, monkeypatch)

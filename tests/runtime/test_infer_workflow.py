@@ -60,6 +60,7 @@ def test_skip_unreadable_writes_the_skipped_list(toy, tmp_path):
     ({"batch_size": 0}, ("batch_size",)),
     ({"threads": 0}, ("threads",)),
     ({"draw_dir": "pics", "draw_count": 0}, ("draw_count",)),
+    ({"draw_count": 3}, ("draw_count", "draw_dir")),  # nothing would be drawn: said, not ignored
     ({"draw_dir": "pics", "ray": object()}, ("draw_dir", "ray")),
 ])
 def test_bad_options_name_the_parameter(toy, tmp_path, kwargs, params):

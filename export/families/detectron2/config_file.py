@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from norcal.core.errors import NorcalError, shown
+from norcal.core.fileio import readable_file
 from norcal.core.yaml_io import read_yaml_mapping
 
 from .defaults import KNOWN_KEYS, d2_defaults
@@ -57,7 +58,7 @@ def _check_known_keys(cfg: dict, path: Path) -> None:
 
 def load_yaml_with_base(path, _chain: tuple[Path, ...] = ()) -> dict:
     """The YAML file at ``path`` with its ``_BASE_`` files merged in (a nested dict)."""
-    path = Path(os.path.expanduser(str(path)))
+    path = readable_file(os.path.expanduser(str(path)))  # a loop, FIFO or folder said as such
     key = path.resolve()
     if key in _chain:
         cycle = " -> ".join(str(p) for p in (*_chain, key))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 from norcal.export.families.pickle_scan import scan_torch_zip
 
 # The task models this loader builds (YOLOv8 / YOLO11 detect and segment, RT-DETR). RT-DETR's
@@ -135,9 +136,7 @@ def read_ultralytics_checkpoint(path) -> dict:
     import torch
     from torch._weights_only_unpickler import _get_allowed_globals
 
-    p = Path(path)
-    if not p.is_file():
-        raise NorcalError(f"{p}: no such checkpoint file")
+    p = readable_file(path, "checkpoint")
     allowed = _allowed()
     names = set(_get_allowed_globals()) | {f"{a.__module__}.{a.__qualname__}" for a in allowed}
     # name the first foreign global ourselves (torch's message is many lines of advice)

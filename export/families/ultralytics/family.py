@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from norcal.core.errors import NorcalError
+from norcal.core.ranges import MAX_EXPORT_SIDE, check_range
 from norcal.export.families.base import Detector, Family
 from norcal.export.families.ultralytics.checkpoint import (RTDETR_TASK, TASKS, checkpoint_model,
                                                            import_ultralytics, read_ultralytics_checkpoint,
@@ -29,7 +30,11 @@ def _imgsz(ckpt: dict, model, path) -> int:
         if len(set(raw)) != 1:
             raise NorcalError(f"{path}: trained at a non-square imgsz {list(raw)}: give the export height and width")
         raw = raw[0]
-    return int(raw) if isinstance(raw, (int, float)) and raw > 0 else DEFAULT_IMGSZ
+    if raw is None:
+        return DEFAULT_IMGSZ
+    # a value read from the file: a crafted one must not reach a giant allocation
+    return int(check_range(f"{path}: saved imgsz", raw, 32, MAX_EXPORT_SIDE,
+                           why="the largest export side"))
 
 
 class UltralyticsFamily(Family):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 from norcal.core.profiles import DEFAULT_BATCH
 
 HELP = "build a TensorRT engine (fp32/fp16/int8) from an exported ONNX detector"
@@ -63,9 +64,7 @@ def run(args) -> int:
                                                write_trtexec_sidecar)
     from norcal.workflows.build import prepare
 
-    if not Path(args.model).is_file():
-        raise NorcalError(f"{args.model}: "
-                          f"{'is a folder, not a model file' if Path(args.model).is_dir() else 'no such file'}")
+    readable_file(args.model)
     # with --trtexec-only, trtexec writes the engine: its location is checked all the same
     check_outputs([args.model], files={"-o": args.output, "sidecar": sidecar_path(args.output),
                                        "--timing-cache": args.timing_cache})

@@ -8,7 +8,7 @@ from pathlib import Path
 from norcal.cli.options import add_calibration_options, min_count_line
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import CHECKPOINT_SUFFIXES
+from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
 
 HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
 DESCRIPTION = """Bake NorCal calibration into a detector's graph.
@@ -115,8 +115,7 @@ def run(args) -> int:
     from norcal.cli.options import check_outputs
 
     src = Path(args.model)
-    if not src.is_file():
-        raise NorcalError(f"{src}: {'is a folder, not a model file' if src.is_dir() else 'no such file'}")
+    readable_file(src)
     out = Path(args.output) if args.output else default_output(src)
     check_outputs([src, args.config, args.table, *(args.verify or ())],
                   files={"-o": out}, folders={"--triton-repo": args.triton_repo})

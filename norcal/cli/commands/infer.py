@@ -74,7 +74,7 @@ def add_arguments(p):
     p.add_argument("--no-masks", action="store_true", help="write boxes only, even for mask models")
     p.add_argument("--draw", metavar="DIR", help="also draw the first images' detections into DIR "
                                                  "(beside the baseline for a NorCal model)")
-    p.add_argument("--draw-count", type=int, default=8, metavar="N",
+    p.add_argument("--draw-count", type=int, metavar="N",
                    help="how many images --draw draws (default 8)")
     p.add_argument("--skip-unreadable", action="store_true",
                    help="skip files that cannot be read as images (listed in RESULTS.skipped.json) "

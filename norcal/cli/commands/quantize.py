@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 
 HELP = "write an int8 (explicit Q/DQ, calibrated on images) or fp16 variant of an exported detector"
 DESCRIPTION = """Write a lower-precision variant of a detector exported by norcal export.
@@ -69,8 +70,7 @@ def run(args) -> int:
     from norcal.workflows.quantize import QuantizeOptions, default_output, quantize_model
 
     src = Path(args.model)
-    if not src.is_file():
-        raise NorcalError(f"{src}: {'is a folder, not an ONNX file' if src.is_dir() else 'no such file'}")
+    readable_file(src)
     if args.precision == "fp16" and args.images:
         raise NorcalError("--images calibrates int8; fp16 needs no images (leave --images out)")
     if args.precision == "fp16" and (args.form != "tensorrt" or args.int8_mask_head):

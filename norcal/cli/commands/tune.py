@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from norcal.cli.options import add_calibration_options, add_ray_arguments, min_count_line, ray_options
-from norcal.core.fileio import CHECKPOINT_SUFFIXES
+from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
 from norcal.core.errors import NorcalError
 
 HELP = "sweep NorCal's gamma on (a subset of) training images and recommend the best"
@@ -116,8 +116,7 @@ def run(args) -> int:
                           "re-scores (see `norcal tune --help`)")
     if src.suffix.lower() not in CHECKPOINT_SUFFIXES:
         raise NorcalError(f"{src}: expected a checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")
-    if not src.is_file():
-        raise NorcalError(f"{src}: no such file")
+    readable_file(src)
     if args.batch < 1:
         raise NorcalError(f"--batch must be >= 1, got {args.batch}")
     if not (math.isfinite(args.max_cache_gb) and 0 < args.max_cache_gb <= MAX_CACHE_BYTES / 2**30):

@@ -313,14 +313,26 @@ def test_table_listing_the_models_classes_in_another_order_is_refused():
 
     model = classifier_graph(num_classes=3)
     onnx.helper.set_model_props(model, {contract.DETECTOR: json.dumps({"names": ["cat", "traffic light", "dog"]})})
-    with pytest.raises(NorcalError, match=r"table 'named' lists the model's classes in another order: class 0 is "
-                                          r"'dog' there, 'cat' in the model") as e:
+    with pytest.raises(NorcalError, match=r"^table 'named': its categories are the model's classes in another "
+                                          r"order: class 0 of the model is 'cat' but category 1 \(the 1st by id\) "
+                                          r"has 'dog'; each class's prior would go to another class$") as e:
         calibrate_graph(model, 0.5, _named_table(["dog", "traffic light", "cat"]))
     assert e.value.param == "table"
     out = calibrate_graph(model, 0.5, _named_table(["Cat", "traffic_light", "dog"]))
     assert norcal_metadata(out)["norcal.gamma"] == "0.5"
-    # names of another form (no permutation to be sure of) are not judged
-    assert has_norcal(calibrate_graph(model, 0.5, _named_table(["class0", "class1", "class2"])))
+
+
+def test_table_of_other_class_names_is_refused_as_infer_refuses_it():
+    """A table whose names are not the model's at all (generic class0..) is refused by the same
+    rule infer applies to its table: a prior per class of another dataset is no calibration."""
+    import json
+
+    model = classifier_graph(num_classes=3)
+    onnx.helper.set_model_props(model, {contract.DETECTOR: json.dumps({"names": ["cat", "traffic light", "dog"]})})
+    with pytest.raises(NorcalError, match=r"^table 'named': its categories are not the model's classes: class 0 of "
+                                          r"the model is 'cat' but category 1 \(the 1st by id\) has 'class0'") as e:
+        calibrate_graph(model, 0.5, _named_table(["class0", "class1", "class2"]))
+    assert e.value.param == "table"
 
 
 def test_recalibrating_with_the_recorded_names_in_another_order_is_refused():
@@ -329,7 +341,8 @@ def test_recalibrating_with_the_recorded_names_in_another_order_is_refused():
     model = classifier_graph(num_classes=3)
     once = strip_norcal(calibrate_graph(model, 0.5, _named_table(["cat", "traffic light", "dog"])))
     assert norcal_metadata(once)[contract.CLASS_NAMES] == '["cat", "traffic light", "dog"]'
-    with pytest.raises(NorcalError, match=r"class 1 is 'dog' there, 'traffic light' in the model"):
+    with pytest.raises(NorcalError, match=r"class 1 of the model is 'traffic light' but category 2 \(the 2nd by id\) "
+                                          r"has 'dog'"):
         calibrate_graph(once, 0.5, _named_table(["cat", "dog", "traffic light"]))
     bad = classifier_graph(num_classes=3)
     onnx.helper.set_model_props(bad, {contract.CLASS_NAMES: "cat, dog"})

@@ -179,7 +179,7 @@ def test_unknown_suffix_and_missing_file(tmp_path):
     path.write_bytes(b"\x89HDF")
     with pytest.raises(NorcalError, match=r"unknown checkpoint type '\.h5'"):
         load_state_dict(path)
-    with pytest.raises(NorcalError, match="not found"):
+    with pytest.raises(NorcalError, match=r"nope.pth: no such file$"):
         load_state_dict(tmp_path / "nope.pth")
 
 
