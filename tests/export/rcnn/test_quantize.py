@@ -213,14 +213,9 @@ def test_parity_judges_the_int8_model_by_the_int8_preset(fp32, int8, tmp_path, c
     rep = json.loads(report.read_text())["comparisons"][0]
     assert rep["passed"] and rep["detections"]["reference_count"] >= 50
     # the same comparison at fp32 tolerances fails: the preset is what lets int8 pass
-<<<<<<< HEAD
-    from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
-    from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
-=======
     from norcal.export.families import checkpoint_runner
     from norcal.export.pytorch.runner import onnx_calibration
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
->>>>>>> families
     from norcal.workflows.parity.compare import compare
 
     feeds = next(_feeds(VAL[:1]))
