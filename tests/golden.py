@@ -19,6 +19,13 @@ FIXTURE = Path(__file__).parent / "fixtures" / "d2_lvis_tiny"
 SETTINGS = ("baseline", "cdt_g0.5", "cdt_g1.0", "ens_g0.999")
 GAMMAS = {"baseline": ("cdt", 0.0), "cdt_g0.5": ("cdt", 0.5), "cdt_g1.0": ("cdt", 1.0),
           "ens_g0.999": ("ens", 0.999)}
+# mask probabilities against detectron2's: measured 2.446e-4 largest difference (eager and
+# ONNX Runtime, four settings, four images), nearly all of it the golden files' float16
+# rounding (half a float16 spacing below 1 is 2.44e-4); bound 3e-4: 1.2x, room for float32
+# kernel differences, none for a mask head that is off
+MASK_TOL_GOLDEN = 3e-4
+# alone vs batched masks of one graph: the old 1e-3, now on the largest difference
+MASK_TOL_BATCHED = 1e-3
 
 
 def tiny_spec():
@@ -184,7 +191,8 @@ def reference_fast_rcnn_inference(cls_logits, box_deltas, proposals, image_size,
 
 def assert_same_first_image(alone: dict, batched: dict, masks: bool = False) -> None:
     """Graph outputs for image 0 run alone vs inside a larger padded batch: the same number of
-    detections, >= 99% matched (class, IoU, score), and mask probabilities within 1e-3."""
+    detections, >= 99% matched (class, IoU, score), and mask probabilities within
+    MASK_TOL_BATCHED everywhere."""
     n = int(alone["num_detections"][0])
     assert n == int(batched["num_detections"][0])
     frac, pairs = match_detections(
@@ -193,4 +201,5 @@ def assert_same_first_image(alone: dict, batched: dict, masks: bool = False) -> 
     assert frac >= 0.99
     if masks:
         ai, bi = zip(*pairs)
-        assert np.abs(alone["masks"][0][list(ai)] - batched["masks"][0][list(bi)]).mean() <= 1e-3
+        diff = np.abs(alone["masks"][0][list(ai)] - batched["masks"][0][list(bi)]).max()
+        assert diff <= MASK_TOL_BATCHED, diff

@@ -19,6 +19,7 @@ import onnx
 import pytest
 
 from conftest import SYNTH
+from test_quantize import _agreement
 
 from yolo_models import IMAGES, IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
@@ -77,20 +78,6 @@ def _run(path, images):
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     return run_arrays(OnnxRuntimeRunner(path), images, 4)
-
-
-def _agreement(reference, candidate, score=0.05):
-    """Fraction of the reference's detections scoring >= ``score`` that the candidate has too:
-    same class, IoU >= 0.5, candidate score >= score / 2 (one image at a time)."""
-    from norcal.workflows.parity.matching import match_detections
-
-    matched = total = 0
-    for r, c in zip(reference, candidate):
-        keep, ck = r.scores >= score, c.scores >= score / 2
-        ri, _, _ = match_detections(r.boxes[keep], r.scores[keep], r.classes[keep],
-                                    c.boxes[ck], c.scores[ck], c.classes[ck], 0.5)
-        matched, total = matched + len(ri), total + int(keep.sum())
-    return matched / total, total
 
 
 def _downstream(model, tensors):
@@ -161,7 +148,7 @@ def test_quantize_both_forms_keep_the_classifier_fp32_and_detect_as_fp32(graphs,
 
         # ONNX Runtime runs it; its detections are the fp32 graph's. Measured on these 4 images
         # (251 fp32 detections >= 0.05, random-init head; 8 calibration images): 89-95 %.
-        agree, total = _agreement(want, _run(path, images))
+        agree, total, _ = _agreement(want, _run(path, images))
         assert total >= 150 and agree >= 0.85, (form, agree, total)
         assert main(["check", str(path), "--quiet"]) == (0 if form == "tensorrt" else 1)
     if kind != "det":  # --int8-mask-head: Proto and cv4 int8 too; boxes, scores, classes unchanged
