@@ -207,8 +207,6 @@ def test_onnx_matches_ultralytics_with_norcal(work, kind):
                         mask_ious.append((a & o).sum() / (a | o).sum())
         assert total > 0 and matched / total >= 0.99, (gamma, matched, total)
         if seg:  # loosely: M x M box-relative masks against Ultralytics' full-resolution ones
-            print("MEASURED yolo_mask_iou", kind, gamma, len(mask_ious), np.mean(mask_ious), np.min(mask_ious),
-                  np.percentile(mask_ious, 10), np.median(mask_ious), np.mean(np.asarray(mask_ious) == 0))  # TEMP
             assert len(mask_ious) > 50 and np.mean(mask_ious) > 0.5, np.mean(mask_ious)
 
 
