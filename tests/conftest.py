@@ -9,6 +9,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 TINY = FIXTURES / "d2_lvis_tiny"
 # the bundled example (package data; its images drawn on first use), shared by the demo and the tests
 SYNTH = example_dir()
+# the session fails on a skip or xfail whose reason is not something a machine may lack
+pytest_plugins = ["skip_guard"]
 
 
 def pytest_configure(config):

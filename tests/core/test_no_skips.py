@@ -1,6 +1,11 @@
 """Tests cannot skip what the README's install line installs: a broken install must fail, not
 turn the independent-reference tests into skips. Only what a machine may lack (TensorRT, a CUDA
-GPU, a C++ toolchain) may be skipped.
+GPU) may be skipped.
+
+The session guard (tests/skip_guard.py) fails any run in which a test skips or xfails for
+another reason, whatever spells it. This static scan adds what a run cannot see: an ImportError
+of an installed package swallowed without a skip, and skips in tests a run deselected
+(``-m "not slow"``, the GPU tests).
 
 Also: every third-party package that the library imports is declared in pyproject.toml."""
 

@@ -24,9 +24,23 @@ TINY = ROOT / "tests" / "fixtures" / "d2_lvis_tiny"
 # more than twice as much as the width); older Pillow always went horizontal first, which
 # moves some pixels by one level.
 PIL_EXACT = int(PIL.__version__.split(".")[0]) >= 13
-CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-pytestmark = [pytest.mark.cpp, pytest.mark.skipif(not shutil.which("cmake") or not CXX,
-                                                   reason="needs cmake and a C++17 compiler to build runtime/cpp")]
+pytestmark = pytest.mark.cpp
+
+
+def missing_toolchain() -> list[str]:
+    """What building runtime/cpp needs and this machine lacks (a C++17 compiler: c++, g++ or clang++)."""
+    missing = [] if shutil.which("cmake") and shutil.which("ctest") else ["cmake"]
+    if not any(shutil.which(cxx) for cxx in ("c++", "g++", "clang++")):
+        missing.append("C++17 compiler (g++ or clang++)")
+    return missing
+
+
+def require_toolchain() -> None:
+    """Fail, naming what to install, where runtime/cpp cannot be built: the C++ library is part of
+    what the project ships, so a machine without its toolchain fails rather than skips."""
+    if missing := missing_toolchain():
+        pytest.fail(f"runtime/cpp cannot be built: no {' and no '.join(missing)} on PATH "
+                    "(Debian/Ubuntu: apt-get install cmake g++)", pytrace=False)
 
 
 # what `norcal build` records for a model exported with these settings (RGB, a 64 divisor, and a
@@ -62,6 +76,7 @@ def python_sidecar(folder: Path, metadata: dict[str, str]) -> Path:
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
+    require_toolchain()
     out = tmp_path_factory.mktemp("cmake_build")
     engine = python_sidecar(tmp_path_factory.mktemp("sidecar"), SIDECAR_META)
     spec = input_spec(SIDECAR_META)
@@ -78,6 +93,15 @@ def host(build, *args):
     r = subprocess.run([str(build / "norcal-host"), *map(str, args)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return r.stdout
+
+
+def test_a_missing_toolchain_fails_naming_what_to_install(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(pytest.fail.Exception, match=r"^runtime/cpp cannot be built: no cmake and no C\+\+17 compiler "
+                       r"\(g\+\+ or clang\+\+\) on PATH \(Debian/Ubuntu: apt-get install cmake g\+\+\)$"):
+        require_toolchain()
+    monkeypatch.setattr(shutil, "which", lambda name: None if name in ("c++", "g++") else f"/usr/bin/{name}")
+    assert missing_toolchain() == []  # clang++ will do
 
 
 def test_ctest_passes(build):
