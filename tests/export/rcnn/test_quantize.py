@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from conftest import SYNTH, assert_tensorrt_compatible
+from detection_agreement import agreement
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 
@@ -159,24 +160,6 @@ def test_fp16_keeps_the_fp32_region_and_io(fp16):
     assert_tensorrt_compatible(fp16)
 
 
-def _agreement(reference, candidate, score=0.05):
-    """Fraction of the reference's detections scoring >= ``score`` that the candidate has too:
-    same class, IoU >= 0.5, candidate score >= score / 2 (one image at a time); the number of
-    those reference detections; the largest score difference over the pairs."""
-    from norcal.workflows.parity.matching import match_detections
-
-    matched = total = 0
-    worst = 0.0
-    for r, c in zip(reference, candidate):
-        keep, ck = r.scores >= score, c.scores >= score / 2
-        ri, ci, _ = match_detections(r.boxes[keep], r.scores[keep], r.classes[keep],
-                                     c.boxes[ck], c.scores[ck], c.classes[ck], 0.5)
-        if len(ri):
-            worst = max(worst, float(np.abs(r.scores[keep][ri] - c.scores[ck][ci]).max()))
-        matched, total = matched + len(ri), total + int(keep.sum())
-    return matched / total, total, worst
-
-
 def test_detections_agree_with_the_fp32_model(fp32, int8, fp16, tmp_path):
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.images import read_rgb
@@ -192,8 +175,8 @@ def test_detections_agree_with_the_fp32_model(fp32, int8, fp16, tmp_path):
     # 0.0018; int8 (16 calibration images) 98.7 % (76), 99.4 % on all 48 validation images.
     # Bounds: fp16 may lose one of 77 and its scores move 0.005 (2.8x) on other CPUs; int8 may
     # lose three (the old 0.85 let eleven go), room for other CPUs' int8 kernels only
-    fp16_agree, total, fp16_score = _agreement(dets["fp32"], dets["fp16"])
-    int8_agree, _, _ = _agreement(dets["fp32"], dets["int8"])
+    fp16_agree, total, fp16_score = agreement(dets["fp32"], dets["fp16"])
+    int8_agree, _, _ = agreement(dets["fp32"], dets["int8"])
     assert total >= 50
     assert fp16_agree >= 0.98 and fp16_score <= 0.005, (fp16_agree, fp16_score)
     assert int8_agree >= 0.96, int8_agree
@@ -302,7 +285,7 @@ def test_ort_form_detections_agree_and_parity_passes_at_the_int8_preset(fp32, in
     save_onnx(int8_ort, tmp_path / "int8-ort.onnx")
     want = run_arrays(OnnxRuntimeRunner(tmp_path / "fp32.onnx"), images, 4)
     got = run_arrays(OnnxRuntimeRunner(tmp_path / "int8-ort.onnx"), images, 4)
-    agree, total = _agreement(want, got)
+    agree, total, _ = agreement(want, got)
     assert total >= 25 and agree >= 0.85, (agree, total)
     report = tmp_path / "parity.json"
     rc = main(["parity", str(tmp_path / "int8-ort.onnx"), *map(str, VAL[:4]), "--checkpoint",
