@@ -19,6 +19,17 @@ FIXTURE = Path(__file__).parent / "fixtures" / "d2_lvis_tiny"
 SETTINGS = ("baseline", "cdt_g0.5", "cdt_g1.0", "ens_g0.999")
 GAMMAS = {"baseline": ("cdt", 0.0), "cdt_g0.5": ("cdt", 0.5), "cdt_g1.0": ("cdt", 1.0),
           "ens_g0.999": ("ens", 0.999)}
+# mask probabilities against detectron2's, beyond the golden files' float16 rounding
+# (mask_error_beyond_storage): measured 2.0e-6 largest (eager and ONNX Runtime, four settings,
+# four images; 2.45e-4 before taking the rounding off, nearly all of it that rounding). Bound
+# 1e-5: 5x, room for other CPUs' float32 kernels (eager vs ONNX Runtime differ by 3.2e-6). One
+# pixel off by 5e-4 fails wherever it lies (half a float16 spacing is at most 2.44e-4 below 1),
+# where the golden is small far less does; the old 1e-3 on the mean let it pass
+MASK_TOL_GOLDEN = 1e-5
+# image 0 alone vs in a larger padded batch, masks of one graph in ONNX Runtime: measured
+# 6.0e-8 largest difference (C4; Cascade 3.0e-8). Bound 1e-6: 17x, for other CPUs' float32
+# kernels (GroupNorm models reach 3.3e-7 in test_padding_invariance)
+MASK_TOL_BATCHED = 1e-6
 
 
 def tiny_spec():
@@ -182,9 +193,18 @@ def reference_fast_rcnn_inference(cls_logits, box_deltas, proposals, image_size,
     return sel_boxes[keep].numpy(), sel_scores[keep].numpy(), cls[keep].numpy()
 
 
+def mask_error_beyond_storage(ours: np.ndarray, golden16: np.ndarray) -> float:
+    """Largest |ours - golden| beyond half a float16 spacing of the golden value: the golden
+    files hold detectron2's mask probabilities rounded to float16, so up to that much of a
+    difference is their rounding (a lower bound on our error against detectron2's float32)."""
+    half = np.spacing(np.abs(golden16)).astype(np.float32) / 2
+    return float((np.abs(ours - golden16.astype(np.float32)) - half).max())
+
+
 def assert_same_first_image(alone: dict, batched: dict, masks: bool = False) -> None:
     """Graph outputs for image 0 run alone vs inside a larger padded batch: the same number of
-    detections, >= 99% matched (class, IoU, score), and mask probabilities within 1e-3."""
+    detections, >= 99% matched (class, IoU, score), and mask probabilities within
+    MASK_TOL_BATCHED everywhere."""
     n = int(alone["num_detections"][0])
     assert n == int(batched["num_detections"][0])
     frac, pairs = match_detections(
@@ -193,4 +213,5 @@ def assert_same_first_image(alone: dict, batched: dict, masks: bool = False) -> 
     assert frac >= 0.99
     if masks:
         ai, bi = zip(*pairs)
-        assert np.abs(alone["masks"][0][list(ai)] - batched["masks"][0][list(bi)]).mean() <= 1e-3
+        diff = np.abs(alone["masks"][0][list(ai)] - batched["masks"][0][list(bi)]).max()
+        assert diff <= MASK_TOL_BATCHED, diff

@@ -24,9 +24,8 @@ from norcal.core.errors import NorcalError
 from norcal.evaluation import evaluate, evaluate_fixed, prepare_gt
 from norcal.evaluation.boundary import band_width, boundary_band, boundary_rles
 from test_evaluation import FIXTURE, make_results
-from test_vs_faster_coco_eval import _federated_gt, faster_coco_eval
+from test_vs_faster_coco_eval import TOL, _federated_gt, assert_same_stats, faster_coco_eval
 
-TOL = 1e-3
 STATS = {"AP": "AP_all", "AP50": "AP_50", "AP75": "AP_75", "APr": "APr", "APc": "APc", "APf": "APf"}
 
 
@@ -157,8 +156,7 @@ def test_ap_matches_faster_coco_eval(case):
     segm = evaluate(copy.deepcopy(gt), copy.deepcopy(results), "segm").stats
     assert ours["AP"] > 0.02 and ours["APr"] > 0  # jittered polygons: low, not zero
     assert ours["AP"] < segm["AP"] - 0.01  # boundaries are stricter: not mask AP again
-    for k, name in STATS.items():
-        assert ours[k] == pytest.approx(theirs[name], abs=TOL), (k, ours[k], theirs[name])
+    assert_same_stats(ours, theirs, STATS)
 
 
 def test_prepared_gt_gives_the_same_numbers_again():
@@ -227,12 +225,15 @@ def test_trained_model_matches_faster_coco_eval(trained_results):
     ours = evaluate(copy.deepcopy(gt), copy.deepcopy(trained_results), "boundary").stats
     theirs = faster_coco_eval(gt, trained_results, "boundary")
     assert ours["AP"] > 0.1 and ours["APr"] > 0
-    for k, name in STATS.items():
-        assert ours[k] == pytest.approx(theirs[name], abs=TOL), (k, ours[k], theirs[name])
+    assert_same_stats(ours, theirs, STATS)
 
 
 # ---------------------------------------------------------------- tune
 TUNE_IMAGES = 8
+# the sweep re-scores in PyTorch, the exported model runs in ONNX Runtime: measured 1.1e-16
+# largest difference (both gammas, AP/APr/APc/APf); bound 1e-6: float32 kernels differ, and
+# a near-tie ordered differently on another CPU must not fail it, one detection lost must
+TUNE_TOL = 1e-6
 
 
 @pytest.mark.slow  # one network pass and a mask-head pass per gamma, plus two exported models run
@@ -258,7 +259,7 @@ def test_tune_sweep_on_boundary_ap_is_the_exported_models_boundary_ap(tmp_path):
         assert {r["image_id"] for r in res} <= set(ids) and point.num_detections == len(res)
         theirs = faster_coco_eval(sub, res, "boundary")
         for k in ("AP", "APr", "APc", "APf"):
-            assert point.stats[k] == pytest.approx(theirs[STATS[k]], abs=TOL), (point.gamma, k)
+            assert point.stats[k] == pytest.approx(theirs[STATS[k]], abs=TUNE_TOL), (point.gamma, k)
     assert result.points[1].stats["APr"] > result.points[0].stats["APr"]  # NorCal's rare-class gain
     assert result.best.gamma == max(result.points, key=lambda p: p.stats["AP"]).gamma
 

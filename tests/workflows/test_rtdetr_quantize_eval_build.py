@@ -16,10 +16,11 @@ import numpy as np
 import onnx
 import pytest
 
+from detection_agreement import agreement
 from yolo_models import IMAGES, RTDETR_IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 from test_yolo_quantize_eval_build import (  # noqa: E402
-    CALIBRATION, VAL, _agreement, _quantized_layers, _run, assert_check_and_build,
+    CALIBRATION, VAL, _quantized_layers, _run, assert_check_and_build,
     assert_int8_keeps_the_fp32_region, eval_against_own_detections)
 
 pytestmark = pytest.mark.slow
@@ -89,9 +90,10 @@ def test_quantize_rtdetr_both_forms_keep_the_class_head_fp32_and_detect_as_fp32(
             assert sum(layers.values()) >= 0.6 * len(layers), (sum(layers.values()), len(layers))
 
         # its detections are the fp32 graph's. Measured on these 4 images (457 fp32 detections
-        # >= 0.05, random-init model; 8 calibration images): 98.9 % in both forms
-        agree, total = _agreement(want, _run(path, images))
-        assert total >= 300 and agree >= 0.9, (form, agree, total)
+        # >= 0.05, random-init model; 8 calibration images): 98.9 % (452) in both forms. Bound
+        # 0.98: four detections fewer (448), room for other CPUs' int8 kernels; 0.9 let 46 go
+        agree, total, _ = agreement(want, _run(path, images))
+        assert total >= 300 and agree >= 0.98, (form, agree, total)
         assert main(["check", str(path), "--quiet"]) == (0 if form == "tensorrt" else 1)
 
 

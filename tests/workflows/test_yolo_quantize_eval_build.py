@@ -19,6 +19,7 @@ import onnx
 import pytest
 
 from conftest import SYNTH
+from detection_agreement import agreement
 
 from yolo_models import IMAGES, IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
@@ -79,20 +80,6 @@ def _run(path, images):
     return run_arrays(OnnxRuntimeRunner(path), images, 4)
 
 
-def _agreement(reference, candidate, score=0.05):
-    """Fraction of the reference's detections scoring >= ``score`` that the candidate has too:
-    same class, IoU >= 0.5, candidate score >= score / 2 (one image at a time)."""
-    from norcal.workflows.parity.matching import match_detections
-
-    matched = total = 0
-    for r, c in zip(reference, candidate):
-        keep, ck = r.scores >= score, c.scores >= score / 2
-        ri, _, _ = match_detections(r.boxes[keep], r.scores[keep], r.classes[keep],
-                                    c.boxes[ck], c.scores[ck], c.classes[ck], 0.5)
-        matched, total = matched + len(ri), total + int(keep.sum())
-    return matched / total, total
-
-
 def _downstream(model, tensors):
     readers = {}
     for n in model.graph.node:
@@ -134,6 +121,13 @@ def assert_int8_keeps_the_fp32_region(fp32, q, form, kept, resize):
     assert not [n.name for n in _downstream(q, ["cls_logits"]) if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
 
 
+# share of the fp32 graph's detections >= 0.05 the int8 graph keeps, measured on these 4 images
+# (251 fp32 detections, 8 calibration images): tensorrt form 88.8 % (seg) and 90.4 % (det), ort
+# form 92.8 % and 94.8 %. Bounds: four detections fewer than the worst of each form (219 and
+# 229 of 251), room for other CPUs' int8 kernels; the old 0.85 let 37 go
+MIN_AGREEMENT = {"tensorrt": 0.87, "ort": 0.91}
+
+
 @pytest.mark.parametrize("kind", ["det", "ul_seg"])  # seg from its .pt: in the eval test
 def test_quantize_both_forms_keep_the_classifier_fp32_and_detect_as_fp32(graphs, quantized, kind):
     from norcal.cli import main
@@ -159,10 +153,9 @@ def test_quantize_both_forms_keep_the_classifier_fp32_and_detect_as_fp32(graphs,
         else:  # layers whose result goes straight to float arithmetic stay float (box, class, DFL convs)
             assert sum(layers.values()) >= 0.7 * len(layers), (sum(layers.values()), len(layers))
 
-        # ONNX Runtime runs it; its detections are the fp32 graph's. Measured on these 4 images
-        # (251 fp32 detections >= 0.05, random-init head; 8 calibration images): 89-95 %.
-        agree, total = _agreement(want, _run(path, images))
-        assert total >= 150 and agree >= 0.85, (form, agree, total)
+        # ONNX Runtime runs it; its detections are the fp32 graph's (random-init head)
+        agree, total, _ = agreement(want, _run(path, images))
+        assert total >= 150 and agree >= MIN_AGREEMENT[form], (form, agree, total)
         assert main(["check", str(path), "--quiet"]) == (0 if form == "tensorrt" else 1)
     if kind != "det":  # --int8-mask-head: Proto and cv4 int8 too; boxes, scores, classes unchanged
         q = onnx.load(str(quantized(kind, "tensorrt", mask_head=True)))

@@ -22,6 +22,9 @@ from conftest import assert_tensorrt_compatible
 from test_modeling_parity import check_detections
 
 pytestmark = pytest.mark.slow  # exports the detector, incl. a full-size LVIS model
+# eager vs ONNX Runtime masks of one model: measured 3.2e-6 largest difference; bound 3e-5:
+# 10x for other CPUs' and thread counts' float32 kernels
+MASK_TOL = 3e-5
 
 torch.set_num_threads(2)
 
@@ -200,8 +203,8 @@ def test_class_agnostic_heads_export_and_match_eager():
             got["classes"][b, :n], min_iou=0.99, max_score_diff=1e-4)
         assert frac >= 0.99
         wi, gi = zip(*pairs)
-        diff = np.abs(want["masks"][b].numpy()[list(wi)] - got["masks"][b][list(gi)]).mean()
-        assert diff <= 1e-3
+        diff = np.abs(want["masks"][b].numpy()[list(wi)] - got["masks"][b][list(gi)]).max()
+        assert diff <= MASK_TOL, diff
 
 
 def test_classifier_is_named_at_export(tiny_onnx, monkeypatch):

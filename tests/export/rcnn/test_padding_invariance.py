@@ -39,6 +39,9 @@ MODELS = NORMS + ("GN-R18",)
 # img0 alone is 150 x 200 (padded to 160 x 224); the batch pads it to 288 x 320
 SIZES = ((0, 150, 256), (2, 200, 300), (1, 200, 300))  # (fixture image, short side, max size)
 BATCH_HW = (288, 320)
+# alone vs batched or padded masks of one model (float32), largest difference: measured
+# 3.3e-7 (ONNX Runtime, GN; 1.2e-7 in PyTorch). Bound 3e-6: 9x, for other CPUs' kernels
+MASK_TOL = 3e-6
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -146,7 +149,8 @@ def assert_same_detections(want: dict, got: dict, what: str) -> None:
                                      got["boxes"], got["scores"], got["classes"])
     assert frac >= 0.99, f"{what}: only {frac:.3f} matched"
     wi, gi = zip(*pairs)
-    assert np.abs(want["masks"][list(wi)] - got["masks"][list(gi)]).mean() <= 1e-3, what
+    diff = np.abs(want["masks"][list(wi)] - got["masks"][list(gi)]).max()
+    assert diff <= MASK_TOL, (what, diff)
 
 
 def session(proto) -> ort.InferenceSession:

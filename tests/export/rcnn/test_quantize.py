@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from conftest import SYNTH, assert_tensorrt_compatible
+from detection_agreement import agreement
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 
@@ -159,20 +160,6 @@ def test_fp16_keeps_the_fp32_region_and_io(fp16):
     assert_tensorrt_compatible(fp16)
 
 
-def _agreement(reference, candidate, score=0.05):
-    """Fraction of the reference's detections scoring >= ``score`` that the candidate has too:
-    same class, IoU >= 0.5, candidate score >= score / 2 (one image at a time)."""
-    from norcal.workflows.parity.matching import match_detections
-
-    matched = total = 0
-    for r, c in zip(reference, candidate):
-        keep, ck = r.scores >= score, c.scores >= score / 2
-        ri, _, _ = match_detections(r.boxes[keep], r.scores[keep], r.classes[keep],
-                                    c.boxes[ck], c.scores[ck], c.classes[ck], 0.5)
-        matched, total = matched + len(ri), total + int(keep.sum())
-    return matched / total, total
-
-
 def test_detections_agree_with_the_fp32_model(fp32, int8, fp16, tmp_path):
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.images import read_rgb
@@ -184,14 +171,15 @@ def test_detections_agree_with_the_fp32_model(fp32, int8, fp16, tmp_path):
     for name, model in (("fp32", fp32), ("int8", int8), ("fp16", fp16)):
         save_onnx(model, tmp_path / f"{name}.onnx")
         dets[name] = run_arrays(OnnxRuntimeRunner(tmp_path / f"{name}.onnx"), images, 4)
-    # measured on these 8 images (77 fp32 detections >= 0.05): fp16 100 %, scores within 0.003;
-    # int8 (16 calibration images) 98.7 %, 99.4 % on all 48 validation images. The bounds
-    # leave room for other CPUs' int8 kernels, not for a misplaced Q/DQ (that drops far more).
-    fp16_agree, total = _agreement(dets["fp32"], dets["fp16"])
-    int8_agree, _ = _agreement(dets["fp32"], dets["int8"])
+    # measured on these 8 images (77 fp32 detections >= 0.05): fp16 100 % (77), scores within
+    # 0.0018; int8 (16 calibration images) 98.7 % (76), 99.4 % on all 48 validation images.
+    # Bounds: fp16 may lose one of 77 and its scores move 0.005 (2.8x) on other CPUs; int8 may
+    # lose three (the old 0.85 let eleven go), room for other CPUs' int8 kernels only
+    fp16_agree, total, fp16_score = agreement(dets["fp32"], dets["fp16"])
+    int8_agree, _, _ = agreement(dets["fp32"], dets["int8"])
     assert total >= 50
-    assert fp16_agree >= 0.97, fp16_agree
-    assert int8_agree >= 0.85, int8_agree
+    assert fp16_agree >= 0.98 and fp16_score <= 0.005, (fp16_agree, fp16_score)
+    assert int8_agree >= 0.96, int8_agree
 
 
 def test_parity_judges_the_int8_model_by_the_int8_preset(fp32, int8, tmp_path, capsys):
@@ -297,7 +285,7 @@ def test_ort_form_detections_agree_and_parity_passes_at_the_int8_preset(fp32, in
     save_onnx(int8_ort, tmp_path / "int8-ort.onnx")
     want = run_arrays(OnnxRuntimeRunner(tmp_path / "fp32.onnx"), images, 4)
     got = run_arrays(OnnxRuntimeRunner(tmp_path / "int8-ort.onnx"), images, 4)
-    agree, total = _agreement(want, got)
+    agree, total, _ = agreement(want, got)
     assert total >= 25 and agree >= 0.85, (agree, total)
     report = tmp_path / "parity.json"
     rc = main(["parity", str(tmp_path / "int8-ort.onnx"), *map(str, VAL[:4]), "--checkpoint",

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from family_cases import yolo_reference as _reference  # noqa: E402
 from norcal.core import contract  # noqa: E402
-from norcal.core.boxes import box_iou  # noqa: E402
+from norcal.workflows.parity.matching import match_detections  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
 from norcal.export.families import FAMILIES, family_of, load_detector  # noqa: E402
 from norcal.export.families.ultralytics.family import UltralyticsFamily  # noqa: E402
@@ -145,11 +145,13 @@ def test_plain_pickle_with_pt_suffix_is_not_loaded(tmp_path):
 # --- the reference (Ultralytics with NorCal by hand: family_cases.yolo_reference) -------------
 
 def _match(ref, ours_boxes, ours_scores, ours_classes):
-    """For each reference detection, the index of ours with the same class, IoU >= 0.99 and
-    score within 1e-4 (-1 when none)."""
-    ok = (box_iou(ref[:, :4], ours_boxes) >= 0.99) & (ref[:, 5:6].astype(int) == ours_classes[None]) \
-        & (np.abs(ref[:, 4:5] - ours_scores[None]) <= 1e-4)
-    return np.where(ok.any(1), ok.argmax(1), -1)
+    """For each reference detection, the index of its partner among ours (-1 when none), paired
+    one to one by the project's matcher: same class, IoU >= 0.99, score within 1e-4."""
+    ri, ci, _ = match_detections(ref[:, :4], ref[:, 4], ref[:, 5].astype(int), ours_boxes, ours_scores,
+                                 ours_classes, 0.99, max_score_diff=1e-4)
+    idx = np.full(len(ref), -1, np.int64)
+    idx[ri] = ci
+    return idx
 
 
 def _graph(work, kind, gamma):
