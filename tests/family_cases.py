@@ -124,7 +124,8 @@ def yolo_reference(ckpt: Path, images, gamma: float, counts, seg: bool = False, 
     head's: its one-to-one branch's, before its top-k of ``max_det``): its LetterBox to the
     ``size`` square, its forward, sigmoid(logit - gamma log N_c), its ``non_max_suppression``
     (multi-label) and ``process_mask``. Returns (detections [n, 6 (+nm)] per image in letterboxed
-    coordinates, each image's letterbox offsets (x, y, x, y), masks or None)."""
+    coordinates, each image's letterbox offsets (x, y, x, y), masks or None, prototypes
+    [nm, S/4, S/4] per image or None)."""
     import torch
     from ultralytics.data.augment import LetterBox
     from ultralytics.utils import ops
@@ -160,7 +161,8 @@ def yolo_reference(ckpt: Path, images, gamma: float, counts, seg: bool = False, 
         pads.append(np.array([p["left"], p["top"]] * 2, np.float32))
     masks = [ops.process_mask(proto[b], d[:, 6:], d[:, :4], (s, s), upsample=True).numpy().astype(bool)
              for b, d in enumerate(dets)] if seg else None
-    return [d.numpy() for d in dets], pads, masks
+    protos = [p.double().numpy() for p in proto] if seg else None
+    return [d.numpy() for d in dets], pads, masks, protos
 
 
 def _yolo_make(folder: Path) -> Checkpoint:
@@ -172,7 +174,7 @@ def _yolo_make(folder: Path) -> Checkpoint:
 
 
 def _yolo_reference(ckpt: Checkpoint, gamma: float) -> list[Reference]:
-    dets, pads, _ = yolo_reference(ckpt.path, read_images(ckpt.images), gamma, ckpt.upstream)
+    dets, pads, _, _ = yolo_reference(ckpt.path, read_images(ckpt.images), gamma, ckpt.upstream)
     # the letterbox graph removes the centring offset itself: its boxes are in resized coordinates
     return [Reference(d[:, :4] - pad, d[:, 4], d[:, 5].astype(np.int64)) for d, pad in zip(dets, pads)]
 

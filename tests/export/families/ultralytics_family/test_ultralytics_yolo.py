@@ -24,6 +24,7 @@ from yolo_models import IMAGES, IMGSZ, NUM_CLASSES  # sets YOLO_OFFLINE / YOLO_C
 import torch  # noqa: E402
 
 from family_cases import yolo_reference as _reference  # noqa: E402
+from yolo_mask_reference import mask_grids  # noqa: E402
 from norcal.core import contract  # noqa: E402
 from norcal.workflows.parity.matching import match_detections  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
@@ -174,11 +175,53 @@ def _run(sess, feeds):
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 
+# Ultralytics' mask through our contract: the logit map's mean over each of the box's 28 x 28 bins.
+# Measured on these models (both gammas): our graph's grids against those computed from
+# Ultralytics' own prototypes and coefficients at our boxes differ by at most 8e-5 (seg) and
+# 1.2e-3 (y26e2e_seg: ONNX Runtime's fp32 network against PyTorch's; their boxes differ by up to
+# 0.015 px); pasted by our host, ours and Ultralytics' grids (at its boxes) disagree only on
+# pixels within 1e-3 of the 0.5 threshold, IoU >= 0.9945 on every mask, and their IoUs with
+# Ultralytics' full-resolution mask differ by at most 0.005. That full-resolution mask itself is
+# out of the contract's reach on these random-init models' noise-like prototypes: Ultralytics'
+# own grids pasted back match it at mean IoU 0.62 (seg; 2% at 0) and 0.82 (y26e2e_seg), exactly
+# as ours do.
+GRID_ATOL = 2e-3
+PASTE_MARGIN = 2e-3
+
+
+def _assert_masks(out_masks, boxes, idx, ref, ref_masks, protos):
+    """Per matched detection: our M x M grid against Ultralytics' computed at our box; our pasted
+    mask against Ultralytics' grid (at its box) pasted alike, pixel by pixel up to PASTE_MARGIN
+    about the threshold and IoU >= 0.99; and against Ultralytics' final mask, IoU within 0.01 of
+    its own grid's (the only gap to it is the M x M representation). Returns the IoUs."""
+    from norcal.runtime.postprocess import paste_masks
+
+    i = np.nonzero(idx >= 0)[0]
+    mine = out_masks[idx[i]]
+    theirs_at_ours = mask_grids(protos, ref[i, 6:], boxes[idx[i]], S)
+    np.testing.assert_allclose(mine, theirs_at_ours, rtol=0, atol=GRID_ATOL)
+    grids = mask_grids(protos, ref[i, 6:], ref[i, :4], S).astype(np.float32)
+    pasted = paste_masks(mine, boxes[idx[i]], (S, S))
+    theirs = paste_masks(grids, ref[i, :4], (S, S))
+    surely_in = paste_masks(grids, ref[i, :4], (S, S), 0.5 + PASTE_MARGIN)
+    maybe_in = paste_masks(grids, ref[i, :4], (S, S), 0.5 - PASTE_MARGIN)
+    assert (surely_in <= pasted).all() and (pasted <= maybe_in).all()
+    ious = []
+    for k, (o, t, full) in enumerate(zip(pasted, theirs, ref_masks[i])):
+        union = (o | t).sum()
+        if union >= 20:
+            iou = (o & t).sum() / union
+            assert iou >= 0.99, (k, iou)
+            gap = (o & full).sum() / max((o | full).sum(), 1) - (t & full).sum() / max((t | full).sum(), 1)
+            assert abs(gap) <= 0.01, (k, gap)
+            ious.append(iou)
+    return ious
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["det", "seg", "v8", "y26", "y26e2e", "y26e2e_seg"])
 def test_onnx_matches_ultralytics_with_norcal(work, kind):
     from norcal.runtime.inference import prepare
-    from norcal.runtime.postprocess import paste_masks
 
     seg = kind in ("seg", "y26e2e_seg")
     images = [read_rgb(p) for p in IMAGES]
@@ -189,7 +232,7 @@ def test_onnx_matches_ultralytics_with_norcal(work, kind):
         assert meta[contract.CLASSIFIER_LOGITS] == "cls_logits" and meta[contract.CLASSIFIER_BACKGROUND] == "none"
         assert meta[contract.ACTIVATION] == "sigmoid" and float(meta[contract.GAMMA]) == gamma
         out = _run(sess, prepare(images, contract.input_spec(meta)).feeds())
-        refs, pads, ref_masks = _reference(getattr(work, kind), images, gamma, work.counts, seg)
+        refs, pads, ref_masks, protos = _reference(getattr(work, kind), images, gamma, work.counts, seg)
         total = matched = 0
         mask_ious = []
         for b, ref in enumerate(refs):
@@ -199,15 +242,11 @@ def test_onnx_matches_ultralytics_with_norcal(work, kind):
             assert n == len(ref) > 0
             total += len(ref)
             matched += int((idx >= 0).sum())
-            if seg:
-                pasted = paste_masks(out["masks"][b, :n], boxes, (S, S))
-                for i in np.nonzero(idx >= 0)[0]:
-                    a, o = ref_masks[b][i], pasted[idx[i]]
-                    if a.sum() >= 20:
-                        mask_ious.append((a & o).sum() / (a | o).sum())
+            if seg:  # in the letterboxed input, where Ultralytics' process_mask works
+                mask_ious += _assert_masks(out["masks"][b, :n], boxes, idx, ref, ref_masks[b], protos[b])
         assert total > 0 and matched / total >= 0.99, (gamma, matched, total)
-        if seg:  # loosely: M x M box-relative masks against Ultralytics' full-resolution ones
-            assert len(mask_ious) > 50 and np.mean(mask_ious) > 0.5, np.mean(mask_ious)
+        if seg:
+            assert len(mask_ious) > 300
 
 
 @pytest.mark.slow
@@ -374,7 +413,7 @@ def test_end_to_end_top_k_with_fewer_slots_than_anchors_matches_ultralytics(work
     assert det.topk == 50 < det._anchors()
     out = _run(sess, prepare(images, contract.input_spec(meta)).feeds())
     assert out["scores"].shape == (len(images), 50)
-    refs, pads, _ = _reference(work.y26e2e, images, 0.5, work.counts, False, max_det=50)
+    refs, pads, _, _ = _reference(work.y26e2e, images, 0.5, work.counts, False, max_det=50)
     total = matched = 0
     for b, ref in enumerate(refs):
         n = int(out["num_detections"][b])
