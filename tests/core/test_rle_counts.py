@@ -39,3 +39,20 @@ def test_frPyObjects_round_trip_of_big_runs():
         s = mask_utils.frPyObjects({"size": [h, w], "counts": runs}, h, w)["counts"]
         assert decode_counts(s) == runs
         assert counts_problem(s, h, w) is None
+
+
+def test_a_file_too_large_to_sum_still_has_its_strings_form_checked(monkeypatch):
+    """Past FULL_CHECK_RECORDS only what pycocotools can read is checked (in C): a garbage string
+    is still refused by record; a well-formed string of another size is let through."""
+    from norcal.core import rle_counts
+    from norcal.core.errors import NorcalError
+
+    monkeypatch.setattr(rle_counts, "FULL_CHECK_RECORDS", 1)
+    good = {"size": [2, 2], "counts": "04"}  # four background pixels
+    other = {"size": [3, 3], "counts": "04"}  # sums to 4, not 9: not summed in a large file
+    rle_counts.check_rle_counts("r.json", "", [{"segmentation": good}, {"segmentation": other}])
+    with pytest.raises(NorcalError, match=r"r.json: \[1\]: segmentation.counts: character '!'"):
+        rle_counts.check_rle_counts("r.json", "", [{"segmentation": good}, {"segmentation": {"size": [2, 2], "counts": "0!"}}])
+    monkeypatch.setattr(rle_counts, "FULL_CHECK_RECORDS", 10)
+    with pytest.raises(NorcalError, match="sum to 4, not 3 x 3"):
+        rle_counts.check_rle_counts("r.json", "", [{"segmentation": good}, {"segmentation": other}])
