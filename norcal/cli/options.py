@@ -68,7 +68,8 @@ def check_outputs(inputs=(), files=None, folders=None) -> None:
 
     inputs: the paths the command reads (None entries and non-paths such as built-in table
     names are ignored); an input folder stands for the image files in it too, and an Ultralytics
-    data.yaml for every file and folder of its dataset, which no output may replace (see :func:`norcal.core.outputs.check_apart` for what output folders may
+    data.yaml for every file and folder of its dataset, which no output may replace, and no
+    output file may lie in its image and label folders, existing or not (see :func:`norcal.core.outputs.check_apart` for what output folders may
     not do). files / folders: {flag: path or None} of what it writes. Two outputs naming the
     same path are refused too.
     """
@@ -81,11 +82,13 @@ def check_outputs(inputs=(), files=None, folders=None) -> None:
 
     reads = [Path(p) for p in inputs if p is not None and Path(p).exists()]
     # a data.yaml (an annotations or table argument) names the dataset's images and label files
-    reads += [f for p in reads if p.is_file() and is_dataset_description(p) for f in dataset_files(p)]
+    datasets = {p: dataset_files(p) for p in reads if p.is_file() and is_dataset_description(p)}
+    reads += [f for files_of in datasets.values() for f in files_of]
     # the files an image folder holds are inputs too (folders are searched recursively)
     images = [f for d in reads if d.is_dir() for f in d.rglob("*")
               if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()]
     check_apart([*reads, *images], files, folders)
+    _check_outside_datasets(datasets, files or {})
     seen: list[tuple[str, Path]] = []
     for kinds, check in ((files or {}, check_output_file), (folders or {}, check_output_dir)):
         for flag, path in kinds.items():
@@ -97,6 +100,24 @@ def check_outputs(inputs=(), files=None, folders=None) -> None:
                     raise NorcalError(f"{flag} {path} is also the {other} output; give each output its own path")
             check(path, flag)
             seen.append((flag, path))
+
+
+def _check_outside_datasets(datasets: dict, files: dict) -> None:
+    """Refuse an output file inside a dataset's image or label folders (any depth), existing or
+    not: it would become a label file of an image there, or an image (datasets: {data.yaml:
+    its dataset_files})."""
+    from pathlib import Path
+
+    folders = [(y, d.resolve()) for y, paths in datasets.items() for d in paths if d.is_dir()]
+    for flag, path in files.items():
+        if path is None:
+            continue
+        real = Path(path).resolve()
+        for y, d in folders:
+            if d in real.parents:
+                raise NorcalError(f"{flag} {path} is inside {d}, a folder of the dataset {y}; choose a "
+                                  "path outside its image and label folders (inputs are never modified)",
+                                  param=flag)
 
 
 # ----------------------------------------------------------------------------- values

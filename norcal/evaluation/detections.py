@@ -15,6 +15,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json
+from norcal.core.rle_counts import check_rle_counts
 from norcal.core.schemas import RESULTS, boxes_of, column, record_error
 
 
@@ -88,6 +89,8 @@ def from_results(results: Any) -> Detections:
     category_ids = column(results, "category_id")
     scores = column(results, "score", np.float64)
     boxes = boxes_of(where, "", results) if "bbox" in keys else None
+    if "segmentation" in keys:
+        check_rle_counts(where, "", results)
     rles = [d["segmentation"] for d in results] if "segmentation" in keys else None
     return Detections(image_ids, category_ids, scores, boxes, rles,
                       source=where if where != "results" else None)

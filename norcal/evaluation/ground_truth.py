@@ -13,6 +13,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import read_json
+from norcal.core.rle_counts import check_rle_counts
 from norcal.core.schemas import GROUND_TRUTH, boxes_of, check_refs, column, ids_of, record_error
 
 FREQUENCIES = ("r", "c", "f")
@@ -197,6 +198,7 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
     ann_area = column(anns, "area", np.float64)
     ann_ignore = np.fromiter((bool(a.get("ignore", 0)) for a in anns), bool, n)
     ann_bbox = boxes_of(where, "annotations", anns)
+    check_rle_counts(where, "annotations", anns)
 
     cat_pos = {int(c): i for i, c in enumerate(cat_ids)}
     neg, nel = [], []

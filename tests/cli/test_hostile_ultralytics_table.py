@@ -88,6 +88,21 @@ case("simulate-yolo-table-json-is-a-label-file")(lambda w, t: onto(
     w, t, "labels/train/a.txt", argv=("simulate", "--gammas", "0.5", "--table"), flag="--json"))
 
 
+def into(w, t, target, folder):
+    """A command reading ``t``'s dataset, writing ``target``: no file yet (no sentinel either:
+    one would be a label file), but inside one of the dataset's image or label ``folder``s (a
+    file there would label an image, or be read as one)."""
+    argv, _, _ = onto(w, t, target)
+    (t / "images/train/b.jpg").write_bytes(b"")  # an image with no labels yet
+    return argv, f"-o {t / target} is inside {t / folder}, a folder of the dataset {t / 'data.yaml'}", []
+
+
+case("table-build-yolo-output-would-label-an-image")(lambda w, t: into(
+    w, t, "labels/train/b.txt", "labels/train"))
+case("table-build-yolo-output-in-an-image-folder")(lambda w, t: into(
+    w, t, "images/val/t.json", "images/val"))
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_hostile_dataset_is_one_line_and_writes_nothing(name, world, tmp_path, capsys, monkeypatch):
     line = check_hostile_case(CASES[name], world, tmp_path, capsys, monkeypatch)
