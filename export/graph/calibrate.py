@@ -65,8 +65,8 @@ def check_class_order(meta: dict[str, str], calibration: Calibration) -> None:
         except (ValueError, AttributeError):
             return
     table = calibration.resolved_table
-    if not isinstance(names, list):
-        return
+    if not isinstance(names, list) or not contract.class_names_metadata(names):
+        return  # unknown, or Ultralytics' placeholders "0", "1", ...: they name no category
     contract.check_class_names(names, table.names, table.category_ids, f"table {table.name!r}", "table",
                                harm="each class's prior would go to another class")
 

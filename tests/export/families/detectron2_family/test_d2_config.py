@@ -563,7 +563,7 @@ def test_broken_chains_and_files(tmp_path):
         load_config(_write(tmp_path / "bad.yaml", "MODEL: [unclosed\n"))
     with pytest.raises(NorcalError, match="mapping"):
         load_config(_write(tmp_path / "list.yaml", "- a\n- b\n"))
-    with pytest.raises(NorcalError, match="not found"):
+    with pytest.raises(NorcalError, match="no such file"):
         load_config(tmp_path / "absent.yaml")
     with pytest.raises(NorcalError, match="MODEL.RPN must be a mapping"):
         load_config(_write(tmp_path / "flat.yaml", "MODEL:\n  RPN: 3\n"))
