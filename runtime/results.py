@@ -15,8 +15,9 @@ from typing import Any, Iterator, TextIO
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import atomic_path, read_json
+from norcal.core.fileio import atomic_path
 from norcal.core.schemas import ANNOTATIONS, ids_of, record_error
+from norcal.core.yolo_ground_truth import read_annotations
 from norcal.runtime.postprocess import ImageDetections, paste_mask_regions
 
 
@@ -92,7 +93,7 @@ def detections_to_results(image_id: int | str, det: ImageDetections, category_id
 
 def category_ids_from_annotations(path: str | Path | dict, where: str | None = None,
                                   sizes: dict[str, tuple[int, int]] | None = None,
-                                  names: list[str | None] | None = None
+                                  names: list[str | None] | None = None, split: str = "val"
                                   ) -> tuple[list[int], dict[str, int]]:
     """From a COCO/LVIS annotation file (or its loaded dict; ``where`` names it in errors):
     (category ids in id order, image file name -> image id).
@@ -102,14 +103,15 @@ def category_ids_from_annotations(path: str | Path | dict, where: str | None = N
     sizes: a dict to fill with file name -> (height, width) where an image gives both as
     positive integers. names: a list to fill with the categories' names in id order (None
     where a category has none), to compare with the model's
-    (:func:`norcal.core.contract.check_class_names`).
+    (:func:`norcal.core.contract.check_class_names`). A path to an Ultralytics data.yaml is
+    read as its ``split``'s annotations (:mod:`norcal.core.yolo_ground_truth`).
     """
     if isinstance(path, dict):
         p = where or "annotations"
         data = ANNOTATIONS.validate(path, p)
     else:
         p = Path(path)
-        data = read_json(p, "annotations", ANNOTATIONS)
+        data = read_annotations(p, "annotations", ANNOTATIONS, split)
     if "images" not in data:
         raise NorcalError(f"{p}: not a COCO/LVIS annotation file (needs 'images' and 'categories')")
     ids = ids_of(str(p), "categories", data["categories"])

@@ -20,6 +20,13 @@ def add_calibration_options(p) -> None:
                    help="raise training counts below K to K (default: a zero count is an error)")
 
 
+def add_split_argument(p, flag: str) -> None:
+    """--split: which split of an Ultralytics data.yaml given as ``flag`` is the ground truth."""
+    p.add_argument("--split", choices=("val", "train", "test"), default="val",
+                   help=f"when {flag} is an Ultralytics data.yaml: the split whose images and YOLO labels "
+                        "are the ground truth (default val; category id = class index + 1)")
+
+
 def min_count_line(min_count: float, clamped: int, num_classes: int | None = None) -> str:
     """What --min-count did, for the user."""
     of = f" of {num_classes}" if num_classes else ""

@@ -1,7 +1,7 @@
 """Calibration tables from an Ultralytics dataset: a ``data.yaml`` and its YOLO label files.
 
 The description names the class names (``names``: a list, or a mapping class index -> name),
-the dataset root (``path``; relative to the YAML's folder, absent: that folder) and the split
+the dataset root (``path``, resolved as Ultralytics resolves it: :func:`dataset_root`) and the split
 (``train``: a folder, a ``.txt`` list of images, or a list of either). Each image's labels are
 in the file Ultralytics reads for it: the last ``images`` folder of its path replaced by
 ``labels``, the suffix by ``.txt`` (no file: an image with no objects). A label line is
@@ -15,20 +15,21 @@ default a model without ``norcal.category_ids`` is read with).
 
 from __future__ import annotations
 
-import math
+import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from norcal.core.errors import NorcalError, shown
 from norcal.core.fileio import readable_file
 from norcal.core.yaml_io import read_yaml_mapping
+from norcal.core.yolo_labels import read_yolo_labels
 
 WHAT = "Ultralytics dataset description"
 # ultralytics.data.utils.IMG_FORMATS (8.4): the suffixes Ultralytics takes as images
 IMAGE_SUFFIXES = frozenset({"avif", "bmp", "dng", "heic", "heif", "jp2", "jpeg", "jpg", "mpo", "png",
                             "tif", "tiff", "webp"})
-BOX_FIELDS = ("class", "x", "y", "w", "h")
 PROGRESS_STAGE = "count labels"
 
 Progress = Callable[[str, int, int], None]  # (stage, images done since last call, stage total)
@@ -82,25 +83,61 @@ def class_names(data: dict, where: str) -> list[str]:
     return names
 
 
+def ultralytics_config_dir() -> Path:
+    """Where Ultralytics keeps its settings (``get_user_config_dir``): $YOLO_CONFIG_DIR, else the
+    system's user config folder, each with an ``Ultralytics`` folder inside."""
+    if os.environ.get("YOLO_CONFIG_DIR"):
+        base = Path(os.environ["YOLO_CONFIG_DIR"]).expanduser()
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    elif sys.platform == "win32":
+        base = Path.home() / "AppData" / "Roaming"
+    else:
+        base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "Ultralytics"
+
+
+def ultralytics_datasets_dir() -> Path | None:
+    """Ultralytics' ``datasets_dir`` setting, from its settings file; None where there is no
+    such file or setting (Ultralytics would then make one up on its first run)."""
+    try:
+        value = json.loads((ultralytics_config_dir() / "settings.json").read_text()).get("datasets_dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(value) if isinstance(value, str) and value else None
+
+
 def dataset_root(data: dict, yaml_path: Path) -> Path:
-    """The dataset root: field ``path`` (relative to the YAML's folder), else that folder."""
+    """The dataset root as Ultralytics' ``check_det_dataset`` finds it: field ``path`` (absent
+    or empty: the YAML's folder); a relative one from the current folder where it exists there,
+    else under Ultralytics' ``datasets_dir`` setting."""
     raw = data.get("path")
-    if raw is None:
-        return yaml_path.parent
-    if not isinstance(raw, str) or not raw:
+    if not raw:
+        return yaml_path.parent.absolute()
+    if not isinstance(raw, str):
         raise NorcalError(f"{yaml_path}: field 'path' must be a folder (text), got {shown(raw)}")
-    root = Path(raw).expanduser()
-    root = root if root.is_absolute() else yaml_path.parent / root
+    root = Path(raw)
+    places = [str(root.absolute())]
+    if not (root.exists() or root.is_absolute()):
+        datasets = ultralytics_datasets_dir()
+        places[0] += " (from the current folder)"
+        if datasets is None:
+            places.append(f"no datasets_dir in {ultralytics_config_dir() / 'settings.json'}")
+        else:
+            root = (datasets / root).resolve()
+            places.append(f"{root} (under Ultralytics' datasets_dir)")
     if not root.is_dir():
-        raise NorcalError(f"{yaml_path}: field 'path': {root} is not a folder (a relative path is "
-                          "taken from the YAML's folder)")
-    return root
+        raise NorcalError(f"{yaml_path}: field 'path': {shown(raw)} is not a folder (looked at "
+                          f"{'; '.join(places)}; a relative path is resolved as Ultralytics does)")
+    return root.absolute()
 
 
 def _images_in(folder: Path) -> list[Path]:
     out = []
-    for d, _, files in os.walk(folder):  # symlinked folders are not followed (no loops)
-        out += [Path(d) / f for f in files if f.rpartition(".")[-1].lower() in IMAGE_SUFFIXES]
+    for d, dirs, files in os.walk(folder):  # symlinked folders are not followed (no loops)
+        dirs[:] = [x for x in dirs if not x.startswith(".")]  # as glob's '**/*.*': no hidden ones
+        out += [Path(d) / f for f in files
+                if not f.startswith(".") and f.rpartition(".")[-1].lower() in IMAGE_SUFFIXES]
     return out
 
 
@@ -117,19 +154,36 @@ def _images_listed(txt: Path) -> list[Path]:
         entry = line.strip()
         if not entry or entry.rpartition(".")[-1].lower() not in IMAGE_SUFFIXES:
             continue  # Ultralytics keeps the lines with an image suffix only
-        p = Path(entry)
-        p = p if p.is_absolute() else txt.parent / p  # Ultralytics: "./" entries are the list's
+        # Ultralytics: "./" entries are the list's folder's, other relative ones the current folder's
+        p = txt.parent / entry[2:] if entry.startswith("./") else Path(entry).absolute()
         if not p.is_file():
             raise NorcalError(f"{txt}: line {n}: image {shown(entry)} not found")
         out.append(p)
     return out
 
 
+def split_field(data: dict, split: str):
+    """The data.yaml field of ``split``: Ultralytics takes a ``validation`` field as ``val``."""
+    if split == "val" and "val" not in data:
+        return data.get("validation")
+    return data.get(split)
+
+
+def split_entry_path(root: Path, entry: str, listed: bool = False) -> Path:
+    """A split's folder or list as Ultralytics' ``check_det_dataset`` resolves it: under the root
+    (real path: labels sit by it); a lone entry starting ``../`` that is not found there is
+    tried without that prefix."""
+    p = (root / entry).resolve()
+    if not listed and not p.exists() and entry.startswith("../"):
+        p = (root / entry[3:]).resolve()
+    return p
+
+
 def split_images(data: dict, yaml_path: Path, split: str = "train") -> list[Path]:
     """The images of ``split`` (sorted, each once, absolute): its folders searched recursively,
     its ``.txt`` lists read."""
     root = dataset_root(data, yaml_path)
-    raw = data.get(split)
+    raw = split_field(data, split)
     if raw is None:
         raise NorcalError(f"{yaml_path}: field '{split}' missing (a folder of images, a .txt list of "
                           "images, or a list of either)")
@@ -141,8 +195,7 @@ def split_images(data: dict, yaml_path: Path, split: str = "train") -> list[Path
         field = f"{split}[{i}]" if isinstance(raw, list) else split
         if not isinstance(entry, str) or not entry:
             raise NorcalError(f"{yaml_path}: field '{field}' must be a path (text), got {shown(entry)}")
-        p = Path(entry).expanduser()
-        p = (p if p.is_absolute() else root / p).resolve()  # as Ultralytics: labels sit by the real path
+        p = split_entry_path(root, entry, listed=isinstance(raw, list))
         if p.is_dir():
             images.update(_images_in(p))
         elif p.is_file() and p.suffix.lower() == ".txt":
@@ -165,57 +218,6 @@ def label_path(image: Path) -> Path:
     return Path(sb.join(os.fspath(image).rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt")
 
 
-def _field_name(k: int, fields: int) -> str:
-    if fields == len(BOX_FIELDS):
-        return BOX_FIELDS[k]
-    return "class" if k == 0 else f"{'xy'[(k - 1) % 2]}{(k + 1) // 2}"
-
-
-def read_labels(path: Path, num_classes: int) -> list[int]:
-    """The class of each distinct label line of a YOLO label file, every field checked."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise NorcalError(f"{path}: not a YOLO label file (not UTF-8 text)") from None
-    except OSError as e:
-        raise NorcalError(f"{path}: cannot read labels: {e.strerror or e}") from None
-    seen: set[tuple] = set()
-    classes = []
-    for n, line in enumerate(text.splitlines(), 1):
-        tokens = line.split()
-        if not tokens:
-            continue
-        m = len(tokens)
-        if m != len(BOX_FIELDS) and (m < 7 or m % 2 == 0):
-            raise NorcalError(f"{path}: line {n}: {m} fields; a label is 'class x y w h' or a "
-                              "class and at least 3 'x y' polygon points")
-        try:
-            cls = int(tokens[0])
-        except ValueError:
-            raise NorcalError(f"{path}: line {n}, field 1 (class): {shown(tokens[0], 30)} is not an "
-                              "integer class id") from None
-        if not 0 <= cls < num_classes:
-            raise NorcalError(f"{path}: line {n}, field 1 (class): class id {cls} is outside names "
-                              f"(0..{num_classes - 1})")
-        values = []
-        for k in range(1, m):
-            name = _field_name(k, m)
-            try:
-                v = float(tokens[k])
-            except ValueError:
-                raise NorcalError(f"{path}: line {n}, field {k + 1} ({name}): {shown(tokens[k], 30)} "
-                                  "is not a number") from None
-            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
-                raise NorcalError(f"{path}: line {n}, field {k + 1} ({name}): {shown(tokens[k], 30)} is "
-                                  "outside [0, 1] (coordinates are normalised by the image size)")
-            values.append(v)
-        key = (cls, *values)
-        if key not in seen:
-            seen.add(key)
-            classes.append(cls)
-    return classes
-
-
 def dataset_counts(data_yaml: str | os.PathLike, split: str = "train",
                    progress: Progress | None = None) -> tuple[list[str], list[int], list[int], int]:
     """(class names, image counts, instance counts, images) of a data.yaml's ``split``."""
@@ -229,7 +231,7 @@ def dataset_counts(data_yaml: str | os.PathLike, split: str = "train",
     for i, image in enumerate(images):
         labels = label_path(image)
         if labels.is_file():
-            classes = read_labels(labels, len(names))
+            classes = [label.cls for label in read_yolo_labels(labels, len(names))]
             for c in classes:
                 instance_counts[c] += 1
             for c in set(classes):
@@ -255,11 +257,10 @@ def dataset_files(data_yaml: str | os.PathLike) -> list[Path]:
         return []
     out = [p]
     for split in ("train", "val", "test", "minival"):
-        raw = data.get(split)
+        raw = split_field(data, split)
         for entry in raw if isinstance(raw, list) else [raw]:
             if isinstance(entry, str) and entry:
-                q = Path(entry).expanduser()
-                out.append((q if q.is_absolute() else root / q).resolve())
+                out.append(split_entry_path(root, entry, listed=isinstance(raw, list)))
         try:
             images = split_images(data, p, split) if raw is not None else []
         except NorcalError:

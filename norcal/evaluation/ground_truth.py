@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import read_json
 from norcal.core.rle_counts import check_rle_counts
 from norcal.core.schemas import GROUND_TRUTH, boxes_of, check_refs, column, ids_of, record_error
+from norcal.core.yolo_ground_truth import read_annotations
 
 FREQUENCIES = ("r", "c", "f")
 
@@ -143,7 +143,8 @@ def _keys(pairs: list[tuple[int, int]], k: int) -> np.ndarray:
     return np.unique(a[:, 0] * k + a[:, 1])
 
 
-def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = None) -> LvisGT:
+def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = None,
+               split: str = "val") -> LvisGT:
     """Load, validate and index an LVIS-format GT (a path, a loaded dict, or an LvisGT as it is).
 
     The file is checked against :data:`norcal.core.schemas.GROUND_TRUTH` (images need height
@@ -153,13 +154,14 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
     come from ``table`` (a :class:`norcal.core.tables.CalibrationTable`, matched by category id).
     Images need ``neg_category_ids`` and ``not_exhaustive_category_ids`` (LVIS federated
     fields); a missing field is taken as empty. ``where`` names a loaded dict in errors
-    (default "GT").
+    (default "GT"). A path to an Ultralytics data.yaml is read as its ``split``'s ground truth
+    (:mod:`norcal.core.yolo_ground_truth`; no federated fields: every category is exhaustive).
     """
     if isinstance(gt, LvisGT):
         return gt
     if isinstance(gt, (str, Path)):
         where = str(gt)
-        data = read_json(gt, "GT", GROUND_TRUTH)
+        data = read_annotations(gt, "GT", GROUND_TRUTH, split)
     elif isinstance(gt, dict):
         where = where or "GT"
         data = GROUND_TRUTH.validate(gt, where)

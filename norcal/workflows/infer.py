@@ -30,7 +30,8 @@ class InferOptions:
     model: .onnx (ONNX Runtime, ``provider``, ``threads`` intra-op threads) or a TensorRT
     engine. inputs: image files and folders (searched recursively). output: the results JSON.
     min_size / max_size: override the model's resize. image_ids: COCO/LVIS annotations giving
-    image ids by file name (and category ids); files it does not list are skipped. table:
+    image ids by file name (and category ids), or an Ultralytics data.yaml (its ``split``); files
+    it does not list are skipped. table:
     calibration table giving category ids (and, for ``draw_dir``, class names and groups).
     masks: write masks of mask models. skip_unreadable: leave out files that are not images
     (listed in :func:`skipped_path`) instead of stopping. draw_dir / draw_count: pictures of the
@@ -46,6 +47,7 @@ class InferOptions:
     min_size: int | None = None
     max_size: int | None = None
     image_ids: str | os.PathLike | None = None
+    split: str = "val"
     table: str | os.PathLike | None = None
     masks: bool = True
     skip_unreadable: bool = False
@@ -221,7 +223,8 @@ def prepare_infer(options: InferOptions,
     (check_outputs or functools.partial(_check_outputs, options))(paths)
     by_name, ann_cats, not_listed, ann_sizes, ann_names = None, None, [], {}, []
     if options.image_ids:
-        ann_cats, by_name = category_ids_from_annotations(options.image_ids, sizes=ann_sizes, names=ann_names)
+        ann_cats, by_name = category_ids_from_annotations(options.image_ids, sizes=ann_sizes, names=ann_names,
+                                                          split=options.split)
         unknown = [p for p in paths if p.name not in by_name]
         paths = [p for p in paths if p.name in by_name]
         if not paths:

@@ -77,7 +77,8 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas:
              factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
              max_cache_bytes: int = 2 << 30,
              progress: Callable[[str, int, int], None] | None = None,
-             min_count: float | None = None, options: RayOptions = RayOptions()) -> TuneResult:
+             min_count: float | None = None, options: RayOptions = RayOptions(),
+             split: str = "val") -> TuneResult:
     """:func:`norcal.workflows.tune.tune` on Ray; the same arguments, plus ``options`` (where
     and how many workers; ``options.threads``: torch threads per worker; the detector runs on
     CPU, as in tune()). The weights, the config and the images must be readable at the same
@@ -85,7 +86,7 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas:
     options.check()
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
-                     min_count=min_count)
+                     min_count=min_count, split=split)
 
     pairs = [(i, str(p)) for i, p in plan.pairs]
     gammas = plan.gammas

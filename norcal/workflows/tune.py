@@ -120,10 +120,10 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
               table: str | os.PathLike | CalibrationTable | None = None, *,
               config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
               batch_size: int = 4, max_cache_bytes: int = 2 << 30,
-              min_count: float | None = None, iou_type: str = "bbox") -> TunePlan:
+              min_count: float | None = None, iou_type: str = "bbox", split: str = "val") -> TunePlan:
     """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
-    from norcal.core.fileio import read_json
     from norcal.core.schemas import GROUND_TRUTH
+    from norcal.core.yolo_ground_truth import read_annotations
     from norcal.evaluation import IOU_TYPES, prepare_gt
     from norcal.evaluation.ground_truth import check_table_matches
     from norcal.export.families import load_detector
@@ -141,7 +141,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
                           f"got {max_cache_bytes:g}", param="max_cache_bytes")
     if table is not None:
         table = resolve_table(table)
-    gt_data = read_json(gt, "GT", GROUND_TRUTH)
+    gt_data = read_annotations(gt, "GT", GROUND_TRUTH, split)
     pairs = images_from_gt(gt_data, images, str(gt))
     gt_images = len(gt_data["images"])
     if len(pairs) < gt_images:  # else their objects would count as missed
@@ -183,7 +183,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
          max_cache_bytes: int = 2 << 30,
          progress: Callable[[str, int, int], None] | None = None,
-         min_count: float | None = None, iou_type: str = "bbox") -> TuneResult:
+         min_count: float | None = None, iou_type: str = "bbox", split: str = "val") -> TuneResult:
     """The whole job: build the detector, run it once over the GT's images, sweep gammas.
 
     table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
@@ -197,10 +197,11 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     min_count: counts below it are raised to it (the result says how many classes).
     iou_type: what AP (and so the best gamma) is measured with: bbox, or for a mask model segm
     or boundary (Boundary IoU); the mask types run the mask head on every gamma's detections.
+    split: the split of ``gt`` when it is an Ultralytics data.yaml (its images and YOLO labels).
     """
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
-                     min_count=min_count, iou_type=iou_type)
+                     min_count=min_count, iou_type=iou_type, split=split)
     pairs, acc = plan.pairs, plan.acc
     net_step = progress_step(progress, "network pass", len(pairs))
     sweep_step = progress_step(progress, "re-scoring", len(pairs) * len(acc.gammas))

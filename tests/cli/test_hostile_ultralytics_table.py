@@ -66,8 +66,6 @@ case("table-build-yolo-outside-unit")(lambda w, t: build(
     w, t, GOOD, LABEL.format(t=t, n=1, f="2 (x): '640' is outside [0, 1]"), label="1 640 0.5 0.1 0.1\n"))
 case("table-build-yolo-field-count")(lambda w, t: build(
     w, t, GOOD, f"{t}/labels/train/a.txt: line 1: 3 fields", label="1 0.5 0.5\n"))
-case("table-build-yolo-zero-class")(lambda w, t: build(
-    w, t, "path: WORLD\ntrain: images/train\nnames: [a, b, c]\n", "c"))
 
 
 

@@ -47,13 +47,19 @@ def test_build_counts_images_and_instances(tmp_path, capsys):
     assert load_table(p).counts().tolist() == [2, 1, 3]
 
 
-def test_build_refuses_a_class_without_training_data(tmp_path, capsys):
+def test_build_writes_a_class_without_training_data_with_a_note(tmp_path, capsys):
+    """The build does not stop: the count is written as 0 and one line says how to use the
+    table (--min-count); using it without a floor is still refused, naming the class."""
     p = coco(tmp_path, [(1, 1), (3, 2)])  # cat3 never annotated
     out = tmp_path / "t.json"
-    assert main(["table", "build", str(p), "-o", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "'cat3'" in err and "count 0.0" in err
-    assert not out.exists()
+    assert main(["table", "build", str(p), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "note: 1 class(es) have no training labels (first: class 2 'cat3')" in printed
+    assert "give --min-count K (e.g. 1) to norcal export / tune" in printed
+    t = load_table(out)
+    with pytest.raises(NorcalError, match="'cat3'.*count 0.0"):
+        t.counts()
+    assert t.counts(min_count=1).tolist()[2] == 1
 
 
 @pytest.mark.parametrize("data,message", [

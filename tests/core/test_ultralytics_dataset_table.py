@@ -24,9 +24,9 @@ def small_dataset(root: Path) -> Path:
     # a.jpg: 2 cats, 1 dog
     write(d / "images/train/a.jpg")
     write(d / "labels/train/a.txt", "0 0.5 0.5 0.2 0.2\n0 0.1 0.1 0.05 0.05\n1 0.7 0.7 0.1 0.3\n")
-    # b.png: 1 dog as a polygon, 1 bird; blank lines ignored
+    # b.png: 1 dog, 1 bird, as polygons (a file of polygons holds no box); blank lines ignored
     write(d / "images/train/b.png")
-    write(d / "labels/train/b.txt", "\n1 0.1 0.1 0.2 0.1 0.2 0.3 0.1 0.3\n\n2 0 0 1 1\n")
+    write(d / "labels/train/b.txt", "\n1 0.1 0.1 0.2 0.1 0.2 0.3 0.1 0.3\n\n2 0 0 1 0 1 1\n")
     # sub/c.JPG: no label file -> a background image
     write(d / "images/train/sub/c.JPG")
     # sub/d.webp: the same bird twice (counted once, as Ultralytics drops duplicates) + another bird
@@ -39,7 +39,7 @@ def small_dataset(root: Path) -> Path:
     write(d / "labels/train/zzz.txt", "7 9 9 9 9\n")  # no image: never read
     write(d / "images/val/v.jpg")  # another split: not counted
     write(d / "labels/val/v.txt", "0 0.5 0.5 0.2 0.2\n")
-    return write(d / "data.yaml", "path: .\ntrain: images/train\nval: images/val\n"
+    return write(d / "data.yaml", "train: images/train\nval: images/val\n"
                  "names:\n  0: cat\n  1: dog\n  2: bird\n")
 
 
@@ -76,20 +76,15 @@ def test_names_keyed_by_text_indices(tmp_path):
     assert rows(table_from_dataset(y)) == EXPECTED
 
 
-def test_txt_list_and_list_of_sources(tmp_path):
+def test_txt_list_and_list_of_sources(tmp_path, monkeypatch):
     y = small_dataset(tmp_path)
     d = y.parent
-    write(d / "train.txt", "./images/train/a.jpg\nimages/train/sub/d.webp\n\n")
+    # as Ultralytics: './' from the list's folder, other relative entries from the current folder
+    write(d / "train.txt", "./images/train/a.jpg\nds/images/train/sub/d.webp\n\n")
+    monkeypatch.chdir(tmp_path)
     y.write_text(f"path: {d}\ntrain: [train.txt, images/val]\nnames: [cat, dog, bird]\n")
     # a: 2 cats + 1 dog; d: 2 birds; v: 1 cat
     assert rows(table_from_dataset(y)) == [("cat", 2, 3), ("dog", 1, 1), ("bird", 1, 2)]
-
-
-def test_relative_path_is_taken_from_the_yaml_folder(tmp_path):
-    y = small_dataset(tmp_path)
-    moved = write(tmp_path / "cfg" / "data.yaml", "path: ../ds\ntrain: images/train\nnames: [cat, dog, bird]\n")
-    assert rows(table_from_dataset(moved)) == EXPECTED
-    assert y.is_file()
 
 
 def test_label_path_replaces_the_last_images_folder(tmp_path):
@@ -133,6 +128,12 @@ BAD_LABELS = [
     ("0 0.1 0.1 0.2 0.1 0.2 1.3 0.1 0.3\n", "line 1, field 7 (y3): '1.3' is outside [0, 1]"),
     ("0 0.5 0.5 0.1\n", "line 1: 4 fields"),
     ("0 0.1 0.1 0.2 0.1 0.2 0.3 0.1\n", "line 1: 8 fields"),
+    ("0 0.1 0.1 0.2 0.1 0.2 0.3\n0 0.5 0.5 0.1 0.1\n", "line 2: a box ('class x y w h') in a file of polygons"),
+    ("0 0.5 0.5 0.1 0.1\n0 0.5 0.5 1.0101 0.1\n", "line 2, field 4 (w): '1.0101' is outside [0, 1] beyond"),
+    ("0 -0.0101 0.5 0.1 0.1\n", "line 1, field 2 (x): '-0.0101' is outside [0, 1] beyond"),
+    ("0 0.5 0.5 -0.001 0.1\n", "line 1, field 4 (w): '-0.001' is outside [0, 1]"),
+    # a polygon is held to the box around it: its centre x here is (0.2 + 1.83) / 2 > 1.01
+    ("0 0.2 0.1 1.83 0.1 1 0.3\n", "line 1, field 4 (x2): '1.83' is outside [0, 1]"),
 ]
 
 
@@ -198,12 +199,21 @@ def test_binary_label_file_is_refused(tmp_path):
         table_from_dataset(y)
 
 
-def test_a_class_without_images_is_refused_by_the_cli(tmp_path, capsys):
+def test_a_class_without_images_is_written_with_a_note(tmp_path, capsys):
+    """A class with no training labels does not stop the build: the table says 0, one line says
+    how to use it (--min-count), and export with --min-count takes it."""
     y = small_dataset(tmp_path)
     y.write_text("train: images/train\nnames: [cat, dog, bird, fish]\n")
-    assert main(["table", "build", str(y), "-o", str(tmp_path / "t.json")]) == 2
-    assert "fish" in capsys.readouterr().err
-    assert not (tmp_path / "t.json").exists()
+    out = tmp_path / "t.json"
+    assert main(["table", "build", str(y), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "note: 1 class(es) have no training labels (first: class 3 'fish')" in printed
+    assert "--min-count K" in printed and "\n" not in printed.split("note: ")[1].strip()
+    t = load_table(out)
+    assert rows(t) == [*EXPECTED, ("fish", 0, 0)]
+    with pytest.raises(NorcalError, match="'fish'"):  # NorCal still needs the floor
+        t.counts()
+    assert list(t.counts(min_count=1)) == [1, 2, 2, 1]
 
 
 def test_relative_yaml_from_the_working_folder(tmp_path, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from norcal.cli.options import add_split_argument
+
 HELP = "LVIS evaluation: AP, AP_r/c/f, AR and AP^Fixed of a detection result file"
 DESCRIPTION = """Evaluate LVIS-format detections against LVIS-format ground truth, with LVIS's
 federated rules (neg_category_ids, not_exhaustive_category_ids). The numbers equal the
@@ -44,7 +46,9 @@ def _cap(text: str) -> int:
 
 
 def add_arguments(p):
-    p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json", help="LVIS-format ground truth")
+    p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json|data.yaml",
+                   help="LVIS/COCO-format ground truth, or an Ultralytics data.yaml (see --split)")
+    add_split_argument(p, "--gt")
     p.add_argument("--results", required=True, metavar="RESULTS.json",
                    help="LVIS/COCO result list: image_id, category_id, score, bbox [x,y,w,h] "
                         "and/or segmentation (RLE)")
@@ -85,7 +89,7 @@ def run(args) -> int:
 
         table = load_table(args.table)
     with console.status("loading ground truth and results"):
-        gt = prepare_gt(args.gt, table)
+        gt = prepare_gt(args.gt, table, split=args.split)
         if table is not None:
             from norcal.evaluation.ground_truth import check_table_matches
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from norcal.cli.options import add_ray_arguments, ray_options
+from norcal.cli.options import add_ray_arguments, add_split_argument, ray_options
 
 HELP = "run a model (.onnx or TensorRT engine) on images; write LVIS/COCO results JSON"
 DESCRIPTION = """Run an exported detector on images, batched, and write results JSON that lvis-api
@@ -68,8 +68,10 @@ def add_arguments(p):
                         "the installed onnxruntime has it, else cpu)")
     p.add_argument("--min-size", type=int, help="override the resize short edge (norcal.min_size_test)")
     p.add_argument("--max-size", type=int, help="override the resize long-edge cap (norcal.max_size_test)")
-    p.add_argument("--image-ids", metavar="ANNOTATIONS.json",
-                   help="COCO/LVIS annotations giving image ids (by file name) and category ids")
+    p.add_argument("--image-ids", metavar="ANNOTATIONS.json|data.yaml",
+                   help="COCO/LVIS annotations giving image ids (by file name) and category ids, or an "
+                        "Ultralytics data.yaml (see --split)")
+    add_split_argument(p, "--image-ids")
     p.add_argument("--table", help="calibration table (built-in name or JSON) giving category ids")
     p.add_argument("--no-masks", action="store_true", help="write boxes only, even for mask models")
     p.add_argument("--draw", metavar="DIR", help="also draw the first images' detections into DIR "
@@ -99,7 +101,7 @@ def run(args) -> int:
     console = Console(stderr=True, soft_wrap=True)
     options = InferOptions(args.model, args.inputs, args.output, batch_size=args.batch, provider=args.provider,
                            threads=args.threads, min_size=args.min_size, max_size=args.max_size,
-                           image_ids=args.image_ids, table=args.table, masks=not args.no_masks,
+                           image_ids=args.image_ids, split=args.split, table=args.table, masks=not args.no_masks,
                            skip_unreadable=args.skip_unreadable, draw_dir=args.draw, draw_count=args.draw_count)
     options.check()
     options = replace(options, ray=ray_options(args, needs_gpu(args.model, args.provider)))

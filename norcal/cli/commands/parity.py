@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from norcal.cli.options import add_split_argument
 from norcal.core.errors import NorcalError
 
 HELP = "check that ONNX Runtime / TensorRT give the same detections as the PyTorch model"
@@ -54,8 +55,10 @@ def add_arguments(p):
                         "others tf32)")
     p.add_argument("--provider", choices=("cpu", "cuda", "tensorrt"), default="cpu",
                    help="ONNX Runtime execution provider (default cpu)")
-    p.add_argument("--gt", metavar="ANNOTATIONS.json",
-                   help="COCO/LVIS annotations of the images (matched by file name): adds box AP per backend")
+    p.add_argument("--gt", metavar="ANNOTATIONS.json|data.yaml",
+                   help="COCO/LVIS annotations of the images, or an Ultralytics data.yaml (matched by file "
+                        "name): adds box AP per backend")
+    add_split_argument(p, "--gt")
     p.add_argument("--batch", type=int, default=1, help="images per batch, the same for every backend (default 1)")
     p.add_argument("--synthetic", type=int, default=3, metavar="N",
                    help="how many synthetic images to use when no IMAGES are given (default 3)")
@@ -125,11 +128,11 @@ def run(args) -> int:
     gt = image_ids = cat_ids = None
     gt_names: list = []
     if args.gt:  # read before the models load: a bad file fails in a second
-        from norcal.core.fileio import read_json
         from norcal.core.schemas import GROUND_TRUTH
+        from norcal.core.yolo_ground_truth import read_annotations
         from norcal.runtime.results import category_ids_from_annotations
 
-        gt = read_json(args.gt, "annotations", GROUND_TRUTH)
+        gt = read_annotations(args.gt, "annotations", GROUND_TRUTH, args.split)
         cat_ids, by_name = category_ids_from_annotations(gt, args.gt, names=gt_names)
         unknown = [p.name for p in paths if p.name not in by_name]
         if unknown:

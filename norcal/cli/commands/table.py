@@ -11,6 +11,9 @@ DESCRIPTION = """Calibration tables hold N_c, the per-class training counts NorC
   norcal table build train.json -o t.json   count classes in a COCO/LVIS annotation file
   norcal table build data.yaml -o t.json    count classes in an Ultralytics dataset (its YOLO
                                             label files; category id = class index + 1)
+
+A class with no training labels is written with count 0 and named in a note: NorCal divides by
+N_c, so export and tune with such a table need --min-count K (counts below K taken as K).
   norcal table list                         the built-in tables
 """
 
@@ -60,11 +63,15 @@ def run(args) -> int:
                                            progress=progress_bars(progress))
         else:
             table = build_table(args.annotations, args.count, args.name)
-        table.counts()  # refuse a table NorCal cannot use (a class with no training data)
         table.save(args.output)
         g = table.group_counts()
         console.print(f"wrote {args.output}: {table.num_classes} classes "
                       f"({g['r']} rare, {g['c']} common, {g['f']} frequent), sha256 {table.sha256}")
+        unseen = [(i, c["name"]) for i, c in enumerate(table.categories) if not c[f"{table.count_type}_count"]]
+        if unseen:  # the counts are facts; NorCal divides by them, so using the table needs a floor
+            console.print(f"note: {len(unseen)} class(es) have no training labels (first: class {unseen[0][0]} "
+                          f"{unseen[0][1]!r}); NorCal needs every N_c > 0: give --min-count K (e.g. 1) to "
+                          "norcal export / tune with this table")
         return 0
     table = load_table(args.table)
     counts = table.counts()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from norcal.cli.options import add_calibration_options, add_ray_arguments, min_count_line, ray_options
+from norcal.cli.options import add_calibration_options, add_ray_arguments, add_split_argument, min_count_line, ray_options
 from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
 from norcal.core.errors import NorcalError
 
@@ -81,8 +81,10 @@ def add_arguments(p):
     p.add_argument("model", metavar="MODEL", help="checkpoint: detectron2 .pth/.pkl or Ultralytics .pt; "
                                                   "not ONNX (see above)")
     p.add_argument("--config", help="detectron2 only: its config yaml (default: inferred from the weights)")
-    p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json",
-                   help="LVIS/COCO annotations of the tuning images (e.g. a 5k training subset)")
+    p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json|data.yaml",
+                   help="LVIS/COCO annotations of the tuning images (e.g. a 5k training subset), or an "
+                        "Ultralytics data.yaml (see --split)")
+    add_split_argument(p, "--gt")
     p.add_argument("--images", required=True, metavar="DIR", help="folder holding those images")
     p.add_argument("--gammas", default="0:1.5:0.1",
                    help="start:stop:step (stop included) or a comma list (default 0:1.5:0.1)")
@@ -135,7 +137,7 @@ def run(args) -> int:
                   TimeElapsedColumn(), console=console) as progress:
         kwargs = dict(config=args.config, factor=args.factor, mechanism=args.mechanism,
                       batch_size=args.batch, max_cache_bytes=int(args.max_cache_gb * 2**30),
-                      progress=progress_bars(progress), min_count=args.min_count)
+                      progress=progress_bars(progress), min_count=args.min_count, split=args.split)
         if ray is None:
             result = tune(src, args.gt, args.images, gammas, table, iou_type=args.iou_type, **kwargs)
         else:

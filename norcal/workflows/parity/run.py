@@ -46,14 +46,15 @@ def _concat(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 def _only_images(gt, image_ids):
     """An annotation file or dict, validated (:data:`norcal.core.schemas.GROUND_TRUTH`), cut
     down to ``image_ids``: AP over the images that were run, not over a whole validation set
-    most of which was never seen (a prepared LvisGT is kept)."""
+    most of which was never seen (a prepared LvisGT is kept; a data.yaml is read as its
+    val split's ground truth)."""
     from pathlib import Path
 
-    from norcal.core.fileio import read_json
     from norcal.core.schemas import GROUND_TRUTH
+    from norcal.core.yolo_ground_truth import read_annotations
 
     if isinstance(gt, (str, Path)):
-        gt = read_json(gt, "annotations", GROUND_TRUTH)
+        gt = read_annotations(gt, "annotations", GROUND_TRUTH)
     elif isinstance(gt, dict):
         gt = GROUND_TRUTH.validate(gt, "annotations")
     else:
