@@ -171,7 +171,7 @@ def _check_masks(gt: LvisGT, dets: Detections, iou_type: str) -> Detections:
     return replace(dets, rles=rles)
 
 
-def _inputs(gt, results, iou_type: str, table, rules: str) -> tuple[LvisGT, Detections, RuleChoice]:
+def _inputs(gt, results, iou_type: str, table, rules: Rules | RuleChoice) -> tuple[LvisGT, Detections, RuleChoice]:
     """The prepared GT, the checked detections and the rules."""
     _check_iou_type(iou_type)
     gt = prepare_gt(gt, table)
@@ -184,7 +184,7 @@ def _inputs(gt, results, iou_type: str, table, rules: str) -> tuple[LvisGT, Dete
 
 
 def evaluate(gt, results, iou_type: str = "bbox", max_dets: int | None = None, table=None,
-             rules: Rules = "auto") -> EvalResult:
+             rules: Rules | RuleChoice = "auto") -> EvalResult:
     """AP of ``results`` against ``gt``, under LVIS federated or COCO rules.
 
     gt: an annotation path, a loaded LVIS/COCO dict, or :func:`prepare_gt`'s LvisGT (reuse
@@ -192,7 +192,7 @@ def evaluate(gt, results, iou_type: str = "bbox", max_dets: int | None = None, t
     :class:`Detections`. max_dets: detections kept per image by score (< 0: all; None: 300
     under LVIS rules, all under COCO rules, which then keep the top 100 per image and
     category as COCOeval). table: a CalibrationTable giving frequency groups when the GT's
-    categories lack them. rules: auto (from the GT), lvis or coco (see
+    categories lack them. rules: auto (from the GT), lvis or coco, or a RuleChoice (see
     :func:`norcal.evaluation.rules.choose_rules`).
     """
     gt, dets, choice = _inputs(gt, results, iou_type, table, rules)
@@ -203,7 +203,7 @@ def evaluate(gt, results, iou_type: str = "bbox", max_dets: int | None = None, t
 
 
 def evaluate_fixed(gt, results, iou_type: str = "bbox", per_class: int = 10000, table=None,
-                   rules: Rules = "auto") -> EvalResult:
+                   rules: Rules | RuleChoice = "auto") -> EvalResult:
     """AP^Fixed (Dave et al. 2021): no per-image cap, the top ``per_class`` detections of
     each category over the whole set, then AP (COCO rules: no per-image-and-category cap
     either). Arguments as :func:`evaluate`."""

@@ -55,17 +55,21 @@ class RuleChoice:
         return f"rules: {_LABEL[self.name]} ({self.reason})"
 
 
-def choose_rules(gt: LvisGT, rules: str = "auto") -> RuleChoice:
+def choose_rules(gt: LvisGT, rules: "str | RuleChoice" = "auto") -> RuleChoice:
     """The rules for ``gt``: ``auto`` picks lvis when some image carries an LVIS federated
     list, else coco; ``lvis`` on a GT without those lists is refused (every detection of a
-    class not annotated in its image would be dropped unscored); ``coco`` is always possible."""
+    class not annotated in its image would be dropped unscored); ``coco`` is always possible.
+    A RuleChoice made for this GT comes back as it is."""
+    if isinstance(rules, RuleChoice):
+        choose_rules(gt, rules.name)  # refused as its name would be
+        return rules
     if rules not in RULES:
         raise NorcalError(f"rules must be auto, lvis or coco, got {rules!r}", param="rules")
     fields = " / ".join(gt.federated_fields)
     if rules == "lvis" and not fields:
         raise NorcalError(f"rules lvis: {gt.source} has no neg_category_ids or not_exhaustive_category_ids "
-                          "on any image, so federated rules would drop every detection of a class not "
-                          "annotated in its image; use rules coco (exhaustive labels)", param="rules")
+                          "on any image, so every detection of a class not annotated in its image would "
+                          "be dropped unscored; use rules coco (exhaustive labels)", param="rules")
     if rules == "lvis":
         return RuleChoice("lvis", f"as asked; {gt.source}'s images carry {fields}")
     if rules == "coco":
