@@ -1,5 +1,7 @@
-"""LVIS evaluation: AP, AP_r/c/f, AR, AP^Fixed (numpy, the numbers of lvis-api 0.5.3), with box,
-mask or Boundary IoU (``iou_type`` bbox, segm, boundary).
+"""Evaluation: AP, AP_r/c/f, AR, AP^Fixed (numpy) under LVIS federated rules (the numbers of
+lvis-api 0.5.3) or COCO rules (pycocotools' COCOeval), chosen from the GT or forced
+(``rules``: :mod:`norcal.evaluation.rules`), with box, mask or Boundary IoU (``iou_type``
+bbox, segm, boundary); precision / recall at a threshold: :mod:`norcal.evaluation.deployment`.
 
     from norcal.evaluation import evaluate, evaluate_fixed, prepare_gt
     gt = prepare_gt("lvis_v1_val.json")          # index once, reuse for many evaluations

@@ -49,6 +49,8 @@ class LvisGT:
     _rles: list | None = field(default=None, repr=False)
     _bands: list | None = field(default=None, repr=False)
     source: str = "GT"  # the file it came from, for errors
+    ann_crowd: np.ndarray | None = None  # [G] iscrowd (COCO rules); None: no annotation has one
+    federated_fields: tuple[str, ...] = ()  # the LVIS image-level lists some image carries
 
     @property
     def num_cats(self) -> int:
@@ -212,12 +214,16 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
             if c in cat_pos:
                 nel.append((ii, cat_pos[c]))
     pos_keys = np.unique(ann_img * k + ann_cat) if n else np.zeros(0, dtype=np.int64)
+    ann_crowd = np.fromiter((bool(a.get("iscrowd", 0)) for a in anns), bool, n)
+    federated = tuple(f for f in ("neg_category_ids", "not_exhaustive_category_ids")
+                      if any(f in im for im in imgs))
     return LvisGT(
         dataset=data, img_ids=img_ids, cat_ids=cat_ids,
         cat_names=[str(c.get("name", c["id"])) for c in cats], frequency=frequency,
         image_count=np.array(image_count), img_hw=img_hw, ann_img=ann_img, ann_cat=ann_cat,
         ann_area=ann_area, ann_ignore=ann_ignore, ann_bbox=ann_bbox, ann_id=ann_id,
         pos_keys=pos_keys, neg_keys=_keys(neg, k), nel_keys=_keys(nel, k), source=where,
+        ann_crowd=ann_crowd, federated_fields=federated,
     )
 
 

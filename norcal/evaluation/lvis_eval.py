@@ -1,10 +1,6 @@
-"""LVIS AP with the federated rules, computed with numpy; the same numbers as lvis-api 0.5.3.
-
-Federated rules (as lvis-api): a detection counts only on images where its category is
-annotated (a GT of it) or verified absent (``neg_category_ids``); on other images it is
-dropped. An unmatched detection of a category listed in the image's
-``not_exhaustive_category_ids`` is ignored, not a false positive. Detections and GTs of
-area 0 are dropped (lvis-api's index does so).
+"""AP computed with numpy, under LVIS federated rules (the numbers of lvis-api 0.5.3) or COCO
+rules (the numbers of pycocotools' COCOeval), chosen from the GT or forced (``rules``; what
+each set counts: :mod:`norcal.evaluation.rules`).
 
 IoU types: ``bbox`` (boxes), ``segm`` (RLE masks), ``boundary`` (Boundary IoU, LVIS Challenge
 2021: min of the mask IoU and the IoU of the masks' boundary bands, see
@@ -20,13 +16,17 @@ category defines them):
     AR      recall at max_dets (lvis-api's AR@300), all areas and categories
     ARs ARm ARl                     AR per area range (lvis-api's ARs@300 ...)
     ARr ARc ARf                     AR per frequency group (not in lvis-api's summary)
+
+COCO rules: the same keys, AR... at 100 per image and category (COCOeval's AR@100, ARs@100
+...), plus AR1 and AR10 (COCOeval's AR@1, AR@10); APr... and ARr... are reported
+(:meth:`EvalResult.stat_keys`) only where the categories have frequency groups.
 """
 
 from __future__ import annotations
 
 import os
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -35,21 +35,27 @@ from norcal.core.errors import NorcalError
 from norcal.evaluation.detections import (Detections, cap_per_class, cap_per_image, check_rle,
                                           from_results)
 from norcal.evaluation.ground_truth import FREQUENCIES, LvisGT, prepare_gt, rle_problem
-from norcal.evaluation.matching import AREA_RNGS, IOU_THRS, REC_THRS, greedy_match, pair_ious
+from norcal.evaluation.matching import IOU_THRS, REC_THRS
+from norcal.evaluation.rules import COCO_MAX_DETS, Matched, RuleChoice, Rules, choose_rules, match_detections
 
 IOU_TYPES = ("bbox", "segm", "boundary")
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "APr", "APc", "APf",
              "AR", "ARs", "ARm", "ARl", "ARr", "ARc", "ARf")
+_GROUP_KEYS = ("APr", "APc", "APf", "ARr", "ARc", "ARf")
+COCO_STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "APr", "APc", "APf",
+                  "AR1", "AR10", "AR", "ARs", "ARm", "ARl", "ARr", "ARc", "ARf")
 
 
 @dataclass
 class EvalResult:
     """What one evaluation gives.
 
-    stats: the metrics named in :data:`STAT_KEYS`. precision [T=10, R=101, K, A=4] and
-    recall [T, K, A] are lvis-api's ``eval['precision']`` / ``eval['recall']`` (-1 where a
-    category has no GT in that area range). Per category (K, sorted by id): ``cat_ids``,
-    ``cat_names``, ``frequency``, ``image_count`` (N_c, nan when unknown), ``num_gt``.
+    stats: the metrics named in :data:`STAT_KEYS` (COCO rules: :data:`COCO_STAT_KEYS`).
+    precision [T=10, R=101, K, A=4] and recall [T, K, A] are lvis-api's ``eval['precision']`` /
+    ``eval['recall']`` (COCOeval's at maxDets=100; -1 where a category has no GT in that area
+    range). Per category (K, sorted by id): ``cat_ids``, ``cat_names``, ``frequency``,
+    ``image_count`` (N_c, nan when unknown), ``num_gt``. ``rules`` (lvis or coco) and
+    ``rules_reason``: what was applied and why; ``matched``: the matched detections.
     """
 
     stats: dict[str, float]
@@ -64,6 +70,22 @@ class EvalResult:
     max_dets: int = 300
     per_class: int = -1
     num_detections: int = 0
+    rules: str = "lvis"
+    rules_reason: str = ""
+    matched: Matched | None = field(default=None, repr=False)
+
+    @property
+    def rules_line(self) -> str:
+        """``rules: ... (why)``, the first line of eval and tune output."""
+        return RuleChoice(self.rules, self.rules_reason).line
+
+    def stat_keys(self) -> tuple[str, ...]:
+        """The stats reported: LVIS all of :data:`STAT_KEYS`; COCO :data:`COCO_STAT_KEYS`
+        without the frequency groups where the categories have none."""
+        if self.rules != "coco":
+            return STAT_KEYS
+        grouped = all(f in FREQUENCIES for f in self.frequency)
+        return tuple(k for k in COCO_STAT_KEYS if grouped or k not in _GROUP_KEYS)
 
     def class_ap(self) -> np.ndarray:
         """Per-category AP [K] (all areas, IoU 0.50:0.95), -1 where undefined."""
@@ -76,11 +98,13 @@ class EvalResult:
         """Every reported number under documented keys (see the module docstring)."""
         ap = self.class_ap()
         return {
+            "rules": self.rules,
+            "rules_reason": self.rules_reason,
             "iou_type": self.iou_type,
             "max_dets": self.max_dets,
             "per_class_cap": self.per_class,
             "num_detections": self.num_detections,
-            "stats": {k: float(v) for k, v in self.stats.items()},
+            "stats": {k: float(self.stats[k]) for k in self.stat_keys()},
             "per_class": [
                 {"category_id": int(c), "name": n, "frequency": f,
                  "image_count": None if not np.isfinite(nc) else float(nc),
@@ -147,44 +171,52 @@ def _check_masks(gt: LvisGT, dets: Detections, iou_type: str) -> Detections:
     return replace(dets, rles=rles)
 
 
-def evaluate(gt, results, iou_type: str = "bbox", max_dets: int = 300, table=None) -> EvalResult:
-    """LVIS evaluation of ``results`` against ``gt``.
-
-    gt: an annotation path, a loaded LVIS dict, or :func:`prepare_gt`'s LvisGT (reuse one
-    for many evaluations). results: a result path, a list of LVIS result dicts, or
-    :class:`Detections`. max_dets: detections kept per image by score (300; < 0: all).
-    table: a CalibrationTable giving frequency groups when the GT's categories lack them.
-    """
+def _inputs(gt, results, iou_type: str, table, rules: Rules | RuleChoice) -> tuple[LvisGT, Detections, RuleChoice]:
+    """The prepared GT, the checked detections and the rules."""
     _check_iou_type(iou_type)
     gt = prepare_gt(gt, table)
-    dets = from_results(results)
-    if len(dets) == 0:
-        raise NorcalError("no detections (empty results)")
-    img_idx = gt.img_index(dets.image_ids)
-    _check_ids(gt, dets, img_idx, gt.cat_index(dets.category_ids), results)
-    dets = _check_masks(gt, dets, iou_type)
-    dets = cap_per_image(dets, max_dets, img_idx)
-    return _evaluate(gt, dets, iou_type, max_dets, -1)
-
-
-def evaluate_fixed(gt, results, iou_type: str = "bbox", per_class: int = 10000, table=None) -> EvalResult:
-    """AP^Fixed (Dave et al. 2021): no per-image cap, the top ``per_class`` detections of
-    each category over the whole set, then LVIS AP. Arguments as :func:`evaluate`."""
-    _check_iou_type(iou_type)
-    if per_class < 1:
-        raise NorcalError(f"per-class cap must be >= 1, got {per_class}")
-    gt = prepare_gt(gt, table)
+    choice = choose_rules(gt, rules)
     dets = from_results(results)
     if len(dets) == 0:
         raise NorcalError("no detections (empty results)")
     _check_ids(gt, dets, gt.img_index(dets.image_ids), gt.cat_index(dets.category_ids), results)
-    dets = _check_masks(gt, dets, iou_type)
+    return gt, _check_masks(gt, dets, iou_type), choice
+
+
+def evaluate(gt, results, iou_type: str = "bbox", max_dets: int | None = None, table=None,
+             rules: Rules | RuleChoice = "auto") -> EvalResult:
+    """AP of ``results`` against ``gt``, under LVIS federated or COCO rules.
+
+    gt: an annotation path, a loaded LVIS/COCO dict, or :func:`prepare_gt`'s LvisGT (reuse
+    one for many evaluations). results: a result path, a list of result dicts, or
+    :class:`Detections`. max_dets: detections kept per image by score (< 0: all; None: 300
+    under LVIS rules, all under COCO rules, which then keep the top 100 per image and
+    category as COCOeval). table: a CalibrationTable giving frequency groups when the GT's
+    categories lack them. rules: auto (from the GT), lvis or coco, or a RuleChoice (see
+    :func:`norcal.evaluation.rules.choose_rules`).
+    """
+    gt, dets, choice = _inputs(gt, results, iou_type, table, rules)
+    if max_dets is None:
+        max_dets = 300 if choice.name == "lvis" else -1
+    dets = cap_per_image(dets, max_dets, gt.img_index(dets.image_ids))
+    return _evaluate(gt, dets, iou_type, max_dets, -1, choice)
+
+
+def evaluate_fixed(gt, results, iou_type: str = "bbox", per_class: int = 10000, table=None,
+                   rules: Rules | RuleChoice = "auto") -> EvalResult:
+    """AP^Fixed (Dave et al. 2021): no per-image cap, the top ``per_class`` detections of
+    each category over the whole set, then AP (COCO rules: no per-image-and-category cap
+    either). Arguments as :func:`evaluate`."""
+    _check_iou_type(iou_type)
+    if per_class < 1:
+        raise NorcalError(f"per-class cap must be >= 1, got {per_class}")
+    gt, dets, choice = _inputs(gt, results, iou_type, table, rules)
     dets = cap_per_class(dets, per_class)
-    return _evaluate(gt, dets, iou_type, -1, per_class)
+    return _evaluate(gt, dets, iou_type, -1, per_class, choice)
 
 
-def _evaluate(gt: LvisGT, dets: Detections, iou_type: str, max_dets: int, per_class: int) -> EvalResult:
-    k = gt.num_cats
+def _evaluate(gt: LvisGT, dets: Detections, iou_type: str, max_dets: int, per_class: int,
+              choice: RuleChoice) -> EvalResult:
     segm = iou_type in ("segm", "boundary")
     if segm and dets.rles is None:
         raise NorcalError(f"{iou_type} evaluation needs 'segmentation' (RLE) in the results")
@@ -195,76 +227,32 @@ def _evaluate(gt: LvisGT, dets: Detections, iou_type: str, max_dets: int, per_cl
         # a copy: the caller's Detections (often evaluated again, e.g. for AP^Fixed) stay as given
         dets = replace(dets, boxes=np.asarray(mask_utils.toBbox(dets.rles), dtype=np.float64).reshape(-1, 4),
                        areas=area)
-    img_idx = gt.img_index(dets.image_ids)
-    cat_idx = gt.cat_index(dets.category_ids)
-    key = img_idx * k + cat_idx
-    g_ok = np.flatnonzero((gt.ann_area > 0) & (gt.ann_area < np.inf))
-    g_key_all = gt.ann_img * k + gt.ann_cat
-    # lvis-api takes "annotated in the image" from GTs of positive area only
-    federated = np.isin(key, g_key_all[g_ok]) | np.isin(key, gt.neg_keys)
-    keep = np.flatnonzero(federated & (area > 0) & (area < np.inf))
-    order = keep[np.lexsort((keep, -dets.scores[keep], key[keep]))]
-    d_key, d_area, d_score = key[order], area[order], dets.scores[order]
-    d_cat, d_img = cat_idx[order], img_idx[order]
-    d_nel = np.isin(d_key, gt.nel_keys)
-
-    g_sel = g_ok[np.argsort(g_key_all[g_ok], kind="stable")]
-    g_key, g_area = g_key_all[g_sel], gt.ann_area[g_sel]
-    lo, hi = AREA_RNGS[:, 0:1], AREA_RNGS[:, 1:2]
-    g_ignore = gt.ann_ignore[g_sel][None, :] | (g_area[None, :] < lo) | (g_area[None, :] > hi)  # [A, G]
-
-    # detections grouped by (image, category): runs of equal key
-    n = len(order)
-    if n:
-        group_start = np.r_[0, np.flatnonzero(d_key[1:] != d_key[:-1]) + 1]
-    else:
-        group_start = np.zeros(0, dtype=np.int64)
-    group_len = np.diff(np.r_[group_start, n]).astype(np.int64)
-    gstart = np.searchsorted(g_key, d_key, "left")
-    ng = np.searchsorted(g_key, d_key, "right") - gstart
-    if segm:
-        all_rles = dets.rles
-        d_rles = [all_rles[i] for i in order]
-        gt_rles = gt.rles()
-        g_rles = [gt_rles[i] for i in g_sel]
-        iou, off = pair_ious(ng, gstart, None, None, d_rles, g_rles, group_start, group_len)
-        if iou_type == "boundary":
-            iou = np.minimum(iou, _band_ious(gt, g_sel, d_rles, ng, gstart, group_start, group_len))
-    else:
-        iou, off = pair_ious(ng, gstart, dets.boxes[order], gt.ann_bbox[g_sel])
-    matched, matched_ign = greedy_match(iou, off, ng, gstart, group_start, group_len, g_ignore)
-
-    d_out = (d_area[None, :] < lo) | (d_area[None, :] > hi)  # [A, N]
-    tp = matched & ~matched_ign
-    fp = ~matched & ~(d_out | d_nel[None, :])[:, None, :]
-    num_gt = np.zeros((k, len(AREA_RNGS)), dtype=np.int64)
-    g_cat = gt.ann_cat[g_sel]
-    for a in range(len(AREA_RNGS)):
-        num_gt[:, a] = np.bincount(g_cat[~g_ignore[a]], minlength=k)
-
+    coco = choice.name == "coco"
+    # COCOeval's maxDets=100 per image and category; AP^Fixed (per_class >= 0) has no such cap
+    cap = COCO_MAX_DETS if coco and per_class < 0 else -1
+    m = match_detections(gt, dets, iou_type, choice.name, area, cap)
     # accumulate per category: detections by category, descending score, then image id, input order
-    acc = np.lexsort((order, d_img, -d_score, d_cat))
-    precision, recall = _accumulate(d_cat[acc], tp[:, :, acc], fp[:, :, acc], num_gt)
+    acc = np.lexsort((m.order, m.img, -m.score, m.cat))
+    precision, recall = _accumulate(m.cat[acc], m.tp[:, :, acc], m.fp[:, :, acc], m.num_gt)
     stats = _summarize(precision, recall, gt.frequency)
+    if coco:  # COCOeval's AR@1 and AR@10: the top 1 / 10 per image and category
+        for top in (1, 10):
+            stats[f"AR{top}"] = _mean_valid(_recall_at(m, top))
     return EvalResult(stats=stats, precision=precision, recall=recall, cat_ids=gt.cat_ids,
                       cat_names=gt.cat_names, frequency=gt.frequency, image_count=gt.image_count,
-                      num_gt=num_gt, iou_type=iou_type, max_dets=max_dets, per_class=per_class,
-                      num_detections=len(dets))
+                      num_gt=m.num_gt, iou_type=iou_type, max_dets=max_dets, per_class=per_class,
+                      num_detections=len(dets), rules=choice.name, rules_reason=choice.reason,
+                      matched=m)
 
 
-def _band_ious(gt: LvisGT, g_sel, d_rles, ng, gstart, group_start, group_len) -> np.ndarray:
-    """IoU of the boundary bands, laid out as :func:`pair_ious`' mask IoUs; bands only for the
-    detections that meet a GT (the others have no pair)."""
-    from norcal.evaluation.boundary import boundary_rles
-
-    g_bands = gt.boundary_rles()
-    need = np.flatnonzero(ng > 0)
-    d_bands: list = [None] * len(d_rles)
-    for i, b in zip(need, boundary_rles([d_rles[i] for i in need])):
-        d_bands[i] = b
-    iou, _ = pair_ious(ng, gstart, None, None, d_bands, [g_bands[i] for i in g_sel],
-                       group_start, group_len)
-    return iou
+def _recall_at(m: Matched, top: int) -> np.ndarray:
+    """Recall [T, K] (all areas) of the top ``top`` detections per image and category; -1
+    where a category has no GT."""
+    tp = m.tp[0] & (m.rank < top)[None, :]
+    k = m.num_gt.shape[0]
+    hits = np.stack([np.bincount(m.cat, weights=t, minlength=k) for t in tp])
+    n = m.num_gt[:, 0]
+    return np.where(n > 0, hits / np.maximum(n, 1), -1.0)
 
 
 def _recall_steps(n: np.ndarray) -> np.ndarray:
@@ -341,4 +329,4 @@ def _summarize(precision, recall, frequency) -> dict[str, float]:
     return out
 
 
-__all__ = ["EvalResult", "IOU_TYPES", "STAT_KEYS", "evaluate", "evaluate_fixed"]
+__all__ = ["COCO_STAT_KEYS", "EvalResult", "IOU_TYPES", "STAT_KEYS", "evaluate", "evaluate_fixed"]

@@ -20,12 +20,13 @@ AREA_RNGS = np.array([[0.0, 1e5 ** 2], [0.0, 32.0 ** 2], [32.0 ** 2, 96.0 ** 2],
 
 
 def pair_ious(ng: np.ndarray, gstart: np.ndarray, dt_boxes, gt_boxes, dt_rles=None, gt_rles=None,
-              group_start=None, group_len=None):
+              group_start=None, group_len=None, gt_crowd=None):
     """IoUs of each detection with every GT of its group, flat, detection-major.
 
     ng / gstart: [N] per detection, its group's GT count and first GT index (GT sorted by
-    group). Returns (iou [P], pair_offset [N]) with P = sum(ng); detection i's IoUs are
-    iou[pair_offset[i] : pair_offset[i] + ng[i]].
+    group). gt_crowd: [G] bool or None; a crowd GT's IoU is the intersection over the
+    detection's area (pycocotools' iscrowd). Returns (iou [P], pair_offset [N]) with
+    P = sum(ng); detection i's IoUs are iou[pair_offset[i] : pair_offset[i] + ng[i]].
     """
     off = np.zeros(len(ng), dtype=np.int64)
     np.cumsum(ng[:-1], out=off[1:])
@@ -33,7 +34,11 @@ def pair_ious(ng: np.ndarray, gstart: np.ndarray, dt_boxes, gt_boxes, dt_rles=No
     if dt_rles is None:
         dt_of = np.repeat(np.arange(len(ng)), ng)
         gt_of = np.repeat(gstart - off, ng) + np.arange(total)
-        return box_iou_paired(dt_boxes[dt_of], gt_boxes[gt_of], "xywh"), off
+        iou = box_iou_paired(dt_boxes[dt_of], gt_boxes[gt_of], "xywh")
+        if gt_crowd is not None and gt_crowd[gt_of].any():
+            c = np.flatnonzero(gt_crowd[gt_of])
+            iou[c] = _over_detection(dt_boxes[dt_of[c]], gt_boxes[gt_of[c]])
+        return iou, off
     import pycocotools.mask as mask_utils
 
     iou = np.zeros(total, dtype=np.float64)
@@ -42,15 +47,26 @@ def pair_ious(ng: np.ndarray, gstart: np.ndarray, dt_boxes, gt_boxes, dt_rles=No
         if m == 0:
             continue
         g0 = int(gstart[s])
-        block = mask_utils.iou(dt_rles[s:s + n], gt_rles[g0:g0 + m], [0] * m)
+        crowd = [0] * m if gt_crowd is None else [int(c) for c in gt_crowd[g0:g0 + m]]
+        block = mask_utils.iou(dt_rles[s:s + n], gt_rles[g0:g0 + m], crowd)
         iou[off[s]:off[s] + n * m] = np.asarray(block, dtype=np.float64).reshape(-1)
     return iou, off
 
 
-def greedy_match(iou, off, ng, gstart, group_start, group_len, gt_ignore):
-    """LVIS matching for all groups, area ranges and IoU thresholds.
+def _over_detection(dt: np.ndarray, gt: np.ndarray) -> np.ndarray:
+    """Intersection over the detection's area of paired xywh boxes, as pycocotools' bbIou
+    computes a crowd GT's IoU (the same float operations)."""
+    wh = np.minimum(dt[:, 2:] + dt[:, :2], gt[:, 2:] + gt[:, :2]) - np.maximum(dt[:, :2], gt[:, :2])
+    inter = np.where((wh > 0).all(axis=1), wh[:, 0] * wh[:, 1], 0.0)
+    area = dt[:, 2] * dt[:, 3]
+    return np.where(inter > 0, inter / np.where(area > 0, area, 1.0), 0.0)
 
-    gt_ignore: [A, G] bool, GT ignored in area range a. Detections are sorted by group,
+
+def greedy_match(iou, off, ng, gstart, group_start, group_len, gt_ignore, gt_reusable=None):
+    """LVIS / COCO matching for all groups, area ranges and IoU thresholds.
+
+    gt_ignore: [A, G] bool, GT ignored in area range a. gt_reusable: [G] bool or None, GTs
+    that stay free after a match (pycocotools' crowd GTs). Detections are sorted by group,
     then descending score. Returns (matched [A, T, N], matched_ignored [A, T, N]): the
     detection matched a GT / matched a GT that is ignored in that area range.
     """
@@ -73,6 +89,8 @@ def greedy_match(iou, off, ng, gstart, group_start, group_len, gt_ignore):
         base = np.where(first_pos > 0, csum[:, np.maximum(first_pos - 1, 0)], 0)
         base_per = np.repeat(base, group_len[one], axis=1)
         take = hit & (csum - base_per == 1)
+        if gt_reusable is not None:  # a crowd GT matches every detection over the threshold
+            take |= hit & gt_reusable[gstart[idx]][None, :]
         g_ign = gt_ignore[:, gstart[idx]]  # [A, n1]
         matched[:, :, idx] = take[None]
         matched_ign[:, :, idx] = take[None] & g_ign[:, None, :]
@@ -85,14 +103,15 @@ def greedy_match(iou, off, ng, gstart, group_start, group_len, gt_ignore):
             gsel = many[buckets == b]
             gsel = gsel[np.argsort(-group_len[gsel], kind="stable")]
             _match_bucket(iou, off, gstart, group_start[gsel], group_len[gsel], group_ng[gsel],
-                          1 << int(b), gt_ignore, matched, matched_ign)
+                          1 << int(b), gt_ignore, matched, matched_ign, gt_reusable)
     return matched, matched_ign
 
 
-def _match_bucket(iou, off, gstart, dstart, nd, ngr, gmax, gt_ignore, matched, matched_ign):
+def _match_bucket(iou, off, gstart, dstart, nd, ngr, gmax, gt_ignore, matched, matched_ign, gt_reusable):
     cols = np.arange(gmax)
     valid = cols[None, :] < ngr[:, None]  # [B, gmax]
     gi = np.minimum(gstart[dstart][:, None] + cols[None, :], gt_ignore.shape[1] - 1)
+    reusable = None if gt_reusable is None else (gt_reusable[gi] & valid)[:, None, None, :]
     gign = np.transpose(gt_ignore[:, gi], (1, 0, 2)) & valid[:, None, :]  # [B, A, gmax]
     bonus = 2.0 * (~gign & valid[:, None, :])  # prefer GTs not ignored in this area range
     taken = np.zeros((len(nd), gt_ignore.shape[0], len(IOU_THRS), gmax), dtype=bool)
@@ -111,6 +130,8 @@ def _match_bucket(iou, off, gstart, dstart, nd, ngr, gmax, gt_ignore, matched, m
         hit = best > -0.5
         k_idx, a_idx, t_idx = np.nonzero(hit)
         taken[k_idx, a_idx, t_idx, j[k_idx, a_idx, t_idx]] = True
+        if reusable is not None:
+            taken[:active] &= ~reusable[:active]
         ign = np.take_along_axis(np.broadcast_to(gign[:active, :, None, :], key.shape),
                                  j[..., None], axis=-1)[..., 0]
         matched[:, :, dpos] = np.transpose(hit, (1, 2, 0))

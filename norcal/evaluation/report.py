@@ -32,18 +32,22 @@ def save_figure(fig, path: str | Path) -> Path:
     return path
 
 
-def metrics_json(result: EvalResult, fixed: EvalResult | None = None) -> dict:
-    """The --json document: ``result.to_json()`` plus ``fixed`` (AP^Fixed) when computed."""
+def metrics_json(result: EvalResult, fixed: EvalResult | None = None, deployment=None) -> dict:
+    """The --json document: ``result.to_json()`` plus ``fixed`` (AP^Fixed) and ``deployment``
+    (:class:`norcal.evaluation.deployment.DeploymentMetrics`) when computed."""
     doc = result.to_json()
     if fixed is not None:
         doc["fixed"] = {"per_class_cap": fixed.per_class, "num_detections": fixed.num_detections,
-                        "stats": {k: float(v) for k, v in fixed.stats.items()},
+                        "stats": {k: float(fixed.stats[k]) for k in fixed.stat_keys()},
                         "per_class_AP": [float(a) for a in fixed.class_ap()]}
+    if deployment is not None:
+        doc["deployment"] = deployment.to_json()
     return doc
 
 
-def write_metrics(path: str | Path, result: EvalResult, fixed: EvalResult | None = None) -> None:
-    write_json(path, metrics_json(result, fixed))
+def write_metrics(path: str | Path, result: EvalResult, fixed: EvalResult | None = None,
+                  deployment=None) -> None:
+    write_json(path, metrics_json(result, fixed, deployment))
 
 
 def write_per_class_csv(path: str | Path, result: EvalResult, fixed: EvalResult | None = None) -> None:

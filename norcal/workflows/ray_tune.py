@@ -66,10 +66,10 @@ class _TuneWorker:
                              batch_size, category_ids)
         return dets, time.perf_counter() - t0
 
-    def evaluate(self, gt, parts: list, gamma: float, topk: int, seconds: float) -> SweepPoint:
+    def evaluate(self, gt, parts: list, gamma: float, topk: int, seconds: float, rules) -> SweepPoint:
         import ray
 
-        return evaluate_gamma(gt, ray.get(parts), gamma, topk, seconds)
+        return evaluate_gamma(gt, ray.get(parts), gamma, topk, seconds, rules=rules)
 
 
 def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
@@ -78,7 +78,8 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas:
              max_cache_bytes: int = 2 << 30,
              progress: Callable[[str, int, int], None] | None = None,
              min_count: float | None = None, options: RayOptions = RayOptions(),
-             split: str = "val") -> TuneResult:
+             split: str = "val", rules: str = "auto",
+             on_rules: Callable[[str], None] | None = None) -> TuneResult:
     """:func:`norcal.workflows.tune.tune` on Ray; the same arguments, plus ``options`` (where
     and how many workers; ``options.threads``: torch threads per worker; the detector runs on
     CPU, as in tune()). The weights, the config and the images must be readable at the same
@@ -86,7 +87,9 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas:
     options.check()
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
-                     min_count=min_count, split=split)
+                     min_count=min_count, split=split, rules=rules)
+    if on_rules:
+        on_rules(plan.rules.line)
 
     pairs = [(i, str(p)) for i, p in plan.pairs]
     gammas = plan.gammas
@@ -146,12 +149,13 @@ def _run(ray, plan: TunePlan, pairs: list, gammas: list[float], options: RayOpti
             pending.discard(done[0])
             sweep_step(len(chunk))
         del caches, calls
-    points_refs = [call("evaluate", gt, d, g, acc.topk, sum(ray.get(sec)))
+    points_refs = [call("evaluate", gt, d, g, acc.topk, sum(ray.get(sec)), plan.rules)
                    for d, g, sec in zip(dets, gammas, secs)]
     points = []
     for ref in points_refs:  # in gamma order
         points.append(ray.get(ref))
         eval_step()
     return TuneResult(points, plan.factor, plan.mechanism, plan.table.name, len(pairs), network, peak,
-                      plan.min_count, acc.clamped, plan.iou_type, plan.gt_images)
+                      plan.min_count, acc.clamped, plan.iou_type, plan.gt_images, plan.rules.name,
+                      plan.rules.reason)
 

@@ -2,7 +2,8 @@
 
 NorCal only changes the classifier's scores, and it acts before NMS and the top-K cut. So the
 expensive part runs once per image and its results are cached; each gamma then re-runs only
-the rest on the cache, batched, and the detections are evaluated with LVIS AP. The network
+the rest on the cache, batched, and the detections are evaluated with AP (LVIS federated or
+COCO rules, from the GT or forced: :mod:`norcal.evaluation.rules`). The network
 pass and the re-scoring: :mod:`norcal.workflows.tune_cache`; the priors, the per-gamma
 detections and their AP: :mod:`norcal.workflows.tune_sweep`; this module checks the arguments,
 cuts the job into chunks and runs it.
@@ -105,6 +106,7 @@ class TunePlan:
     acc: SweepAccumulator
     iou_type: str = "bbox"
     gt_images: int = 0  # images the GT lists (the evaluation covers only those in pairs)
+    rules: Any = None  # the evaluation rules (norcal.evaluation.rules.RuleChoice)
 
     @property
     def gammas(self) -> list[float]:
@@ -120,12 +122,14 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
               table: str | os.PathLike | CalibrationTable | None = None, *,
               config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
               batch_size: int = 4, max_cache_bytes: int = 2 << 30,
-              min_count: float | None = None, iou_type: str = "bbox", split: str = "val") -> TunePlan:
+              min_count: float | None = None, iou_type: str = "bbox", split: str = "val",
+              rules: str = "auto") -> TunePlan:
     """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
     from norcal.core.schemas import GROUND_TRUTH
     from norcal.core.yolo_ground_truth import read_annotations
     from norcal.evaluation import IOU_TYPES, prepare_gt
     from norcal.evaluation.ground_truth import check_table_matches
+    from norcal.evaluation.rules import choose_rules
     from norcal.export.families import load_detector
     from norcal.runtime.images import unreadable_files
 
@@ -161,6 +165,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
                           f"has {table.num_classes}")
     prepared = prepare_gt(gt_data, table, where=str(gt))
     check_table_matches(table, prepared)
+    choice = choose_rules(prepared, rules)
     if masks:
         prepared.rles()  # a GT without masks fails now, not after the network pass
     per_image = detector.cache_bytes(1, len(gammas))
@@ -173,9 +178,11 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
     chunk -= chunk % batch_size  # whole batches only: chunking then changes nothing
     if masks:  # the mask head's maps of batches padded to different sizes do not stack
         chunk = batch_size
-    acc = SweepAccumulator(detector, table, gammas, factor, mechanism, max(batch_size, 8), min_count, iou_type)
+    acc = SweepAccumulator(detector, table, gammas, factor, mechanism, max(batch_size, 8), min_count, iou_type,
+                           choice)
     return TunePlan(Path(weights), None if config is None else Path(config), pairs, detector, table,
-                    prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type, gt_images)
+                    prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type, gt_images,
+                    choice)
 
 
 def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
@@ -183,7 +190,8 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
          max_cache_bytes: int = 2 << 30,
          progress: Callable[[str, int, int], None] | None = None,
-         min_count: float | None = None, iou_type: str = "bbox", split: str = "val") -> TuneResult:
+         min_count: float | None = None, iou_type: str = "bbox", split: str = "val",
+         rules: str = "auto", on_rules: Callable[[str], None] | None = None) -> TuneResult:
     """The whole job: build the detector, run it once over the GT's images, sweep gammas.
 
     table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
@@ -198,10 +206,15 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     iou_type: what AP (and so the best gamma) is measured with: bbox, or for a mask model segm
     or boundary (Boundary IoU); the mask types run the mask head on every gamma's detections.
     split: the split of ``gt`` when it is an Ultralytics data.yaml (its images and YOLO labels).
+    rules: the evaluation rules, auto (from the GT), lvis or coco
+    (:func:`norcal.evaluation.rules.choose_rules`); on_rules: called with the line saying
+    which and why once the GT is read, before the network pass.
     """
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
-                     min_count=min_count, iou_type=iou_type, split=split)
+                     min_count=min_count, iou_type=iou_type, split=split, rules=rules)
+    if on_rules:
+        on_rules(plan.rules.line)
     pairs, acc = plan.pairs, plan.acc
     net_step = progress_step(progress, "network pass", len(pairs))
     sweep_step = progress_step(progress, "re-scoring", len(pairs) * len(acc.gammas))
@@ -217,7 +230,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     eval_step = progress_step(progress, "evaluation", len(acc.gammas))
     points = acc.evaluate(plan.gt, lambda p: eval_step())
     return TuneResult(points, factor, mechanism, plan.table.name, len(pairs), network, peak,
-                      min_count, acc.clamped, iou_type, plan.gt_images)
+                      min_count, acc.clamped, iou_type, plan.gt_images, plan.rules.name, plan.rules.reason)
 
 
 def progress_step(progress: Callable[[str, int, int], None] | None, stage: str, total: int):

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from norcal.export.families import Detector, TuneCache
 
 MASK_IOU_TYPES = ("segm", "boundary")
+AP_TIE = 1e-12  # APs this close are equal: summation order moves AP by ~1e-16, one detection by 1e-5
 
 
 @dataclass
@@ -45,14 +46,20 @@ class TuneResult:
     min_count_clamped: int = 0  # how many classes that raised
     iou_type: str = "bbox"  # what the sweep's AP is measured with
     gt_images: int | None = None  # images the GT lists; those not found were left out
+    rules: str = "lvis"  # the evaluation rules (norcal.evaluation.rules) and why
+    rules_reason: str = ""
 
     @property
     def best(self) -> SweepPoint:
-        """The gamma with the highest AP (the smallest such gamma on a tie)."""
-        return max(self.points, key=lambda p: (p.stats["AP"], -p.gamma))
+        """The gamma with the highest AP; on a tie (APs within :data:`AP_TIE` of the best,
+        e.g. every gamma 0 or -1) the smallest such gamma, so no gamma is recommended for
+        float noise."""
+        top = max(p.stats["AP"] for p in self.points)
+        return min((p for p in self.points if p.stats["AP"] >= top - AP_TIE), key=lambda p: p.gamma)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "rules": self.rules, "rules_reason": self.rules_reason,
             "factor": self.factor, "mechanism": self.mechanism, "table": self.table,
             "iou_type": self.iou_type, "num_images": self.num_images, "network_seconds": self.network_seconds,
             "cache_bytes": self.cache_bytes,
@@ -79,16 +86,17 @@ def _concat(parts: list):
 
 
 def evaluate_gamma(gt, parts: list, gamma: float, topk: int, seconds: float = 0.0,
-                   iou_type: str = "bbox") -> SweepPoint:
+                   iou_type: str = "bbox", rules="auto") -> SweepPoint:
     """One gamma's detections (chunks of :class:`norcal.evaluation.Detections`) -> its
-    :class:`SweepPoint` (LVIS AP with ``iou_type``); ``seconds`` already spent on it are added."""
+    :class:`SweepPoint` (AP with ``iou_type`` under ``rules``, as :func:`norcal.evaluation.evaluate`
+    takes them); ``seconds`` already spent on it are added."""
     from norcal.evaluation import evaluate
 
     t0 = time.perf_counter()
     ev = _concat(parts)
     if len(ev) == 0:
         raise NorcalError(f"gamma {gamma:g}: no detections on any image")
-    res = evaluate(gt, ev, iou_type, topk)
+    res = evaluate(gt, ev, iou_type, topk, rules=rules)
     return SweepPoint(gamma, dict(res.stats), len(ev), seconds + time.perf_counter() - t0)
 
 
@@ -97,7 +105,7 @@ class SweepAccumulator:
 
     def __init__(self, detector: Detector, table: CalibrationTable, gammas: Sequence[float], factor: str,
                  mechanism: str, batch_size: int, min_count: float | None = None,
-                 iou_type: str = "bbox"):
+                 iou_type: str = "bbox", rules="auto"):
         if detector.num_classes != table.num_classes:
             raise NorcalError(f"the model has {detector.num_classes} classes but table "
                               f"{table.name!r} has {table.num_classes}")
@@ -107,6 +115,7 @@ class SweepAccumulator:
         self.priors, self.clamped = _priors(table, gammas, factor, min_count, detector.classifier.background)
         self.batch_size = batch_size
         self.iou_type = iou_type
+        self.rules = rules  # "auto", "lvis", "coco" or a RuleChoice
         self.parts: list[list] = [[] for _ in self.gammas]
         self.seconds = [0.0] * len(self.gammas)
 
@@ -130,7 +139,8 @@ class SweepAccumulator:
     def evaluate(self, gt, on_gamma: Callable[[SweepPoint], None] | None = None) -> list[SweepPoint]:
         points = []
         for k, g in enumerate(self.gammas):
-            point = evaluate_gamma(gt, self.parts[k], g, self.topk, self.seconds[k], self.iou_type)
+            point = evaluate_gamma(gt, self.parts[k], g, self.topk, self.seconds[k], self.iou_type,
+                                   self.rules)
             self.parts[k] = []  # free as we go
             points.append(point)
             if on_gamma:

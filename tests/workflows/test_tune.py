@@ -155,7 +155,10 @@ def test_tune_cli_baseline_equals_norcal_eval(subset_gt, plain_onnx, tmp_path, c
     assert rc == 0
     out = capsys.readouterr().out
     assert "recommended gamma" in out and "APr" in out
+    # val.json's images carry the federated lists: LVIS rules, said first and recorded
+    assert out.splitlines()[0] == f"rules: LVIS federated ({subset_gt}'s images carry neg_category_ids / not_exhaustive_category_ids)"
     doc = json.loads(sweep_json.read_text())
+    assert doc["rules"] == "lvis"
     assert [p["gamma"] for p in doc["sweep"]] == [0.0, 0.5, 1.0]
     assert doc["num_images"] == 8
     aps = [p["stats"]["AP"] for p in doc["sweep"]]

@@ -11,7 +11,7 @@ from norcal.core.errors import NorcalError
 
 HELP = "sweep NorCal's gamma on (a subset of) training images and recommend the best"
 DESCRIPTION = """Tune NorCal's gamma the way the paper does: on training images (a 5k subset
-is enough), picking the gamma with the best LVIS box AP (--iou-type: or mask AP, or AP with
+is enough), picking the gamma with the best box AP (--iou-type: or mask AP, or AP with
 Boundary IoU, the paper's LVIS Challenge 2021 metric).
 
   norcal tune model_final.pth --config config.yaml --gt train_5k.json --images train2017/ \\
@@ -26,7 +26,7 @@ deltas, image sizes; ~24 MB per image for an LVIS model, so images go through in
 fit --max-cache-gb); then, for each gamma, NorCal is re-applied to the cached logits and the
 model's own post-processing runs again (per-class box decoding, clipping, score > 1e-4,
 class-wise NMS 0.5, top 300), boxes are mapped to original image coordinates and evaluated
-with LVIS's federated rules. Calibration acts before NMS and the top-300 cut, so the detections equal
+(--rules below). Calibration acts before NMS and the top-300 cut, so the detections equal
 a full run of the model exported with that gamma; a gamma costs a fraction of a network pass.
 A RetinaNet caches each gamma's per-level candidates and re-runs NMS; an Ultralytics YOLO the
 anchors that pass the score threshold at some gamma (boxes, class logits, mask coefficients)
@@ -43,11 +43,15 @@ is mask AP / Boundary AP. That costs a mask-head pass per gamma and batch (the c
 holds one batch and the maps the mask head reads); not with --ray.
 --gt: LVIS-format annotations of the tuning images; images are those of --gt found in
 --images by file name (GT images not found there are left out of the evaluation, as
-lvis-api does with params.img_ids, and the count is printed). A COCO file (no neg_category_ids) is evaluated by the same federated
-rules, so detections of classes absent from an image are ignored, not false positives.
+lvis-api does with params.img_ids, and the count is printed).
+--rules: as `norcal eval --rules` (see `norcal eval --help`): auto (default) applies LVIS
+federated rules when the GT's images carry neg_category_ids / not_exhaustive_category_ids and
+COCO rules (exhaustive labels: every detection counts, iscrowd as pycocotools) otherwise; lvis
+or coco forces them. The first output line says which and why; --json records it.
 --table: N_c, the training counts (built-in lvis_v1 / lvis_v0_5, a table JSON, or the
 training annotation file itself); default: the built-in table with the model's class count.
-The rows print in %; --json writes {"factor", "mechanism", "table", "iou_type", "num_images",
+A tie (APs within 1e-12, e.g. every gamma 0) recommends the smallest gamma.
+The rows print in %; --json writes {"rules", "rules_reason", "factor", "mechanism", "table", "iou_type", "num_images",
 "network_seconds", "cache_bytes", "best": {"gamma", "AP"}, "sweep": [{"gamma",
 "num_detections", "seconds", "stats": {AP, AP50, AP75, APs, APm, APl, APr, APc, APf, AR, ...}}]}
 (fractions in [0, 1], -1 where undefined); --plot writes AP, APr, APc, APf against gamma.
@@ -61,7 +65,7 @@ the checkpoint, config and images must be readable at the same paths on every no
 
 # parameters of norcal.workflows.tune named in its errors -> the flags here
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
-         "iou_type": "--iou-type",
+         "iou_type": "--iou-type", "rules": "--rules",
          "table": "--table", "address": "--ray-address", "num_workers": "--num-workers",
          "max_retries": "--max-retries"}
 
@@ -93,6 +97,9 @@ def add_arguments(p):
     add_calibration_options(p)
     p.add_argument("--iou-type", choices=("bbox", "segm", "boundary"), default="bbox",
                    help="AP the best gamma is chosen on: box, mask or Boundary IoU (default bbox)")
+    p.add_argument("--rules", choices=("auto", "lvis", "coco"), default="auto",
+                   help="evaluation rules: LVIS federated or COCO (exhaustive); auto: lvis when the "
+                        "GT's images carry neg_category_ids / not_exhaustive_category_ids, else coco")
     p.add_argument("--batch", type=int, default=4, help="images per network batch (default 4)")
     p.add_argument("--max-cache-gb", type=_budget, default=2.0,
                    help="memory for cached head outputs; images are processed in chunks that fit "
@@ -135,16 +142,21 @@ def run(args) -> int:
     console = Console(soft_wrap=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
+        def on_rules(line: str) -> None:  # the first output line, once the GT is read
+            console.print(line, markup=False, highlight=False)
+            if ray is not None:
+                console.print(f"on Ray ({ray.address or 'default address'}, {ray.num_workers} "
+                              f"worker{'s' if ray.num_workers > 1 else ''})")
+
         kwargs = dict(config=args.config, factor=args.factor, mechanism=args.mechanism,
                       batch_size=args.batch, max_cache_bytes=int(args.max_cache_gb * 2**30),
-                      progress=progress_bars(progress), min_count=args.min_count, split=args.split)
+                      progress=progress_bars(progress), min_count=args.min_count, split=args.split, rules=args.rules,
+                      on_rules=on_rules)
         if ray is None:
             result = tune(src, args.gt, args.images, gammas, table, iou_type=args.iou_type, **kwargs)
         else:
             from norcal.workflows.ray_tune import tune_ray
 
-            console.print(f"on Ray ({ray.address or 'default address'}, {ray.num_workers} "
-                          f"worker{'s' if ray.num_workers > 1 else ''})")
             result = tune_ray(src, args.gt, args.images, gammas, table, options=ray, **kwargs)
     if args.min_count is not None:
         console.print(min_count_line(args.min_count, result.min_count_clamped))
