@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from norcal.core.calibration import check_gamma
+from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
 from norcal.workflows.tune_cache import cache_images
@@ -105,6 +106,7 @@ class TunePlan:
     acc: SweepAccumulator
     iou_type: str = "bbox"
     gt_images: int = 0  # images the GT lists (the evaluation covers only those in pairs)
+    decoding: Decoding | None = None  # the detector's (None: its family's own)
 
     @property
     def gammas(self) -> list[float]:
@@ -120,7 +122,8 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
               table: str | os.PathLike | CalibrationTable | None = None, *,
               config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
               batch_size: int = 4, max_cache_bytes: int = 2 << 30,
-              min_count: float | None = None, iou_type: str = "bbox") -> TunePlan:
+              min_count: float | None = None, iou_type: str = "bbox",
+              decoding: Decoding | None = None) -> TunePlan:
     """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
     from norcal.core.fileio import read_json
     from norcal.core.schemas import GROUND_TRUTH
@@ -147,7 +150,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
     if len(pairs) < gt_images:  # else their objects would count as missed
         gt_data = gt_of_images(gt_data, [i for i, _ in pairs])
     unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
-    detector = load_detector(weights, config)
+    detector = load_detector(weights, config, decoding)
     masks = iou_type in MASK_IOU_TYPES
     if masks and not detector.has_masks:
         raise NorcalError(f"iou_type {iou_type} needs a model with a mask head; {weights} has "
@@ -175,7 +178,8 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
         chunk = batch_size
     acc = SweepAccumulator(detector, table, gammas, factor, mechanism, max(batch_size, 8), min_count, iou_type)
     return TunePlan(Path(weights), None if config is None else Path(config), pairs, detector, table,
-                    prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type, gt_images)
+                    prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type, gt_images,
+                    decoding)
 
 
 def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
@@ -183,7 +187,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
          max_cache_bytes: int = 2 << 30,
          progress: Callable[[str, int, int], None] | None = None,
-         min_count: float | None = None, iou_type: str = "bbox") -> TuneResult:
+         min_count: float | None = None, iou_type: str = "bbox", decoding: Decoding | None = None) -> TuneResult:
     """The whole job: build the detector, run it once over the GT's images, sweep gammas.
 
     table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
@@ -197,10 +201,12 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     min_count: counts below it are raised to it (the result says how many classes).
     iou_type: what AP (and so the best gamma) is measured with: bbox, or for a mask model segm
     or boundary (Boundary IoU); the mask types run the mask head on every gamma's detections.
+    decoding: how scores become detections (:class:`norcal.core.decoding.Decoding`, as the
+    export's; None: the family's own): every gamma is re-decoded under it from the cache.
     """
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
-                     min_count=min_count, iou_type=iou_type)
+                     min_count=min_count, iou_type=iou_type, decoding=decoding)
     pairs, acc = plan.pairs, plan.acc
     net_step = progress_step(progress, "network pass", len(pairs))
     sweep_step = progress_step(progress, "re-scoring", len(pairs) * len(acc.gammas))

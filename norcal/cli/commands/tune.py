@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from norcal.cli.options import add_calibration_options, add_ray_arguments, min_count_line, ray_options
+from norcal.cli.options import (DECODING_FLAGS, add_calibration_options, add_decoding_options, add_ray_arguments,
+                                decoding_option, min_count_line, ray_options)
 from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
 from norcal.core.errors import NorcalError
 
@@ -63,7 +64,7 @@ the checkpoint, config and images must be readable at the same paths on every no
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
          "iou_type": "--iou-type",
          "table": "--table", "address": "--ray-address", "num_workers": "--num-workers",
-         "max_retries": "--max-retries"}
+         "max_retries": "--max-retries", **DECODING_FLAGS}
 
 
 def _budget(text: str) -> float:
@@ -89,6 +90,7 @@ def add_arguments(p):
     p.add_argument("--table", help="N_c: built-in name, table JSON or training annotation file "
                                    "(default: the built-in table matching the class count)")
     add_calibration_options(p)
+    add_decoding_options(p)
     p.add_argument("--iou-type", choices=("bbox", "segm", "boundary"), default="bbox",
                    help="AP the best gamma is chosen on: box, mask or Boundary IoU (default bbox)")
     p.add_argument("--batch", type=int, default=4, help="images per network batch (default 4)")
@@ -135,7 +137,8 @@ def run(args) -> int:
                   TimeElapsedColumn(), console=console) as progress:
         kwargs = dict(config=args.config, factor=args.factor, mechanism=args.mechanism,
                       batch_size=args.batch, max_cache_bytes=int(args.max_cache_gb * 2**30),
-                      progress=progress_bars(progress), min_count=args.min_count)
+                      progress=progress_bars(progress), min_count=args.min_count,
+                      decoding=decoding_option(args))
         if ray is None:
             result = tune(src, args.gt, args.images, gammas, table, iou_type=args.iou_type, **kwargs)
         else:

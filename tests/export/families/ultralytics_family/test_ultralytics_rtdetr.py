@@ -150,7 +150,7 @@ def test_stretch_metadata_is_read_back():
     meta = {contract.RESIZE: contract.RESIZE_STRETCH, contract.INPUT_SIZE: "224"}
     spec = contract.input_spec(meta)
     assert (spec.resize, spec.input_size, spec.input_format) == ("stretch", 224, "BGR")
-    assert contract.input_spec({**meta, contract.INPUT_FORMAT: "RGB"}) == contract.stretch_preprocessing(224)
+    assert contract.input_spec({**meta, contract.INPUT_FORMAT: "RGB"}) == contract.stretch_preprocessing(224, clip_boxes=False)
     assert contract.input_spec({}).resize == "shortest_edge"
     for bad in ({contract.RESIZE: "letterbox?"}, {**meta, contract.INPUT_SIZE: "160,160"},
                 {**meta, contract.INPUT_SIZE: "0"}, {contract.RESIZE: contract.RESIZE_STRETCH}):
