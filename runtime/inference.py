@@ -47,7 +47,7 @@ def prepared_batches(images_rgb: Iterable[np.ndarray], spec: InputSpec,
 def detect(runner: Runner, batch: Batch) -> list[ImageDetections]:
     """Run one prepared batch and split its outputs per image, in original coordinates."""
     return split_outputs(runner.infer(batch.feeds()), batch.image_sizes, batch.original_sizes,
-                         batch.keep_empty_boxes, batch.mask_paste)
+                         batch.keep_empty_boxes, batch.mask_paste, batch.clip_boxes)
 
 
 def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1,

@@ -39,19 +39,21 @@ class ImageDetections:
         return paste_masks(self.mask_probs, self.boxes, self.image_size, threshold, self.mask_paste)
 
 
-def rescale_boxes(boxes: np.ndarray, resized_hw, original_hw) -> tuple[np.ndarray, np.ndarray]:
+def rescale_boxes(boxes: np.ndarray, resized_hw, original_hw, clip: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Boxes [N,4] in resized coords -> (boxes [N,4] float32 in original coords, keep bool [N]).
 
-    As ``detector_postprocess``: scale x by W/w and y by H/h (float32), clip to [0,W]x[0,H];
-    ``keep`` marks boxes that still have positive width and height (detectron2 drops the rest).
+    As ``detector_postprocess``: scale x by W/w and y by H/h (float32), clip to [0,W]x[0,H]
+    (unless not ``clip``: Ultralytics' RT-DETR predictor); ``keep`` marks boxes that still have
+    positive width and height (detectron2 drops the rest).
     """
     oh, ow = int(original_hw[0]), int(original_hw[1])
     rh, rw = int(resized_hw[0]), int(resized_hw[1])
     out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
     out[:, 0::2] *= np.float32(ow / rw)
     out[:, 1::2] *= np.float32(oh / rh)
-    np.clip(out[:, 0::2], 0, ow, out=out[:, 0::2])
-    np.clip(out[:, 1::2], 0, oh, out=out[:, 1::2])
+    if clip:
+        np.clip(out[:, 0::2], 0, ow, out=out[:, 0::2])
+        np.clip(out[:, 1::2], 0, oh, out=out[:, 1::2])
     keep = (out[:, 2] - out[:, 0] > 0) & (out[:, 3] - out[:, 1] > 0)
     return out, keep
 
@@ -172,21 +174,22 @@ def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float
 
 def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
                   original_sizes: np.ndarray, keep_empty: bool = False,
-                  mask_paste: str = "detectron2") -> list[ImageDetections]:
+                  mask_paste: str = "detectron2", clip_boxes: bool = True) -> list[ImageDetections]:
     """Batched model outputs -> per-image :class:`ImageDetections` in original coordinates.
 
     outputs: num_detections int64 [B], boxes float32 [B,K,4] (resized coords), scores [B,K],
     classes int64 [B,K], optional masks float32 [B,K,M,M]. Only the first num_detections[b]
     rows of image b are valid (EfficientNMS-style padding). Boxes left with no area by the
     clip are dropped (detectron2) unless ``keep_empty`` (Ultralytics keeps them); ``mask_paste``
-    says whose paste the masks follow (:class:`ImageDetections`).
+    says whose paste the masks follow (:class:`ImageDetections`); ``clip_boxes`` False leaves
+    the boxes unclipped (the model's :data:`norcal.core.contract.CLIP_BOXES`).
     """
     num = np.asarray(outputs["num_detections"]).reshape(-1)
     masks = outputs.get("masks")
     result = []
     for b in range(len(image_sizes)):
         n = int(num[b])
-        boxes, keep = rescale_boxes(outputs["boxes"][b, :n], image_sizes[b], original_sizes[b])
+        boxes, keep = rescale_boxes(outputs["boxes"][b, :n], image_sizes[b], original_sizes[b], clip_boxes)
         if keep_empty:
             keep = np.ones(len(boxes), bool)
         result.append(ImageDetections(

@@ -109,7 +109,8 @@ class Batch:
     original_sizes: int64 [B,2] (h, w) of each image as read;
     keep_empty_boxes: keep detections whose clipped box has no area (Ultralytics' letterbox and
     stretch models, as Ultralytics keeps them; detectron2 and torchvision drop them);
-    mask_paste: whose mask paste the detections follow ("torchvision" for torchvision's resize).
+    mask_paste: whose mask paste the detections follow ("torchvision" for torchvision's resize);
+    clip_boxes: the boxes are clipped to the original image (the model's preprocessing says).
     """
 
     images: np.ndarray
@@ -117,6 +118,7 @@ class Batch:
     original_sizes: np.ndarray
     keep_empty_boxes: bool = False
     mask_paste: str = "detectron2"
+    clip_boxes: bool = True
 
     def feeds(self) -> dict[str, np.ndarray]:
         return {"images": self.images, "image_sizes": self.image_sizes}
@@ -149,7 +151,9 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, m
         if spec.letterbox:
             return letterbox_batch(images_rgb, spec.input_size, spec.input_format, spec.pad_value)
         if spec.resize == RESIZE_STRETCH:
-            return prepare_stretch_batch(images_rgb, spec.input_size, spec.input_size, spec.input_format)
+            batch = prepare_stretch_batch(images_rgb, spec.input_size, spec.input_size, spec.input_format)
+            batch.clip_boxes = spec.clip_boxes
+            return batch
         min_size, max_size, fmt, divisibility = spec.min_size, spec.max_size, spec.input_format, spec.divisibility
         rule = spec.resize
     else:

@@ -182,7 +182,7 @@ def _read_and_prepare(row: dict, spec: InputSpec) -> dict:
         sizes = originals = np.zeros((0, 2), np.int64)
     return {"batch": row["batch"], "paths": json.dumps(kept_paths), "ids": json.dumps(kept_ids),
             "skipped": json.dumps(skipped), "images": images, "image_sizes": sizes,
-            "original_sizes": originals, "keep_empty_boxes": bool(spec.square),
+            "original_sizes": originals, "keep_empty_boxes": bool(spec.square), "clip_boxes": bool(spec.clip_boxes),
             "mask_paste": "torchvision" if spec.resize == "torchvision" else "detectron2"}
 
 
@@ -213,7 +213,7 @@ class _RunnerActor:
             if paths:
                 batch = Batch(np.asarray(rows["images"][k]), np.asarray(rows["image_sizes"][k]),
                               np.asarray(rows["original_sizes"][k]), bool(rows["keep_empty_boxes"][k]),
-                              str(rows["mask_paste"][k]))
+                              str(rows["mask_paste"][k]), bool(rows["clip_boxes"][k]))
                 try:
                     dets = detect(self.runner, batch)
                     for i, det in zip(ids, dets):

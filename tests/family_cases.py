@@ -119,11 +119,13 @@ def _d2_reference(ckpt: Checkpoint, gamma: float) -> list[Reference]:
 # --- Ultralytics: YOLO11 with NorCal by hand on its raw logits -------------------------------
 
 def yolo_reference(ckpt: Path, images, gamma: float, counts, seg: bool = False, max_det: int = 300,
-                   size: int | None = None, nc: int | None = None):
+                   size: int | None = None, nc: int | None = None, multi_label: bool = True,
+                   conf: float = 0.001, agnostic: bool = False):
     """Ultralytics' own pipeline with NorCal applied by hand to its raw logits (an end-to-end
     head's: its one-to-one branch's, before its top-k of ``max_det``): its LetterBox to the
     ``size`` square, its forward, sigmoid(logit - gamma log N_c), its ``non_max_suppression``
-    (multi-label) and ``process_mask``. Returns (detections [n, 6 (+nm)] per image in letterboxed
+    (multi-label by default, else its predictor's one best class per box, at ``conf``, class-wise
+    or ``agnostic``) and ``process_mask``. Returns (detections [n, 6 (+nm)] per image in letterboxed
     coordinates, each image's letterbox offsets (x, y, x, y), masks or None, prototypes
     [nm, S/4, S/4] per image or None)."""
     import torch
@@ -153,8 +155,8 @@ def yolo_reference(ckpt: Path, images, gamma: float, counts, seg: bool = False, 
         head.max_det = max_det  # as the predictor sets it
         with torch.no_grad():
             pred = head.postprocess(pred.permute(0, 2, 1))  # [B, k, 6 (+nm)]: get_topk_index
-    dets = non_max_suppression(pred, conf_thres=0.001, iou_thres=0.7, multi_label=True, max_det=max_det,
-                               nc=nc, end2end=e2e)
+    dets = non_max_suppression(pred, conf_thres=conf, iou_thres=0.7, multi_label=multi_label, max_det=max_det,
+                               nc=nc, end2end=e2e, agnostic=agnostic)
     pads = []
     for im in images:
         p = LetterBox((s, s), auto=False).get_params({"img": im})

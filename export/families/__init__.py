@@ -39,9 +39,25 @@ def graph_family(model) -> Family:
     return next(f for f in FAMILIES if f.claims_graph(model))
 
 
-def load_detector(path, config=None, **options) -> Detector:
-    """The checkpoint at ``path`` loaded by its family (safely: no code from the file runs)."""
-    return family_of(path, config).load(Path(path), None if config is None else Path(config), **options)
+def load_detector(path, config=None, decoding=None, **options) -> Detector:
+    """The checkpoint at ``path`` loaded by its family (safely: no code from the file runs);
+    ``decoding`` (:class:`norcal.core.decoding.Decoding`) refused by a family that takes none."""
+    family = family_of(path, config)
+    if decoding is not None:
+        check_decoding(family, decoding)
+        options["decoding"] = decoding
+    return family.load(Path(path), None if config is None else Path(config), **options)
+
+
+def check_decoding(family: Family, decoding) -> None:
+    """Refuse a decoding ``family`` cannot take (one that has its own post-processing takes
+    none), naming the parameter."""
+    if not family.decodings:
+        raise NorcalError(f"{family.name} checkpoints decode as their own post-processing: they take no "
+                          "decoding option", param="decoding")
+    if decoding.labels not in family.decodings:
+        raise NorcalError(f"{family.name} checkpoints take the {' or '.join(family.decodings)} decoding, "
+                          f"not {decoding.labels}", param="decoding")
 
 
 def checkpoint_runner(weights, config=None, name: str = "pytorch", calibration=None, device: str = "cpu",
@@ -57,4 +73,4 @@ def checkpoint_runner(weights, config=None, name: str = "pytorch", calibration=N
 
 
 __all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "family_of",
-           "graph_family", "load_detector", "checkpoint_runner"]
+           "graph_family", "load_detector", "check_decoding", "checkpoint_runner"]

@@ -79,10 +79,13 @@ class TuneCache(ABC):
     re-scored boxes back to the original images with them, as it does the graph's outputs.
     ``keep_empty_boxes`` (a class attribute): the family keeps boxes the clip leaves with no
     area, as the host does for its graph's outputs (Ultralytics); ``mask_paste``: whose mask
-    paste the re-scored masks follow (:class:`norcal.runtime.postprocess.ImageDetections`)."""
+    paste the re-scored masks follow (:class:`norcal.runtime.postprocess.ImageDetections`);
+    ``clip_boxes``: the host clips the boxes to the original image (the family's preprocessing
+    records whether, :data:`norcal.core.contract.CLIP_BOXES`)."""
 
     keep_empty_boxes = False  # class attributes, not dataclass fields: no annotation
     mask_paste = "detectron2"
+    clip_boxes = True
     image_ids: list
     image_sizes: np.ndarray
     original_sizes: np.ndarray
@@ -181,6 +184,8 @@ class Family(ABC):
 
     name: ClassVar[str]
     reads_checkpoints: ClassVar[bool] = True  # False: a family of ONNX graphs only (claims no file)
+    # the label rules (norcal.core.decoding) its load takes as ``decoding=``; none: it takes no decoding
+    decodings: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def claims(self, path: Path, config: Path | None) -> bool:

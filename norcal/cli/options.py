@@ -10,6 +10,34 @@ from collections.abc import Mapping
 from norcal.core.errors import NorcalError
 
 
+# the decoding's parameters (norcal.core.decoding.Decoding) -> their flags
+DECODING_FLAGS = {"decoding": "--decoding", "agnostic_nms": "--agnostic-nms", "conf": "--conf"}
+
+
+def add_decoding_options(p) -> None:
+    """--decoding, --agnostic-nms, --conf: how scores become detections (Ultralytics checkpoints)."""
+    from norcal.core.decoding import LABEL_RULES
+
+    g = p.add_argument_group("decoding (Ultralytics checkpoints; recorded in the model's metadata)")
+    g.add_argument("--decoding", choices=LABEL_RULES, default=None,
+                   help="multi-label (default: every box x class above --conf, Ultralytics' validator; "
+                        "RT-DETR: the top K of queries x classes) or best-class (one label per box, its best "
+                        "class after NorCal: Ultralytics' predictor, what deployments run)")
+    g.add_argument("--agnostic-nms", action="store_true", default=False,
+                   help="best-class YOLO: NMS across classes (Ultralytics' agnostic_nms)")
+    g.add_argument("--conf", type=float, default=None,
+                   help="score threshold (default 0.001, Ultralytics' validation; its predictor's default is 0.25)")
+
+
+def decoding_option(args):
+    """The :class:`norcal.core.decoding.Decoding` the flags give, or None when none is given."""
+    from norcal.core.decoding import MULTI_LABEL, Decoding
+
+    if args.decoding is None and not args.agnostic_nms and args.conf is None:
+        return None
+    return Decoding(args.decoding or MULTI_LABEL, args.agnostic_nms, args.conf)
+
+
 def add_calibration_options(p) -> None:
     """--factor and --mechanism: which NorCal variant (see norcal.core.calibration)."""
     p.add_argument("--factor", choices=("cdt", "ens"), default="cdt",

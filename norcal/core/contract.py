@@ -75,10 +75,13 @@ RESIZE_TORCHVISION = "torchvision"
 RESIZE_RULES = ("shortest_edge", "letterbox", RESIZE_STRETCH, RESIZE_TORCHVISION)  # the first is the default
 INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
 PAD_VALUE = "norcal.pad_value"  # letterbox: the padding's pixel value 0-255 (absent: 114)
+# "false": boxes mapped to the original image are not clipped to it (Ultralytics' RT-DETR
+# predictor leaves them as decoded); absent: clipped, as detectron2's detector_postprocess
+CLIP_BOXES = "norcal.clip_boxes"
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
-                          TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES})
+                          TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES, CLIP_BOXES})
 # absent on ResizeShortestEdge models (the first three), on models whose class names are unknown
-OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES})
+OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES, CLIP_BOXES})
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
 CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"
@@ -252,6 +255,7 @@ class Preprocessing:
     resize: str = "shortest_edge"
     input_size: int = 0  # letterbox only
     pad_value: int = 0  # the padding's pixel value (shortest_edge: 0)
+    clip_boxes: bool = True  # the host clips boxes to the original image (CLIP_BOXES)
 
     @property
     def letterbox(self) -> bool:
@@ -264,7 +268,7 @@ class Preprocessing:
 
     def metadata(self) -> dict[str, str]:
         """The runtime keys that record this preprocessing in a graph's metadata."""
-        meta = {INPUT_FORMAT: self.input_format}
+        meta = {INPUT_FORMAT: self.input_format} | ({} if self.clip_boxes else {CLIP_BOXES: "false"})
         if self.square:
             meta.update({RESIZE: self.resize, INPUT_SIZE: str(self.input_size),
                          MIN_SIZE_TEST: str(self.input_size), MAX_SIZE_TEST: str(self.input_size),
@@ -286,10 +290,10 @@ def letterbox_preprocessing(input_size: int, input_format: str = "RGB",
                          divisibility=input_size, resize="letterbox", input_size=input_size, pad_value=pad_value)
 
 
-def stretch_preprocessing(input_size: int, input_format: str = "RGB") -> Preprocessing:
+def stretch_preprocessing(input_size: int, input_format: str = "RGB", clip_boxes: bool = True) -> Preprocessing:
     """Every image resized to the ``input_size`` square, aspect not kept (Ultralytics' RT-DETR)."""
     return Preprocessing(min_size=input_size, max_size=input_size, input_format=input_format,
-                         divisibility=input_size, resize=RESIZE_STRETCH, input_size=input_size)
+                         divisibility=input_size, resize=RESIZE_STRETCH, input_size=input_size, clip_boxes=clip_boxes)
 
 
 InputSpec = Preprocessing  # the name the runtime used before letterbox existed
@@ -333,6 +337,15 @@ def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int 
     fmt = (input_format or meta.get(INPUT_FORMAT) or DEFAULTS[INPUT_FORMAT]).upper()
     if fmt not in ("BGR", "RGB"):
         raise NorcalError(f"input format must be BGR or RGB, got {fmt!r}")
+    spec = _input_spec(meta, min_size, max_size, fmt)
+    clip = meta.get(CLIP_BOXES, "true")
+    if clip not in ("true", "false"):
+        raise NorcalError(f"model metadata {CLIP_BOXES}={clip!r} is not true or false")
+    spec.clip_boxes = clip == "true"
+    return spec
+
+
+def _input_spec(meta: dict[str, str], min_size: int | None, max_size: int | None, fmt: str) -> Preprocessing:
     rule = meta.get(RESIZE) or RESIZE_RULES[0]
     if rule not in RESIZE_RULES:
         raise NorcalError(f"model metadata {RESIZE}={rule!r} is not one of {', '.join(RESIZE_RULES)}")

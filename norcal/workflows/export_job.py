@@ -26,6 +26,7 @@ from norcal.core.ranges import MAX_EXPORT_BATCH, MAX_EXPORT_SIDE, MAX_TENSOR_VOL
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
 from norcal.core.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
 from norcal.core.calibration_spec import Calibration
+from norcal.core.decoding import Decoding
 from norcal.export.graph.calibrate import calibrate_graph as _insert_norcal
 from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
 
@@ -52,7 +53,9 @@ class CheckpointExport:
     the family's default) and, for detectron2, which ROIs the mask head runs on ("valid": the
     detections only; "static": all K slots, no data-dependent shapes, and every proposal pooled
     at every FPN level; None: valid). A model with no ROI pooling it could change (RetinaNet;
-    a box-only C4/DC5; another family) refuses it."""
+    a box-only C4/DC5; another family) refuses it. decoding: how scores become detections
+    (:class:`norcal.core.decoding.Decoding`; None: the family's own), refused by a family that
+    takes none."""
 
     config: PathLike | None = None
     batch: int | None = None
@@ -61,6 +64,7 @@ class CheckpointExport:
     opset: int = 17
     detections_per_image: int | None = None
     mask_head_rois: str | None = None
+    decoding: Decoding | None = None
 
 
 @dataclass
@@ -241,7 +245,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     step as it starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
-    from norcal.export.families import FAMILIES, family_of
+    from norcal.export.families import FAMILIES, check_decoding, family_of
 
     step = progress or (lambda _name: None)
     if norcal.logits:
@@ -262,6 +266,8 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     family = next((f for f in FAMILIES if f.claims(src, cfg)), None)
     if family is not None:
         family.check_export_options(options)
+        if options.decoding is not None:
+            check_decoding(family, options.decoding)
     _check_outputs(out, triton_repo, force, [src, options.config, *verify])
     if verify:  # bad images fail now, not after the export
         from norcal.workflows.verify import check_images
@@ -269,7 +275,8 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         check_images(verify, skip_unreadable)
     t0 = time.perf_counter()
     step("loading checkpoint")
-    detector = (family or family_of(src, cfg)).load(src, cfg, detections_per_image=k)
+    given = {} if options.decoding is None else {"decoding": options.decoding}  # checked with its family above
+    detector = (family or family_of(src, cfg)).load(src, cfg, detections_per_image=k, **given)
     graph_options = detector.export_options(options)
     slot = _check_classifier_options(norcal, detector.classifier)  # before the slow export, not after it
     norcal, from_config = _calibration_for(replace(norcal, background=slot), detector)

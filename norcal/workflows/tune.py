@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from norcal.core.calibration import check_gamma
+from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
 from norcal.workflows.tune_cache import cache_images
@@ -107,6 +108,7 @@ class TunePlan:
     iou_type: str = "bbox"
     gt_images: int = 0  # images the GT lists (the evaluation covers only those in pairs)
     rules: Any = None  # the evaluation rules (norcal.evaluation.rules.RuleChoice)
+    decoding: Decoding | None = None  # the detector's (None: its family's own)
 
     @property
     def gammas(self) -> list[float]:
@@ -123,7 +125,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
               config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
               batch_size: int = 4, max_cache_bytes: int = 2 << 30,
               min_count: float | None = None, iou_type: str = "bbox", split: str = "val",
-              rules: str = "auto") -> TunePlan:
+              rules: str = "auto", decoding: Decoding | None = None) -> TunePlan:
     """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
     from norcal.core.schemas import GROUND_TRUTH
     from norcal.core.yolo_ground_truth import read_annotations
@@ -151,7 +153,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
     if len(pairs) < gt_images:  # else their objects would count as missed
         gt_data = gt_of_images(gt_data, [i for i, _ in pairs])
     unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
-    detector = load_detector(weights, config)
+    detector = load_detector(weights, config, decoding)
     masks = iou_type in MASK_IOU_TYPES
     if masks and not detector.has_masks:
         raise NorcalError(f"iou_type {iou_type} needs a model with a mask head; {weights} has "
@@ -182,7 +184,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
                            choice)
     return TunePlan(Path(weights), None if config is None else Path(config), pairs, detector, table,
                     prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type, gt_images,
-                    choice)
+                    choice, decoding)
 
 
 def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
@@ -191,7 +193,8 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
          max_cache_bytes: int = 2 << 30,
          progress: Callable[[str, int, int], None] | None = None,
          min_count: float | None = None, iou_type: str = "bbox", split: str = "val",
-         rules: str = "auto", on_rules: Callable[[str], None] | None = None) -> TuneResult:
+         rules: str = "auto", on_rules: Callable[[str], None] | None = None,
+         decoding: Decoding | None = None) -> TuneResult:
     """The whole job: build the detector, run it once over the GT's images, sweep gammas.
 
     table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
@@ -209,10 +212,13 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     rules: the evaluation rules, auto (from the GT), lvis or coco
     (:func:`norcal.evaluation.rules.choose_rules`); on_rules: called with the line saying
     which and why once the GT is read, before the network pass.
+    decoding: how scores become detections (:class:`norcal.core.decoding.Decoding`, as the
+    export's; None: the family's own): every gamma is re-decoded under it from the cache.
     """
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
-                     min_count=min_count, iou_type=iou_type, split=split, rules=rules)
+                     min_count=min_count, iou_type=iou_type, split=split, rules=rules,
+                     decoding=decoding)
     if on_rules:
         on_rules(plan.rules.line)
     pairs, acc = plan.pairs, plan.acc

@@ -69,12 +69,13 @@ def rescore_images(detector: Detector, cache: TuneCache, index: int, prior: np.n
                    mechanism: str = "exp", batch_size: int = 16):
     """The detections of every cached image at the sweep's ``index``-th prior (``prior``; None:
     the plain classifier), as a list of :class:`norcal.runtime.postprocess.ImageDetections` in
-    original image coordinates (boxes rescaled and clipped as for the graph's outputs)."""
+    original image coordinates (boxes rescaled, and clipped where the family clips, as for the
+    graph's outputs)."""
     from norcal.runtime.postprocess import split_outputs
 
     outputs = detector.rescore(cache, index, prior, mechanism, batch_size)
     return split_outputs(outputs, cache.image_sizes, cache.original_sizes, cache.keep_empty_boxes,
-                         cache.mask_paste)
+                         cache.mask_paste, cache.clip_boxes)
 
 
 def to_eval_detections(image_ids: Sequence, dets, category_ids: Sequence[int], masks: bool = False):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from norcal.core.decoding import LABEL_RULES, Decoding
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_EXPORT_SIDE, check_range
 from norcal.export.families.base import Detector, Family
@@ -42,6 +43,7 @@ class UltralyticsFamily(Family):
     pickle's opcodes, nothing unpickled); loads those of :data:`TASKS` and names the others."""
 
     name = "ultralytics"
+    decodings = LABEL_RULES  # YOLO: the validator's multi-label NMS or the predictor's; RT-DETR: pairs or queries
 
     def claims(self, path: Path, config: Path | None) -> bool:
         # any Ultralytics task model is claimed, so that load names a pose / OBB / classify one
@@ -87,7 +89,8 @@ class UltralyticsFamily(Family):
 
 
 def _load_rtdetr(model, path, imgsz: int, detections_per_image: int | None = None,
-                 score_thresh: float | None = None, nms_thresh: float | None = None) -> Detector:
+                 score_thresh: float | None = None, nms_thresh: float | None = None,
+                 decoding: Decoding | None = None) -> Detector:
     """An RT-DETR checkpoint's model as its detector; errors name the file. It has no NMS, so
     ``nms_thresh`` (a YOLO setting) is refused when given."""
     from norcal.export.families.ultralytics.rtdetr import (DEFAULT_SCORE_THRESH, DEFAULT_TOPK,
@@ -106,6 +109,7 @@ def _load_rtdetr(model, path, imgsz: int, detections_per_image: int | None = Non
                           # Ultralytics: its decoder's top num_queries, then the predictor's max_det (300)
                           topk=min(DEFAULT_TOPK, int(model.model[-1].num_queries)) if detections_per_image is None
                           else int(detections_per_image),
-                          score_thresh=DEFAULT_SCORE_THRESH if score_thresh is None else float(score_thresh))
+                          score_thresh=DEFAULT_SCORE_THRESH if score_thresh is None else float(score_thresh),
+                          decoding=decoding)
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence
 import numpy as np
 
 from norcal.core import contract
+from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.export.families.ultralytics.checkpoint import ordered_names
 from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
@@ -49,28 +50,38 @@ class RtdetrExportOptions:
     size: int | None = None
 
 
-def decode(boxes, scores, topk: int, score_thresh: float, image_sizes):
+def decode(boxes, scores, topk: int, score_thresh: float, image_sizes, best_class: bool = False):
     """Ultralytics' RT-DETR selection into our padded outputs (torch; traced into the graph).
 
     boxes [B,Q,4] cx,cy,w,h normalised; scores [B,Q,C]; image_sizes [B,2] (h, w) of the input
     as stretched -> num_detections [B], boxes [B,K,4] x0,y0,x1,y1 in those pixels, scores
-    [B,K], classes [B,K]: the top K (query, class) scores, those at or below ``score_thresh``
-    zeroed after the valid ones."""
+    [B,K], classes [B,K]: the top K (query, class) scores (``best_class``: the top K queries by
+    their best class's score, one label each), those at or below ``score_thresh`` zeroed after
+    the valid ones."""
     import torch
 
     b, q, c = scores.shape
-    k = min(int(topk), q * c)
-    top, index = scores.flatten(1).topk(k, dim=1)
-    query = torch.div(index, c, rounding_mode="floor")
-    classes = index - query * c
+    if best_class:
+        best, label = scores.max(dim=-1)  # [B,Q]: the first of equal maxima
+        k = min(int(topk), q)
+        top, query = best.topk(k, dim=1)
+        classes = torch.gather(label, 1, query)
+    else:
+        k = min(int(topk), q * c)
+        top, index = scores.flatten(1).topk(k, dim=1)
+        query = torch.div(index, c, rounding_mode="floor")
+        classes = index - query * c
     sel = boxes.gather(1, query.unsqueeze(-1).expand(-1, -1, 4))
     cx, cy, w, h = sel.unbind(-1)
     scale = image_sizes.flip(-1).repeat(1, 2).to(sel.dtype).unsqueeze(1)  # [B,1,4]: w, h, w, h
     xyxy = torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1) * scale
     valid = top > score_thresh  # sorted: the valid ones come first
     num = valid.sum(dim=1)
-    return (num, xyxy * valid.unsqueeze(-1).to(xyxy.dtype), top * valid.to(top.dtype),
-            classes * valid.to(classes.dtype))
+    out = [xyxy * valid.unsqueeze(-1).to(xyxy.dtype), top * valid.to(top.dtype), classes * valid.to(classes.dtype)]
+    if k < topk:  # fewer queries than K slots (best-class): zero slots, as the invalid ones
+        out = [torch.nn.functional.pad(t, (0, 0, 0, int(topk) - k) if t.dim() == 3 else (0, int(topk) - k))
+               for t in out]
+    return (num, *out)
 
 
 def _graph_module(detector: "RtdetrDetector"):
@@ -85,10 +96,11 @@ def _graph_module(detector: "RtdetrDetector"):
     class RtdetrGraph(SigmoidNorCal, torch.nn.Module):
         head_name = "the RT-DETR head"
 
-        def __init__(self, model, num_classes: int, topk: int, score_thresh: float):
+        def __init__(self, model, num_classes: int, topk: int, score_thresh: float, best_class: bool):
             super().__init__()
             self.model = model
             self.num_classes, self.topk, self.score_thresh = num_classes, topk, score_thresh
+            self.best_class = best_class
             self.init_norcal()
 
         def head(self, images):
@@ -102,7 +114,7 @@ def _graph_module(detector: "RtdetrDetector"):
 
         def detections(self, boxes, logits, image_sizes) -> dict:
             """The contract's outputs by name from the head's boxes and class logits."""
-            out = decode(boxes, self.probs(logits), self.topk, self.score_thresh, image_sizes)
+            out = decode(boxes, self.probs(logits), self.topk, self.score_thresh, image_sizes, self.best_class)
             return dict(zip(contract.OUTPUT_NAMES[:4], out))
 
         def inference(self, images, image_sizes) -> dict:
@@ -114,7 +126,8 @@ def _graph_module(detector: "RtdetrDetector"):
             out = tuple(self.detections(boxes, logits, image_sizes).values())
             return (*out, logits) if with_cls_logits else out
 
-    return RtdetrGraph(detector.model, detector.num_classes, detector.topk, detector.score_thresh).eval()
+    return RtdetrGraph(detector.model, detector.num_classes, detector.topk, detector.score_thresh,
+                       detector.decoding.best_class).eval()
 
 
 class RtdetrCache(TuneCache):
@@ -123,6 +136,7 @@ class RtdetrCache(TuneCache):
     former all the stretched input's (H, W))."""
 
     keep_empty_boxes = True  # Ultralytics keeps boxes clipped to no area
+    clip_boxes = False  # its RT-DETR predictor scales the boxes to the image, unclipped
 
     def __init__(self, image_ids: list, boxes: np.ndarray, logits: np.ndarray, image_sizes: np.ndarray,
                  original_sizes: np.ndarray):
@@ -147,13 +161,16 @@ class RtdetrDetector(Detector):
     """An Ultralytics RT-DETR in eval mode, with its class names and input size.
 
     topk: detections per image (Ultralytics' max_det, 300); score_thresh: Ultralytics' conf
-    (scores above it are kept); path: the checkpoint it was loaded from (None: built in memory).
+    (scores above it are kept); path: the checkpoint it was loaded from (None: built in memory);
+    decoding: multi-label (default: the top K over queries x classes, Ultralytics 8.4's
+    predictor and validator) or best-class (each query's best class, one label per query); an
+    RT-DETR has no NMS, so ``agnostic_nms`` is refused; its ``conf`` is ``score_thresh``.
     """
 
     family: ClassVar[str] = "ultralytics"
 
     def __init__(self, model, names: Sequence[str], imgsz: int, topk: int = DEFAULT_TOPK,
-                 score_thresh: float = DEFAULT_SCORE_THRESH, path=None):
+                 score_thresh: float = DEFAULT_SCORE_THRESH, path=None, decoding: Decoding | None = None):
         head = model.model[-1]
         if type(head).__name__ != "RTDETRDecoder":
             raise NorcalError(f"not an RT-DETR: the model's head is {type(head).__name__}, not RTDETRDecoder")
@@ -177,6 +194,11 @@ class RtdetrDetector(Detector):
             raise NorcalError(f"score_thresh must be in [0, 1), got {score_thresh}", param="score_thresh")
         self.score_thresh = float(score_thresh)
         self.path = None if path is None else Path(path)
+        self.decoding = decoding or Decoding()
+        if self.decoding.agnostic_nms:
+            raise NorcalError("an RT-DETR has no NMS: agnostic_nms does not apply", param="agnostic_nms")
+        if self.decoding.conf is not None:
+            self.score_thresh = float(self.decoding.conf)
 
     @classmethod
     def from_model(cls, model, names: Sequence[str] | dict | None = None, imgsz: int = 640,
@@ -195,14 +217,15 @@ class RtdetrDetector(Detector):
 
     @property
     def preprocessing(self) -> contract.Preprocessing:
-        return contract.stretch_preprocessing(self.height)
+        # Ultralytics' RTDETRPredictor scales the boxes to the original image and clips nothing
+        return contract.stretch_preprocessing(self.height, clip_boxes=False)
 
     def settings(self) -> dict[str, Any]:
         """The detector settings recorded in ``norcal.detector``."""
         # score_thresh_test: the key parity and verify read (as for every family)
         return {"family": self.family, "architecture": ARCHITECTURE, "num_queries": self.num_queries,
                 "topk": self.topk, "score_thresh_test": self.score_thresh, "imgsz": self.height,
-                "names": self.names}
+                "names": self.names, **self.decoding.record()}
 
     def metadata(self) -> dict[str, str]:
         """The runtime and graph keys of the plain export."""

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from norcal.core import contract
+from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
 from norcal.export.families.ultralytics.checkpoint import ordered_names
@@ -83,12 +84,23 @@ class YoloDetector(Detector):
     family = "ultralytics"
 
     def __init__(self, model, path, *, imgsz: int = DEFAULT_IMGSZ, detections_per_image: int | None = None,
-                 score_thresh: float | None = None, nms_thresh: float | None = None):
+                 score_thresh: float | None = None, nms_thresh: float | None = None,
+                 decoding: Decoding | None = None):
         from norcal.export.families.ultralytics.yolo_graph import YoloGraph, is_end2end
 
         if nms_thresh is not None and is_end2end(model.model[-1]):
             raise NorcalError(f"{path}: an end-to-end YOLO head (one-to-one, no NMS): nms_thresh does not apply",
                               param="nms_thresh")
+        decoding = decoding or Decoding()
+        if decoding.best_class and is_end2end(model.model[-1]):
+            raise NorcalError(f"{path}: an end-to-end YOLO head decodes as Ultralytics' one-to-one top-k; "
+                              "the best-class decoding does not apply", param="decoding")
+        if decoding.conf is not None:
+            if score_thresh is not None and float(score_thresh) != decoding.conf:
+                raise NorcalError(f"score_thresh {score_thresh} and the decoding's conf {decoding.conf} disagree",
+                                  param="conf")
+            score_thresh = decoding.conf
+        self.decoding = decoding
         self.path = Path(path)
         self.names = model_names(model, path)
         self.num_classes = len(self.names)
@@ -99,7 +111,7 @@ class YoloDetector(Detector):
         self.model = YoloGraph(model, num_classes=self.num_classes,
                                score_thresh=SCORE_THRESH if score_thresh is None else float(score_thresh),
                                nms_thresh=NMS_THRESH if nms_thresh is None else float(nms_thresh),
-                               detections_per_image=self.topk).eval()
+                               detections_per_image=self.topk, decoding=decoding).eval()
 
     @property
     def classifier(self) -> Classifier:
@@ -122,6 +134,8 @@ class YoloDetector(Detector):
         if m.end2end:  # no NMS: the one-to-one branch's top-k
             del out["nms_thresh_test"], out["multi_label"]
             out["selection"] = m.selection.name
+        else:
+            out |= {"multi_label": not self.decoding.best_class, **self.decoding.record()}
         if self.has_masks:
             out["mask_size"] = m.mask_size
         return out

@@ -15,7 +15,10 @@ written once for the eager model and the ONNX trace alike:
     (its validation setting): every (anchor, class) pair with score > score_thresh is a
     candidate, class-wise NMS at nms_thresh (ONNX NonMaxSuppression), the top K kept; unlike
     Ultralytics there is no 30000-candidate cap before the NMS (it only changes anything when
-    more candidates pass the threshold);
+    more candidates pass the threshold). With the best-class decoding (``Decoding``, the export's
+    ``decoding`` option) it is its predictor's ``non_max_suppression(multi_label=False)`` instead
+    (:class:`BestClassNms`): each anchor's best class after NorCal, a candidate when that score
+    is > score_thresh, class-wise or (``agnostic_nms``) class-agnostic NMS, the top K;
   - end-to-end heads (YOLO26's one-to-one branch selected, ``end2end`` True): no NMS; the
     one-to-one branch's boxes and logits, Ultralytics' ``Detect.get_topk_index`` (the top
     min(K, A) anchors by their best class score, then the top min(K, A) of those anchors'
@@ -38,6 +41,7 @@ import torch
 from torch import nn
 
 from norcal.core.contract import OUTPUT_NAMES
+from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.export.pytorch.ops import non_max_suppression
 from norcal.export.pytorch.sigmoid_norcal import SigmoidNorCal
@@ -60,15 +64,51 @@ class ClassWiseNms:
 
     def __call__(self, boxes: torch.Tensor, scores: torch.Tensor, topk: int, thresh: float):
         """(scores [B, K], classes [B, K], anchors [B, K]); scores 0 in the unused slots."""
-        b, a, c = scores.shape
-        dense = scores.transpose(1, 2)  # [B, C, A]: NonMaxSuppression's layout
-        sel = non_max_suppression(boxes, dense, topk, self.iou, thresh)
-        flat = (sel[:, 0] * c + sel[:, 1]) * a + sel[:, 2]
-        kept = torch.zeros_like(dense).reshape(-1)
-        kept = kept.scatter(0, flat, dense.reshape(-1)[flat]).reshape(b, -1)  # [B, C*A]
-        top, idx = kept.topk(topk, dim=1)
-        cls = torch.div(idx, a, rounding_mode="trunc")
-        return top, cls, idx - cls * a
+        return _nms_top(boxes, scores.transpose(1, 2), topk, self.iou, thresh)  # [B, C, A]: NMS's layout
+
+
+class BestClassNms:
+    """Ultralytics' predictor NMS (``non_max_suppression(multi_label=False)``): one label per
+    anchor, its best class (after NorCal), a candidate when that score is above the threshold;
+    NMS class-wise (Ultralytics offsets each class's boxes by ``max_wh``: the same separation)
+    or across classes (``agnostic``), the top K of what it keeps."""
+
+    name = "best-class nms"
+
+    def __init__(self, iou: float, agnostic: bool = False):
+        self.iou, self.agnostic = float(iou), bool(agnostic)
+
+    def least_anchors(self, topk: int, num_classes: int, anchors: int) -> int:
+        """Anchors a re-scored subset needs so that the top-K cut sees as many slots as the
+        whole image's anchors give (C x A class-wise, A agnostic)."""
+        return min(int(topk), int(anchors)) if self.agnostic else -(-int(topk) // int(num_classes))
+
+    def __call__(self, boxes: torch.Tensor, scores: torch.Tensor, topk: int, thresh: float):
+        """(scores [B, K], classes [B, K], anchors [B, K]); scores 0 in the unused slots."""
+        conf, label = scores.max(dim=-1)  # [B, A]: the first of equal maxima, as torch and ONNX ArgMax
+        if self.agnostic:
+            top, _, anchor = _nms_top(boxes, conf[:, None, :], topk, self.iou, thresh)
+            return top, torch.gather(label, 1, anchor), anchor
+        classes = torch.arange(scores.shape[2], device=scores.device)[None, :, None]
+        dense = (classes == label[:, None, :]).to(conf.dtype) * conf[:, None, :]  # [B, C, A], one class per anchor
+        return _nms_top(boxes, dense, topk, self.iou, thresh)
+
+
+def _nms_top(boxes: torch.Tensor, dense: torch.Tensor, topk: int, iou: float, thresh: float):
+    """NMS of ``dense`` [B, C, A] (per row c, boxes shared) at ``iou``, candidates above
+    ``thresh``; the top K kept as (scores, rows c, anchors), padded with zeros when C x A < K."""
+    b, c, a = dense.shape
+    sel = non_max_suppression(boxes, dense, topk, iou, thresh)
+    flat = (sel[:, 0] * c + sel[:, 1]) * a + sel[:, 2]
+    kept = torch.zeros_like(dense).reshape(-1)
+    kept = kept.scatter(0, flat, dense.reshape(-1)[flat]).reshape(b, -1)  # [B, C*A]
+    k = min(int(topk), c * a)
+    top, idx = kept.topk(k, dim=1)
+    row = torch.div(idx, a, rounding_mode="trunc")
+    out = (top, row, idx - row * a)
+    if k < topk:  # fewer pairs than K slots: zero slots, as the unused ones
+        out = tuple(torch.nn.functional.pad(t, (0, int(topk) - k)) for t in out)
+    return out
 
 
 class OneToOneTopk:
@@ -101,10 +141,13 @@ class OneToOneTopk:
         return top, cls, anchor
 
 
-def head_selection(head: nn.Module, nms_thresh: float):
+def head_selection(head: nn.Module, nms_thresh: float, decoding: Decoding = Decoding()):
     """The selection Ultralytics predicts ``head`` with: its one-to-one top-k when the head is
-    end-to-end (``end2end`` True), else class-wise NMS at ``nms_thresh``."""
-    return OneToOneTopk() if is_end2end(head) else ClassWiseNms(nms_thresh)
+    end-to-end (``end2end`` True), else NMS at ``nms_thresh``: class-wise over every (anchor,
+    class) (multi-label, its validator's), or over each anchor's best class (its predictor's)."""
+    if is_end2end(head):
+        return OneToOneTopk()
+    return BestClassNms(nms_thresh, decoding.agnostic_nms) if decoding.best_class else ClassWiseNms(nms_thresh)
 
 
 def is_end2end(head: nn.Module) -> bool:
@@ -118,7 +161,7 @@ class YoloGraph(SigmoidNorCal, nn.Module):
     head_name = "the YOLO head"
 
     def __init__(self, model: nn.Module, *, num_classes: int, score_thresh: float, nms_thresh: float,
-                 detections_per_image: int, mask_size: int = MASK_SIZE):
+                 detections_per_image: int, mask_size: int = MASK_SIZE, decoding: Decoding = Decoding()):
         super().__init__()
         self.model = model
         layers = list(model.model)
@@ -128,7 +171,7 @@ class YoloGraph(SigmoidNorCal, nn.Module):
         parts = getattr(self.head, self.branch)
         if parts.get("box_head") is None or parts.get("cls_head") is None:
             raise NorcalError(f"the Ultralytics head has no {self.branch} branch (removed by fusion)")
-        self.selection = head_selection(self.head, nms_thresh)
+        self.selection = head_selection(self.head, nms_thresh, decoding)
         self.has_masks = hasattr(self.head, "proto")
         self.num_classes = int(num_classes)
         self.score_thresh = float(score_thresh)

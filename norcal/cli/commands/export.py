@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from norcal.cli.options import add_calibration_options, min_count_line
+from norcal.cli.options import DECODING_FLAGS, add_calibration_options, add_decoding_options, decoding_option, min_count_line
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
@@ -44,7 +44,7 @@ FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force",
          "gamma": "--gamma", "verify": "--verify", "skip_unreadable=True": "--skip-unreadable",
          "detections_per_image": "--detections-per-image", "mask_head_rois": "--mask-head-rois",
          "background": "--background", "background_scale": "--background-scale", "opset": "--opset",
-         "batch": "--batch", "height": "--height", "width": "--width"}
+         "batch": "--batch", "height": "--height", "width": "--width", **DECODING_FLAGS}
 
 
 # what only a calibration uses: --strip refuses them
@@ -93,6 +93,7 @@ def add_arguments(p):
                         "proposals (valid, default: data-dependent shapes), or the mask head on all "
                         "K slots and every proposal at every level (static: fixed shapes, e.g. for "
                         "TensorRT profiles where data-dependent shapes cost more)")
+    add_decoding_options(p)
     g.add_argument("--verify", nargs="+", metavar="IMAGE",
                    help="run ONNX Runtime against the PyTorch model on these images and print differences")
     g.add_argument("--skip-unreadable", action="store_true",
@@ -138,7 +139,9 @@ def run(args) -> int:
     if not is_checkpoint:
         given = [f"--{k.replace('_', '-')}" for k in ("config", "verify", "batch", "height", "width",
                                                       "opset", "detections_per_image", "mask_head_rois")
-                 if getattr(args, k) is not None] + (["--skip-unreadable"] if args.skip_unreadable else [])
+                 if getattr(args, k) is not None] + (["--skip-unreadable"] if args.skip_unreadable else []) \
+            + [f for f, given in (("--decoding", args.decoding is not None), ("--agnostic-nms", args.agnostic_nms),
+                                  ("--conf", args.conf is not None)) if given]
         if given:
             raise NorcalError(f"{', '.join(given)} apply to checkpoints, not ONNX input")
     if args.skip_unreadable and not args.verify:
@@ -178,7 +181,7 @@ def _export_checkpoint(src: Path, out: Path, args):
     options = CheckpointExport(config=args.config, batch=args.batch, height=args.height,
                                width=args.width, opset=CheckpointExport.opset if args.opset is None else args.opset,
                                detections_per_image=args.detections_per_image,
-                               mask_head_rois=args.mask_head_rois)
+                               mask_head_rois=args.mask_head_rois, decoding=decoding_option(args))
     status = Console(stderr=True).status("")
 
     def step(name: str) -> None:

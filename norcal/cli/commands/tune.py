@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from norcal.cli.options import add_calibration_options, add_ray_arguments, add_split_argument, min_count_line, ray_options
+from norcal.cli.options import (DECODING_FLAGS, add_calibration_options, add_decoding_options, add_ray_arguments,
+                                add_split_argument, decoding_option, min_count_line, ray_options)
 from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
 from norcal.core.errors import NorcalError
 
@@ -67,7 +68,7 @@ the checkpoint, config and images must be readable at the same paths on every no
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
          "iou_type": "--iou-type", "rules": "--rules",
          "table": "--table", "address": "--ray-address", "num_workers": "--num-workers",
-         "max_retries": "--max-retries"}
+         "max_retries": "--max-retries", **DECODING_FLAGS}
 
 
 def _budget(text: str) -> float:
@@ -95,6 +96,7 @@ def add_arguments(p):
     p.add_argument("--table", help="N_c: built-in name, table JSON or training annotation file "
                                    "(default: the built-in table matching the class count)")
     add_calibration_options(p)
+    add_decoding_options(p)
     p.add_argument("--iou-type", choices=("bbox", "segm", "boundary"), default="bbox",
                    help="AP the best gamma is chosen on: box, mask or Boundary IoU (default bbox)")
     p.add_argument("--rules", choices=("auto", "lvis", "coco"), default="auto",
@@ -151,7 +153,7 @@ def run(args) -> int:
         kwargs = dict(config=args.config, factor=args.factor, mechanism=args.mechanism,
                       batch_size=args.batch, max_cache_bytes=int(args.max_cache_gb * 2**30),
                       progress=progress_bars(progress), min_count=args.min_count, split=args.split, rules=args.rules,
-                      on_rules=on_rules)
+                      on_rules=on_rules, decoding=decoding_option(args))
         if ray is None:
             result = tune(src, args.gt, args.images, gammas, table, iou_type=args.iou_type, **kwargs)
         else:

@@ -74,10 +74,10 @@ def _ap(outputs, batches, gt, image_ids, category_ids) -> dict[str, float]:
 
     results = []
     start = 0
-    for sizes, originals, keep_empty in batches:
+    for sizes, originals, keep_empty, clip in batches:
         n = len(sizes)
         part = {k: v[start:start + n] for k, v in outputs.items()}
-        for i, det in enumerate(split_outputs(part, sizes, originals, keep_empty)):
+        for i, det in enumerate(split_outputs(part, sizes, originals, keep_empty, clip_boxes=clip)):
             results.extend(detections_to_results(image_ids[start + i], det, category_ids, with_masks=False))
         start += n
     if not results:
@@ -150,7 +150,7 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     for batch in prepared:
         n = len(batch)
         done += n
-        batches.append((batch.image_sizes, batch.original_sizes, batch.keep_empty_boxes))
+        batches.append((batch.image_sizes, batch.original_sizes, batch.keep_empty_boxes, batch.clip_boxes))
         feeds = _fit_shape(batch.feeds(), fixed_shape)
         for r in runners:
             t0 = time.perf_counter()

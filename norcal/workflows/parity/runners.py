@@ -141,7 +141,8 @@ def build_runners(request: ParityRequest,
     stage(description): a context manager around slow steps (loading the PyTorch model), for
     a front end's spinner."""
     from norcal.core.contract import check_detector, input_spec
-    from norcal.export.families import load_detector
+    from norcal.core.decoding import recorded_decoding
+    from norcal.export.families import family_of, load_detector
     from norcal.export.pytorch.runner import onnx_calibration
     from norcal.runtime.backends import ONNXRUNTIME
     from norcal.workflows.parity.run import fixed_input_shape, model_score_thresh
@@ -155,7 +156,10 @@ def build_runners(request: ParityRequest,
     notes: list[str] = []
     if request.checkpoint:
         with stage("loading the PyTorch model"):
-            torch_runner = load_detector(request.checkpoint, request.config).torch_runner(calibration)
+            # the decoding the ONNX records (best-class, conf), where the checkpoint's family takes one
+            family = family_of(request.checkpoint, request.config)
+            decoding = recorded_decoding(ort.metadata) if family.decodings else None
+            torch_runner = load_detector(request.checkpoint, request.config, decoding).torch_runner(calibration)
         ours, theirs = (r.metadata.get(contract.NUM_CLASSES) for r in (torch_runner, ort))
         if ours and theirs and ours != theirs:  # else the NorCal prior's length is what fails
             raise NorcalError(f"checkpoint {request.checkpoint} has {ours} classes but "

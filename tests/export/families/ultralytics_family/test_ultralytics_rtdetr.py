@@ -151,6 +151,11 @@ def test_stretch_metadata_is_read_back():
     spec = contract.input_spec(meta)
     assert (spec.resize, spec.input_size, spec.input_format) == ("stretch", 224, "BGR")
     assert contract.input_spec({**meta, contract.INPUT_FORMAT: "RGB"}) == contract.stretch_preprocessing(224)
+    unclipped = contract.stretch_preprocessing(224, clip_boxes=False)
+    assert unclipped.metadata()[contract.CLIP_BOXES] == "false"
+    assert contract.input_spec(unclipped.metadata()) == unclipped
+    with pytest.raises(NorcalError, match="norcal.clip_boxes='no' is not true or false"):
+        contract.input_spec({**meta, contract.CLIP_BOXES: "no"})
     assert contract.input_spec({}).resize == "shortest_edge"
     for bad in ({contract.RESIZE: "letterbox?"}, {**meta, contract.INPUT_SIZE: "160,160"},
                 {**meta, contract.INPUT_SIZE: "0"}, {contract.RESIZE: contract.RESIZE_STRETCH}):
