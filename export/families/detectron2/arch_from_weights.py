@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
+from .regnet_weights import is_regnet, regnet_fields
 from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_of, pixel_stats, shape
 from .retinanet_weights import is_retinanet, retinanet_architecture, retinanet_spec_from_weights
 from norcal.export.families.detectron2.convention import DETECTRON2
@@ -73,7 +74,7 @@ def _check_supported(sd: Mapping[str, Any]) -> None:
                               f"{SUPPORTED_ARCHITECTURES}")
         if k.startswith("sem_seg_head."):
             raise NorcalError(f"weight {k}: PanopticFPN is not supported; {SUPPORTED_ARCHITECTURES}")
-    has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd
+    has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd or is_regnet(sd)
     has_rpn = f"{RPN_HEAD}.objectness_logits.weight" in sd
     has_heads = f"{BOX_PREDICTOR}.cls_score.weight" in sd or _is_cascade(sd)
     if has_backbone and has_rpn and not has_heads and not any(k.startswith("roi_heads.") for k in sd):
@@ -126,7 +127,7 @@ def weights_layout(sd: Mapping[str, Any]) -> str:
 
 def _layout(sd: Mapping[str, Any]) -> dict:
     """Which detectron2 layout the names show: FPN, C4 (res5 in the ROI heads) or DC5."""
-    if f"{STEM}.weight" in sd:
+    if f"{STEM}.weight" in sd or is_regnet(sd):
         return {"backbone_name": FPN_BACKBONE,
                 "roi_heads_name": CASCADE_ROI_HEADS if _is_cascade(sd) else STANDARD_ROI_HEADS}
     if f"{C4_RES5}.0.conv1.weight" in sd:
@@ -248,7 +249,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     fields: dict = _layout(sd)
     fpn = fields["backbone_name"] == FPN_BACKBONE
     c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
-    fields.update(backbone_fields(sd, fields))
+    fields.update(regnet_fields(sd) if is_regnet(sd) else backbone_fields(sd, fields))
     if fpn:
         fields.update(_fpn(sd))
     channels = fields["fpn_out_channels"] if fpn else fields.pop("feature_channels")
@@ -322,6 +323,10 @@ def architecture(spec: ModelSpec) -> dict:
                     pooler_resolution=spec.pooler_resolution)
     if spec.depth >= 50:
         arch.update(num_groups=spec.num_groups, width_per_group=spec.width_per_group)
+    if spec.regnet is not None:  # the ResNet's fields play no part
+        for key in ("depth", "stem_out_channels", "res2_out_channels", "num_groups", "width_per_group"):
+            arch.pop(key, None)
+        arch["regnet"] = spec.regnet
     if spec.box_head_num_conv and not c4:
         arch.update(box_head_conv_dim=spec.box_head_conv_dim, box_head_norm=family(spec.box_head_norm))
     if spec.box_head_num_fc and not c4:
