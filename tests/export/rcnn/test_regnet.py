@@ -1,0 +1,171 @@
+"""RegNetX / RegNetY FPN Mask R-CNNs (detectron2's ``configs/new_baselines/mask_rcnn_regnet{x,y}_4gf_dds_FPN_100ep_LSJ.py``)
+from their checkpoints alone, against the real detectron2's goldens (tests/fixtures/d2_regnet{x,y}_tiny):
+the exported graph in ONNX Runtime, all three fixture images in one zero-padded batch, at gamma 0 and 0.5.
+
+The checkpoint holds neither the config's pixel_std nor its test settings (detectron2 keeps
+pixel_mean/std out of the state dict), so the tests give them as the fixtures' config.yaml does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import golden as G
+from golden import manifest_table
+from conftest import FIXTURES, assert_tensorrt_compatible
+from norcal.core.errors import NorcalError
+from norcal.export.families.checkpoints import read_checkpoint
+from norcal.export.families.detectron2.loader import load_detector_spec
+from norcal.export.graph.calibrate import calibrate_graph
+from norcal.export.rcnn.modeling.build import model_from_state, random_state_dict
+from norcal.export.rcnn.modeling.layers import PaddingMasks
+from norcal.export.rcnn.onnx_export import export_onnx
+from norcal.export.rcnn.spec import RegNetSpec, arch_name
+from test_c4_dc5 import check_detections
+from test_onnx_export import run, session
+
+FIXTURE = {"x": FIXTURES / "d2_regnetx_tiny", "y": FIXTURES / "d2_regnety_tiny"}
+IMAGES = range(3)
+SETTINGS = ("baseline", "cdt_g0.5")  # gamma 0 and 0.5
+# the fixtures' config.yaml (model.pixel_std of the LSJ RegNet configs, test_topk_per_image),
+# which the checkpoint cannot tell
+FROM_CONFIG = dict(pixel_std=(57.375, 57.120, 58.395), detections_per_image=100, use_sigmoid_ce=False)
+# detectron2's RegNet(depth=5, w_0=8, w_a=12, w_m=2, stem_width=16): generate_regnet_parameters
+# and adjust_block_compatibility give widths 8/16/32/64 and depths 1/1/2/1; group widths are
+# min(group_width, width); RegNetY's SE width is round(0.25 * the block's input width)
+EXPECTED = {
+    "x": RegNetSpec(stem_width=16, depths=(1, 1, 2, 1), widths=(8, 16, 32, 64), bottleneck_widths=(8, 16, 32, 64),
+                    group_widths=(8, 8, 8, 8), se_widths=((0,), (0,), (0, 0), (0,))),
+    "y": RegNetSpec(stem_width=16, depths=(1, 1, 2, 1), widths=(8, 16, 32, 64), bottleneck_widths=(8, 16, 32, 64),
+                    group_widths=(8, 16, 16, 16), se_widths=((4,), (2,), (4, 8), (8,))),
+}
+
+
+class Case:
+    """One fixture's model, exported graph and cached outputs (each computed once)."""
+
+    def __init__(self, fixture: Path):
+        self.fixture = fixture
+        spec, state = load_detector_spec(fixture / "model_final.pth")
+        self.spec = dataclasses.replace(spec, **FROM_CONFIG)
+        self.state = state
+        self.model = model_from_state(self.spec, state)
+        self.images, self.sizes = G.batch(IMAGES, fixture=fixture)
+        self._onnx = None
+        self.ort: dict[str, dict] = {}
+
+    @property
+    def onnx(self) -> onnx.ModelProto:
+        if self._onnx is None:
+            self._onnx = export_onnx(self.model, self.spec)
+        return self._onnx
+
+    def calibrated(self, setting: str) -> onnx.ModelProto:
+        factor, gamma = G.GAMMAS[setting]
+        return self.onnx if gamma == 0 else calibrate_graph(self.onnx, gamma, manifest_table(self.fixture), factor=factor)
+
+    def ort_outputs(self, setting: str) -> dict:
+        if setting not in self.ort:
+            self.ort[setting] = run(session(self.calibrated(setting)), self.images, self.sizes)
+        return self.ort[setting]
+
+
+_CASES: dict[str, Case] = {}
+
+
+@pytest.fixture(scope="module", params=list(FIXTURE))
+def case(request) -> Case:
+    if request.param not in _CASES:
+        _CASES[request.param] = Case(FIXTURE[request.param])
+    return _CASES[request.param]
+
+
+@pytest.mark.parametrize("kind", list(FIXTURE))
+def test_weights_give_detectron2s_regnet(kind):
+    spec, state = load_detector_spec(FIXTURE[kind] / "model_final.pth")
+    assert spec.regnet == EXPECTED[kind]
+    assert (arch_name(spec), spec.norm, spec.fpn_norm, spec.box_head_norm, spec.mask_head_norm) == \
+        ("FPN", "BN", "BN", "BN", "BN")  # SyncBN / NaiveSyncBatchNorm: BN at inference
+    assert (spec.rpn_conv_dims, spec.box_head_num_conv, spec.box_head_num_fc, spec.num_classes) == ((-1, -1), 4, 1, 8)
+    raw = read_checkpoint(FIXTURE[kind] / "model_final.pth")  # with BN's counters
+    ours = random_state_dict(spec, seed=0)  # our module names and shapes are detectron2's
+    assert set(ours) == set(raw) and all(tuple(ours[k].shape) == tuple(raw[k].shape) for k in raw)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_onnxruntime_batch_matches_golden(case, setting):
+    check_detections(case.ort_outputs(setting), setting, case.fixture)
+
+
+def test_image_alone_equals_image_in_a_larger_batch(case):
+    """img0 (320x427) alone, padded to 320x448, vs in the batch padded to 427x480 by larger ones."""
+    images, sizes = G.batch([0], fixture=case.fixture)
+    assert images.shape[-2:] != case.images.shape[-2:]
+    G.assert_same_first_image(run(session(case.onnx), images, sizes), case.ort_outputs("baseline"), masks=True)
+
+
+def test_tensorrt_parser_check(case):
+    assert_tensorrt_compatible(case.onnx)
+    assert_tensorrt_compatible(case.calibrated("cdt_g0.5"))
+    ops = {n.op_type for n in case.onnx.graph.node}
+    assert not ops & {"Loop", "If", "Scan"}
+
+
+def test_squeeze_excitation_averages_each_image_alone():
+    """RegNetY's SE averages each image's own map: img0 in a batch padded by larger images gives
+    the bottom-up features it gives alone. Averaged over the batch's padded map instead, they move."""
+    from norcal.export.rcnn.modeling import regnet
+
+    c = _CASES.get("y") or Case(FIXTURE["y"])
+    _CASES["y"] = c
+    bottom_up = c.model.backbone.bottom_up
+
+    def features(idx):
+        images, sizes = G.batch(idx, fixture=c.fixture)
+        masks = PaddingMasks(torch.from_numpy(sizes), 32)
+        x = masks.apply_image((torch.from_numpy(images) - c.model.pixel_mean) / c.model.pixel_std)
+        with torch.no_grad():
+            out = bottom_up(x, masks)["s4"]
+        return out[0, :, :10, :14]  # img0's own extent at stride 32 (320x448)
+
+    alone = features([0])
+    scale = float(alone.abs().max())
+    assert float((features([0, 1, 2]) - alone).abs().max()) <= 1e-5 * scale
+    forward = regnet.SE.forward
+    try:
+        regnet.SE.forward = lambda self, x, mask: forward(self, x, None)
+        assert float((features([0, 1, 2]) - alone).abs().max()) > 1e-2 * scale
+    finally:
+        regnet.SE.forward = forward
+
+
+def _with(state: dict, **changes) -> dict:
+    out = dict(state)
+    for k, v in changes.items():
+        if v is None:
+            out.pop(k)
+        else:
+            out[k] = v
+    return out
+
+
+def test_unsupported_regnets_are_refused():
+    from norcal.export.families.detectron2.arch_from_weights import spec_from_weights
+
+    _, sd = load_detector_spec(FIXTURE["y"] / "model_final.pth")
+    stem = "backbone.bottom_up.stem.conv.weight"
+    with pytest.raises(NorcalError, match="7x7 kernel: only RegNet's SimpleStem"):
+        spec_from_weights(_with(sd, **{stem: torch.zeros(16, 3, 7, 7)}))
+    s4 = [k for k in sd if k.startswith("backbone.bottom_up.s4.")]
+    with pytest.raises(NorcalError, match=r"has 3 stages \(s1..s3\); the FPN reads exactly 4"):
+        spec_from_weights(_with(sd, **{k: None for k in s4}))
+    with pytest.raises(NorcalError, match="only RegNet's ResBottleneckBlock"):
+        spec_from_weights(_with(sd, **{"backbone.bottom_up.s2.b1.f.c.weight": None}))
+    with pytest.raises(NorcalError, match="differs in width from backbone.bottom_up.s3.b1"):
+        spec_from_weights(_with(sd, **{"backbone.bottom_up.s3.b2.f.c.weight": torch.zeros(16, 32, 1, 1)}))
