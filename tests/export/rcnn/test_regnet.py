@@ -169,3 +169,15 @@ def test_unsupported_regnets_are_refused():
         spec_from_weights(_with(sd, **{"backbone.bottom_up.s2.b1.f.c.weight": None}))
     with pytest.raises(NorcalError, match="differs in width from backbone.bottom_up.s3.b1"):
         spec_from_weights(_with(sd, **{"backbone.bottom_up.s3.b2.f.c.weight": torch.zeros(16, 32, 1, 1)}))
+
+
+def test_unmasked_graph_matches_golden():
+    """Where no image has padding beyond its own multiple of 32 the graph runs without masks, so
+    RegNetY's SE averages the whole map: a batch-1 export at img0's padded size (320x448). (A
+    padding-switch export holds this backbone and the masked one, each tested here.)"""
+    c = _CASES.get("y") or Case(FIXTURE["y"])
+    _CASES["y"] = c
+    fixed = export_onnx(c.model, c.spec, batch=1, height=320, width=448)
+    assert_tensorrt_compatible(fixed)
+    images, sizes = G.batch([0], fixture=c.fixture)
+    check_detections(run(session(fixed), images, sizes), "baseline", c.fixture, images=[0])
