@@ -16,6 +16,9 @@ from norcal.export.rcnn.spec import RegNetSpec
 
 REGNET_STEM = f"{BOTTOM_UP}.stem.conv"
 FPN_STAGES = 4  # the FPN reads s1..s4 (P2-P5)
+# the pixel std of every detectron2 RegNet config (pycls' ImageNet normalisation, BGR); detectron2
+# does not save pixel_mean/std in a checkpoint
+REGNET_PIXEL_STD = (57.375, 57.120, 58.395)
 
 
 def is_regnet(sd: Mapping[str, Any]) -> bool:

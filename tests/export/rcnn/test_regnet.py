@@ -2,40 +2,37 @@
 from their checkpoints alone, against the real detectron2's goldens (tests/fixtures/d2_regnet{x,y}_tiny):
 the exported graph in ONNX Runtime, all three fixture images in one zero-padded batch, at gamma 0 and 0.5.
 
-The checkpoint holds neither the config's pixel_std nor its test settings (detectron2 keeps
-pixel_mean/std out of the state dict), so the tests give them as the fixtures' config.yaml does.
+The checkpoint does not hold the config's test settings, so the tests give them as the
+fixtures' config.yaml does; nor its pixel_std (detectron2 keeps pixel_mean/std out of the state
+dict), which a RegNet's weights imply: every detectron2 RegNet config sets the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
 import torch
 
 import golden as G
-from golden import manifest_table
 from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core.errors import NorcalError
 from norcal.export.families.checkpoints import read_checkpoint
 from norcal.export.families.detectron2.loader import load_detector_spec
-from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.rcnn.modeling.build import model_from_state, random_state_dict
 from norcal.export.rcnn.modeling.layers import PaddingMasks
 from norcal.export.rcnn.onnx_export import export_onnx
 from norcal.export.rcnn.spec import RegNetSpec, arch_name
-from test_c4_dc5 import check_detections
+from test_c4_dc5 import Arch, check_detections
 from test_onnx_export import run, session
 
 FIXTURE = {"x": FIXTURES / "d2_regnetx_tiny", "y": FIXTURES / "d2_regnety_tiny"}
 IMAGES = range(3)
 SETTINGS = ("baseline", "cdt_g0.5")  # gamma 0 and 0.5
-# the fixtures' config.yaml (model.pixel_std of the LSJ RegNet configs, test_topk_per_image),
-# which the checkpoint cannot tell
-FROM_CONFIG = dict(pixel_std=(57.375, 57.120, 58.395), detections_per_image=100, use_sigmoid_ce=False)
+# the fixtures' config.yaml (test_topk_per_image; a softmax box classifier), which the checkpoint cannot tell
+FROM_CONFIG = dict(detections_per_image=100, use_sigmoid_ce=False)
 # detectron2's RegNet(depth=5, w_0=8, w_a=12, w_m=2, stem_width=16): generate_regnet_parameters
 # and adjust_block_compatibility give widths 8/16/32/64 and depths 1/1/2/1; group widths are
 # min(group_width, width); RegNetY's SE width is round(0.25 * the block's input width)
@@ -47,43 +44,32 @@ EXPECTED = {
 }
 
 
-class Case:
-    """One fixture's model, exported graph and cached outputs (each computed once)."""
+class Case(Arch):
+    """test_c4_dc5's Arch (model, exported graph, cached outputs) from the checkpoint alone, with
+    what the config gives and the checkpoint cannot (FROM_CONFIG)."""
 
     def __init__(self, fixture: Path):
         self.fixture = fixture
         spec, state = load_detector_spec(fixture / "model_final.pth")
         self.spec = dataclasses.replace(spec, **FROM_CONFIG)
-        self.state = state
         self.model = model_from_state(self.spec, state)
         self.images, self.sizes = G.batch(IMAGES, fixture=fixture)
-        self._onnx = None
-        self.ort: dict[str, dict] = {}
-
-    @property
-    def onnx(self) -> onnx.ModelProto:
-        if self._onnx is None:
-            self._onnx = export_onnx(self.model, self.spec)
-        return self._onnx
-
-    def calibrated(self, setting: str) -> onnx.ModelProto:
-        factor, gamma = G.GAMMAS[setting]
-        return self.onnx if gamma == 0 else calibrate_graph(self.onnx, gamma, manifest_table(self.fixture), factor=factor)
-
-    def ort_outputs(self, setting: str) -> dict:
-        if setting not in self.ort:
-            self.ort[setting] = run(session(self.calibrated(setting)), self.images, self.sizes)
-        return self.ort[setting]
+        self.eager, self.ort, self._onnx = {}, {}, None
 
 
 _CASES: dict[str, Case] = {}
 
 
+def _case(kind: str) -> Case:
+    """Each fixture's Case, built once for the module's tests."""
+    if kind not in _CASES:
+        _CASES[kind] = Case(FIXTURE[kind])
+    return _CASES[kind]
+
+
 @pytest.fixture(scope="module", params=list(FIXTURE))
 def case(request) -> Case:
-    if request.param not in _CASES:
-        _CASES[request.param] = Case(FIXTURE[request.param])
-    return _CASES[request.param]
+    return _case(request.param)
 
 
 @pytest.mark.parametrize("kind", list(FIXTURE))
@@ -93,6 +79,10 @@ def test_weights_give_detectron2s_regnet(kind):
     assert (arch_name(spec), spec.norm, spec.fpn_norm, spec.box_head_norm, spec.mask_head_norm) == \
         ("FPN", "BN", "BN", "BN", "BN")  # SyncBN / NaiveSyncBatchNorm: BN at inference
     assert (spec.rpn_conv_dims, spec.box_head_num_conv, spec.box_head_num_fc, spec.num_classes) == ((-1, -1), 4, 1, 8)
+    config = (FIXTURE[kind] / "config.yaml").read_text()  # detectron2's LazyConfig.save
+    std = re.search(r"^  pixel_std: \[(.*)\]$", config, re.M)[1]
+    assert spec.pixel_std == tuple(float(v) for v in std.split(","))
+    assert "assumed" in spec.provenance["pixel_mean/std"] and "RegNet" in spec.provenance["pixel_mean/std"]
     raw = read_checkpoint(FIXTURE[kind] / "model_final.pth")  # with BN's counters
     ours = random_state_dict(spec, seed=0)  # our module names and shapes are detectron2's
     assert set(ours) == set(raw) and all(tuple(ours[k].shape) == tuple(raw[k].shape) for k in raw)
@@ -122,8 +112,7 @@ def test_squeeze_excitation_averages_each_image_alone():
     the bottom-up features it gives alone. Averaged over the batch's padded map instead, they move."""
     from norcal.export.rcnn.modeling import regnet
 
-    c = _CASES.get("y") or Case(FIXTURE["y"])
-    _CASES["y"] = c
+    c = _case("y")
     bottom_up = c.model.backbone.bottom_up
 
     def features(idx):
@@ -175,8 +164,7 @@ def test_unmasked_graph_matches_golden():
     """Where no image has padding beyond its own multiple of 32 the graph runs without masks, so
     RegNetY's SE averages the whole map: a batch-1 export at img0's padded size (320x448). (A
     padding-switch export holds this backbone and the masked one, each tested here.)"""
-    c = _CASES.get("y") or Case(FIXTURE["y"])
-    _CASES["y"] = c
+    c = _case("y")
     fixed = export_onnx(c.model, c.spec, batch=1, height=320, width=448)
     assert_tensorrt_compatible(fixed)
     images, sizes = G.batch([0], fixture=c.fixture)
