@@ -5,9 +5,10 @@ The repository keeps the fixtures compact (tests/fixtures/README.md says what ea
 (checkpoints and detectron2's ONNX export are verified by sha256, golden arrays one by one),
 once per checkout: conftest.py calls it before collection, the bench scripts before they run.
 
-- Checkpoints: ``weights/tensors.xz`` holds every distinct tensor of the five fixture
+- Checkpoints: ``weights/tensors.xz`` holds every distinct tensor of the first five fixture
   checkpoints once (several share tensors), byte planes separated so xz compresses the
-  float exponents; ``weights/index.json`` lists each checkpoint's keys. ``torch.save`` of the
+  float exponents; a fixture added later has its own ``weights/<fixture>.xz`` (so adding one
+  leaves the others' bytes alone); ``weights/index.json`` lists each checkpoint's keys and blob. ``torch.save`` of the
   rebuilt state dict gives the original file, byte for byte.
 - Goldens ``<fixture>/packed/golden/imgK.npz``: detectron2's ``cls_logits`` / ``box_deltas`` [1000, C]
   are stored as the box-head features they were computed from (recovered by least squares;
@@ -40,6 +41,7 @@ WEIGHTS = FIXTURES / "weights"
 IMAGES = FIXTURES / "images"
 STAMP = ".materialized"  # holds the hash of the packed inputs the files were rebuilt from
 D2_ONNX = "d2_lvis_tiny/detectron2_export_800x1216.onnx"
+MAIN_BLOB = "tensors.xz"  # the first five fixtures' tensors; a later fixture has a blob of its own
 
 
 def sha256(data: bytes) -> str:
@@ -81,9 +83,13 @@ def _packed_inputs_hash() -> str:
 
 def _state_dicts() -> dict[str, "OrderedDict[str, np.ndarray]"]:
     index = json.loads((WEIGHTS / "index.json").read_text())
-    blob = unshuffle4(lzma.decompress((WEIGHTS / "tensors.xz").read_bytes()))
+    blobs: dict[str, bytes] = {}
     out = {}
     for rel, entry in index["files"].items():
+        name = entry.get("blob", MAIN_BLOB)
+        if name not in blobs:
+            blobs[name] = unshuffle4(lzma.decompress((WEIGHTS / name).read_bytes()))
+        blob = blobs[name]
         sd = OrderedDict()
         for key, dtype, shape, offset, nbytes in entry["tensors"]:
             sd[key] = np.frombuffer(blob, dtype=dtype, count=nbytes // np.dtype(dtype).itemsize,

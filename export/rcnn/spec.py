@@ -26,7 +26,7 @@ RES5_ROI_HEADS = "Res5ROIHeads"
 CASCADE_ROI_HEADS = "CascadeROIHeads"  # FPN only; one box head and predictor per stage
 RETINANET_BACKBONE = "build_retinanet_resnet_fpn_backbone"  # FPN over res3-res5 + P6/P7 from res5
 RETINANET = "RetinaNet"  # meta architecture: dense sigmoid head on FPN P3-P7, no ROI heads
-SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt FPN, "
+SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt or RegNet FPN, "
                            "C4 or DC5 backbone, Cascade (Mask) R-CNN with FPN, and RetinaNet with a "
                            "ResNet/ResNeXt FPN")
 
@@ -63,6 +63,20 @@ class Convention:
     fpn_only: bool = False
 
 
+@dataclass(frozen=True)
+class RegNetSpec:
+    """detectron2's RegNet bottom-up as its weights give it (SimpleStem, ResBottleneckBlock stages,
+    each halving the map): per stage its block count, output width, bottleneck width, group
+    width and each block's SE width (0: no SE, RegNetX)."""
+
+    stem_width: int
+    depths: tuple[int, ...]
+    widths: tuple[int, ...]
+    bottleneck_widths: tuple[int, ...]
+    group_widths: tuple[int, ...]
+    se_widths: tuple[tuple[int, ...], ...]
+
+
 @dataclass
 class ModelSpec:
     meta_architecture: str = "GeneralizedRCNN"
@@ -79,6 +93,8 @@ class ModelSpec:
     backbone_name: str = FPN_BACKBONE
     backbone_out_feature: str = "res5"  # RESNET_BACKBONE only: the stage the heads read
     roi_heads_name: str = STANDARD_ROI_HEADS
+    # FPN bottom-up: a RegNet (then the ResNet fields below play no part), else the ResNet / ResNeXt
+    regnet: RegNetSpec | None = None
     # backbone: ResNet / ResNeXt
     depth: int = 50
     norm: str = "FrozenBN"  # FrozenBN | BN | SyncBN | GN | ""

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
+from .regnet_weights import REGNET_PIXEL_STD, is_regnet, regnet_fields
 from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_of, pixel_stats, shape
 from .retinanet_weights import is_retinanet, retinanet_architecture, retinanet_spec_from_weights
 from norcal.export.families.detectron2.convention import DETECTRON2
@@ -73,7 +74,7 @@ def _check_supported(sd: Mapping[str, Any]) -> None:
                               f"{SUPPORTED_ARCHITECTURES}")
         if k.startswith("sem_seg_head."):
             raise NorcalError(f"weight {k}: PanopticFPN is not supported; {SUPPORTED_ARCHITECTURES}")
-    has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd
+    has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd or is_regnet(sd)
     has_rpn = f"{RPN_HEAD}.objectness_logits.weight" in sd
     has_heads = f"{BOX_PREDICTOR}.cls_score.weight" in sd or _is_cascade(sd)
     if has_backbone and has_rpn and not has_heads and not any(k.startswith("roi_heads.") for k in sd):
@@ -126,7 +127,7 @@ def weights_layout(sd: Mapping[str, Any]) -> str:
 
 def _layout(sd: Mapping[str, Any]) -> dict:
     """Which detectron2 layout the names show: FPN, C4 (res5 in the ROI heads) or DC5."""
-    if f"{STEM}.weight" in sd:
+    if f"{STEM}.weight" in sd or is_regnet(sd):
         return {"backbone_name": FPN_BACKBONE,
                 "roi_heads_name": CASCADE_ROI_HEADS if _is_cascade(sd) else STANDARD_ROI_HEADS}
     if f"{C4_RES5}.0.conv1.weight" in sd:
@@ -248,7 +249,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     fields: dict = _layout(sd)
     fpn = fields["backbone_name"] == FPN_BACKBONE
     c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
-    fields.update(backbone_fields(sd, fields))
+    fields.update(regnet_fields(sd) if is_regnet(sd) else backbone_fields(sd, fields))
     if fpn:
         fields.update(_fpn(sd))
     channels = fields["fpn_out_channels"] if fpn else fields.pop("feature_channels")
@@ -258,6 +259,9 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     fields.update(_mask_head(sd, fields["num_classes"]))
     stats = pixel_stats(sd)
     fields.update(stats)
+    regnet_std = fields.get("regnet") is not None and "pixel_std" not in stats
+    if regnet_std:
+        fields["pixel_std"] = REGNET_PIXEL_STD
     fields.update(LVIS_TEST_SETTINGS)
     if not fpn:  # detectron2's default for one map; the 1000 above is FPN's per level
         fields["rpn_pre_nms_topk_test"] = SINGLE_RPN_PRE_NMS_TOPK_TEST
@@ -278,6 +282,8 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
                             f"RPN top {fields['rpn_pre_nms_topk_test']} before NMS "
                             f"{'per level' if fpn else '(detectron2 default)'}"),
         "pixel_mean/std": ("read from the checkpoint's pixel_mean/pixel_std" if stats
+                           else f"{assumed}: ImageNet BGR mean, std {REGNET_PIXEL_STD} (every detectron2 "
+                           "RegNet config)" if regnet_std
                            else f"{assumed}: detectron2 defaults (ImageNet BGR mean, std 1)"),
         "mask_pooler_resolution": (("the box pooler's (Res5ROIHeads)" if c4 else f"{assumed}: 14")
                                    if fields.get("mask_on") else "no mask head"),
@@ -308,7 +314,7 @@ def architecture(spec: ModelSpec) -> dict:
 
     fpn = spec.backbone_name == FPN_BACKBONE
     c4 = spec.roi_heads_name == RES5_ROI_HEADS
-    arch = {"backbone_name": spec.backbone_name, "roi_heads_name": spec.roi_heads_name,
+    arch = {"backbone_name": spec.backbone_name, "roi_heads_name": spec.roi_heads_name, "regnet": spec.regnet,
             "depth": spec.depth, "norm": family(spec.norm), "stem_out_channels": spec.stem_out_channels,
             "res2_out_channels": spec.res2_out_channels, "num_classes": spec.num_classes,
             "cls_agnostic_bbox_reg": spec.cls_agnostic_bbox_reg and spec.num_classes != 1,
@@ -322,6 +328,9 @@ def architecture(spec: ModelSpec) -> dict:
                     pooler_resolution=spec.pooler_resolution)
     if spec.depth >= 50:
         arch.update(num_groups=spec.num_groups, width_per_group=spec.width_per_group)
+    if spec.regnet is not None:  # the ResNet's fields play no part
+        for key in ("depth", "stem_out_channels", "res2_out_channels", "num_groups", "width_per_group"):
+            arch.pop(key, None)
     if spec.box_head_num_conv and not c4:
         arch.update(box_head_conv_dim=spec.box_head_conv_dim, box_head_norm=family(spec.box_head_norm))
     if spec.box_head_num_fc and not c4:

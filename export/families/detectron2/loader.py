@@ -14,7 +14,7 @@ from norcal.export.rcnn.spec import RETINANET, ModelSpec, arch_name
 # what each architecture field is called in a detectron2 config, for error messages
 _CONFIG_KEYS = {
     "backbone_name": "MODEL.BACKBONE.NAME", "roi_heads_name": "MODEL.ROI_HEADS.NAME",
-    "backbone_out_feature": "MODEL.RESNETS.OUT_FEATURES",
+    "backbone_out_feature": "MODEL.RESNETS.OUT_FEATURES", "regnet": "model.backbone.bottom_up (RegNet)",
     "depth": "MODEL.RESNETS.DEPTH", "norm": "MODEL.RESNETS.NORM",
     "stem_out_channels": "MODEL.RESNETS.STEM_OUT_CHANNELS", "res2_out_channels": "MODEL.RESNETS.RES2_OUT_CHANNELS",
     "num_groups": "MODEL.RESNETS.NUM_GROUPS", "width_per_group": "MODEL.RESNETS.WIDTH_PER_GROUP",

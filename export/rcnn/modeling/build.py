@@ -20,6 +20,7 @@ from .cascade import CascadeROIHeads
 from .fpn import FPN
 from .mask_head import MaskRCNNConvUpsampleHead
 from .poolers import ROIPooler
+from .regnet import RegNet
 from .rcnn import GeneralizedRCNN
 from .retinanet import RetinaFPN, RetinaNet, RetinaNetHead
 from .roi_heads import Res5ROIHeads, StandardROIHeads
@@ -41,6 +42,8 @@ def _check_spec(spec: ModelSpec) -> None:
                           f"({STANDARD_ROI_HEADS}, {RES5_ROI_HEADS} or {CASCADE_ROI_HEADS})")
     if spec.roi_heads_name == CASCADE_ROI_HEADS:
         _check_cascade(spec)
+    if spec.regnet is not None and spec.backbone_name != FPN_BACKBONE:
+        raise NorcalError("a RegNet is supported as the bottom-up of an FPN only")
     if spec.roi_heads_name == RES5_ROI_HEADS and (spec.backbone_name, spec.backbone_out_feature) != \
             (RESNET_BACKBONE, "res4"):
         raise NorcalError(f"{RES5_ROI_HEADS} (C4) needs a ResNet backbone that ends at res4")
@@ -76,7 +79,8 @@ def _backbone(spec: ModelSpec):
                   width_per_group=spec.width_per_group, stride_in_1x1=spec.stride_in_1x1,
                   res5_dilation=spec.res5_dilation)
     if spec.backbone_name == FPN_BACKBONE:
-        backbone = FPN(ResNet(**resnet), spec.fpn_out_channels, spec.fpn_norm, spec.fpn_fuse_type)
+        bottom_up = RegNet(spec.regnet, spec.norm) if spec.regnet is not None else ResNet(**resnet)
+        backbone = FPN(bottom_up, spec.fpn_out_channels, spec.fpn_norm, spec.fpn_fuse_type)
         # detectron2 pads each image to FPN's largest input stride
         return backbone, spec.fpn_out_channels, backbone.in_strides[-1]
     backbone = ResNetBackbone(spec.backbone_out_feature, **resnet)
@@ -237,7 +241,7 @@ def model_from_state(spec: ModelSpec, state_dict: Mapping[str, object]) -> Gener
         raise NorcalError(f"checkpoint shapes do not match the model spec ({len(bad)}): "
                           + "; ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""))
     if spec.input_format == "RGB":
-        w = next(k for k in tensors if k.endswith("stem.conv1.weight"))
+        w = next(k for k in tensors if k.endswith(("stem.conv1.weight", "bottom_up.stem.conv.weight")))
         tensors[w] = tensors[w].flip(1)  # RGB-trained stem, BGR graph input
     model.load_state_dict(tensors, strict=False)
     return model
@@ -257,7 +261,7 @@ def random_state_dict(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]
     out = {}
     for name, t in model.state_dict().items():
         std = next((v for k, v in small.items() if name.endswith(k)), None)
-        if name.endswith(("running_var", "norm.weight")):
+        if name.endswith(("running_var", "norm.weight", "bn.weight")):
             v = torch.ones_like(t)
         elif name.endswith(("running_mean", "num_batches_tracked", ".bias")):
             v = torch.zeros_like(t)
@@ -266,7 +270,7 @@ def random_state_dict(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]
         elif t.dim() >= 2:
             fan_in = math.prod(t.shape[1:]) if "deconv" not in name else t.shape[0] * 4
             v = torch.randn(t.shape, generator=gen) * math.sqrt(2.0 / fan_in)
-            if name.endswith("stem.conv1.weight"):
+            if name.endswith(("stem.conv1.weight", "stem.conv.weight")):
                 v = v / 64.0  # pixels minus mean are O(100), not O(1)
             elif name.startswith(("backbone.", "roi_heads.res5.")) and ".res" in name \
                     and name.endswith(("conv3.weight", "conv2.weight")) and ".0." not in name:
