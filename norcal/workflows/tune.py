@@ -116,14 +116,15 @@ class TunePlan:
         return self.iou_type in MASK_IOU_TYPES
 
 
-def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
+def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gammas: Sequence[float],
               table: str | os.PathLike | CalibrationTable | None = None, *,
               config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
               batch_size: int = 4, max_cache_bytes: int = 2 << 30,
               min_count: float | None = None, iou_type: str = "bbox", split: str = "val") -> TunePlan:
     """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
     from norcal.core.schemas import GROUND_TRUTH
-    from norcal.core.yolo_ground_truth import read_annotations
+    from norcal.core.ultralytics_dataset import is_dataset_description
+    from norcal.core.yolo_ground_truth import read_annotations, split_pairs
     from norcal.evaluation import IOU_TYPES, prepare_gt
     from norcal.evaluation.ground_truth import check_table_matches
     from norcal.export.families import load_detector
@@ -142,7 +143,13 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
     if table is not None:
         table = resolve_table(table)
     gt_data = read_annotations(gt, "GT", GROUND_TRUTH, split)
-    pairs = images_from_gt(gt_data, images, str(gt))
+    if is_dataset_description(gt):  # the split names its images
+        pairs = split_pairs(gt, split, images)
+    elif images is None:
+        raise NorcalError("images: the folder of the GT's pictures is needed with a COCO/LVIS GT",
+                          param="images")
+    else:
+        pairs = images_from_gt(gt_data, images, str(gt))
     gt_images = len(gt_data["images"])
     if len(pairs) < gt_images:  # else their objects would count as missed
         gt_data = gt_of_images(gt_data, [i for i, _ in pairs])
@@ -178,7 +185,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
                     prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type, gt_images)
 
 
-def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
+def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gammas: Sequence[float],
          table: str | os.PathLike | CalibrationTable | None = None, *, config: os.PathLike | None = None,
          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
          max_cache_bytes: int = 2 << 30,
@@ -198,6 +205,8 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     iou_type: what AP (and so the best gamma) is measured with: bbox, or for a mask model segm
     or boundary (Boundary IoU); the mask types run the mask head on every gamma's detections.
     split: the split of ``gt`` when it is an Ultralytics data.yaml (its images and YOLO labels).
+    images: the folder holding the GT's images (matched by file name); with a data.yaml, None
+    (the split's images) or a folder holding all of them.
     """
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,

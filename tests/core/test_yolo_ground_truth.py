@@ -39,6 +39,10 @@ LABELS = [  # (label file text, what it tests)
     ("2 0.2 0.1 1.83 0.1 1 0.3\n", "a polygon whose box is out"),
     ("2 0.5 0.1 1.02 0.1 0.9 0.3\n", "a polygon whose box is in, a point beyond 1.01"),
     ("2 0.1 0.1 0.4 0.1 0.4\n", "an odd polygon"),
+    ("2 0.1 0.1 0.4 0.1 0.4 0.5\n1 0.3 0.7\n", "a 1-point polygon among polygons"),
+    ("2 0.1 0.1 0.4 0.1 0.4 0.5\n1 1.3 0.7\n", "a 1-point polygon out of bounds"),
+    ("2 0.1 0.1 0.4 0.1 0.4 0.5\n1 0.3 0.7 0.4 0.8\n", "a 2-point polygon among polygons"),
+    ("1 0.3 0.7\n", "a lone 1-point polygon"),
 ]
 
 
@@ -79,13 +83,14 @@ def test_labels_read_as_ultralytics_reads_them(tmp_path, text, what):
     assert sorted(x.polygon for x in ours if x.polygon) == sorted(tuple(s.reshape(-1).tolist()) for s in segments)
 
 
+@pytest.mark.parametrize("suffix", ["jpg", "png"])
 @pytest.mark.parametrize("orientation", [None, 1, 6, 8, 3])
-def test_image_size_follows_exif_as_ultralytics(tmp_path, orientation):
+def test_image_size_follows_exif_as_ultralytics(tmp_path, orientation, suffix):
     d = tmp_path / "ds"
-    _image(d / "images/val/1.jpg", (40, 30), orientation)
+    _image(d / f"images/val/1.{suffix}", (40, 30), orientation)
     (d / "data.yaml").write_text("train: images/val\nval: images/val\nnames: [cat, dog, bird]\n")
     im = dataset_ground_truth(d / "data.yaml")["images"][0]
-    shape = _ultralytics(d / "images/val/1.jpg", d / "labels/val/1.txt")[2]
+    shape = _ultralytics(d / f"images/val/1.{suffix}", d / "labels/val/1.txt")[2]
     assert (im["height"], im["width"]) == tuple(shape)
 
 

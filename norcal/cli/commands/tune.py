@@ -43,7 +43,9 @@ is mask AP / Boundary AP. That costs a mask-head pass per gamma and batch (the c
 holds one batch and the maps the mask head reads); not with --ray.
 --gt: LVIS-format annotations of the tuning images; images are those of --gt found in
 --images by file name (GT images not found there are left out of the evaluation, as
-lvis-api does with params.img_ids, and the count is printed). A COCO file (no neg_category_ids) is evaluated by the same federated
+lvis-api does with params.img_ids, and the count is printed). An Ultralytics data.yaml as
+--gt: the images of its --split (default val) with their YOLO labels; --images may be left
+out (if given, it must hold every image of the split). A COCO file (no neg_category_ids) is evaluated by the same federated
 rules, so detections of classes absent from an image are ignored, not false positives.
 --table: N_c, the training counts (built-in lvis_v1 / lvis_v0_5, a table JSON, or the
 training annotation file itself); default: the built-in table with the model's class count.
@@ -61,7 +63,7 @@ the checkpoint, config and images must be readable at the same paths on every no
 
 # parameters of norcal.workflows.tune named in its errors -> the flags here
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
-         "iou_type": "--iou-type",
+         "iou_type": "--iou-type", "images": "--images",
          "table": "--table", "address": "--ray-address", "num_workers": "--num-workers",
          "max_retries": "--max-retries"}
 
@@ -85,7 +87,8 @@ def add_arguments(p):
                    help="LVIS/COCO annotations of the tuning images (e.g. a 5k training subset), or an "
                         "Ultralytics data.yaml (see --split)")
     add_split_argument(p, "--gt")
-    p.add_argument("--images", required=True, metavar="DIR", help="folder holding those images")
+    p.add_argument("--images", metavar="DIR", help="folder holding those images (with a data.yaml: "
+                                                   "default its split's images; a DIR must hold them all)")
     p.add_argument("--gammas", default="0:1.5:0.1",
                    help="start:stop:step (stop included) or a comma list (default 0:1.5:0.1)")
     p.add_argument("--table", help="N_c: built-in name, table JSON or training annotation file "
