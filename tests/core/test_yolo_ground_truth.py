@@ -249,3 +249,54 @@ def test_eval_cli_names_a_bad_label_line(tmp_path, capsys):
     assert main(["eval", "--gt", str(yaml), "--results", str(tmp_path / "r.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert f"{bad}: line 2, field 1 (class): class id 5 is outside names (0..2)" in err
+
+
+def _damaged_png(path: Path, how: str) -> Path:
+    """A PNG whose header reads but whose body does not: an IDAT checksum broken, or cut short."""
+    data = bytearray(_image(path).read_bytes())
+    if how == "crc":
+        k = data.index(b"IDAT") + 4 + int.from_bytes(data[data.index(b"IDAT") - 4:data.index(b"IDAT")], "big")
+        data[k] ^= 0xFF  # the chunk's CRC
+    else:
+        data = data[: data.index(b"IDAT") + 10]
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("how", ["crc", "truncated"])
+def test_a_damaged_image_is_refused_when_the_data_yaml_is_read(tmp_path, capsys, how):
+    """Ultralytics' check_image (PIL's verify) drops the image as corrupt; we refuse the GT at
+    load, naming the file, before any result is read."""
+    yaml = _dataset(tmp_path / "ds", False)
+    bad = _damaged_png(yaml.parent / "images/val/5.png", how)
+    Image.open(bad).close()  # the header alone reads
+    assert _ultralytics(bad, yaml.parent / "labels/val/5.txt")[8] == 1  # corrupt for Ultralytics
+    with pytest.raises(NorcalError, match=f"^{bad}: not a readable image: "):
+        dataset_ground_truth(yaml)
+    assert main(["eval", "--gt", str(yaml), "--results", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {bad}: not a readable image: ")
+
+
+def test_a_one_point_polygon_is_a_box_no_detection_matches(tmp_path):
+    """Ultralytics reads `class x y` in a file of polygons as a zero-size box (segments2boxes);
+    its validator's IoU with any box is 0, as COCO's is with ours: a target always missed."""
+    from pycocotools import mask as mask_utils
+    from ultralytics.utils.metrics import box_iou
+    import torch
+
+    d = tmp_path / "ds"
+    image = _image(d / "images/val/1.png", (40, 30))
+    label = d / "labels/val/1.txt"
+    label.parent.mkdir(parents=True)
+    label.write_text("2 0.1 0.1 0.4 0.1 0.4 0.5\n1 0.25 0.5\n")
+    (d / "data.yaml").write_text("val: images/val\nnames: [cat, dog, bird]\n")
+    _, lb, (h, w), segments, *_ = _ultralytics(image, label)
+    (cls, cx, cy, bw, bh), = [r for r in lb.tolist() if r[0] == 1]
+    ann = next(a for a in dataset_ground_truth(d / "data.yaml")["annotations"] if a["category_id"] == cls + 1)
+    assert ann["bbox"] == pytest.approx([cx * w, cy * h, 0, 0]) and (bw, bh) == (0, 0)
+    assert ann["area"] == 0 and "segmentation" not in ann
+    det = [ann["bbox"][0] - 5, ann["bbox"][1] - 5, 10, 10]  # a box around the point
+    theirs = box_iou(torch.tensor([[cx * w, cy * h, cx * w, cy * h]]),
+                     torch.tensor([[det[0], det[1], det[0] + 10, det[1] + 10]]))
+    ours = mask_utils.iou([det], [ann["bbox"]], [0])
+    assert float(theirs[0, 0]) == 0 and float(ours[0, 0]) == 0

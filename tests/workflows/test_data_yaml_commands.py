@@ -36,7 +36,7 @@ def _coco(root: Path, split: str) -> dict:
             anns.append({"id": len(anns) + 1, "image_id": int(im.stem), "category_id": int(c) + 1, "iscrowd": 0,
                          "bbox": [(cx - bw / 2) * w, (cy - bh / 2) * h, bw * w, bh * h], "area": bw * w * bh * h})
     return {"images": images, "annotations": anns,
-            "categories": [{"id": c + 1, "name": f"class{c}", "frequency": "f"} for c in range(NUM_CLASSES)]}
+            "categories": [{"id": c + 1, "name": f"class{c}"} for c in range(NUM_CLASSES)]}
 
 
 @pytest.fixture(scope="module")
