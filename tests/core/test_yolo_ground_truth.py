@@ -16,6 +16,9 @@ from norcal.core.ultralytics_dataset import dataset_root, split_entry_path, ultr
 from norcal.core.yaml_io import read_yaml_mapping
 from norcal.core.yolo_ground_truth import dataset_ground_truth
 from norcal.core.yolo_labels import read_yolo_labels
+from norcal.export.families.ultralytics.checkpoint import import_ultralytics
+
+import_ultralytics()  # as the library imports it: PIL's Image.open stays PIL's for the other tests
 
 NAMES = ["cat", "dog", "bird"]
 
