@@ -115,6 +115,9 @@ def run(args) -> int:
     from norcal.cli.options import check_outputs
     from norcal.cli.parity_tables import render_tables
     from norcal.core.fileio import write_json
+    from norcal.core.schemas import GROUND_TRUTH
+    from norcal.core.ultralytics_dataset import is_dataset_description
+    from norcal.core.yolo_ground_truth import dataset_categories, read_annotations, split_image_ids
     from norcal.workflows.parity import ParityRequest, build_runners, report_json, run_parity, verdict_lines
 
     console = Console(soft_wrap=True)
@@ -127,10 +130,6 @@ def run(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise NorcalError(f"--limit must be >= 1, got {args.limit}")
     skipped: list = []
-    from norcal.core.schemas import GROUND_TRUTH
-    from norcal.core.ultralytics_dataset import is_dataset_description
-    from norcal.core.yolo_ground_truth import dataset_categories, read_annotations, split_image_ids
-
     by_path = split_image_ids(args.gt, args.split) if args.gt and is_dataset_description(args.gt) else None
     images, paths = _load_images(args, console, skipped, by_path)
     gt = image_ids = cat_ids = None
