@@ -14,7 +14,12 @@ The conversion of split ``split``'s images (``val`` unless told):
   table built from the data.yaml has, and those ``norcal infer --image-ids data.yaml`` writes);
 - annotations (``iscrowd`` 0): a box line -> ``bbox`` in pixels, ``area`` w x h; a polygon line
   -> ``segmentation`` (one polygon, in pixels), ``bbox`` the box around it (Ultralytics'), and
-  ``area`` the pixels of its mask as pycocotools rasterises it.
+  ``area`` the pixels of its mask as pycocotools rasterises it; a 1-point polygon -> a box of
+  size 0 (``area`` 0), without ``segmentation``: box AP counts it as a miss, as Ultralytics'
+  validator does, and mask AP refuses it (Ultralytics' mask of a point is OpenCV's drawing).
+
+An image must pass Ultralytics' ``check_image`` (PIL's ``verify()``, 10 pixels a side): one it
+would drop as corrupt is refused here, naming the file, when the data.yaml is read.
 """
 
 from __future__ import annotations
@@ -52,11 +57,15 @@ def image_size(path: Path) -> tuple[int, int]:
 
     try:
         with Image.open(path) as im:
+            im.verify()  # check_image: a file PIL finds damaged is dropped by Ultralytics as corrupt
             w, h = im.size
             fmt = im.format or ""
-            exif = im.tag_v2 if fmt == "TIFF" else im.getexif()
-            turned = exif.get(274) in (5, 6, 7, 8)  # EXIF orientation: a quarter turn
-    except (OSError, ValueError, SyntaxError) as e:
+            try:  # exif_size reads the tag after verify(); where PIL then fails it keeps the size
+                exif = im.tag_v2 if fmt == "TIFF" else im.getexif()
+                turned = exif.get(274) in (5, 6, 7, 8)  # EXIF orientation: a quarter turn
+            except Exception:  # noqa: BLE001 - as exif_size: any failure is "no orientation"
+                turned = False
+    except Exception as e:  # noqa: BLE001 - PIL raises many types for damaged files
         raise NorcalError(f"{path}: not a readable image: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if turned and fmt not in SWAPPED_BY_TAG:
         raise NorcalError(f"{path}: a {fmt} image with a quarter-turn EXIF orientation: its size in "
@@ -84,6 +93,8 @@ def _annotation(label: YoloLabel, h: int, w: int) -> dict[str, Any]:
     bbox = [(cx - bw / 2) * w, (cy - bh / 2) * h, bw * w, bh * h]
     if label.polygon is None:
         return {"bbox": bbox, "area": bbox[2] * bbox[3]}
+    if len(label.polygon) == 2:  # a 1-point polygon: a box of size 0 and no mask (pycocotools has none)
+        return {"bbox": bbox, "area": 0.0}
     from pycocotools import mask as mask_utils
 
     poly = [v * (w if k % 2 == 0 else h) for k, v in enumerate(label.polygon)]
@@ -91,14 +102,53 @@ def _annotation(label: YoloLabel, h: int, w: int) -> dict[str, Any]:
     return {"bbox": bbox, "area": area, "segmentation": [poly]}
 
 
+def check_split(split: str) -> None:
+    """Refuse a split other than val, train and test (parameter ``split``)."""
+    if split not in SPLITS:
+        raise NorcalError(f"split must be one of {', '.join(SPLITS)}, got {split!r}", param="split")
+
+
+def _read_split(p: Path, split: str) -> tuple[dict, list[str], list[Path]]:
+    check_split(split)
+    data = read_yaml_mapping(p, WHAT)
+    return data, class_names(data, str(p)), split_images(data, p, split)
+
+
+def dataset_categories(data_yaml: str | os.PathLike) -> tuple[list[int], list[str]]:
+    """The category ids (class index + 1) and names of a data.yaml's classes."""
+    p = Path(data_yaml)
+    names = class_names(read_yaml_mapping(p, WHAT), str(p))
+    return list(range(1, len(names) + 1)), names
+
+
+def split_image_ids(data_yaml: str | os.PathLike, split: str = "val") -> dict[Path, int]:
+    """The images of a data.yaml's ``split`` (real paths, in path order) -> their image ids, as
+    :func:`dataset_ground_truth` numbers them: the split is the list of images to run."""
+    images = _read_split(Path(data_yaml), split)[2]
+    return {image.resolve(): iid for image, iid in zip(images, image_ids(images))}
+
+
+def split_pairs(data_yaml: str | os.PathLike, split: str = "val",
+                folder: str | os.PathLike | None = None) -> list[tuple[int, Path]]:
+    """(image id, path) of every image of a data.yaml's ``split``, in path order. ``folder``
+    (optional, parameter ``images``) must hold them all, at any depth."""
+    pairs = [(iid, p) for p, iid in split_image_ids(data_yaml, split).items()]
+    if folder is not None:
+        d = Path(folder).absolute()
+        if not d.is_dir():
+            raise NorcalError(f"images: {d} is not a folder", param="images")
+        out = [p for _, p in pairs if not p.is_relative_to(d.resolve())]
+        if out:
+            raise NorcalError(f"images: {d} does not hold {out[0]} ({len(out)} of the {len(pairs)} of "
+                              f"{data_yaml}'s split {split!r} outside it); the split names them: leave "
+                              "images out", param="images")
+    return pairs
+
+
 def dataset_ground_truth(data_yaml: str | os.PathLike, split: str = "val") -> dict[str, Any]:
     """COCO-format ground truth (images, annotations, categories) of a data.yaml's ``split``."""
     p = Path(data_yaml)
-    if split not in SPLITS:
-        raise NorcalError(f"split must be one of {', '.join(SPLITS)}, got {split!r}", param="split")
-    data = read_yaml_mapping(p, WHAT)
-    names = class_names(data, str(p))
-    images = split_images(data, p, split)
+    data, names, images = _read_split(p, split)
     root = dataset_root(data, p).resolve()
     out_images, annotations = [], []
     for image, iid in zip(images, image_ids(images)):

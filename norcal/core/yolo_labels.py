@@ -12,8 +12,11 @@ accepted, what it drops as corrupt is refused here, naming the file, the line an
   field named is the polygon's point that puts it out;
 - every number finite.
 
-Ultralytics also reads a 1- or 2-point "polygon" in a file of polygons; such a line is refused
-here (a polygon needs 3 points to have an area). Repeated lines (the same class and numbers as
+In a file of polygons Ultralytics also reads a 1-point "polygon" (``class x y``): its box
+(``segments2boxes``) has zero width and height, a target its validator never matches (IoU 0);
+it is read so here too (``polygon`` holds the one point). A 2-point one has the 5 fields of a
+box line, so Ultralytics takes it as a box, and in a file of polygons refuses the file (a mix):
+so does this reader. Repeated lines (the same class and numbers as
 float32) count once, as Ultralytics removes duplicate labels.
 """
 
@@ -125,7 +128,8 @@ def read_yolo_labels(path: Path, num_classes: int) -> list[YoloLabel]:
             first = next(k for k, t in lines if len(t) > 6)
             raise NorcalError(f"{path}: line {n}: a box ('class x y w h') in a file of polygons (line "
                               f"{first}); Ultralytics refuses files that mix them")
-        if m != len(BOX_FIELDS) and (m < 7 or m % 2 == 0):
+        one_point = polygons and m == 3  # segments2boxes: a zero-size box at the point
+        if m != len(BOX_FIELDS) and (m < 7 or m % 2 == 0) and not one_point:
             raise NorcalError(f"{path}: line {n}: {m} fields; a label is 'class x y w h' or a "
                               "class and at least 3 'x y' polygon points")
         values = _numbers(path, n, tokens, polygons)

@@ -30,8 +30,8 @@ class InferOptions:
     model: .onnx (ONNX Runtime, ``provider``, ``threads`` intra-op threads) or a TensorRT
     engine. inputs: image files and folders (searched recursively). output: the results JSON.
     min_size / max_size: override the model's resize. image_ids: COCO/LVIS annotations giving
-    image ids by file name (and category ids), or an Ultralytics data.yaml (its ``split``); files
-    it does not list are skipped. table:
+    image ids by file name (and category ids), or an Ultralytics data.yaml (its ``split``: its
+    images, matched by path, run when ``inputs`` is empty); files it does not list are skipped. table:
     calibration table giving category ids (and, for ``draw_dir``, class names and groups).
     masks: write masks of mask models. skip_unreadable: leave out files that are not images
     (listed in :func:`skipped_path`) instead of stopping. draw_dir / draw_count: pictures of the
@@ -165,18 +165,34 @@ def _draw_table(options: InferOptions, meta: dict):
                       "calibration JSON or training annotation file)", param=("draw_dir", "table"))
 
 
-def _image_id(path: Path, by_name: dict[str, int] | None):
+def _split_image_ids(options: InferOptions) -> dict[Path, int] | None:
+    """With ``image_ids`` an Ultralytics data.yaml: its split's images (real paths) -> ids."""
+    from norcal.core.ultralytics_dataset import is_dataset_description
+    from norcal.core.yolo_ground_truth import split_image_ids
+
+    if options.image_ids and is_dataset_description(options.image_ids):
+        return split_image_ids(options.image_ids, options.split)
+    if not options.inputs:
+        raise NorcalError("inputs: no image files or folders given (only an image_ids data.yaml "
+                          "names its own: its split's)", param=("inputs", "image_ids"))
+    return None
+
+
+def _image_id(path: Path, by_name: dict[str, int] | None, by_path: dict[Path, int] | None = None):
+    if by_path is not None:
+        return by_path[path.resolve()]
     if by_name is not None:
         return by_name[path.name]
     return int(path.stem) if path.stem.isdigit() else path.stem
 
 
-def _check_unique_ids(paths: list[Path], by_name: dict[str, int] | None, annotations=None) -> None:
+def _check_unique_ids(paths: list[Path], by_name: dict[str, int] | None, annotations=None,
+                      by_path: dict[Path, int] | None = None) -> None:
     """Refuse two files that get one image id: their detections would merge into one image's
     results (1.png and 001.jpg, a file given twice, one base name in two folders)."""
     seen: dict = {}
     for p in paths:
-        iid = _image_id(p, by_name)
+        iid = _image_id(p, by_name, by_path)
         if iid in seen:
             how = "the same file given twice" if seen[iid].resolve() == p.resolve() else \
                 (f"{p.name} in {annotations}" if by_name is not None else "by file name")
@@ -217,12 +233,23 @@ def prepare_infer(options: InferOptions,
     t0 = time.perf_counter()
     options.check()
     ray = options.ray
-    paths = expand_inputs(list(options.inputs))
+    by_path = _split_image_ids(options)
+    paths = expand_inputs(list(options.inputs)) if options.inputs or by_path is None else list(by_path)
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(map(str, options.inputs)))
     (check_outputs or functools.partial(_check_outputs, options))(paths)
     by_name, ann_cats, not_listed, ann_sizes, ann_names = None, None, [], {}, []
-    if options.image_ids:
+    if by_path is not None:  # a data.yaml: its split's images, matched by path
+        from norcal.core.yolo_ground_truth import dataset_categories
+
+        ann_cats, ann_names = dataset_categories(options.image_ids)
+        where = f"{options.image_ids}'s split {options.split!r}"
+        not_listed = [(p, f"not in {where}") for p in paths if p.resolve() not in by_path]
+        paths = [p for p in paths if p.resolve() in by_path]
+        if not paths:
+            raise NorcalError(f"none of the {len(not_listed)} image files is in {where} (matched by "
+                              f"path, e.g. {not_listed[0][0]})")
+    elif options.image_ids:
         ann_cats, by_name = category_ids_from_annotations(options.image_ids, sizes=ann_sizes, names=ann_names,
                                                           split=options.split)
         unknown = [p for p in paths if p.name not in by_name]
@@ -231,7 +258,7 @@ def prepare_infer(options: InferOptions,
             raise NorcalError(f"none of the {len(unknown)} image files is in {options.image_ids} "
                               f"(matched by file name, e.g. {unknown[0].name})")
         not_listed = [(p, f"not in {options.image_ids}") for p in unknown]
-    _check_unique_ids(paths, by_name, options.image_ids)
+    _check_unique_ids(paths, by_name, options.image_ids, by_path)
     if ray is None:
         runner = open_runner(options.model, options.provider, options.threads)
     else:  # only for the metadata here: the workers, maybe on GPU nodes, open their own
@@ -256,7 +283,7 @@ def prepare_infer(options: InferOptions,
     name = runner.name
     if ray is not None and backend.name_for is not None:  # the workers' runners, not this one
         name = backend.name_for(options.provider)
-    return InferJob(options, paths, [_image_id(p, by_name) for p in paths],
+    return InferJob(options, paths, [_image_id(p, by_name, by_path) for p in paths],
                     runner if ray is None else None, name, spec, cat_ids, cat_source, with_masks,
                     draw_table, not_listed, unreadable, time.perf_counter() - t0)
 

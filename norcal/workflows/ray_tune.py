@@ -72,7 +72,7 @@ class _TuneWorker:
         return evaluate_gamma(gt, ray.get(parts), gamma, topk, seconds, rules=rules)
 
 
-def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
+def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gammas: Sequence[float],
              table: str | os.PathLike | CalibrationTable | None = None, *, config: os.PathLike | None = None,
              factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
              max_cache_bytes: int = 2 << 30,

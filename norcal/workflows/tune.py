@@ -120,7 +120,7 @@ class TunePlan:
         return self.iou_type in MASK_IOU_TYPES
 
 
-def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
+def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gammas: Sequence[float],
               table: str | os.PathLike | CalibrationTable | None = None, *,
               config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
               batch_size: int = 4, max_cache_bytes: int = 2 << 30,
@@ -128,7 +128,8 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
               rules: str = "auto", decoding: Decoding | None = None) -> TunePlan:
     """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
     from norcal.core.schemas import GROUND_TRUTH
-    from norcal.core.yolo_ground_truth import read_annotations
+    from norcal.core.ultralytics_dataset import is_dataset_description
+    from norcal.core.yolo_ground_truth import read_annotations, split_pairs
     from norcal.evaluation import IOU_TYPES, prepare_gt
     from norcal.evaluation.ground_truth import check_table_matches
     from norcal.evaluation.rules import choose_rules
@@ -148,7 +149,13 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
     if table is not None:
         table = resolve_table(table)
     gt_data = read_annotations(gt, "GT", GROUND_TRUTH, split)
-    pairs = images_from_gt(gt_data, images, str(gt))
+    if is_dataset_description(gt):  # the split names its images
+        pairs = split_pairs(gt, split, images)
+    elif images is None:
+        raise NorcalError("images: the folder of the GT's pictures is needed with a COCO/LVIS GT",
+                          param="images")
+    else:
+        pairs = images_from_gt(gt_data, images, str(gt))
     gt_images = len(gt_data["images"])
     if len(pairs) < gt_images:  # else their objects would count as missed
         gt_data = gt_of_images(gt_data, [i for i, _ in pairs])
@@ -187,7 +194,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas
                     choice, decoding)
 
 
-def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Sequence[float],
+def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gammas: Sequence[float],
          table: str | os.PathLike | CalibrationTable | None = None, *, config: os.PathLike | None = None,
          factor: str = "cdt", mechanism: str = "exp", batch_size: int = 4,
          max_cache_bytes: int = 2 << 30,
@@ -209,6 +216,8 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike, gammas: Seq
     iou_type: what AP (and so the best gamma) is measured with: bbox, or for a mask model segm
     or boundary (Boundary IoU); the mask types run the mask head on every gamma's detections.
     split: the split of ``gt`` when it is an Ultralytics data.yaml (its images and YOLO labels).
+    images: the folder holding the GT's images (matched by file name); with a data.yaml, None
+    (the split's images) or a folder holding all of them.
     rules: the evaluation rules, auto (from the GT), lvis or coco
     (:func:`norcal.evaluation.rules.choose_rules`); on_rules: called with the line saying
     which and why once the GT is read, before the network pass.

@@ -16,6 +16,9 @@ from norcal.core.ultralytics_dataset import dataset_root, split_entry_path, ultr
 from norcal.core.yaml_io import read_yaml_mapping
 from norcal.core.yolo_ground_truth import dataset_ground_truth
 from norcal.core.yolo_labels import read_yolo_labels
+from norcal.export.families.ultralytics.checkpoint import import_ultralytics
+
+import_ultralytics()  # as the library imports it: PIL's Image.open stays PIL's for the other tests
 
 NAMES = ["cat", "dog", "bird"]
 
@@ -39,6 +42,10 @@ LABELS = [  # (label file text, what it tests)
     ("2 0.2 0.1 1.83 0.1 1 0.3\n", "a polygon whose box is out"),
     ("2 0.5 0.1 1.02 0.1 0.9 0.3\n", "a polygon whose box is in, a point beyond 1.01"),
     ("2 0.1 0.1 0.4 0.1 0.4\n", "an odd polygon"),
+    ("2 0.1 0.1 0.4 0.1 0.4 0.5\n1 0.3 0.7\n", "a 1-point polygon among polygons"),
+    ("2 0.1 0.1 0.4 0.1 0.4 0.5\n1 1.3 0.7\n", "a 1-point polygon out of bounds"),
+    ("2 0.1 0.1 0.4 0.1 0.4 0.5\n1 0.3 0.7 0.4 0.8\n", "a 2-point polygon among polygons"),
+    ("1 0.3 0.7\n", "a lone 1-point polygon"),
 ]
 
 
@@ -79,13 +86,14 @@ def test_labels_read_as_ultralytics_reads_them(tmp_path, text, what):
     assert sorted(x.polygon for x in ours if x.polygon) == sorted(tuple(s.reshape(-1).tolist()) for s in segments)
 
 
+@pytest.mark.parametrize("suffix", ["jpg", "png"])
 @pytest.mark.parametrize("orientation", [None, 1, 6, 8, 3])
-def test_image_size_follows_exif_as_ultralytics(tmp_path, orientation):
+def test_image_size_follows_exif_as_ultralytics(tmp_path, orientation, suffix):
     d = tmp_path / "ds"
-    _image(d / "images/val/1.jpg", (40, 30), orientation)
+    _image(d / f"images/val/1.{suffix}", (40, 30), orientation)
     (d / "data.yaml").write_text("train: images/val\nval: images/val\nnames: [cat, dog, bird]\n")
     im = dataset_ground_truth(d / "data.yaml")["images"][0]
-    shape = _ultralytics(d / "images/val/1.jpg", d / "labels/val/1.txt")[2]
+    shape = _ultralytics(d / f"images/val/1.{suffix}", d / "labels/val/1.txt")[2]
     assert (im["height"], im["width"]) == tuple(shape)
 
 
@@ -244,3 +252,54 @@ def test_eval_cli_names_a_bad_label_line(tmp_path, capsys):
     assert main(["eval", "--gt", str(yaml), "--results", str(tmp_path / "r.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert f"{bad}: line 2, field 1 (class): class id 5 is outside names (0..2)" in err
+
+
+def _damaged_png(path: Path, how: str) -> Path:
+    """A PNG whose header reads but whose body does not: an IDAT checksum broken, or cut short."""
+    data = bytearray(_image(path).read_bytes())
+    if how == "crc":
+        k = data.index(b"IDAT") + 4 + int.from_bytes(data[data.index(b"IDAT") - 4:data.index(b"IDAT")], "big")
+        data[k] ^= 0xFF  # the chunk's CRC
+    else:
+        data = data[: data.index(b"IDAT") + 10]
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("how", ["crc", "truncated"])
+def test_a_damaged_image_is_refused_when_the_data_yaml_is_read(tmp_path, capsys, how):
+    """Ultralytics' check_image (PIL's verify) drops the image as corrupt; we refuse the GT at
+    load, naming the file, before any result is read."""
+    yaml = _dataset(tmp_path / "ds", False)
+    bad = _damaged_png(yaml.parent / "images/val/5.png", how)
+    Image.open(bad).close()  # the header alone reads
+    assert _ultralytics(bad, yaml.parent / "labels/val/5.txt")[8] == 1  # corrupt for Ultralytics
+    with pytest.raises(NorcalError, match=f"^{bad}: not a readable image: "):
+        dataset_ground_truth(yaml)
+    assert main(["eval", "--gt", str(yaml), "--results", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {bad}: not a readable image: ")
+
+
+def test_a_one_point_polygon_is_a_box_no_detection_matches(tmp_path):
+    """Ultralytics reads `class x y` in a file of polygons as a zero-size box (segments2boxes);
+    its validator's IoU with any box is 0, as COCO's is with ours: a target always missed."""
+    from pycocotools import mask as mask_utils
+    from ultralytics.utils.metrics import box_iou
+    import torch
+
+    d = tmp_path / "ds"
+    image = _image(d / "images/val/1.png", (40, 30))
+    label = d / "labels/val/1.txt"
+    label.parent.mkdir(parents=True)
+    label.write_text("2 0.1 0.1 0.4 0.1 0.4 0.5\n1 0.25 0.5\n")
+    (d / "data.yaml").write_text("val: images/val\nnames: [cat, dog, bird]\n")
+    _, lb, (h, w), segments, *_ = _ultralytics(image, label)
+    (cls, cx, cy, bw, bh), = [r for r in lb.tolist() if r[0] == 1]
+    ann = next(a for a in dataset_ground_truth(d / "data.yaml")["annotations"] if a["category_id"] == cls + 1)
+    assert ann["bbox"] == pytest.approx([cx * w, cy * h, 0, 0]) and (bw, bh) == (0, 0)
+    assert ann["area"] == 0 and "segmentation" not in ann
+    det = [ann["bbox"][0] - 5, ann["bbox"][1] - 5, 10, 10]  # a box around the point
+    theirs = box_iou(torch.tensor([[cx * w, cy * h, cx * w, cy * h]]),
+                     torch.tensor([[det[0], det[1], det[0] + 10, det[1] + 10]]))
+    ours = mask_utils.iou([det], [ann["bbox"]], [0])
+    assert float(theirs[0, 0]) == 0 and float(ours[0, 0]) == 0

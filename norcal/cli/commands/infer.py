@@ -12,6 +12,7 @@ and an RLE segmentation for mask models).
   norcal infer model.onnx val/ -o results.json
   norcal infer model.onnx a.jpg b.jpg --batch 4 --provider cuda -o results.json
   norcal infer model.engine val2017/ --image-ids lvis_v1_val.json -o results.json
+  norcal infer best.onnx --image-ids data.yaml --split val -o results.json
 
 Images are resized as the model's metadata records (norcal.resize): detectron2's
 ResizeShortestEdge to norcal.min_size_test / max_size_test, zero padding (--min-size/--max-size
@@ -27,6 +28,11 @@ Image ids: with --image-ids, from the annotation file (matched by file name; fil
 not list are skipped and reported); otherwise the file name's stem as an integer
 (000000397133.jpg -> 397133), or the stem itself. Two files with one id (1.png and
 001.jpg, one name in two folders) are refused: their detections would merge.
+--image-ids data.yaml (an Ultralytics dataset): the images of its --split (default val) are
+run when no IMAGES_OR_DIRS are given; given ones are matched to the split by path (others
+skipped and reported). Image ids as `norcal eval --gt data.yaml` numbers them (the stem as an
+integer when every stem of the split is digits and none repeat, else 1..N in path order);
+category id = class index + 1.
 Category ids (class index i -> the i-th category id in id order): from --image-ids's
 categories, else --table, else the model's metadata (norcal.category_ids, norcal.table),
 else i + 1 (detectron2's LVIS convention). When the model records its class names
@@ -55,12 +61,15 @@ raises is retried (--max-retries, default 3); --draw is not available with --ray
 FLAGS = {"provider": "--provider", "batch_size": "--batch", "skip_unreadable=True": "--skip-unreadable",
          "address": "--ray-address", "num_workers": "--num-workers", "gpus_per_worker": "--gpus-per-worker",
          "threads": "--threads", "cpus_per_worker": "--threads", "max_retries": "--max-retries", "image_ids": "--image-ids",
+         "inputs": "IMAGES_OR_DIRS",
          "draw_dir": "--draw", "draw_count": "--draw-count", "ray": "--ray"}
 
 
 def add_arguments(p):
     p.add_argument("model", help="model file: .onnx (ONNX Runtime) or .engine/.plan (TensorRT)")
-    p.add_argument("inputs", nargs="+", metavar="IMAGES_OR_DIRS", help="image files and/or folders")
+    p.add_argument("inputs", nargs="*", metavar="IMAGES_OR_DIRS",
+                   help="image files and/or folders (may be left out with --image-ids data.yaml: its "
+                        "split's images)")
     p.add_argument("-o", "--output", required=True, help="results JSON to write")
     p.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
     p.add_argument("--provider", choices=("auto", "cpu", "cuda", "tensorrt"), default="auto",

@@ -31,7 +31,9 @@ How outputs are judged (norcal.workflows.parity):
       >= 95% / 90% paired at IoU >= 0.9 / 0.8, scores within 1e-2 / 2e-2, AP within 0.005 / 0.01.
     int8 (a `norcal quantize` model, from its metadata, or an int8 engine): >= 80% paired at
       IoU >= 0.5, scores within 0.15, AP within 0.03.
-IMAGES come right after MODEL (argparse takes positionals in one run).
+IMAGES come right after MODEL (argparse takes positionals in one run). With --gt data.yaml
+(an Ultralytics dataset) IMAGES default to the images of its --split (default val), ids and
+category ids as `norcal eval --gt data.yaml` gives them; given IMAGES must be in that split.
 Exit status: 0 when every comparison passes, 1 when one fails, 2 on bad input.
 
 examples:
@@ -56,8 +58,9 @@ def add_arguments(p):
     p.add_argument("--provider", choices=("cpu", "cuda", "tensorrt"), default="cpu",
                    help="ONNX Runtime execution provider (default cpu)")
     p.add_argument("--gt", metavar="ANNOTATIONS.json|data.yaml",
-                   help="COCO/LVIS annotations of the images, or an Ultralytics data.yaml (matched by file "
-                        "name): adds box AP per backend")
+                   help="COCO/LVIS annotations of the images (matched by file name), or an Ultralytics "
+                        "data.yaml (its --split's images, the default IMAGES; matched by path): adds box "
+                        "AP per backend")
     add_split_argument(p, "--gt")
     p.add_argument("--batch", type=int, default=1, help="images per batch, the same for every backend (default 1)")
     p.add_argument("--synthetic", type=int, default=3, metavar="N",
@@ -74,13 +77,13 @@ FLAGS = {"skip_unreadable=True": "--skip-unreadable", "batch_size": "--batch", "
          "config": "--config", "engine": "--engine", "engine_precision": "--engine-precision"}
 
 
-def _load_images(args, console, skipped):
+def _load_images(args, console, skipped, split_ids=None):
     from rich.markup import escape
 
     from norcal.runtime.images import expand_inputs, read_images
     from norcal.workflows.parity import synthetic_images
 
-    if not args.images:
+    if not args.images and split_ids is None:
         if args.gt:
             raise NorcalError("--gt needs the annotated images as IMAGES")
         if args.synthetic < 1:
@@ -88,7 +91,7 @@ def _load_images(args, console, skipped):
         console.print(f"no images given: using {args.synthetic} synthetic images (shapes on a smooth "
                       f"background, seed 0)")
         return synthetic_images(args.synthetic), None
-    paths = expand_inputs(args.images)
+    paths = expand_inputs(args.images) if args.images else list(split_ids)
     if args.limit is not None:
         paths = paths[: args.limit]
     if not paths:
@@ -112,6 +115,9 @@ def run(args) -> int:
     from norcal.cli.options import check_outputs
     from norcal.cli.parity_tables import render_tables
     from norcal.core.fileio import write_json
+    from norcal.core.schemas import GROUND_TRUTH
+    from norcal.core.ultralytics_dataset import is_dataset_description
+    from norcal.core.yolo_ground_truth import dataset_categories, read_annotations, split_image_ids
     from norcal.workflows.parity import ParityRequest, build_runners, report_json, run_parity, verdict_lines
 
     console = Console(soft_wrap=True)
@@ -124,15 +130,22 @@ def run(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise NorcalError(f"--limit must be >= 1, got {args.limit}")
     skipped: list = []
-    images, paths = _load_images(args, console, skipped)
+    by_path = split_image_ids(args.gt, args.split) if args.gt and is_dataset_description(args.gt) else None
+    images, paths = _load_images(args, console, skipped, by_path)
     gt = image_ids = cat_ids = None
     gt_names: list = []
     if args.gt:  # read before the models load: a bad file fails in a second
-        from norcal.core.schemas import GROUND_TRUTH
-        from norcal.core.yolo_ground_truth import read_annotations
+        gt = read_annotations(args.gt, "annotations", GROUND_TRUTH, args.split)
+    if by_path is not None:  # a data.yaml: its split's images, matched by path
+        cat_ids, gt_names = dataset_categories(args.gt)
+        unknown = [p for p in paths if p.resolve() not in by_path]
+        if unknown:
+            raise NorcalError(f"{len(unknown)} image(s) are not in {args.gt}'s split {args.split!r} (by "
+                              f"path), e.g. {unknown[0]}")
+        image_ids = [by_path[p.resolve()] for p in paths]
+    elif args.gt:
         from norcal.runtime.results import category_ids_from_annotations
 
-        gt = read_annotations(args.gt, "annotations", GROUND_TRUTH, args.split)
         cat_ids, by_name = category_ids_from_annotations(gt, args.gt, names=gt_names)
         unknown = [p.name for p in paths if p.name not in by_name]
         if unknown:
@@ -164,6 +177,7 @@ def run(args) -> int:
         result = run_parity(runners, images, spec=spec,
                             batch_size=built.batch_size, tolerances=tolerances, score_thresh=built.score_thresh,
                             gt=gt, image_ids=image_ids, category_ids=cat_ids, fixed_shape=built.fixed_shape,
+                            split=args.split,
                             on_batch=lambda name, done: progress.update(tasks[name], completed=done))
     for t in render_tables(result):
         console.print(t)

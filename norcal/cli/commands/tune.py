@@ -49,6 +49,8 @@ lvis-api does with params.img_ids, and the count is printed).
 federated rules when the GT's images carry neg_category_ids / not_exhaustive_category_ids and
 COCO rules (exhaustive labels: every detection counts, iscrowd as pycocotools) otherwise; lvis
 or coco forces them. The first output line says which and why; --json records it.
+An Ultralytics data.yaml as --gt: the images of its --split (default val) with their YOLO
+labels; --images may be left out (if given, it must hold every image of the split).
 --table: N_c, the training counts (built-in lvis_v1 / lvis_v0_5, a table JSON, or the
 training annotation file itself); default: the built-in table with the model's class count.
 A tie (APs within 1e-12, e.g. every gamma 0) recommends the smallest gamma.
@@ -66,7 +68,7 @@ the checkpoint, config and images must be readable at the same paths on every no
 
 # parameters of norcal.workflows.tune named in its errors -> the flags here
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
-         "iou_type": "--iou-type", "rules": "--rules",
+         "iou_type": "--iou-type", "rules": "--rules", "images": "--images",
          "table": "--table", "address": "--ray-address", "num_workers": "--num-workers",
          "max_retries": "--max-retries", **DECODING_FLAGS}
 
@@ -90,7 +92,8 @@ def add_arguments(p):
                    help="LVIS/COCO annotations of the tuning images (e.g. a 5k training subset), or an "
                         "Ultralytics data.yaml (see --split)")
     add_split_argument(p, "--gt")
-    p.add_argument("--images", required=True, metavar="DIR", help="folder holding those images")
+    p.add_argument("--images", metavar="DIR", help="folder holding those images (with a data.yaml: "
+                                                   "default its split's images; a DIR must hold them all)")
     p.add_argument("--gammas", default="0:1.5:0.1",
                    help="start:stop:step (stop included) or a comma list (default 0:1.5:0.1)")
     p.add_argument("--table", help="N_c: built-in name, table JSON or training annotation file "

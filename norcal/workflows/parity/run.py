@@ -43,18 +43,18 @@ def _concat(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
-def _only_images(gt, image_ids):
+def _only_images(gt, image_ids, split: str = "val"):
     """An annotation file or dict, validated (:data:`norcal.core.schemas.GROUND_TRUTH`), cut
     down to ``image_ids``: AP over the images that were run, not over a whole validation set
     most of which was never seen (a prepared LvisGT is kept; a data.yaml is read as its
-    val split's ground truth)."""
+    ``split``'s ground truth)."""
     from pathlib import Path
 
     from norcal.core.schemas import GROUND_TRUTH
     from norcal.core.yolo_ground_truth import read_annotations
 
     if isinstance(gt, (str, Path)):
-        gt = read_annotations(gt, "annotations", GROUND_TRUTH)
+        gt = read_annotations(gt, "annotations", GROUND_TRUTH, split)
     elif isinstance(gt, dict):
         gt = GROUND_TRUTH.validate(gt, "annotations")
     else:
@@ -112,12 +112,13 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
                tolerances: dict[str, Tolerances] | None = None, score_thresh: float = 0.0,
                gt=None, image_ids: Sequence | None = None, category_ids: list[int] | None = None,
                fixed_shape: tuple[int | None, int | None, int | None] | None = None,
-               on_batch: Callable[[str, int], None] | None = None) -> ParityRun:
+               on_batch: Callable[[str, int], None] | None = None, split: str = "val") -> ParityRun:
     """Feed the same prepared batches to every runner; compare runners[0] with each other one.
 
     images_rgb: RGB uint8 [H,W,3] arrays. tolerances: runner name -> Tolerances (default: the
-    preset :func:`runner_precision` picks). gt (an LVIS/COCO annotation path or a prepared
-    LvisGT) with ``image_ids`` (one per image) adds box AP per runner, judged by ``ap_atol``.
+    preset :func:`runner_precision` picks). gt (an LVIS/COCO annotation path, an Ultralytics
+    data.yaml read as its ``split``, or a prepared LvisGT) with ``image_ids`` (one per image)
+    adds box AP per runner, judged by ``ap_atol``.
     fixed_shape: (B, H, W) of a model exported with fixed dimensions (None where dynamic):
     a short last batch is filled by repeating its last image (those outputs are dropped) and
     images are zero-padded to H x W, for every runner alike. ``spec`` (a
@@ -143,6 +144,10 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
         raise NorcalError("parity needs at least one image")
     if gt is not None and (image_ids is None or len(image_ids) != len(images_rgb)):
         raise NorcalError("AP needs one image id per image")
+    if gt is not None:
+        from norcal.core.yolo_ground_truth import check_split
+
+        check_split(split)
     chunks: dict[str, list] = {n: [] for n in names}
     seconds = {n: 0.0 for n in names}
     batches = []
@@ -166,7 +171,7 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     if gt is not None:
         from norcal.evaluation import prepare_gt
 
-        gt = prepare_gt(_only_images(gt, image_ids))
+        gt = prepare_gt(_only_images(gt, image_ids, split))
         ap = {n: _ap(outputs[n], batches, gt, list(image_ids), category_ids) for n in names}
     reports = []
     for r in runners[1:]:
