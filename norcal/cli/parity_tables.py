@@ -28,7 +28,7 @@ def render_tables(run: ParityRun) -> list:
         t = Table(title=f"{rep.candidate} vs {rep.reference}: {tol.precision}, {level}",
                   caption=f"{run.images} images; |d| over paired detections, 'in order' the naive "
                           f"element-wise max; tolerance atol + {tol.rtol:g} x |ref|; ok/over: shown, "
-                          f"not judged; {times}",
+                          f"not judged; {times}" + (f"\n{rep.floor.line()}" if rep.floor else ""),
                   box=box.SIMPLE_HEAD, pad_edge=False)
         for col, just in (("output", "left"), ("shape", "left"), ("max |d|", "right"),
                           ("mean |d|", "right"), ("in order", "right"), ("atol", "right"), ("result", "left")):
@@ -37,7 +37,7 @@ def render_tables(run: ParityRun) -> list:
             if d.name == "classes" and d.aligned:
                 tolerance, result = "same", "pass"
             else:
-                tolerance = "edge" if d.name == "num_detections" else f"{d.atol:g}"
+                tolerance = "edge" if d.name == "num_detections" else f"{d.atol:.3g}"
                 result = ("pass" if d.passed else "FAIL") if d.gating else ("ok" if d.passed else "over")
             colour = "green" if result.startswith(("pass", "ok")) else ("red" if result == "FAIL" else "yellow")
             t.add_row(d.name, "x".join(map(str, d.shape)), _g(d.max_abs), _g(d.mean_abs),

@@ -4,6 +4,7 @@ image and compared on the matched pairs, other outputs element-wise (see the pac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,8 @@ class ParityReport:
     detections: DetectionDiff | None
     ap: dict[str, tuple[float, float]] = field(default_factory=dict)  # stat -> (reference, candidate)
     failures: list[str] = field(default_factory=list)
+    preset: Tolerances | None = None  # the precision's preset, where ``tolerances`` widened it to the floor
+    floor: Any = None  # the reference's measured noise (norcal.workflows.parity.floor.NoiseFloor), or None
 
     @property
     def passed(self) -> bool:
