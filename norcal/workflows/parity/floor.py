@@ -9,7 +9,7 @@ in float64) on the same batches and measures how far the reference's float32 out
 that: the floor. A float32 candidate's own rounding is of the same order, so it sits within
 floor + its own error <= ``FLOOR_FACTOR`` x floor
 (:mod:`~norcal.workflows.parity.tolerances`) of the reference (the triangle inequality,
-allowing its kernels up to three times the reference's rounding error); a graph error larger
+the factor allows for other kernels' rounding: the measurements are in that module); a graph error larger
 than that, e.g. a NorCal constant off, still fails.
 """
 

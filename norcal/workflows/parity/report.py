@@ -11,11 +11,11 @@ def verdict_lines(run: ParityRun) -> list[str]:
     """One line per comparison: PASS, or FAIL with each failed check and its numbers."""
     lines = []
     for rep in run.reports:
-        head = f"{rep.candidate} vs {rep.reference} ({rep.precision}{_floor_note(rep)})"
+        head = f"{rep.candidate} vs {rep.reference} ({rep.precision})"
         if rep.passed:
-            lines.append(f"PASS  {head}")
+            lines.append(f"PASS  {head}{_floor_note(rep)}")
         else:
-            lines.append(f"FAIL  {head}: " + "; ".join(rep.failures))
+            lines.append(f"FAIL  {head}: " + "; ".join(rep.failures) + _floor_note(rep))
     return lines
 
 
@@ -25,7 +25,7 @@ def _floor_note(rep) -> str:
     if rep.floor is None or rep.preset is None:
         return ""
     used, preset, f = rep.tolerances.atol, rep.preset.atol, rep.floor
-    return (f", scores {used['scores']:.2g} / boxes {used['boxes']:.2g} px: the larger of the preset's "
+    return (f"; tolerances scores {used['scores']:.2g} / boxes {used['boxes']:.2g} px: the larger of the preset's "
             f"{preset['scores']:g} / {preset['boxes']:g} px and {rep.preset.floor_factor:g} x the reference's "
             f"noise floor {f.scores:.2g} / {f.boxes:.2g} px")
 

@@ -37,11 +37,13 @@ class Tolerances:
     floor_factor: float | None = None
 
 
-# max(preset, FLOOR_FACTOR x floor): |cand - ref32| <= |cand - ref64| + |ref32 - ref64|, and a
-# candidate's kernels (ONNX Runtime's fused convs and GEMMs) may round up to 3x worse than the
-# reference's: measured on YOLO11n at 640 px, ONNX Runtime sat 1.3x the floor from float64
-# (scores) and 2.3x from the float32 reference.
-FLOOR_FACTOR = 4.0
+# max(preset, FLOOR_FACTOR x floor): |cand - ref32| <= |cand - ref64| + |ref32 - ref64| = its own
+# rounding error + the floor, and a candidate's kernels (ONNX Runtime's fused convs and GEMMs)
+# round differently from PyTorch's. Measured (ONNX Runtime vs PyTorch fp32, max over 2-3 images,
+# divided by the floor, scores / boxes): YOLO11n at 160 px 1.4 / 1.3, at 320 px 3.3 / 3.2, at 640 px
+# 2.3 / 0.3; RT-DETR 0.9 / 1.5; detectron2 Cascade 1.3 / 1.5, RetinaNet 1.5 / 0.8; torchvision
+# Faster R-CNN 1.1 / 1.3. 6 leaves nearly 2x over the worst; a graph error past it still fails.
+FLOOR_FACTOR = 6.0
 
 # fp32 numbers: two fp32 implementations of the same graph agree to ~1e-6 relative per op;
 # boxes are decoded with exp() and scaled by up to ~1000 px, masks go through 5 convs.
