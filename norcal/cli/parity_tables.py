@@ -13,6 +13,15 @@ def _g(v: float | None) -> str:
     return "-" if v is None else ("inf" if not np.isfinite(v) else f"{v:.2g}")
 
 
+def _score_rule(tol) -> str:
+    """The paired scores' rule: quantile bounds where the preset has them, else the max."""
+    from norcal.workflows.parity.compare import quantile_name
+
+    if tol.score_quantiles:
+        return ", ".join(f"score |d| {quantile_name(q)} <= {b:g}" for q, b in sorted(tol.score_quantiles.items()))
+    return f"score |d| <= {tol.score_atol:g}"
+
+
 def render_tables(run: ParityRun) -> list:
     """Rich tables for a :class:`ParityRun`: per comparison, one row per output (differences
     over matched detections, and the naive in-order max), then the detection-level agreement,
@@ -47,15 +56,16 @@ def render_tables(run: ParityRun) -> list:
         if det is not None:
             dt = Table(title="detections paired as sets (same class, box IoU)",
                        caption=f"need >= {tol.min_matched:.0%} paired or on the boundary, IoU >= "
-                               f"{tol.match_iou:g}, score |d| <= {tol.score_atol:g}",
+                               f"{tol.match_iou:g}, " + _score_rule(tol),
                        box=box.SIMPLE_HEAD, pad_edge=False)
             for col in ("ref", "cand", "paired", "boundary", "lone r/c", "reordered", "IoU min",
-                        "score |d| max"):
+                        "score |d| p50", "p99", "max"):
                 dt.add_column(col, justify="right")
             dt.add_row(str(det.reference_count), str(det.candidate_count),
                        f"{det.matched} ({det.matched_fraction:.1%})", str(det.excused),
                        f"{det.unmatched_reference}/{det.unmatched_candidate}", str(det.reordered),
-                       f"{det.min_iou:.4f}", _g(det.max_score_diff))
+                       f"{det.min_iou:.4f}", _g(det.median_score_diff), _g(det.p99_score_diff),
+                       _g(det.max_score_diff))
             tables.append(dt)
         if rep.ap:
             at = Table(title="box AP on the given annotations", caption=f"tolerance {tol.ap_atol:g}",

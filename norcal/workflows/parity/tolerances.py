@@ -21,6 +21,9 @@ class Tolerances:
     score_atol: the most a matched pair's scores may differ, and the boundary slack;
     min_matched: the least fraction of detections (either side) matched or excused;
     ap_atol: the most AP (0-1 scale, each LVIS stat) may differ when annotations are given;
+    score_quantiles: where set ({quantile: bound}), the detection-level score check: those
+    quantiles of the matched pairs' |score difference| within their bounds, instead of the max
+    within ``score_atol`` (a few saturated scores do not decide an int8 verdict);
     floor_factor: where set, the score and box tolerances become max(preset, floor_factor x the
     reference's measured float noise) (:mod:`norcal.workflows.parity.floor`).
     """
@@ -35,6 +38,7 @@ class Tolerances:
     ap_atol: float
     default_atol: float = 1e-4
     floor_factor: float | None = None
+    score_quantiles: dict[float, float] | None = None
 
 
 # max(preset, FLOOR_FACTOR x floor): |cand - ref32| <= |cand - ref64| + |ref32 - ref64| = its own
@@ -44,6 +48,10 @@ class Tolerances:
 # 2.3 / 0.3; RT-DETR 0.9 / 1.5; detectron2 Cascade 1.3 / 1.5, RetinaNet 1.5 / 0.8; torchvision
 # Faster R-CNN 1.1 / 1.3. 6 leaves nearly 2x over the worst; a graph error past it still fails.
 FLOOR_FACTOR = 6.0
+
+# int8: the median paired score difference within 0.03 ("a few hundredths"), the 99th percentile
+# within 0.15 (the bound the max had).
+INT8_SCORE_QUANTILES = {0.5: 0.03, 0.99: 0.15}
 
 # fp32 numbers: two fp32 implementations of the same graph agree to ~1e-6 relative per op;
 # boxes are decoded with exp() and scaled by up to ~1000 px, masks go through 5 convs.
@@ -65,10 +73,13 @@ PRESETS: dict[str, Tolerances] = {
     # boxes by pixels and scores by a few hundredths; measured on the bundled trained model
     # (8 validation images, 16 calibration images): 98.7% of fp32 detections scoring >= 0.05
     # have a same-class partner at IoU >= 0.5; against PyTorch all 2241 detections pair up, the
-    # scores of a pair differing by up to 0.102. Judged on detections, not element by element.
+    # scores of a pair differing by up to 0.102. Judged on detections, not element by element,
+    # and on what a user sees: the paired share, and the median and 99th percentile of the paired
+    # scores' differences, not their max: where a few scores saturate (a YOLO11 int8 graph, 99.6%
+    # paired, a handful of scores clipped at the int8 range's end) the max says nothing of the rest.
     "int8": Tolerances("int8", atol={"boxes": 8.0, "scores": 0.15, "masks": 0.25}, rtol=5e-2,
                        elementwise=False, match_iou=0.5, score_atol=0.15, min_matched=0.8,
-                       ap_atol=3e-2),
+                       ap_atol=3e-2, score_quantiles=INT8_SCORE_QUANTILES),
 }
 
 
