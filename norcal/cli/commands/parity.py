@@ -33,8 +33,8 @@ How outputs are judged (norcal.workflows.parity):
     tf32 (TensorRT fp32 engines: TF32 is TensorRT's default) and fp16: detection level only,
       >= 95% / 90% paired at IoU >= 0.9 / 0.8, scores within 1e-2 / 2e-2, AP within 0.005 / 0.01.
     int8 (a `norcal quantize` model, from its metadata, or an int8 engine): >= 80% paired at
-      IoU >= 0.5, paired scores' differences: median within 0.03 and 99th percentile within
-      0.15 (a few saturated int8 scores do not decide it), AP within 0.03.
+      IoU >= 0.5, paired scores' differences: median within 0.01 and 99th percentile within
+      0.06 (a few saturated int8 scores do not decide it), AP within 0.03.
 IMAGES come right after MODEL (argparse takes positionals in one run).
 Exit status: 0 when every comparison passes, 1 when one fails, 2 on bad input.
 

@@ -49,9 +49,11 @@ class Tolerances:
 # Faster R-CNN 1.1 / 1.3. 6 leaves nearly 2x over the worst; a graph error past it still fails.
 FLOOR_FACTOR = 6.0
 
-# int8: the median paired score difference within 0.03 ("a few hundredths"), the 99th percentile
-# within 0.15 (the bound the max had).
-INT8_SCORE_QUANTILES = {0.5: 0.03, 0.99: 0.15}
+# int8 paired score differences, measured on the bundled model against PyTorch (8 validation
+# images): median 3.2e-4, 99th percentile 0.037 (max 0.102); with one res4 conv's weight scale
+# doubled (a broken quantization): median 9.7e-4, 99th percentile 0.075 (max 0.32). The bounds
+# sit between: median within 0.01, 99th percentile within 0.06.
+INT8_SCORE_QUANTILES = {0.5: 0.01, 0.99: 0.06}
 
 # fp32 numbers: two fp32 implementations of the same graph agree to ~1e-6 relative per op;
 # boxes are decoded with exp() and scaled by up to ~1000 px, masks go through 5 convs.
