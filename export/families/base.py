@@ -149,6 +149,12 @@ class Detector(ABC):
         """A :class:`norcal.core.runner.Runner` running this model in PyTorch on the contract's
         feeds, NorCal applied per ``calibration`` (None: plain)."""
 
+    def noise_runner(self, calibration=None, name: str = "pytorch-fp64"):
+        """A runner of this model whose outputs differ from :meth:`torch_runner`'s by float
+        rounding alone (parity measures the reference's own float32 noise with it), or None where
+        the family has none. Default: the PyTorch runner's model in float64."""
+        return self.torch_runner(calibration, name).in_float64(name)
+
     # --- tuning: one network pass, then re-scoring per gamma
     @abstractmethod
     def cache_bytes(self, num_images: int, num_gammas: int) -> int:

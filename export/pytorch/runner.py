@@ -124,7 +124,8 @@ class TorchRunner:
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise NorcalError(f"{self.name}: missing inputs {', '.join(missing)}")
-        images = torch.as_tensor(np.ascontiguousarray(feeds["images"], np.float32), device=self.device)
+        dtype = next(self.model.parameters()).dtype  # float64 for :meth:`in_float64`'s copy
+        images = torch.as_tensor(np.ascontiguousarray(feeds["images"], np.float32), device=self.device).to(dtype)
         sizes = torch.as_tensor(np.asarray(feeds["image_sizes"], np.int64), device=self.device)
         old_threads = torch.get_num_threads()
         if self.threads:
@@ -135,3 +136,14 @@ class TorchRunner:
         finally:
             torch.set_num_threads(old_threads)
         return {k: out[k].detach().cpu().numpy() for k in self.output_names}
+
+    def in_float64(self, name: str | None = None) -> "TorchRunner":
+        """This runner with its model copied to float64 (same calibration, metadata and outputs):
+        its outputs differ from this runner's by this runner's own float32 rounding alone, the
+        reference's noise floor that parity judges fp32 candidates against."""
+        import copy
+
+        twin = copy.copy(self)
+        twin.model = copy.deepcopy(self.model).double()
+        twin.name = name or f"{self.name}-fp64"
+        return twin

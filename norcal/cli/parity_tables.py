@@ -13,6 +13,15 @@ def _g(v: float | None) -> str:
     return "-" if v is None else ("inf" if not np.isfinite(v) else f"{v:.2g}")
 
 
+def _score_rule(tol) -> str:
+    """The paired scores' rule: quantile bounds where the preset has them, else the max."""
+    from norcal.workflows.parity.compare import quantile_name
+
+    if tol.score_quantiles:
+        return ", ".join(f"score |d| {quantile_name(q)} <= {b:g}" for q, b in sorted(tol.score_quantiles.items()))
+    return f"score |d| <= {tol.score_atol:g}"
+
+
 def render_tables(run: ParityRun) -> list:
     """Rich tables for a :class:`ParityRun`: per comparison, one row per output (differences
     over matched detections, and the naive in-order max), then the detection-level agreement,
@@ -28,7 +37,7 @@ def render_tables(run: ParityRun) -> list:
         t = Table(title=f"{rep.candidate} vs {rep.reference}: {tol.precision}, {level}",
                   caption=f"{run.images} images; |d| over paired detections, 'in order' the naive "
                           f"element-wise max; tolerance atol + {tol.rtol:g} x |ref|; ok/over: shown, "
-                          f"not judged; {times}",
+                          f"not judged; {times}" + (f"\n{rep.floor.line()}" if rep.floor else ""),
                   box=box.SIMPLE_HEAD, pad_edge=False)
         for col, just in (("output", "left"), ("shape", "left"), ("max |d|", "right"),
                           ("mean |d|", "right"), ("in order", "right"), ("atol", "right"), ("result", "left")):
@@ -37,7 +46,7 @@ def render_tables(run: ParityRun) -> list:
             if d.name == "classes" and d.aligned:
                 tolerance, result = "same", "pass"
             else:
-                tolerance = "edge" if d.name == "num_detections" else f"{d.atol:g}"
+                tolerance = "edge" if d.name == "num_detections" else f"{d.atol:.3g}"
                 result = ("pass" if d.passed else "FAIL") if d.gating else ("ok" if d.passed else "over")
             colour = "green" if result.startswith(("pass", "ok")) else ("red" if result == "FAIL" else "yellow")
             t.add_row(d.name, "x".join(map(str, d.shape)), _g(d.max_abs), _g(d.mean_abs),
@@ -47,15 +56,16 @@ def render_tables(run: ParityRun) -> list:
         if det is not None:
             dt = Table(title="detections paired as sets (same class, box IoU)",
                        caption=f"need >= {tol.min_matched:.0%} paired or on the boundary, IoU >= "
-                               f"{tol.match_iou:g}, score |d| <= {tol.score_atol:g}",
+                               f"{tol.match_iou:g}, " + _score_rule(tol),
                        box=box.SIMPLE_HEAD, pad_edge=False)
             for col in ("ref", "cand", "paired", "boundary", "lone r/c", "reordered", "IoU min",
-                        "score |d| max"):
+                        "score |d| p50", "p99", "max"):
                 dt.add_column(col, justify="right")
             dt.add_row(str(det.reference_count), str(det.candidate_count),
                        f"{det.matched} ({det.matched_fraction:.1%})", str(det.excused),
                        f"{det.unmatched_reference}/{det.unmatched_candidate}", str(det.reordered),
-                       f"{det.min_iou:.4f}", _g(det.max_score_diff))
+                       f"{det.min_iou:.4f}", _g(det.median_score_diff), _g(det.p99_score_diff),
+                       _g(det.max_score_diff))
             tables.append(dt)
         if rep.ap:
             at = Table(title="box AP on the given annotations", caption=f"tolerance {tol.ap_atol:g}",

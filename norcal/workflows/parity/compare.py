@@ -4,6 +4,7 @@ image and compared on the matched pairs, other outputs element-wise (see the pac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,8 @@ class DetectionDiff:
     max_score_diff: float
     mean_score_diff: float
     max_box_diff: float
+    median_score_diff: float = 0.0
+    p99_score_diff: float = 0.0
 
     @property
     def matched_fraction(self) -> float:
@@ -69,6 +72,8 @@ class ParityReport:
     detections: DetectionDiff | None
     ap: dict[str, tuple[float, float]] = field(default_factory=dict)  # stat -> (reference, candidate)
     failures: list[str] = field(default_factory=list)
+    preset: Tolerances | None = None  # the precision's preset, where ``tolerances`` widened it to the floor
+    floor: Any = None  # the reference's measured noise (norcal.workflows.parity.floor.NoiseFloor), or None
 
     @property
     def passed(self) -> bool:
@@ -156,6 +161,21 @@ def _tensor_failure(d: TensorDiff) -> str:
             f" (mean {d.mean_abs:.3g})")
 
 
+def quantile_name(q: float) -> str:
+    """'median' for 0.5, else 'p99' style."""
+    return "median" if q == 0.5 else f"p{100 * q:g}"
+
+
+def _quantile_failures(score_d: np.ndarray, bounds: dict[float, float]) -> list[str]:
+    """One line per quantile of the paired score differences past its bound."""
+    out = []
+    for q, bound in sorted(bounds.items()):
+        v = float(np.quantile(score_d, q)) if score_d.size else 0.0
+        if v > bound:
+            out.append(f"detections: matched scores' {quantile_name(q)} difference {v:.3g} > {bound:g}")
+    return out
+
+
 def _compare_detections(ref: dict, cand: dict, tol: Tolerances, score_thresh: float):
     failures: list[str] = []
     rn = np.asarray(ref["num_detections"]).reshape(-1).astype(np.int64)
@@ -221,13 +241,17 @@ def _compare_detections(ref: dict, cand: dict, tol: Tolerances, score_thresh: fl
         max_score_diff=float(score_d.max()) if score_d.size else 0.0,
         mean_score_diff=float(score_d.mean()) if score_d.size else 0.0,
         max_box_diff=float(box_d.max()) if box_d.size else 0.0,
+        median_score_diff=float(np.quantile(score_d, 0.5)) if score_d.size else 0.0,
+        p99_score_diff=float(np.quantile(score_d, 0.99)) if score_d.size else 0.0,
     )
     if dd.matched_fraction < tol.min_matched:
         failures.append(f"detections: {dd.matched_fraction:.1%} matched (IoU >= {tol.match_iou:g}, same class), "
                         f"need {tol.min_matched:.0%}: {dd.unmatched_reference} reference and "
                         f"{dd.unmatched_candidate} candidate detections unpaired"
                         + (f" in images {', '.join(map(str, bad_images[:8]))}" if bad_images else ""))
-    if dd.max_score_diff > tol.score_atol and not tol.elementwise:  # else the scores row says it
+    if tol.score_quantiles and not tol.elementwise:
+        failures.extend(_quantile_failures(score_d, tol.score_quantiles))
+    elif dd.max_score_diff > tol.score_atol and not tol.elementwise:  # else the scores row says it
         failures.append(f"detections: matched scores differ by up to {dd.max_score_diff:.3g} "
                         f"> {tol.score_atol:g}")
     # per-output rows on the matched pairs (the element-level view, robust to reordering)

@@ -13,10 +13,21 @@ def verdict_lines(run: ParityRun) -> list[str]:
     for rep in run.reports:
         head = f"{rep.candidate} vs {rep.reference} ({rep.precision})"
         if rep.passed:
-            lines.append(f"PASS  {head}")
+            lines.append(f"PASS  {head}{_floor_note(rep)}")
         else:
-            lines.append(f"FAIL  {head}: " + "; ".join(rep.failures))
+            lines.append(f"FAIL  {head}: " + "; ".join(rep.failures) + _floor_note(rep))
     return lines
+
+
+def _floor_note(rep) -> str:
+    """The tolerances an fp32 comparison used, the preset's and the measured floor's ("" without
+    a floor): each is the larger of the preset and floor_factor x the reference's own noise."""
+    if rep.floor is None or rep.preset is None:
+        return ""
+    used, preset, f = rep.tolerances.atol, rep.preset.atol, rep.floor
+    return (f"; tolerances scores {used['scores']:.2g} / boxes {used['boxes']:.2g} px: the larger of the preset's "
+            f"{preset['scores']:g} / {preset['boxes']:g} px and {rep.preset.floor_factor:g} x the reference's "
+            f"noise floor {f.scores:.2g} / {f.boxes:.2g} px")
 
 
 def report_json(run: ParityRun) -> dict:
@@ -37,6 +48,8 @@ def report_json(run: ParityRun) -> dict:
         "ap": run.ap,
         "comparisons": [{"reference": r.reference, "candidate": r.candidate, "passed": r.passed,
                          "tolerances": asdict(r.tolerances), "failures": r.failures,
+                         "preset_tolerances": asdict(r.preset) if r.preset else None,
+                         "noise_floor": asdict(r.floor) if r.floor else None,
                          "outputs": [asdict(d) for d in r.tensors],
                          "detections": asdict(r.detections) if r.detections else None,
                          "ap": {k: list(v) for k, v in r.ap.items()}} for r in run.reports],

@@ -11,6 +11,7 @@ import numpy as np
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
 from norcal.workflows.parity.compare import ParityReport, compare
+from norcal.workflows.parity.floor import NoiseFloor, measure_floor, widened
 from norcal.workflows.parity.tolerances import PRESETS, Tolerances, runner_precision
 
 
@@ -25,6 +26,7 @@ class ParityRun:
     reports: list[ParityReport]
     images: int
     ap: dict[str, dict[str, float]] = field(default_factory=dict)
+    floor: NoiseFloor | None = None  # the reference's own float noise, where it was measured
 
     @property
     def passed(self) -> bool:
@@ -112,7 +114,8 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
                tolerances: dict[str, Tolerances] | None = None, score_thresh: float = 0.0,
                gt=None, image_ids: Sequence | None = None, category_ids: list[int] | None = None,
                fixed_shape: tuple[int | None, int | None, int | None] | None = None,
-               on_batch: Callable[[str, int], None] | None = None, split: str = "val") -> ParityRun:
+               on_batch: Callable[[str, int], None] | None = None, split: str = "val",
+               noise_runner: Runner | None = None) -> ParityRun:
     """Feed the same prepared batches to every runner; compare runners[0] with each other one.
 
     images_rgb: RGB uint8 [H,W,3] arrays. tolerances: runner name -> Tolerances (default: the
@@ -124,6 +127,10 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     images are zero-padded to H x W, for every runner alike. ``spec`` (a
     :class:`norcal.core.contract.Preprocessing`, e.g. a letterbox) replaces the size settings.
     ``on_batch(runner_name, images_done)`` is called after each batch (progress bars).
+    noise_runner: the reference run more precisely (the family's
+    :meth:`~norcal.export.families.base.Detector.noise_runner`); when a candidate's preset has a
+    floor factor (fp32) it runs the same batches too, and that candidate's score and box
+    tolerances are widened to the measured floor (:mod:`norcal.workflows.parity.floor`).
     """
     from norcal.core.contract import InputSpec
     from norcal.runtime.inference import prepared_batches
@@ -148,8 +155,12 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
         from norcal.core.yolo_ground_truth import check_split
 
         check_split(split)
-    chunks: dict[str, list] = {n: [] for n in names}
-    seconds = {n: 0.0 for n in names}
+    presets = {r.name: (tolerances or {}).get(r.name) or PRESETS[runner_precision(r)] for r in runners[1:]}
+    if noise_runner is not None and not any(t.floor_factor for t in presets.values()):
+        noise_runner = None  # nothing judged against the floor: not worth a second reference run
+    timed = list(runners) + ([noise_runner] if noise_runner is not None else [])
+    chunks: dict[str, list] = {r.name: [] for r in timed}
+    seconds = {r.name: 0.0 for r in timed}
     batches = []
     done = 0
     for batch in prepared:
@@ -157,7 +168,7 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
         done += n
         batches.append((batch.image_sizes, batch.original_sizes, batch.keep_empty_boxes, batch.clip_boxes))
         feeds = _fit_shape(batch.feeds(), fixed_shape)
-        for r in runners:
+        for r in timed:
             t0 = time.perf_counter()
             # copies: a runner must not see another's in-place changes to the feeds
             out = r.infer({k: v.copy() for k, v in feeds.items()})
@@ -167,6 +178,9 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
                 on_batch(r.name, done)
     outputs = {n: _concat(c) for n, c in chunks.items()}
     ref = names[0]
+    floor = None
+    if noise_runner is not None:
+        floor = measure_floor(outputs[ref], outputs.pop(noise_runner.name), noise_runner.name, score_thresh)
     ap = {}
     if gt is not None:
         from norcal.evaluation import prepare_gt
@@ -175,9 +189,12 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
         ap = {n: _ap(outputs[n], batches, gt, list(image_ids), category_ids) for n in names}
     reports = []
     for r in runners[1:]:
-        tol = (tolerances or {}).get(r.name) or PRESETS[runner_precision(r)]
+        preset = presets[r.name]
+        tol = widened(preset, floor)
         rep = compare(outputs[ref], outputs[r.name], tol, reference_name=ref, candidate_name=r.name,
                       score_thresh=score_thresh)
+        if preset.floor_factor and floor is not None:
+            rep.preset, rep.floor = preset, floor
         if ap:
             for k in ("AP", "APr", "APc", "APf"):
                 a, b = ap[ref].get(k, -1.0), ap[r.name].get(k, -1.0)
@@ -185,7 +202,7 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
                 if a >= 0 and b >= 0 and abs(a - b) > tol.ap_atol:
                     rep.failures.append(f"{k}: {a:.4f} vs {b:.4f}, differs by {abs(a - b):.4f} > {tol.ap_atol:g}")
         reports.append(rep)
-    return ParityRun(names, outputs, seconds, reports, len(images_rgb), ap)
+    return ParityRun(names, outputs, seconds, reports, len(images_rgb), ap, floor)
 
 
 

@@ -87,7 +87,9 @@ class ParityRunners:
     threshold and fixed input shape (if any), and the batch size (the model's fixed batch
     wins over the requested one). ``calibration``: the NorCal prior the PyTorch side was
     given (None for a plain model or without a checkpoint). ``notes``: what was left out or
-    differs, one line each (a backend unavailable, an engine built at another gamma)."""
+    differs, one line each (a backend unavailable, an engine built at another gamma). ``noise``:
+    the reference's family's noise runner (the PyTorch model in float64), which measures the
+    reference's own float noise for the fp32 preset; None without a checkpoint."""
 
     runners: list[Runner]
     onnx: Runner
@@ -98,6 +100,7 @@ class ParityRunners:
     batch_size: int
     calibration: Any = None  # norcal.export.pytorch.runner.OnnxCalibration
     notes: list[str] = field(default_factory=list)
+    noise: Runner | None = None  # the reference run more precisely (the family's noise runner), or None
 
     @property
     def reference(self) -> Runner:
@@ -154,12 +157,15 @@ def build_runners(request: ParityRequest,
     calibration = onnx_calibration(request.model)
     runners: list[Runner] = []
     notes: list[str] = []
+    noise = None
     if request.checkpoint:
         with stage("loading the PyTorch model"):
             # the decoding the ONNX records (best-class, conf), where the checkpoint's family takes one
             family = family_of(request.checkpoint, request.config)
             decoding = recorded_decoding(ort.metadata) if family.decodings else None
-            torch_runner = load_detector(request.checkpoint, request.config, decoding).torch_runner(calibration)
+            detector = load_detector(request.checkpoint, request.config, decoding)
+            torch_runner = detector.torch_runner(calibration)
+            noise = detector.noise_runner(calibration)
         ours, theirs = (r.metadata.get(contract.NUM_CLASSES) for r in (torch_runner, ort))
         if ours and theirs and ours != theirs:  # else the NorCal prior's length is what fails
             raise NorcalError(f"checkpoint {request.checkpoint} has {ours} classes but "
@@ -185,4 +191,4 @@ def build_runners(request: ParityRequest,
     batch = fixed[0] if fixed and fixed[0] and fixed[0] != request.batch_size else request.batch_size
     return ParityRunners(runners, ort, {r.name: PRESETS[runner_precision(r)] for r in runners},
                          input_spec(ort.metadata), model_score_thresh(ort.metadata), fixed, batch,
-                         calibration if request.checkpoint else None, notes)
+                         calibration if request.checkpoint else None, notes, noise)
