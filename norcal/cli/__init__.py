@@ -25,6 +25,7 @@ import norcal.cli.commands
 from norcal.core.version import __version__
 from norcal.core.errors import NorcalError
 from norcal.cli.options import COMMON_FLAGS, error_line
+from norcal.core import stop_signals
 from norcal.core.outputs import output_run
 
 
@@ -158,7 +159,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     run = None
     try:
         try:
-            with _signals_interrupt(), output_run() as run:
+            with stop_signals.recording(), _signals_interrupt(), output_run() as run:
                 return int(args._run(args) or 0)
         except Exception as e:
             stop = _interrupt_behind(e)
@@ -187,12 +188,20 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 128 + signum
 
 
+# what a Ctrl-C before the command started says (the commands' modules load in about a second)
+INTERRUPTED = "interrupted (nothing was written)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version or a usage error (already printed in one line)
-        return int(e.code or 0)
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help, --version or a usage error (already printed in one line)
+            return int(e.code or 0)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 128 + signal.SIGINT
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -201,14 +210,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def export_main(argv: list[str] | None = None) -> int:
     """``norcal-export``: the same as ``norcal export``."""
-    from norcal.cli.commands import export as module
-
-    parser = ArgumentParser(prog="norcal-export", description=module.DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    module.add_arguments(parser)
-    parser.set_defaults(_run=module.run, _flags=module.FLAGS)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
+        from norcal.cli.commands import export as module
+
+        parser = ArgumentParser(prog="norcal-export", description=module.DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(parser)
+        parser.set_defaults(_run=module.run, _flags=module.FLAGS)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:
+            return int(e.code or 0)
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 128 + signal.SIGINT
     return _dispatch(args)

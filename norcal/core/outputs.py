@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from norcal.core import stop_signals
 from norcal.core.errors import NorcalError
+from norcal.core.stop_signals import STOP_SIGNALS
 
 _ACTIVE: contextvars.ContextVar["OutputRun | None"] = contextvars.ContextVar("norcal_output_run", default=None)
 
@@ -239,6 +241,10 @@ class OutputRun:
             # the held signal's handler returned without raising: the run goes on, so commit again
 
     def _commit_once(self, held: _Held) -> None:
+        stop = stop_signals.take()
+        if stop in held.handlers and not held:  # its KeyboardInterrupt was lost on the way: deliver it again
+            held.append(stop)
+            return
         journal: list[tuple[Path, Path]] = []
         try:
             backups = self._move_all(journal)
@@ -295,9 +301,6 @@ class _Held(list):
         """True when delivering one will end the process (its default action)."""
         return any(self.handlers.get(sig) is signal.SIG_DFL for sig in self)
 
-
-# the signals that stop a run (SIGHUP: the terminal closed; not on Windows)
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 @contextlib.contextmanager

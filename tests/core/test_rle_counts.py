@@ -41,18 +41,55 @@ def test_frPyObjects_round_trip_of_big_runs():
         assert counts_problem(s, h, w) is None
 
 
-def test_a_file_too_large_to_sum_still_has_its_strings_form_checked(monkeypatch):
-    """Past FULL_CHECK_RECORDS only what pycocotools can read is checked (in C): a garbage string
-    is still refused by record; a well-formed string of another size is let through."""
+def test_vectorised_sums_match_pycocotools_and_the_reader():
+    """All strings decoded at once: pycocotools' own encodings sum to h x w; random well-formed
+    strings give decode_counts' sum, or are negative exactly where it refuses them."""
+    import random
+
+    from norcal.core.errors import NorcalError
+    from norcal.core.rle_counts import _run_sums
+
+    rng, rnd = np.random.default_rng(1), random.Random(1)
+    strings, expected = [], []
+    for seed in range(60):
+        h, w = (int(v) for v in rng.integers(1, 300, 2))
+        mask = np.asfortranarray(rng.random((h, w)) < rng.random() ** 3)
+        if seed % 3 == 0:
+            mask[:] = 0
+            mask[h // 3:, w // 2:] = 1
+        strings.append(mask_utils.encode(mask)["counts"])
+        expected.append((h * w, False))
+    for _ in range(300):
+        s = "".join("".join(rnd.choices("PQRSTUVWXYZ[\\]^_`abcdefghijklmno", k=rnd.randint(0, 5)))
+                    + rnd.choice("0123456789:;<=>?@ABCDEFGHIJKLMNO") for _ in range(rnd.randint(0, 12)))
+        strings.append(s.encode())
+        try:
+            expected.append((sum(decode_counts(s)), False))
+        except NorcalError:
+            expected.append((None, True))
+    sums, negative = _run_sums(strings)
+    assert negative.tolist() == [n for _, n in expected] and 50 < negative.sum() < 300
+    assert [int(v) for v, n in zip(sums, negative) if not n] == [v for v, n in expected if not n]
+
+
+def test_every_record_of_a_large_file_is_summed(monkeypatch):
+    """Runs are summed for every record, past 10,000 records and across the chunks decoded
+    together; the first bad record (wrong sum, negative run or malformed) is the one named."""
     from norcal.core import rle_counts
     from norcal.core.errors import NorcalError
 
-    monkeypatch.setattr(rle_counts, "FULL_CHECK_RECORDS", 1)
-    good = {"size": [2, 2], "counts": "04"}  # four background pixels
-    other = {"size": [3, 3], "counts": "04"}  # sums to 4, not 9: not summed in a large file
-    rle_counts.check_rle_counts("r.json", "", [{"segmentation": good}, {"segmentation": other}])
-    with pytest.raises(NorcalError, match=r"r.json: \[1\]: segmentation.counts: character '!'"):
-        rle_counts.check_rle_counts("r.json", "", [{"segmentation": good}, {"segmentation": {"size": [2, 2], "counts": "0!"}}])
-    monkeypatch.setattr(rle_counts, "FULL_CHECK_RECORDS", 10)
-    with pytest.raises(NorcalError, match="sum to 4, not 3 x 3"):
-        rle_counts.check_rle_counts("r.json", "", [{"segmentation": good}, {"segmentation": other}])
+    good = {"segmentation": {"size": [2, 2], "counts": "04"}}  # four background pixels
+    other = {"segmentation": {"size": [3, 3], "counts": "04"}}  # sums to 4, not 9
+    rle_counts.check_rle_counts("r.json", "", [good] * 20_000)
+    with pytest.raises(NorcalError, match=r"^r.json: \[19999\]: segmentation.counts: RLE counts sum to 4, not 3 x 3"):
+        rle_counts.check_rle_counts("r.json", "", [good] * 19_999 + [other])
+    monkeypatch.setattr(rle_counts, "_CHUNK", 8)  # a chunk every few records
+    garbage = {"segmentation": {"size": [2, 2], "counts": "0!"}}
+    negative = {"segmentation": {"size": [2, 2], "counts": "1O"}}  # 1, then -1
+    for records, first in (([good] * 9 + [other] + [good] * 5 + [garbage], 9),
+                           ([good] * 9 + [garbage] + [other], 9), ([good] * 3 + [other, garbage], 3),
+                           ([good] * 12 + [negative], 12)):
+        with pytest.raises(NorcalError, match=rf"^r.json: \[{first}\]: segmentation.counts: ") as e:
+            rle_counts.check_rle_counts("r.json", "", records)
+        bad = records[first]["segmentation"]
+        assert str(e.value).endswith(rle_counts.counts_problem(bad["counts"], *bad["size"]))

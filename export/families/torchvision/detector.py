@@ -47,8 +47,9 @@ def detector_from_state(state: dict, path: Path, detections_per_image: int | Non
         spec.min_size_test = int(min_size)
     if max_size is not None:
         spec.max_size_test = int(max_size)
+    renamed = rename_state_dict(state, path)  # its errors name the file already
     try:
-        model = model_from_state(spec, rename_state_dict(state, path))
+        model = model_from_state(spec, renamed)
     except NorcalError as e:
         raise NorcalError(f"{path}: {e}") from None
     from norcal.export.rcnn.spec import RETINANET

@@ -21,8 +21,8 @@ from norcal.core.errors import NorcalError
 from norcal.export.families.base import Family
 from norcal.export.families.torchvision.detector import (FAMILY, TorchvisionDetector, TorchvisionRetinaNet,
                                                          detector_from_state)
-from norcal.export.families.torchvision.state_dict import (is_torchvision_checkpoint, rename_state_dict,
-                                                           spec_from_state)
+from norcal.export.families.torchvision.state_dict import (check_variant, is_torchvision_checkpoint,
+                                                           rename_state_dict, saved_keys, spec_from_state)
 from norcal.export.rcnn.detector import check_graph_options
 
 
@@ -45,6 +45,7 @@ class TorchvisionFamily(Family):
 
         if config is not None:
             raise NorcalError(f"{config}: a torchvision state dict takes no config file")
+        check_variant(saved_keys(path), path)  # by name, before reading (and checking) every weight
         return detector_from_state(read_checkpoint(path), path, detections_per_image)
 
 

@@ -16,6 +16,21 @@ from norcal.export.families.pickle_scan import scan_torch_zip
 _MARKERS = ("backbone.body.", "rpn.head.", "roi_heads.box_predictor.cls_score.weight")
 _FCOS = "head.regression_head.bbox_ctrness"  # FCOS's head is RetinaNet's plus centerness
 _RETINANET = "head.classification_head.cls_logits.weight"
+_SSD = "head.classification_head.module_list."  # SSD's and SSDlite's per-level heads
+SUPPORTED = ("supported: fasterrcnn_resnet50_fpn, maskrcnn_resnet50_fpn and retinanet_resnet50_fpn "
+             "(v1, a ResNet-18/50/101/152 FPN backbone)")
+# torchvision builders we do not convert, told apart by a key only they have (first match wins)
+_VARIANTS = (
+    ("roi_heads.keypoint_", "Keypoint R-CNN (keypointrcnn_resnet50_fpn)"),
+    (_FCOS, "FCOS (fcos_resnet50_fpn)"),
+    ("backbone.scale_weight", "SSD (ssd300_vgg16)"),
+    (_SSD, "SSDlite (ssdlite320_mobilenet_v3_large)"),
+    ("backbone.body.0.", "Faster R-CNN with a MobileNet-v3 FPN backbone "
+                         "(fasterrcnn_mobilenet_v3_large_fpn / _320_fpn)"),
+    ("roi_heads.mask_head.0.1.", "Mask R-CNN v2 (maskrcnn_resnet50_fpn_v2: conv + norm box and mask heads)"),
+    ("roi_heads.box_head.0.1.", "Faster R-CNN v2 (fasterrcnn_resnet50_fpn_v2: a conv + norm box head)"),
+    ("head.classification_head.conv.0.1.", "RetinaNet v2 (retinanet_resnet50_fpn_v2: GroupNorm heads)"),
+)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # GeneralizedRCNNTransform's defaults, RGB 0-1
 IMAGENET_STD = (0.229, 0.224, 0.225)
 BLOCKS = {(2, 2, 2, 2): 18, (3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
@@ -50,18 +65,31 @@ _RENAMES = [
 _RENAMES = [(re.compile(p), r) for p, r in _RENAMES]
 
 
+def saved_keys(path: Path) -> set[str]:
+    """The strings a torch zip's pickle holds (its weight names among them, DDP's ``module.``
+    prefix removed), read from its opcodes without unpickling; empty for another file."""
+    scan = scan_torch_zip(path)
+    if scan is None:
+        return set()
+    return {s[len("module."):] if s.startswith("module.") else s for s in scan.strings}
+
+
 def is_torchvision_checkpoint(path: Path) -> bool:
     """A ``.pth``/``.pt`` torch zip whose keys are a torchvision detection model's."""
     if path.suffix.lower() not in TORCH_SUFFIXES or not path.is_file():
         return False
-    scan = scan_torch_zip(path)
-    if scan is None or not scan.strings:
-        return False
-    strings = scan.strings
-    keys = {s[len("module."):] if s.startswith("module.") else s for s in strings}  # DDP's prefix
+    keys = saved_keys(path)
     has = [any(k.startswith(m) for k in keys) for m in _MARKERS]
     dense = any(k.startswith((_FCOS, _RETINANET)) for k in keys)
-    return all(has) or (has[0] and dense)
+    ssd = any(k.startswith("backbone.features.") for k in keys) and any(k.startswith(_SSD) for k in keys)
+    return all(has) or (has[0] and dense) or ssd  # SSDs are claimed so that load names them
+
+
+def check_variant(keys, path: Path) -> None:
+    """Refuse, naming it, a torchvision detection model we do not convert (one line)."""
+    for marker, variant in _VARIANTS:
+        if any(k.startswith(marker) for k in keys):
+            raise NorcalError(f"{path}: a torchvision {variant} state dict is not supported; {SUPPORTED}")
 
 
 def rename_state_dict(state: dict, path: Path) -> dict:
@@ -128,9 +156,12 @@ def _retinanet_spec(state: dict, path: Path, detections_per_image: int | None):
     cls = _shape(state, _RETINANET, path)[0]
     box = _shape(state, "head.regression_head.bbox_reg.weight", path)[0]
     anchors = box // 4
-    if anchors != 9 or cls % anchors:
+    if anchors != 9:
         raise NorcalError(f"{path}: the RetinaNet head predicts {box // 4} anchors per location; "
                           "torchvision's retinanet_resnet50_fpn anchors (3 scales x 3 ratios) are 9")
+    if cls % anchors or cls < anchors:
+        raise NorcalError(f"{path}: head.classification_head.cls_logits has {cls} outputs; a RetinaNet "
+                          f"of C >= 1 classes has C x {anchors} (one per class and anchor)")
     base = _resnet(state, path)
     p6_in = _shape(state, "backbone.fpn.extra_blocks.p6.weight", path)[1]
     convs = len({m[1] for k in state if (m := re.match(r"head\.classification_head\.conv\.(\d+)\.", k))})
@@ -149,9 +180,7 @@ def spec_from_state(state: dict, path: Path, detections_per_image: int | None = 
     state dict (its own key names): class count, depth, widths and mask head from the shapes."""
     from norcal.export.rcnn.spec import ModelSpec
 
-    if any(k.startswith(_FCOS) for k in state):
-        raise NorcalError(f"{path}: a torchvision FCOS state dict; only Faster / Mask R-CNN and RetinaNet "
-                          "(ResNet-FPN) are supported so far")
+    check_variant(state, path)
     if _RETINANET in state:
         return _retinanet_spec(state, path, detections_per_image)
     cls = _shape(state, "roi_heads.box_predictor.cls_score.weight", path)

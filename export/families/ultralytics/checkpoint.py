@@ -176,12 +176,25 @@ def checkpoint_model(ckpt: dict, path) -> Any:
 
 
 def ordered_names(names, where) -> list[str] | None:
-    """An Ultralytics model's class names (a list, or ``{index: name}``) in class-index order;
-    None when the model has none."""
+    """An Ultralytics model's class names (a list of strings, or ``{index: name}``) in class-index
+    order; None when the model has none. Anything else is refused naming ``where`` and the field."""
+    if names is None:
+        return None
     if isinstance(names, dict):
-        if sorted(int(k) for k in names) != list(range(len(names))):
+        try:
+            index = {int(k): v for k, v in names.items() if not isinstance(k, bool)}
+        except (TypeError, ValueError):
+            index = {}
+        if sorted(index) != list(range(len(names))):
             raise NorcalError(f"{where}: the model's class names are not indexed 0..{len(names) - 1}")
-        return [str(names[k]) for k in sorted(names, key=int)]
-    if isinstance(names, (list, tuple)):
-        return [str(n) for n in names]
-    return None
+        values = [index[i] for i in range(len(names))]
+    elif isinstance(names, (list, tuple)):
+        values = list(names)
+    else:
+        raise NorcalError(f"{where}: the model's names must be a list or an {{index: name}} dict of strings, "
+                          f"got a {type(names).__name__}")
+    for bad in values:
+        if not isinstance(bad, str):
+            raise NorcalError(f"{where}: the model's names must be strings, got {bad!r} "
+                              f"(a {type(bad).__name__})")
+    return values

@@ -19,6 +19,7 @@ import numpy as np
 from norcal.core import contract
 from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
+from norcal.core.ranges import MAX_EXPORT_SIDE, check_range
 from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
 from norcal.export.families.ultralytics.checkpoint import ordered_names
 
@@ -28,10 +29,25 @@ SCORE_THRESH, NMS_THRESH, DETECTIONS = 0.001, 0.7, 300
 DEFAULT_IMGSZ = 640
 
 
+def head_stride(head, path) -> int:
+    """The head's largest stride (the input side must be a multiple of it); each saved stride
+    must be a whole number of pixels in 1..MAX_EXPORT_SIDE."""
+    strides = [float(s) for s in getattr(head, "stride", ())]
+    if not strides:
+        raise NorcalError(f"{path}: the head saves no stride")
+    for s in strides:
+        check_range(f"{path}: saved stride", s if not s.is_integer() else int(s), 1, MAX_EXPORT_SIDE,
+                    integer=True, why="the largest export side")
+    return int(max(strides))
+
+
 def model_names(model, path) -> list[str]:
     """The class names of a loaded Ultralytics model, in index order (placeholders "0", "1", ...
     when it names none); refused when they do not match its head's class count."""
-    nc = int(model.model[-1].nc)
+    nc = check_range(f"{path}: the head's nc", model.model[-1].nc, 1, integer=True)
+    saved = model.yaml.get("nc") if isinstance(getattr(model, "yaml", None), dict) else None
+    if saved is not None and saved != nc:
+        raise NorcalError(f"{path}: the model's yaml says nc {saved!r} but its head predicts {nc} classes")
     names = ordered_names(getattr(model, "names", None), path)
     if names is None:
         names = [str(i) for i in range(nc)]
@@ -106,7 +122,7 @@ class YoloDetector(Detector):
         self.num_classes = len(self.names)
         self.topk = int(detections_per_image or DETECTIONS)
         self.imgsz = int(imgsz)
-        self.stride = int(max(float(s) for s in model.model[-1].stride))
+        self.stride = head_stride(model.model[-1], path)
         self.task = "segment" if type(model).__name__ == "SegmentationModel" else "detect"
         self.model = YoloGraph(model, num_classes=self.num_classes,
                                score_thresh=SCORE_THRESH if score_thresh is None else float(score_thresh),

@@ -377,7 +377,7 @@ def test_tune_rescore_equals_the_onnx(work, kind):
 
 
 @pytest.mark.parametrize("yaml, task", [("yolo11n-pose.yaml", "PoseModel"), ("yolo11n-obb.yaml", "OBBModel"),
-                                        ("yolo11n-cls.yaml", "ClassificationModel")])
+                                        ("yolo11n-cls.yaml", "ClassificationModel"), ("yolov8s-worldv2.yaml", "WorldModel")])
 def test_other_ultralytics_tasks_are_refused_by_name(tmp_path, yaml, task):
     from ultralytics import YOLO
 
