@@ -18,7 +18,7 @@ floor of each side, bilinear interpolation of the float pixels as ``F.interpolat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -109,8 +109,7 @@ class Batch:
     original_sizes: int64 [B,2] (h, w) of each image as read;
     keep_empty_boxes: keep detections whose clipped box has no area (Ultralytics' letterbox and
     stretch models, as Ultralytics keeps them; detectron2 and torchvision drop them);
-    mask_paste: how the detections' masks become image masks (the model's
-    :data:`norcal.core.contract.MASK_PASTE`).
+    mask_paste: whose mask paste the detections follow ("torchvision" for torchvision's resize).
     """
 
     images: np.ndarray
@@ -148,15 +147,13 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, m
     if isinstance(min_size, Preprocessing):
         spec = min_size
         if spec.letterbox:
-            return replace(letterbox_batch(images_rgb, spec.input_size, spec.input_format, spec.pad_value),
-                           mask_paste=spec.masks_pasted)
+            return letterbox_batch(images_rgb, spec.input_size, spec.input_format, spec.pad_value)
         if spec.resize == RESIZE_STRETCH:
-            return replace(prepare_stretch_batch(images_rgb, spec.input_size, spec.input_size, spec.input_format),
-                           mask_paste=spec.masks_pasted)
+            return prepare_stretch_batch(images_rgb, spec.input_size, spec.input_size, spec.input_format)
         min_size, max_size, fmt, divisibility = spec.min_size, spec.max_size, spec.input_format, spec.divisibility
         rule = spec.resize
     else:
-        rule, spec = "shortest_edge", None
+        rule = "shortest_edge"
     if not images_rgb:
         raise NorcalError("prepare_batch needs at least one image")
     if fmt not in ("BGR", "RGB"):
@@ -184,7 +181,7 @@ def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, m
         images=out,
         image_sizes=np.array([r.shape[:2] for r in resized], np.int64).reshape(-1, 2),
         original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
-        mask_paste=spec.masks_pasted if spec is not None else "detectron2",
+        mask_paste="torchvision" if rule == RESIZE_TORCHVISION else "detectron2",
     )
 
 

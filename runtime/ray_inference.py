@@ -183,7 +183,7 @@ def _read_and_prepare(row: dict, spec: InputSpec) -> dict:
     return {"batch": row["batch"], "paths": json.dumps(kept_paths), "ids": json.dumps(kept_ids),
             "skipped": json.dumps(skipped), "images": images, "image_sizes": sizes,
             "original_sizes": originals, "keep_empty_boxes": bool(spec.square),
-            "mask_paste": spec.masks_pasted}
+            "mask_paste": "torchvision" if spec.resize == "torchvision" else "detectron2"}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ stripping removes exactly them). Values are strings (ONNX metadata is string to 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from norcal.core.errors import NorcalError
@@ -93,11 +93,9 @@ MASK_HEAD_ROIS_VALUES = ("valid", "static")  # the first is the export's default
 # "true": the graph masks batch padding in its feature maps (any batch / padded size);
 # "false": exported for one image padded to its own size divisibility only
 PADDING_MASKS = "norcal.padding_masks"
-# What the masks output holds, how the host makes image masks of it (absent: "torchvision" for
-# RESIZE torchvision, else "detectron2"): detectron2 / torchvision: [B, K, M, M] box-relative
-# probabilities pasted as that library's paste_masks_in_image; "ultralytics": [B, K, nm] mask
-# coefficients, MASK_PROTOS [B, nm, S/4, S/4] the prototypes over the letterboxed input, each
-# detection's image mask made as Ultralytics' predictor with retina_masks (process_mask_native).
+# What masks holds (absent: "torchvision" for RESIZE torchvision, else "detectron2"): [B, K, M, M]
+# box-relative probabilities pasted as that library's paste_masks_in_image; "ultralytics": [B, K, nm]
+# coefficients over MASK_PROTOS [B, nm, S/4, S/4], pasted as Ultralytics' process_mask_native.
 MASK_PASTE = "norcal.mask_paste"
 MASK_PASTES = ("detectron2", "torchvision", "ultralytics")
 # what the export says about the graph itself (kept by --strip, like the runtime keys)
@@ -110,6 +108,21 @@ def mask_paste(meta: dict[str, str]) -> str:
     if value not in MASK_PASTES:
         raise NorcalError(f"model metadata {MASK_PASTE}={value!r} is not one of {', '.join(MASK_PASTES)}")
     return value
+
+
+@dataclass(frozen=True)
+class Classifier:
+    """Where a detector's class logits are in its exported graph, and how they are laid out.
+
+    logits: the tensor names the export gives them (one per cascade stage); class_axis: the
+    axis of the C (+ background) classes (-1 for [B, R, C+1], 1 for YOLO's [B, C, anchors]);
+    background: "last", "first" or "none"; activation: "softmax" or "sigmoid" (the op NorCal
+    replaces)."""
+
+    logits: tuple[str, ...]
+    class_axis: int
+    background: str
+    activation: str
 
 
 def classifier_metadata(classifier: Classifier) -> dict[str, str]:
@@ -253,12 +266,6 @@ class Preprocessing:
     resize: str = "shortest_edge"
     input_size: int = 0  # letterbox only
     pad_value: int = 0  # the padding's pixel value (shortest_edge: 0)
-    mask_paste: str | None = None  # how the host makes image masks (:data:`MASK_PASTE`); None: the rule's
-
-    @property
-    def masks_pasted(self) -> str:
-        """The :data:`MASK_PASTE` value the host follows: the model's, else the resize rule's."""
-        return self.mask_paste or mask_paste({RESIZE: self.resize})
 
     @property
     def letterbox(self) -> bool:
@@ -336,13 +343,7 @@ def _int(meta: dict[str, str], key: str) -> int:
 def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int | None = None,
                input_format: str | None = None) -> Preprocessing:
     """The model's preprocessing settings from its metadata, with explicit overrides winning
-    (a letterbox model takes no size override: its graph is built for one square), and how
-    its masks become image masks (:data:`MASK_PASTE`)."""
-    return replace(_input_spec(meta, min_size, max_size, input_format), mask_paste=mask_paste(meta))
-
-
-def _input_spec(meta: dict[str, str], min_size: int | None, max_size: int | None,
-                input_format: str | None) -> Preprocessing:
+    (a letterbox model takes no size override: its graph is built for one square)."""
     fmt = (input_format or meta.get(INPUT_FORMAT) or DEFAULTS[INPUT_FORMAT]).upper()
     if fmt not in ("BGR", "RGB"):
         raise NorcalError(f"input format must be BGR or RGB, got {fmt!r}")
