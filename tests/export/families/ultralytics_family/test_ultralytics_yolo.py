@@ -201,6 +201,52 @@ def _assert_masks(dets, idx, ref, protos):
     return list(ious), np.array([(ours != theirs).sum(), (ours | theirs).sum()])
 
 
+def _rle(mask: np.ndarray) -> dict:
+    from pycocotools import mask as mask_utils
+
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {"size": rle["size"], "counts": rle["counts"].decode()}
+
+
+def _assert_same_segm_ap(dets, refs, matches, protos, images):
+    """Segm AP through our evaluation of our detections with our masks (as norcal infer writes
+    them) equals that of the same detections with Ultralytics' masks (process_mask_native at
+    our boxes, RLE by pycocotools), at 1e-12. The ground truth: Ultralytics' predictor's masks
+    (retina_masks, its own boxes scaled by its scale_boxes) of its 8 best detections per image."""
+    import dataclasses
+
+    import torch
+    from ultralytics.utils import ops
+
+    from norcal.evaluation import evaluate
+    from norcal.workflows.tune_cache import to_eval_detections
+
+    cats = list(range(1, NUM_CLASSES + 1))
+    gt = {"images": [], "annotations": [], "categories": [{"id": c, "name": f"c{c}", "frequency": "f"} for c in cats]}
+    theirs, same = [], []
+    for b, (ref, d, idx, im) in enumerate(zip(refs, dets, matches, images)):
+        h, w = im.shape[:2]
+        gt["images"].append({"id": b + 1, "height": h, "width": w, "neg_category_ids": [],
+                             "not_exhaustive_category_ids": []})
+        top = ref[np.argsort(-ref[:, 4], kind="stable")[:8]]
+        boxes = ops.scale_boxes((S, S), torch.from_numpy(top[:, :4].copy()), (h, w)).numpy()
+        for k, (box, m) in enumerate(zip(boxes, ultralytics_masks(protos[b], top[:, 6:], boxes, (h, w)))):
+            gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": b + 1, "category_id":
+                                      int(top[k, 5]) + 1, "bbox": [float(box[0]), float(box[1]),
+                                      float(box[2] - box[0]), float(box[3] - box[1])],
+                                      "area": int(m.sum()), "segmentation": _rle(m)})
+        i = np.nonzero(idx >= 0)[0]  # the detections both have, in ours
+        same.append(dataclasses.replace(d, boxes=d.boxes[idx[i]], scores=d.scores[idx[i]],
+                                         classes=d.classes[idx[i]], mask_probs=d.mask_probs[idx[i]]))
+        theirs += [_rle(m) for m in ultralytics_masks(protos[b], ref[i, 6:], same[-1].boxes, (h, w))]
+    ours = to_eval_detections(list(range(1, len(dets) + 1)), same, cats, masks=True)
+    assert len(ours.rles) == len(theirs) > 100
+    ap_ours = evaluate(gt, ours, "segm").stats["AP"]
+    ours.rles = theirs  # the same detections, Ultralytics' masks
+    ap_theirs = evaluate(gt, ours, "segm").stats["AP"]
+    assert ap_ours > 0.05 and abs(ap_ours - ap_theirs) <= 1e-12, (ap_ours, ap_theirs)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["det", "seg", "v8", "y26", "y26e2e", "y26e2e_seg"])
 def test_onnx_matches_ultralytics_with_norcal(work, kind):
@@ -220,12 +266,13 @@ def test_onnx_matches_ultralytics_with_norcal(work, kind):
         refs, pads, ref_masks, protos = _reference(getattr(work, kind), images, gamma, work.counts, seg)
         total = matched = 0
         differ = np.zeros(2, np.int64)
-        mask_ious = []
+        mask_ious, matches = [], []
         for b, ref in enumerate(refs):
             n = int(out["num_detections"][b])
             boxes = out["boxes"][b, :n] + pads[b]  # ours are in resized coordinates
             idx = _match(ref, boxes, out["scores"][b, :n], out["classes"][b, :n])
             assert n == len(ref) > 0
+            matches.append(idx)
             total += len(ref)
             matched += int((idx >= 0).sum())
             if seg:  # in the original image, as Ultralytics' predictor with retina_masks
@@ -236,6 +283,8 @@ def test_onnx_matches_ultralytics_with_norcal(work, kind):
         if seg:
             assert len(mask_ious) > 300
             assert differ[0] <= MAX_DIFFERING * differ[1], differ
+            if gamma == 0.5:
+                _assert_same_segm_ap(dets, refs, matches, protos, images)
 
 
 @pytest.mark.slow
