@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from norcal.core.contract import MASK_PROTOS
+from norcal.runtime.bilinear import interp_taps
 
 
 @dataclass
@@ -81,18 +82,6 @@ def _axis_taps(lo: np.ndarray, hi: np.ndarray, start: np.ndarray, stop: np.ndarr
     w0 = np.where((i0 >= 0) & (i0 < m), (f + np.float32(1)) - src, np.float32(0))
     w1 = np.where((i1 >= 0) & (i1 < m), src - f, np.float32(0))
     return np.clip(i0, 0, m - 1), np.clip(i1, 0, m - 1), w0, w1
-
-
-def interp_taps(n_in: int, n_out: int):
-    """``F.interpolate(mode="bilinear", align_corners=False)`` along one axis, as torch's CPU
-    kernel computes it in float32: source cells i0, i1 and their weights per output pixel."""
-    scale = np.float32(n_in) / np.float32(n_out)
-    src = np.maximum(scale * (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) - np.float32(0.5),
-                     np.float32(0))
-    i0 = np.floor(src).astype(np.int64)
-    i1 = i0 + (i0 < n_in - 1)
-    l1 = np.clip(src - i0.astype(np.float32), np.float32(0), np.float32(1))
-    return i0, i1, np.float32(1) - l1, l1
 
 
 def _torchvision_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float):

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from norcal.runtime.postprocess import interp_taps
+from norcal.runtime.bilinear import interp_taps
 
 
 def _letterbox_geometry(ph: int, pw: int, img_h: int, img_w: int) -> tuple[int, int, int, int, int]:
