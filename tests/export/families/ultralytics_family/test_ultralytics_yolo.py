@@ -414,6 +414,37 @@ def test_tune_rescore_equals_the_onnx(work, kind):
     assert matched / total >= 0.99, (matched, total)
 
 
+def test_tune_segm_rescoring_gives_ultralytics_masks(work):
+    """Tune's segm re-scoring (cache with masks, re-scored at gamma 0.5, masks pasted and
+    RLE-encoded as norcal infer writes them) gives each detection Ultralytics' predictor mask
+    (process_mask_native on its own prototypes and coefficients at our box)."""
+    from pycocotools import mask as mask_utils
+
+    from norcal.core.calibration import log_prior
+    from norcal.workflows.tune_cache import cache_images, to_eval_detections
+
+    det = load_detector(work.seg)
+    images = [(i + 1, p) for i, p in enumerate(IMAGES[:2])]
+    prior = log_prior(work.counts, 0.5, background="none")
+    cache = cache_images(det, images, [prior], batch_size=2, with_masks=True)
+    out = det.rescore(cache, 0, prior, "exp", 2)  # what rescore_images splits
+    dets = split_outputs(out, cache.image_sizes, cache.original_sizes, cache.keep_empty_boxes, cache.mask_paste)
+    rles = to_eval_detections([1, 2], dets, list(range(1, NUM_CLASSES + 1)), masks=True).rles
+    arrays = [read_rgb(p) for _, p in images]
+    refs, pads, _, protos = _reference(work.seg, arrays, 0.5, work.counts, True)
+    start = 0
+    for b, (d, ref, pr) in enumerate(zip(dets, refs, protos)):
+        assert d.mask_paste == "ultralytics" and len(d) == len(ref) > 0
+        ours = mask_utils.decode(rles[start:start + len(d)]).transpose(2, 0, 1).astype(bool)
+        start += len(d)
+        n = len(d)
+        idx = _match(ref, out["boxes"][b, :n] + pads[b], out["scores"][b, :n], out["classes"][b, :n])
+        i = np.nonzero(idx >= 0)[0]
+        assert len(i) >= 0.99 * len(ref)
+        theirs = ultralytics_masks(pr, ref[i, 6:], d.boxes[idx[i]], d.image_size)
+        assert mask_ious(ours[idx[i]], theirs).min() >= MIN_MASK_IOU
+
+
 @pytest.mark.parametrize("yaml, task", [("yolo11n-pose.yaml", "PoseModel"), ("yolo11n-obb.yaml", "OBBModel"),
                                         ("yolo11n-cls.yaml", "ClassificationModel")])
 def test_other_ultralytics_tasks_are_refused_by_name(tmp_path, yaml, task):
