@@ -116,7 +116,7 @@ def _panel(image_rgb: np.ndarray, det: ImageDetections, names: Sequence[str],
     canvas = np.asarray(Image.fromarray(image_rgb).resize((w * s, h * s), Image.NEAREST),
                         dtype=np.float32)
     if det.mask_probs is not None and len(keep):
-        masks = paste_masks(det.mask_probs[keep], det.boxes[keep], (h, w), rule=det.mask_paste)
+        masks = paste_masks(det.mask_probs[keep], det.boxes[keep], (h, w), rule=det.mask_paste, protos=det.mask_protos)
         for m, col in zip(masks[::-1], colours[::-1]):  # best detection painted last, on top
             m = np.kron(m, np.ones((s, s), dtype=bool)) if s > 1 else m
             canvas[m] = (1 - MASK_ALPHA) * canvas[m] + MASK_ALPHA * np.asarray(col, np.float32)

@@ -11,7 +11,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
-from norcal.core.contract import InputSpec, input_spec
+from norcal.core.contract import MASK_PASTE, InputSpec, input_spec, mask_paste
 from norcal.runtime.images import UNREADABLE, read_for_model, reason, unreadable_error
 from norcal.runtime.postprocess import ImageDetections, split_outputs
 from norcal.runtime.preprocess import Batch, prepare_batch
@@ -45,9 +45,13 @@ def prepared_batches(images_rgb: Iterable[np.ndarray], spec: InputSpec,
 
 
 def detect(runner: Runner, batch: Batch) -> list[ImageDetections]:
-    """Run one prepared batch and split its outputs per image, in original coordinates."""
+    """Run one prepared batch and split its outputs per image, in original coordinates; masks
+    go as the model's metadata says (:data:`norcal.core.contract.MASK_PASTE`), else as the
+    batch's resize rule's."""
+    meta = runner_metadata(runner)
+    paste = mask_paste(meta) if MASK_PASTE in meta else batch.mask_paste
     return split_outputs(runner.infer(batch.feeds()), batch.image_sizes, batch.original_sizes,
-                         batch.keep_empty_boxes, batch.mask_paste, batch.clip_boxes)
+                         batch.keep_empty_boxes, paste, batch.clip_boxes)
 
 
 def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1,

@@ -12,13 +12,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from norcal.core.contract import MASK_PROTOS
+from norcal.runtime.bilinear import interp_taps
+
 
 @dataclass
 class ImageDetections:
     """One image's detections in original image coordinates.
 
     boxes: float32 [N,4] (x0,y0,x1,y1); scores: float32 [N]; classes: int64 [N] (0-based);
-    mask_probs: float32 [N,M,M] mask head probabilities or None (box-only model);
+    mask_probs: float32 [N,M,M] mask head probabilities (or [N,nm] coefficients, see
+    ``mask_protos``) or None (box-only model);
     image_size: (h, w) of the original image.
     """
 
@@ -27,7 +31,8 @@ class ImageDetections:
     classes: np.ndarray
     mask_probs: np.ndarray | None
     image_size: tuple[int, int]
-    mask_paste: str = "detectron2"  # or "torchvision": whose paste_masks_in_image the masks follow
+    mask_paste: str = "detectron2"  # how the masks become image masks (norcal.core.contract.MASK_PASTE)
+    mask_protos: np.ndarray | None = None  # "ultralytics": the prototypes [nm, h, w] (mask_probs: coefficients)
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -36,7 +41,8 @@ class ImageDetections:
         """bool [N,H,W] full-image masks (memory: N*H*W bytes)."""
         if self.mask_probs is None:
             raise ValueError("this model has no mask output")
-        return paste_masks(self.mask_probs, self.boxes, self.image_size, threshold, self.mask_paste)
+        return paste_masks(self.mask_probs, self.boxes, self.image_size, threshold, self.mask_paste,
+                           self.mask_protos)
 
 
 def rescale_boxes(boxes: np.ndarray, resized_hw, original_hw, clip: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -80,18 +86,6 @@ def _axis_taps(lo: np.ndarray, hi: np.ndarray, start: np.ndarray, stop: np.ndarr
     return np.clip(i0, 0, m - 1), np.clip(i1, 0, m - 1), w0, w1
 
 
-def _interp_taps(n_in: int, n_out: int):
-    """``F.interpolate(mode="bilinear", align_corners=False)`` along one axis, as torch's CPU
-    kernel computes it in float32: source cells i0, i1 and their weights per output pixel."""
-    scale = np.float32(n_in) / np.float32(n_out)
-    src = np.maximum(scale * (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) - np.float32(0.5),
-                     np.float32(0))
-    i0 = np.floor(src).astype(np.int64)
-    i1 = i0 + (i0 < n_in - 1)
-    l1 = np.clip(src - i0.astype(np.float32), np.float32(0), np.float32(1))
-    return i0, i1, np.float32(1) - l1, l1
-
-
 def _torchvision_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float):
     """torchvision's ``paste_masks_in_image``: each mask padded by one zero cell, its box widened
     by (M+2)/M about its centre and cut to integers, the mask resized bilinearly onto the
@@ -112,8 +106,8 @@ def _torchvision_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, thresho
             yield np.zeros((0, 0), bool), 0, 0
             continue
         mk = np.pad(np.asarray(masks[i], np.float32), 1)
-        r0, r1, wy0, wy1 = (t[ya - y0:yb - y0] for t in _interp_taps(m + 2, h))
-        c0, c1, wx0, wx1 = (t[xa - x0:xb - x0] for t in _interp_taps(m + 2, w))
+        r0, r1, wy0, wy1 = (t[ya - y0:yb - y0] for t in interp_taps(m + 2, h))
+        c0, c1, wx0, wx1 = (t[xa - x0:xb - x0] for t in interp_taps(m + 2, w))
         # torch's order: rows weight (columns weight * v + columns weight * v)
         top = wx0 * mk[r0][:, c0] + wx1 * mk[r0][:, c1]
         bottom = wx0 * mk[r1][:, c0] + wx1 * mk[r1][:, c1]
@@ -122,16 +116,23 @@ def _torchvision_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, thresho
 
 
 def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5,
-                       rule: str = "detectron2"):
+                       rule: str = "detectron2", protos: np.ndarray | None = None):
     """Paste masks [N,M,M] at boxes [N,4] (x0,y0,x1,y1, original coords); yields per mask
     (bool [h,w] region, y0, x0): the thresholded mask on image rows y0..y0+h, columns x0..x0+w.
 
     Every pixel outside a region is below threshold (detectron2's skip_empty region:
     floor(box)-1 .. ceil(box)+1 clipped to the image), so regions are the whole answer.
-    ``rule`` "torchvision": as torchvision's ``paste_masks_in_image`` (:func:`_torchvision_regions`).
+    ``rule`` "torchvision": as torchvision's ``paste_masks_in_image`` (:func:`_torchvision_regions`);
+    "ultralytics": ``masks`` [N, nm] are coefficients over ``protos`` [nm, h, w]
+    (:func:`norcal.runtime.proto_masks.proto_mask_regions`).
     """
     if rule == "torchvision":
         yield from _torchvision_regions(masks, boxes, image_hw, threshold)
+        return
+    if rule == "ultralytics":
+        from norcal.runtime.proto_masks import proto_mask_regions
+
+        yield from proto_mask_regions(masks, protos, boxes, image_hw, threshold)
         return
     img_h, img_w = int(image_hw[0]), int(image_hw[1])
     n, m = len(masks), masks.shape[-1]
@@ -162,12 +163,12 @@ def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold
 
 
 def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5,
-                rule: str = "detectron2") -> np.ndarray:
+                rule: str = "detectron2", protos: np.ndarray | None = None) -> np.ndarray:
     """Masks [N,M,M] + boxes [N,4] (original coords) -> bool [N,H,W], as ``paste_masks_in_image``
-    (detectron2's, or torchvision's with ``rule`` "torchvision")."""
+    (detectron2's, or as ``rule`` says: :func:`paste_mask_regions`)."""
     h, w = int(image_hw[0]), int(image_hw[1])
     out = np.zeros((len(masks), h, w), bool)
-    for i, (region, y0, x0) in enumerate(paste_mask_regions(masks, boxes, (h, w), threshold, rule)):
+    for i, (region, y0, x0) in enumerate(paste_mask_regions(masks, boxes, (h, w), threshold, rule, protos)):
         out[i, y0:y0 + region.shape[0], x0:x0 + region.shape[1]] = region
     return out
 
@@ -178,14 +179,15 @@ def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
     """Batched model outputs -> per-image :class:`ImageDetections` in original coordinates.
 
     outputs: num_detections int64 [B], boxes float32 [B,K,4] (resized coords), scores [B,K],
-    classes int64 [B,K], optional masks float32 [B,K,M,M]. Only the first num_detections[b]
+    classes int64 [B,K], optional masks float32 [B,K,M,M] (or [B,K,nm] with mask_protos
+    [B,nm,h,w]: the "ultralytics" mask paste). Only the first num_detections[b]
     rows of image b are valid (EfficientNMS-style padding). Boxes left with no area by the
     clip are dropped (detectron2) unless ``keep_empty`` (Ultralytics keeps them); ``mask_paste``
     says whose paste the masks follow (:class:`ImageDetections`); ``clip_boxes`` False leaves
     the boxes unclipped (the model's :data:`norcal.core.contract.CLIP_BOXES`).
     """
     num = np.asarray(outputs["num_detections"]).reshape(-1)
-    masks = outputs.get("masks")
+    masks, protos = outputs.get("masks"), outputs.get(MASK_PROTOS)
     result = []
     for b in range(len(image_sizes)):
         n = int(num[b])
@@ -199,5 +201,6 @@ def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
             mask_probs=None if masks is None else np.asarray(masks[b, :n], np.float32)[keep],
             image_size=(int(original_sizes[b][0]), int(original_sizes[b][1])),
             mask_paste=mask_paste,
+            mask_protos=None if protos is None else np.asarray(protos[b], np.float32),
         ))
     return result

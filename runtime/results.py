@@ -64,7 +64,7 @@ def detections_to_results(image_id: int | str, det: ImageDetections, category_id
     h, w = det.image_size
     masks = with_masks and det.mask_probs is not None and len(det) > 0
     regions = paste_mask_regions(det.mask_probs, det.boxes, (h, w), mask_threshold,
-                                 det.mask_paste) if masks else None
+                                 det.mask_paste, det.mask_protos) if masks else None
     uncompressed = []
     for i in range(len(det)):
         c = int(det.classes[i])

@@ -16,6 +16,7 @@ nearly all the arithmetic.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Sequence
 
 import onnx
 
@@ -145,14 +146,15 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def mask_only_layers(model: onnx.ModelProto, output: str = "masks") -> set[str]:
+def mask_only_layers(model: onnx.ModelProto, mask_outputs: Sequence[str] = ("masks", contract.MASK_PROTOS)) -> set[str]:
     """Names of the layers (:data:`COMPUTE_OPS` with a constant weight) whose results reach the
-    graph output ``output`` and no other output: the mask head's convolutions. Quantizing them
-    changes the masks only, never the boxes, scores or classes. Products of two activations
-    (a post-processing's sampling matrices times a map) are no layers. Empty for a model
-    without that output."""
+    graph's mask outputs ``mask_outputs`` (the masks, a YOLO's prototypes) and no other output:
+    the mask head's convolutions. Quantizing them changes the masks only, never the boxes,
+    scores or classes. Products of two activations (a post-processing's sampling matrices times
+    a map) are no layers. Empty for a model without those outputs."""
     outputs = {o.name for o in model.graph.output}
-    if output not in outputs:
+    masks = frozenset(mask_outputs) & outputs
+    if not masks:
         return set()
     producer = {o: n for n in model.graph.node for o in n.output}
     constants = {t.name for t in model.graph.initializer}
@@ -164,7 +166,7 @@ def mask_only_layers(model: onnx.ModelProto, output: str = "masks") -> set[str]:
         for t in [*n.input, *_subgraph_reads(n)]:
             if t:
                 reach[t] = reach.get(t, frozenset()) | got
-        if (n.op_type in COMPUTE_OPS and got == {output}
+        if (n.op_type in COMPUTE_OPS and got and got <= masks
                 and any(_is_constant(t, producer, constants) for t in n.input[:2])):
             layers.add(n.name)
     return layers

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 # the host), image_sizes int64 [B,2] (each image's resized H, W); fixed-size padded outputs.
 INPUT_NAMES = ("images", "image_sizes")
 OUTPUT_NAMES = ("num_detections", "boxes", "scores", "classes", "masks")
+MASK_PROTOS = "mask_protos"  # and, where MASK_PASTE is "ultralytics", the prototypes
 
 # A checkpoint export names its box classifier's logits [B, R, C+1] (the tensor the classifier's
 # Softmax reads) so that surgery finds it by name; CLASSIFIER_LOGITS (below) records the name.
@@ -95,8 +96,21 @@ MASK_HEAD_ROIS_VALUES = ("valid", "static")  # the first is the export's default
 # "true": the graph masks batch padding in its feature maps (any batch / padded size);
 # "false": exported for one image padded to its own size divisibility only
 PADDING_MASKS = "norcal.padding_masks"
+# What masks holds (absent: "torchvision" for RESIZE torchvision, else "detectron2"): [B, K, M, M]
+# box-relative probabilities pasted as that library's paste_masks_in_image; "ultralytics": [B, K, nm]
+# coefficients over MASK_PROTOS [B, nm, S/4, S/4], pasted as Ultralytics' process_mask_native.
+MASK_PASTE = "norcal.mask_paste"
+MASK_PASTES = ("detectron2", "torchvision", "ultralytics")
 # what the export says about the graph itself (kept by --strip, like the runtime keys)
-GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND, MASK_HEAD_ROIS, PADDING_MASKS})
+GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND, MASK_HEAD_ROIS, PADDING_MASKS, MASK_PASTE})
+
+
+def mask_paste(meta: dict[str, str]) -> str:
+    """How the host turns a graph's masks output into image masks (:data:`MASK_PASTE`)."""
+    value = meta.get(MASK_PASTE) or MASK_PASTES[int(meta.get(RESIZE) == RESIZE_TORCHVISION)]
+    if value not in MASK_PASTES:
+        raise NorcalError(f"model metadata {MASK_PASTE}={value!r} is not one of {', '.join(MASK_PASTES)}")
+    return value
 
 
 @dataclass(frozen=True)

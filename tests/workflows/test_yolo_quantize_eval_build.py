@@ -265,11 +265,15 @@ def test_eval_on_yolo_results_box_and_mask(graphs, quantized, tmp_path, capsys):
     eval: against its own detections scoring >= 0.3 as the ground truth, box and mask AP are 1
     (by hand: each ground truth is matched first by its own detection, at IoU 1); the int8
     graph's results against the same ground truth score below 1 and well above 0 (measured:
-    box AP 0.87, AP50 0.94; mask AP 0.69, AP50 0.92)."""
+    box AP 0.87, AP50 0.94; mask AP 0.28, AP50 0.55: the masks are Ultralytics' full-resolution
+    ones, whose detail on this random-init model's noise-like prototypes moves with the int8
+    backbone's features; the 28 x 28 box grids carried before averaged it away: 0.69, 0.92)."""
+    bounds = {"bbox": (0.3, 0.6), "segm": (0.2, 0.45)}  # AP, AP50
     stats = eval_against_own_detections(graphs["seg"], quantized("seg", "tensorrt"), 0.3, ("bbox", "segm"),
                                         tmp_path, capsys)
     for iou_type in ("bbox", "segm"):
-        assert 0.3 < stats[iou_type]["int8"]["AP"] < 1.0 and stats[iou_type]["int8"]["AP50"] > 0.6, \
+        ap, ap50 = bounds[iou_type]
+        assert ap < stats[iou_type]["int8"]["AP"] < 1.0 and stats[iou_type]["int8"]["AP50"] > ap50, \
             (iou_type, stats[iou_type]["int8"])
 
 

@@ -198,7 +198,7 @@ def assemble(static: onnx.ModelProto, body: onnx.GraphProto, post: onnx.ModelPro
         dims = o.type.tensor_type.shape.dim
         if fixed is not None and dims:
             dims[0].dim_value = fixed
-        if out.name != "num_detections" and len(dims) >= 2:  # padded to K like EfficientNMS
+        if out.name not in ("num_detections", contract.MASK_PROTOS) and len(dims) >= 2:  # padded to K
             dims[1].Clear()
             dims[1].dim_value = topk
         body.output.append(o)

@@ -180,10 +180,9 @@ def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: 
     with ``cls_logits`` [B, A, C] named inside."""
     import torch
 
-    from norcal.export.families.ultralytics.yolo_graph import MASK_SIZE
+    from norcal.export.families.ultralytics.yolo_graph import output_names
 
-    post = _post_module_class()(len(head.names), head.imgsz, head.xyxy, score_thresh, nms_thresh, topk, MASK_SIZE,
-                                head.end2end)
+    post = _post_module_class()(len(head.names), head.imgsz, head.xyxy, score_thresh, nms_thresh, topk, head.end2end)
     gen = torch.Generator().manual_seed(0)
     a, c = head.anchors, len(head.names)
     args = [torch.rand((1, 4, a), generator=gen) * head.imgsz, torch.randn((1, c, a), generator=gen) - 2.0,
@@ -193,7 +192,7 @@ def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: 
         args += [torch.randn((1, head.num_masks, a), generator=gen),
                  torch.randn((1, head.num_masks, *head.proto_hw), generator=gen)]
         inputs += ["ul_coefs", "ul_protos"]
-    outputs = [n for n in contract.OUTPUT_NAMES if n != "masks" or head.coefs]
+    outputs = output_names(bool(head.coefs))
     logits = contract.CLS_LOGITS_TENSOR
     dynamic = {n: {0: "batch"} for n in (*inputs, *outputs)}
     buf = io.BytesIO()
@@ -212,13 +211,13 @@ def _post_module_class():
     class Post(YoloGraph):
         """YoloGraph's detections and masks without its network: the part after decoding."""
 
-        def __init__(self, num_classes, size, xyxy, score_thresh, nms_thresh, topk, mask_size, end2end):
+        def __init__(self, num_classes, size, xyxy, score_thresh, nms_thresh, topk, end2end):
             nn.Module.__init__(self)  # no Ultralytics model: the network is Ultralytics' ONNX
             self.num_classes, self.size, self.xyxy = int(num_classes), int(size), bool(xyxy)
             self.score_thresh, self.nms_thresh = float(score_thresh), float(nms_thresh)
             self.end2end = bool(end2end)
             self.selection = OneToOneTopk() if self.end2end else ClassWiseNms(self.nms_thresh)
-            self.topk, self.mask_size = int(topk), int(mask_size)
+            self.topk = int(topk)
             self.init_norcal()  # plain sigmoid: the NorCal node goes into the graph afterwards
 
         def forward(self, boxes, logits, image_sizes, coefs=None, protos=None):
@@ -232,13 +231,12 @@ def _post_module_class():
             cls_logits = logits.transpose(1, 2)  # [B, A, C]: class axis last, as the .pt export's
             out = self.detections(xyxy, self.probs(cls_logits), image_sizes, (self.size, self.size),
                                   None if coefs is None else coefs.transpose(1, 2), protos)
-            return (*(out[k] for k in contract.OUTPUT_NAMES if k in out), cls_logits)
+            return (*(out[k] for k in (*contract.OUTPUT_NAMES, contract.MASK_PROTOS) if k in out), cls_logits)
 
     return Post
 
 
-def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, topk: int,
-                     mask_size: int) -> dict[str, str]:
+def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, topk: int) -> dict[str, str]:
     """The runtime keys a .pt export of the same model records, plus where the graph came from."""
     meta = contract.letterbox_preprocessing(head.imgsz).metadata()
     meta[contract.NUM_CLASSES] = str(len(head.names))
@@ -252,13 +250,11 @@ def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, 
 
         del settings["nms_thresh_test"], settings["multi_label"]
         settings["selection"] = OneToOneTopk.name
-    if head.coefs:
-        settings["mask_size"] = mask_size
     meta[contract.DETECTOR] = json.dumps(settings)
     meta.update(contract.class_names_metadata(head.names))
     meta.update(contract.classifier_metadata(sigmoid_classifier()))  # the .pt export's classifier
     if head.coefs:
-        meta[contract.MASK_HEAD_ROIS] = "static"
+        meta.update({contract.MASK_HEAD_ROIS: "static", contract.MASK_PASTE: "ultralytics"})
     return meta
 
 
@@ -271,7 +267,6 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
     to imgsz, ``image_sizes`` -> num_detections, boxes, scores, classes(, masks), with
     ``cls_logits`` recorded as the classifier. Thresholds default to the .pt export's
     (Ultralytics' validation settings). Returns the graph and what was found."""
-    from norcal.export.families.ultralytics.yolo_graph import MASK_SIZE
     from norcal.export.families.ultralytics.onnx_rtdetr import ingest_rtdetr, is_rtdetr
 
     if is_rtdetr(model):  # RT-DETR's own structure and post-processing
@@ -291,7 +286,7 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
     if head.coefs:
         io_map.update(ul_coefs=head.coefs, ul_protos=head.protos)
     merged = assemble(static, body, post, io_map, topk, opset)
-    onnx.helper.set_model_props(merged, runtime_metadata(head, score, iou, topk, MASK_SIZE))
+    onnx.helper.set_model_props(merged, runtime_metadata(head, score, iou, topk))
     return merged, head
 
 

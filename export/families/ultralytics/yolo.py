@@ -64,6 +64,7 @@ class YoloTuneCache(TuneCache):
     [N, 2] as :class:`TuneCache` says."""
 
     keep_empty_boxes = True  # Ultralytics keeps boxes clipped to no area
+    mask_paste = "ultralytics"  # coefficients over the prototypes (contract.MASK_PASTE)
 
     image_ids: list
     boxes: list  # [a_i, 4] float32 per image
@@ -152,8 +153,6 @@ class YoloDetector(Detector):
             out["selection"] = m.selection.name
         else:
             out |= {"multi_label": not self.decoding.best_class, **self.decoding.record()}
-        if self.has_masks:
-            out["mask_size"] = m.mask_size
         return out
 
     def runtime_metadata(self) -> dict[str, str]:
@@ -161,6 +160,8 @@ class YoloDetector(Detector):
         meta[contract.NUM_CLASSES] = str(self.num_classes)
         meta[contract.DETECTOR] = json.dumps(self.settings())
         meta.update(contract.class_names_metadata(self.names))
+        if self.has_masks:
+            meta[contract.MASK_PASTE] = YoloTuneCache.mask_paste  # coefficients over the prototypes
         return meta
 
     def _input_size(self, options) -> int:
@@ -197,7 +198,9 @@ class YoloDetector(Detector):
         gen = torch.Generator().manual_seed(0)
         images = torch.rand((b, 3, size, size), generator=gen) * 255.0
         sizes = torch.tensor([[size, size]] * b, dtype=torch.int64)
-        names = [n for n in contract.OUTPUT_NAMES if n != "masks" or self.has_masks]
+        from norcal.export.families.ultralytics.yolo_graph import output_names
+
+        names = output_names(self.has_masks)
         (logits,) = self.classifier.logits
         dynamic = {n: {0: "batch"} for n in (*contract.INPUT_NAMES, *names)} if batch is None else None
         buf = io.BytesIO()
@@ -217,7 +220,7 @@ class YoloDetector(Detector):
             if batch is not None and dims:
                 dims[0].Clear()
                 dims[0].dim_value = b
-            if out.name != "num_detections" and len(dims) >= 2:
+            if out.name not in ("num_detections", contract.MASK_PROTOS) and len(dims) >= 2:
                 dims[1].Clear()
                 dims[1].dim_value = self.topk
         props = self.runtime_metadata() | contract.classifier_metadata(self.classifier)
@@ -227,10 +230,11 @@ class YoloDetector(Detector):
         return proto
 
     def torch_runner(self, calibration=None, name: str = "pytorch"):
+        from norcal.export.families.ultralytics.yolo_graph import output_names
         from norcal.export.pytorch.runner import TorchRunner
 
         runner = TorchRunner(self.model, name=name, calibration=calibration, metadata=self.runtime_metadata())
-        runner.output_names = [n for n in contract.OUTPUT_NAMES if n != "masks" or self.has_masks]
+        runner.output_names = output_names(self.has_masks)
         return runner
 
     # --- tuning

@@ -25,14 +25,11 @@ written once for the eager model and the ONNX trace alike:
     (anchor, class) pairs) and its predictor's ``score > conf`` filter, padded to K;
 - the letterbox's centring offset ((S - h) // 2, (S - w) // 2 from ``image_sizes``) is removed,
   so boxes are in resized-image coordinates like every export of ours;
-- segment models: our contract's masks are box-relative [B, K, M, M] probabilities (detectron2's
-  form, pasted into the box by the host). Ultralytics' mask of a detection is the logit map
-  coefficients . prototypes, upsampled bilinearly to the input (half-pixel, edge values at the
-  border), > 0 and cropped to the box; we take that same continuous logit map's exact mean over
-  each of the box's M x M bins (:func:`bin_weights`, separable) and apply the sigmoid, so the
-  host's paste-and-threshold at 0.5 gives the cropped mask at M x M resolution inside the box.
-  The mean moves continuously with the box, so two fp32 kernels whose boxes differ by 1e-3 px
-  give masks that differ by as little.
+- segment models: the masks output is each detection's mask coefficients [B, K, nm] and
+  ``mask_protos`` the prototypes [B, nm, S/4, S/4] (MASK_PASTE "ultralytics"): the host makes each
+  image mask from them as Ultralytics' predictor does (``norcal.runtime.proto_masks``). A
+  box-relative M x M grid cannot carry that mask (at 28 x 28 its IoU with Ultralytics' is
+  about 0.6); the prototypes, once per image, cost less than K full-resolution maps.
 """
 
 from __future__ import annotations
@@ -40,13 +37,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from norcal.core.contract import OUTPUT_NAMES
+from norcal.core.contract import MASK_PROTOS, OUTPUT_NAMES
 from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.export.pytorch.ops import non_max_suppression
 from norcal.export.pytorch.sigmoid_norcal import SigmoidNorCal
 
-MASK_SIZE = 28  # M of the masks output (detectron2's mask head resolution)
+PROTO_STRIDE = 4  # the prototypes' stride over the input, as Ultralytics' mask code takes it
+
+
+def output_names(has_masks: bool) -> list[str]:
+    """The graph's outputs: the contract's, and for a segment model its masks and prototypes."""
+    return [n for n in OUTPUT_NAMES if n != "masks" or has_masks] + ([MASK_PROTOS] if has_masks else [])
 
 
 class ClassWiseNms:
@@ -161,7 +163,7 @@ class YoloGraph(SigmoidNorCal, nn.Module):
     head_name = "the YOLO head"
 
     def __init__(self, model: nn.Module, *, num_classes: int, score_thresh: float, nms_thresh: float,
-                 detections_per_image: int, mask_size: int = MASK_SIZE, decoding: Decoding = Decoding()):
+                 detections_per_image: int, decoding: Decoding = Decoding()):
         super().__init__()
         self.model = model
         layers = list(model.model)
@@ -177,7 +179,6 @@ class YoloGraph(SigmoidNorCal, nn.Module):
         self.score_thresh = float(score_thresh)
         self.nms_thresh = float(nms_thresh)
         self.topk = int(detections_per_image)
-        self.mask_size = int(mask_size)
         # NorCal state, named like the R-CNN box predictor's so the PyTorch runner treats all alike
         self.init_norcal()
 
@@ -232,23 +233,19 @@ class YoloGraph(SigmoidNorCal, nn.Module):
         out = {"num_detections": keep.sum(dim=1), "boxes": (det - offset) * keep_f[..., None],
                "scores": top * keep_f, "classes": cls * keep.to(cls.dtype)}
         if coefs is not None and protos is not None:
-            out["masks"] = self.masks(det * keep_f[..., None], anchor, coefs, protos, h) * keep_f[..., None, None]
+            out.update(self.masks(anchor, keep_f, coefs, protos, h))
         return out
 
-    def masks(self, det: torch.Tensor, anchor: torch.Tensor, coefs: torch.Tensor, protos: torch.Tensor,
-              input_h) -> torch.Tensor:
-        """[B, K, M, M] mask probabilities inside each box (letterboxed-input coordinates): the
-        logit map's mean over each of the box's M x M bins."""
-        b, k = anchor.shape
-        nm, ph, pw = protos.shape[1], protos.shape[2], protos.shape[3]
-        scale = float(ph) / float(input_h)
+    def masks(self, anchor: torch.Tensor, keep: torch.Tensor, coefs: torch.Tensor, protos: torch.Tensor,
+              input_h) -> dict[str, torch.Tensor]:
+        """masks: each slot's coefficients [B, K, nm] (0 in unused slots); mask_protos: the
+        prototypes [B, nm, S/4, S/4] as the head made them (the host's "ultralytics" paste)."""
+        if int(protos.shape[2]) * PROTO_STRIDE != int(input_h):
+            raise NorcalError(f"the YOLO prototypes are {int(protos.shape[2])} rows for a {int(input_h)}-pixel "
+                              f"input, not stride {PROTO_STRIDE} as Ultralytics' masks take them; refused")
+        nm = protos.shape[1]
         co = torch.gather(coefs, 1, anchor[:, :, None].expand(-1, -1, nm))  # [B, K, nm]
-        logit_map = torch.bmm(co, protos.reshape(b, nm, ph * pw)).reshape(b, k, ph, pw)
-        x0, y0, x1, y1 = (det * scale - 0.5).unbind(-1)  # half-pixel: prototype i's centre is at i
-        wy = bin_weights(y0, y1, ph, self.mask_size)  # [B, K, M, ph]
-        wx = bin_weights(x0, x1, pw, self.mask_size)  # [B, K, M, pw]
-        logit = torch.matmul(torch.matmul(wy, logit_map), wx.transpose(2, 3))
-        return torch.sigmoid(logit)
+        return {"masks": co * keep[..., None], MASK_PROTOS: protos}
 
     def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
                   intermediates: bool = False) -> dict[str, torch.Tensor]:
@@ -265,35 +262,6 @@ class YoloGraph(SigmoidNorCal, nn.Module):
         """The outputs in OUTPUT_NAMES order; ``with_cls_logits`` appends the class logits (the
         ONNX export names that tensor)."""
         out = self.inference(images, image_sizes, intermediates=with_cls_logits)
-        outputs = tuple(out[k] for k in OUTPUT_NAMES if k in out)
+        outputs = tuple(out[k] for k in (*OUTPUT_NAMES, MASK_PROTOS) if k in out)
         return (*outputs, out["cls_logits"]) if with_cls_logits else outputs
 
-
-def bin_weights(lo: torch.Tensor, hi: torch.Tensor, n: int, m: int) -> torch.Tensor:
-    """[..., m, n]: row j holds the weights of a map's n pixels in the mean, over bin j of
-    [lo, hi] split in m equal bins, of the map's bilinear interpolant (pixel i's centre at i),
-    held at its edge values beyond the border as Ultralytics' upsampling is.
-
-    Exact, so the result moves continuously with the box: RoIAlign, used before, reads 0 past
-    one pixel outside the map and picks its sample count from the box size, and either jump
-    turned a box difference of 1e-3 px between two fp32 kernels into a mask difference of 0.1."""
-    t = torch.arange(m + 1, dtype=lo.dtype, device=lo.device) / m
-    edges = lo[..., None] + (hi - lo)[..., None] * t  # [..., m+1]
-    area = _interpolant_integral(edges, n)  # [..., m+1, n]
-    width = ((hi - lo) / m).clamp_min(1e-6)[..., None, None]  # a zero-width box: weights 0
-    return (area[..., 1:, :] - area[..., :-1, :]) / width
-
-
-def _interpolant_integral(x: torch.Tensor, n: int) -> torch.Tensor:
-    """[..., n]: the integral from 0 to ``x`` of each pixel's bilinear hat max(0, 1 - |u - i|),
-    u clamped to [0, n - 1] (edge values beyond the border)."""
-    i = torch.arange(n, dtype=x.dtype, device=x.device)
-    c = x.clamp(0.0, float(n - 1))[..., None]
-    d = c - i
-    # antiderivative of the hat: 0 below -1, (d+1)^2/2 up to 0, 1 - (1-d)^2/2 up to 1, then 1
-    lo, hi = (d + 1).clamp_min(0.0), (1 - d).clamp_min(0.0)
-    cum = torch.where(d < 0, 0.5 * lo * lo, 1.0 - 0.5 * hi * hi)
-    at_zero = (i == 0).to(x.dtype) * 0.5  # the antiderivative at u = 0
-    first, last = (i == 0).to(x.dtype), (i == n - 1).to(x.dtype)
-    outside = x.clamp_max(0.0)[..., None] * first + (x - float(n - 1)).clamp_min(0.0)[..., None] * last
-    return cum - at_zero + outside

@@ -303,3 +303,19 @@ def test_fp32_region_reaches_a_decoder_class_head_through_gather_and_its_bias_ad
     m = decoder_model()
     assert fp32_nodes(m) == {"post/sigmoid", "last/gather", "stack/concat", "stack/unsqueeze", "score_head/Add",
                              "score_head/MatMul", "box_head/MatMul"}
+
+
+def test_layers_feeding_the_prototypes_are_mask_layers_too():
+    """A YOLO segment graph's prototypes (the mask_protos output) come from their own convs:
+    those feed the masks alone as well; a conv feeding both masks outputs is one too."""
+    from norcal.export.graph.fp32_region import mask_only_layers
+
+    m = mask_model()
+    g = m.graph
+    g.initializer.append(numpy_helper.from_array(np.full((2, 2, 1, 1), 0.1, np.float32), "proto_w"))
+    g.node.append(h.make_node("Conv", ["masks", "proto_w"], ["mask_protos"], name="proto/conv"))
+    g.output.append(h.make_tensor_value_info("mask_protos", T.FLOAT, ["B", 2, 6, 6]))
+    onnx.checker.check_model(m)
+    name_nodes(m)
+    assert mask_only_layers(m) == {"mask/conv", "proto/conv"}
+    assert mask_only_layers(m, ["masks"]) == set()  # mask/conv reaches the prototypes too

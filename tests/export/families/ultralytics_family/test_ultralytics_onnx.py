@@ -125,11 +125,12 @@ def _assert_same_detections(ref, ours, images: int, seg: bool, gamma: float) -> 
         total += len(idx)
         matched += int((idx >= 0).sum())
         if seg:  # Ultralytics' export folds BatchNorm into the convs: float32 sums in
-            # another order; the random-init prototypes are large (~500), so compare as the host
-            # uses the masks (thresholded at 0.5) and on average
+            # another order; the random-init prototypes are large (~500), so compare the logit
+            # maps (coefficients . prototypes) as the host uses them (their sign) and on average
             hit = np.nonzero(idx >= 0)[0]
-            a, o = ref["masks"][b, hit], ours["masks"][b, idx[hit]]
-            assert np.abs(a - o).mean() < 1e-3 and ((a > 0.5) == (o > 0.5)).mean() > 0.999
+            a, o = (out["masks"][b, rows] @ out["mask_protos"][b].reshape(len(out["mask_protos"][b]), -1)
+                    for out, rows in ((ref, hit), (ours, idx[hit])))
+            assert np.abs(a - o).mean() < 1e-3 and ((a > 0) == (o > 0)).mean() > 0.999
     assert matched / total >= 0.99, (gamma, matched, total)
 
 
@@ -198,7 +199,7 @@ def test_export_onnx_file_ingests_unless_logits_given(ul, tmp_path):
     out = tmp_path / "seg.norcal.onnx"
     result = export_onnx_file(ul["seg", True], out, NorCal(gamma=0.5, table=str(ul["table"])))
     assert "converted to our outputs" in result.ingest and "NMS dropped" in result.ingest
-    assert [o.name for o in result.model.graph.output] == list(contract.OUTPUT_NAMES)
+    assert [o.name for o in result.model.graph.output] == [*contract.OUTPUT_NAMES, contract.MASK_PROTOS]
     assert result.placement == ["cls_logits"]
     # named logits: the node goes there in place, on the class axis 1; Ultralytics' outputs stay
     logits = find_head(onnx.load(str(ul["det", False]))).logits
