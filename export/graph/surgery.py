@@ -17,6 +17,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from norcal.core import contract
+from norcal.core.calibration_meta import calibration_metadata
 from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.core.version import __version__
@@ -110,7 +111,7 @@ def insert_norcal(model: onnx.ModelProto, calibration: Calibration) -> onnx.Mode
         g.functions.append(make_function(calibration, view.opset, axis))
         if not any(o.domain == contract.NODE_DOMAIN for o in g.import_domains):
             g.import_domains.append(onnx.helper.make_opsetid(contract.NODE_DOMAIN, 1))
-    view.meta.update(contract.calibration_metadata(calibration))
+    view.meta.update(calibration_metadata(calibration))
     join = contract.LIST_SEP.join
     view.meta.update({
         contract.LOGITS: join(c.logits for c in cands), contract.OUTPUT: join(c.output for c in cands),

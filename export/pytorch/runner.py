@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core import contract
+from norcal.core.calibration_meta import calibration_from_metadata
 from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.core.contract import INPUT_NAMES, OUTPUT_NAMES, PRIOR_NAME
@@ -43,7 +44,7 @@ def onnx_calibration(model) -> Calibration | None:
             raise NorcalError(f"the model's metadata says NorCal gamma {meta[contract.GAMMA]} but it has "
                               f"no {PRIOR_NAME} initializer")
         return None
-    return contract.calibration_from_metadata(meta, numpy_helper.to_array(prior).copy())
+    return calibration_from_metadata(meta, numpy_helper.to_array(prior).copy())
 
 
 def box_predictor(model):

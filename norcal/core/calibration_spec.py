@@ -4,9 +4,9 @@ The CLI and the library build it from the user's options; a detectron2 config's
 ``TEST.CALIBRATION`` keys give one too (``ModelSpec.calibration``). :meth:`Calibration.resolve`
 loads its table once and checks it against the model's class count; the surgery bakes the
 resolved calibration in and writes it to the graph's metadata
-(:func:`norcal.core.contract.calibration_metadata`); reading a calibrated graph gives it back
-(:func:`norcal.core.contract.calibration_from_metadata`, with the prior as stored), which is
-what the PyTorch reference runs with for parity.
+(:func:`norcal.core.calibration_meta.calibration_metadata`); reading a calibrated graph gives it
+back (:func:`norcal.core.calibration_meta.calibration_from_metadata`, with the prior as stored),
+which is what the PyTorch reference runs with for parity.
 """
 
 from __future__ import annotations

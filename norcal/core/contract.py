@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from norcal.core.errors import NorcalError
 
-if TYPE_CHECKING:
-    from norcal.core.calibration_spec import Calibration
 
 # The graph I/O of an exported detector: images float32 [B,3,H,W] (BGR 0-255, resized and padded by
 # the host), image_sizes int64 [B,2] (each image's resized H, W); fixed-size padded outputs.
@@ -204,48 +202,6 @@ NODE_KEYS = frozenset({GAMMA, FACTOR, MECHANISM, RENORMALIZE, ACTIVATION, BACKGR
                        TOOL_VERSION, MIN_COUNT, MIN_COUNT_CLAMPED, CLASS_AXIS})
 # written only when used: --min-count, and a class axis other than the last
 OPTIONAL_NODE_KEYS = frozenset({MIN_COUNT, MIN_COUNT_CLAMPED, CLASS_AXIS})
-
-def calibration_metadata(cal: "Calibration") -> dict[str, str]:
-    """A resolved calibration's metadata: its node keys (what the node computes, renormalize as
-    resolved for the activation; unused options left out) and the runtime keys its table fixes
-    (table name, class count, category ids: runners map class index -> category id with them)."""
-    table = cal.resolved_table
-    out = {GAMMA: str(float(cal.gamma)), FACTOR: cal.factor, MECHANISM: cal.mechanism,
-           RENORMALIZE: str(cal.renormalized).lower(), ACTIVATION: cal.activation or "softmax",
-           BACKGROUND: cal.background or "last", BACKGROUND_SCALE: str(float(cal.background_scale)),
-           COUNT_TYPE: cal.count or table.count_type, TABLE_SHA256: table.sha256,
-           TABLE: table.name, NUM_CLASSES: str(table.num_classes),
-           CATEGORY_IDS: json.dumps(table.category_ids), **class_names_metadata(table.names)}
-    if cal.min_count is not None:
-        out[MIN_COUNT] = f"{cal.min_count:g}"  # "2", not "2.0": counts are usually whole numbers
-        out[MIN_COUNT_CLAMPED] = str(cal.min_count_clamped)
-    return out
-
-
-def calibration_from_metadata(meta: dict[str, str], prior=None) -> "Calibration":
-    """The calibration a graph's metadata records (``prior``: its ``norcal.log_prior`` values,
-    kept as stored); the table is known by name and digest only."""
-    from norcal.core.calibration_spec import Calibration
-
-    def number(key: str, kind=float, default=None):
-        raw = meta.get(key)
-        if raw is None:
-            return default
-        try:
-            return kind(float(raw)) if kind is int else kind(raw)
-        except ValueError:
-            raise NorcalError(f"model metadata {key}={raw!r} is not a number") from None
-
-    return Calibration(
-        gamma=number(GAMMA), table=meta.get(TABLE) or None, factor=meta.get(FACTOR, "cdt"),
-        mechanism=meta.get(MECHANISM, "exp"),
-        renormalize=meta.get(RENORMALIZE, "true").lower() != "false",
-        background_scale=number(BACKGROUND_SCALE, default=1.0), count=meta.get(COUNT_TYPE),
-        background=meta.get(BACKGROUND), min_count=number(MIN_COUNT),
-        inline=meta.get(INLINE, "false") == "true", activation=meta.get(ACTIVATION, "softmax"),
-        stored_prior=prior, table_sha256=meta.get(TABLE_SHA256),
-        num_classes=number(NUM_CLASSES, int), min_count_clamped=number(MIN_COUNT_CLAMPED, int))
-
 
 # detectron2's defaults (config/defaults.py) when a model carries no metadata.
 DEFAULTS = {MIN_SIZE_TEST: "800", MAX_SIZE_TEST: "1333", INPUT_FORMAT: "BGR", SIZE_DIVISIBILITY: "32"}
