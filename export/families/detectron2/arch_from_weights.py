@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from norcal.core.errors import NorcalError
 
 from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_of, pixel_stats, shape
+from .unread_backbones import unread_backbone_message
 from .retinanet_weights import is_retinanet, retinanet_architecture, retinanet_spec_from_weights
 from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
@@ -54,6 +55,9 @@ def _explain_foreign(sd: Mapping[str, Any]) -> NorcalError:
     keys = list(sd)
     sample = ", ".join(keys[:3])
     expected = ", ".join(EXPECTED_KEYS)
+    unread = unread_backbone_message(sd, SUPPORTED_ARCHITECTURES)
+    if unread:
+        return NorcalError(unread)
     if any(k.startswith("backbone.body.") for k in keys):
         what = "this looks like a torchvision detection model (backbone.body.*)"
     elif any(k.endswith(("_w", "_b")) and "." not in k for k in keys):
