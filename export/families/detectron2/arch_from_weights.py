@@ -3,8 +3,9 @@
 What the weights fix (layout FPN / C4 / DC5, depth, widths, groups, norms, FPN channels,
 heads, classes, anchors per location) is read from parameter names and shapes. What they
 cannot tell is set to detectron2's model-zoo values and noted in ``spec.provenance``:
-stride_in_1x1, anchor sizes, softmax vs sigmoid classifier, input format and size, test
-thresholds, and for C4 its pooler resolution, for DC5 its res5 dilation.
+stride_in_1x1, anchor sizes, softmax vs sigmoid classifier (sigmoid when the checkpoint holds a
+federated-loss buffer), input format and size, test thresholds, and for C4 its pooler
+resolution, for DC5 its res5 dilation.
 """
 
 from __future__ import annotations
