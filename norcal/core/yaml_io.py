@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import yaml
 
@@ -46,9 +47,30 @@ class _TooLarge(Exception):
     pass
 
 
-def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+PYTHON_OBJECT, PYTHON_NAME = "_python_object_", "_python_name_"
+
+
+def _inert_object(loader, suffix, node):
+    fields = loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode) else {}
+    return {PYTHON_OBJECT: suffix, **fields}
+
+
+class _InertPythonLoader(_BoundedLoader):
+    """_BoundedLoader that keeps ``!!python/object:X {...}`` as ``{PYTHON_OBJECT: "X", ...}`` and
+    ``!!python/name:X`` as ``{PYTHON_NAME: "X"}``: data only, nothing imported or called (a
+    LazyConfig's config.yaml writes its ShapeSpecs and lambdas so); other Python tags stay refused."""
+
+
+_InertPythonLoader.add_multi_constructor("tag:yaml.org,2002:python/object:", _inert_object)
+_InertPythonLoader.add_multi_constructor(
+    "tag:yaml.org,2002:python/name:", lambda loader, suffix, node: {PYTHON_NAME: unquote(suffix)})
+
+
+def read_yaml_mapping(path: Path, what: str, inert_python: bool = False) -> dict[str, Any]:
     """The YAML mapping in ``path``; ``what`` names the kind of file in errors ("detectron2
-    config", "Ultralytics dataset description"). Empty files and non-mappings are refused."""
+    config", "Ultralytics dataset description"). Empty files and non-mappings are refused.
+    ``inert_python``: read ``!!python/object`` and ``!!python/name`` tags as plain data
+    (see :class:`_InertPythonLoader`)."""
     path = readable_file(path)
     a = "an" if what[:1].lower() in "aeiou" else "a"
     try:
@@ -58,7 +80,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     except OSError as e:
         raise NorcalError(f"{path}: cannot read {what}: {e.strerror or e}") from None
     try:
-        loader = _BoundedLoader(text)
+        loader = (_InertPythonLoader if inert_python else _BoundedLoader)(text)
         try:
             data = loader.get_single_data()
         finally:

@@ -3,8 +3,9 @@
 What the weights fix (layout FPN / C4 / DC5, depth, widths, groups, norms, FPN channels,
 heads, classes, anchors per location) is read from parameter names and shapes. What they
 cannot tell is set to detectron2's model-zoo values and noted in ``spec.provenance``:
-stride_in_1x1, anchor sizes, softmax vs sigmoid classifier, input format and size, test
-thresholds, and for C4 its pooler resolution, for DC5 its res5 dilation.
+stride_in_1x1, anchor sizes, softmax vs sigmoid classifier (sigmoid when the checkpoint holds a
+federated-loss buffer), input format and size, test thresholds, and for C4 its pooler
+resolution, for DC5 its res5 dilation.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from norcal.core.errors import NorcalError
 
 from .regnet_weights import REGNET_PIXEL_STD, is_regnet, regnet_fields
 from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_of, pixel_stats, shape
+from .unread_backbones import unread_backbone_message
 from .retinanet_weights import is_retinanet, retinanet_architecture, retinanet_spec_from_weights
 from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
@@ -43,6 +45,11 @@ SINGLE_ANCHOR_SIZES = ((32.0, 64.0, 128.0, 256.0, 512.0),)
 SINGLE_RPN_PRE_NMS_TOPK_TEST = 6000
 C4_POOLER_RESOLUTION = 14  # Base-RCNN-C4
 
+# detectron2's FastRCNNOutputLayers registers fed_loss_cls_weights only with use_fed_loss, and
+# asserts use_sigmoid_ce with it ("Please use sigmoid cross entropy loss with federated loss")
+FED_LOSS_IMPLIES_SIGMOID = ("which detectron2 registers only with MODEL.ROI_BOX_HEAD.USE_FED_LOSS, "
+                            "and federated loss requires USE_SIGMOID_CE")
+
 EXPECTED_KEYS = (f"{STEM}.weight", f"{RPN_HEAD}.objectness_logits.weight", f"{BOX_PREDICTOR}.cls_score.weight")
 
 
@@ -50,6 +57,9 @@ def _explain_foreign(sd: Mapping[str, Any]) -> NorcalError:
     keys = list(sd)
     sample = ", ".join(keys[:3])
     expected = ", ".join(EXPECTED_KEYS)
+    unread = unread_backbone_message(sd, SUPPORTED_ARCHITECTURES)
+    if unread:
+        return NorcalError(unread)
     if any(k.startswith("backbone.body.") for k in keys):
         what = "this looks like a torchvision detection model (backbone.body.*)"
     elif any(k.endswith(("_w", "_b")) and "." not in k for k in keys):
@@ -234,12 +244,15 @@ def _mask_head(sd: Mapping[str, Any], num_classes: int) -> dict:
             "mask_head_norm": norm_of(sd, f"{MASK_HEAD}.mask_fcn1.norm")}
 
 
-def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade_weights=None) -> ModelSpec:
+def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade_weights=None,
+                      fed_loss_buffer: str | None = None) -> ModelSpec:
     """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (FPN, C4 or DC5) state dict.
 
     ``state_dict``: ``{name: tensor or array}`` with detectron2 names. ``anchor_layout``:
     (sizes, aspect ratios) when a config gives them (weights only tell the anchor count);
-    ``cascade_weights``: the config's per-stage box regression weights, likewise.
+    ``cascade_weights``: the config's per-stage box regression weights, likewise;
+    ``fed_loss_buffer``: the name of a federated-loss buffer the checkpoint held (taken out of
+    ``state_dict``), which makes the classifier sigmoid.
     Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
     """
     sd = state_dict
@@ -276,7 +289,8 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
         "anchor_sizes": (f"{assumed}: {anchor_sizes} (detectron2 "
                          f"{'Base-RCNN-FPN' if fpn else 'defaults, kept by Base-RCNN-C4/DilatedC5'})"),
         "anchor_aspect_ratios": (f"(0.5, 1, 2): the RPN predicts {3 if fpn else 15} anchors per location"),
-        "use_sigmoid_ce": f"{assumed}: softmax classifier",
+        "use_sigmoid_ce": (f"sigmoid classifier: the checkpoint holds {fed_loss_buffer}, {FED_LOSS_IMPLIES_SIGMOID}"
+                           if fed_loss_buffer else f"{assumed}: softmax classifier"),
         "input": f"{assumed}: BGR, shortest edge 800, max 1333 (detectron2 LVIS configs)",
         "test_thresholds": (f"{assumed}: score 1e-4, NMS 0.5, 300 detections (detectron2 LVIS configs), "
                             f"RPN top {fields['rpn_pre_nms_topk_test']} before NMS "
@@ -296,7 +310,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     if not fpn and not c4:
         provenance["res5_dilation"] = (f"{assumed}: 2, stride 16 (DC5: detectron2's zoo has no model with an "
                                        "undilated res5 as its only feature)")
-    return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=False, input_format="BGR", convention=DETECTRON2,
+    return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=fed_loss_buffer is not None, input_format="BGR", convention=DETECTRON2,
                      provenance=provenance, **fields)
 
 

@@ -13,7 +13,7 @@ from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_TOPK
 
-from .config_file import load_cfg_dict
+from .config_file import load_cfg_dict, load_lazy_cfg_dict
 from .config_values import ConfigValues
 from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
@@ -329,4 +329,9 @@ def load_config(path) -> ModelSpec:
                           "executed; pass the equivalent YAML config (detectron2's configs/*.yaml, or "
                           "cfg.dump() of the trained model), or no config to infer the architecture "
                           "from the weights")
+    lazy = load_lazy_cfg_dict(path)
+    if lazy is not None:
+        spec = spec_from_cfg(lazy[0], source=f"LazyConfig {path}")
+        spec.provenance.update(lazy[1])
+        return spec
     return spec_from_cfg(load_cfg_dict(path), source=f"config {path}")

@@ -115,3 +115,18 @@ def load_cfg_dict(path) -> dict:
     _merge_into_defaults(load_yaml_with_base(path), cfg, path)
     return cfg
 
+
+
+def load_lazy_cfg_dict(path) -> tuple[dict, dict] | None:
+    """For a LazyConfig's config.yaml (see :mod:`.lazy_config`): detectron2's defaults overridden by
+    the yaml-era keys it amounts to, and provenance notes; None for any other file."""
+    from .lazy_config import is_lazy_config, lazy_to_cfg
+
+    path = readable_file(os.path.expanduser(str(path)))
+    data = read_yaml_mapping(path, "detectron2 config", inert_python=True)
+    if not is_lazy_config(data):
+        return None
+    keys, notes = lazy_to_cfg(data, str(path))
+    cfg = d2_defaults()
+    _merge_into_defaults(keys, cfg, path)
+    return cfg, notes

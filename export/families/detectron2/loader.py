@@ -8,7 +8,7 @@ from norcal.core.errors import NorcalError
 
 from norcal.export.families.checkpoints import clean_state_dict, read_checkpoint
 from .config import load_config
-from .arch_from_weights import architecture, cascade_stages, spec_from_weights, weights_layout
+from .arch_from_weights import FED_LOSS_IMPLIES_SIGMOID, architecture, cascade_stages, spec_from_weights, weights_layout
 from norcal.export.rcnn.spec import RETINANET, ModelSpec, arch_name
 
 # what each architecture field is called in a detectron2 config, for error messages
@@ -94,9 +94,13 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
                           f"{cascade_stages(raw)} (roi_heads.box_predictor.0-{cascade_stages(raw) - 1})")
     # inferred from the raw dict: num_batches_tracked still tells BN from FrozenBN
     inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None,
-                                 spec.cascade_bbox_reg_weights if spec else None)
+                                 spec.cascade_bbox_reg_weights if spec else None, next(iter(fed_loss), None))
     state = clean_state_dict(raw)
     _check_fed_loss_weights(fed_loss, spec or inferred, weights)
+    if spec is not None and fed_loss and not spec.use_sigmoid_ce:
+        raise NorcalError(f"{config} sets MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE False (a softmax classifier) but "
+                          f"{weights} holds {next(iter(fed_loss))}, {FED_LOSS_IMPLIES_SIGMOID}: a sigmoid "
+                          "classifier's weights")
     if spec is None:
         inferred.provenance["weights"] = str(weights)
         return inferred, state

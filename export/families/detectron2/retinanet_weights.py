@@ -13,6 +13,7 @@ from norcal.core.errors import NorcalError
 
 from .resnet_weights import STEM, backbone_fields, norm_of, pixel_stats, shape
 from norcal.export.families.detectron2.convention import DETECTRON2
+from .unread_backbones import unread_backbone_message
 from norcal.export.rcnn.spec import (FPN_BACKBONE, RETINANET, RETINANET_BACKBONE, STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES,
                    ModelSpec)
 
@@ -33,6 +34,8 @@ def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None) -> Mo
     :func:`norcal.export.families.detectron2.arch_from_weights.spec_from_weights`."""
     need = [k for k in (f"{STEM}.weight", "backbone.fpn_lateral3.weight", "backbone.top_block.p6.weight",
                         f"{HEAD}.cls_score.weight", f"{HEAD}.bbox_pred.weight") if k not in sd]
+    if need and unread_backbone_message(sd, SUPPORTED_ARCHITECTURES):
+        raise NorcalError(unread_backbone_message(sd, SUPPORTED_ARCHITECTURES))
     if need:
         raise NorcalError(f"a RetinaNet checkpoint needs weights {', '.join(need)}")
     if "backbone.fpn_lateral2.weight" in sd:

@@ -38,17 +38,43 @@ def _with_buffers(tmp_path, **extra) -> str:
     return str(path)
 
 
+def _fed_loss_config(tmp_path):
+    """The fixture's config as trained with federated loss (LVISv1's USE_SIGMOID_CE + USE_FED_LOSS)."""
+    text = CONFIG.read_text()
+    assert "USE_FED_LOSS: false" in text and "USE_SIGMOID_CE: false" in text
+    path = tmp_path / "config_fed.yaml"
+    path.write_text(text.replace("USE_FED_LOSS: false", "USE_FED_LOSS: true")
+                    .replace("USE_SIGMOID_CE: false", "USE_SIGMOID_CE: true"))
+    return path
+
+
 def test_federated_loss_buffer_is_ignored(tmp_path):
     """USE_FED_LOSS checkpoints carry the classes' sampling weights, which inference never reads:
     before, the export refused them ("1 unexpected")."""
     from norcal.export.families.detectron2.loader import load_model
 
+    config = _fed_loss_config(tmp_path)
     path = _with_buffers(tmp_path, **{FED: torch.rand(1203)})
-    spec, model = load_model(path, CONFIG)
-    _, plain = load_model(WEIGHTS, CONFIG)
-    assert spec.num_classes == 1203
+    spec, model = load_model(path, config)
+    _, plain = load_model(WEIGHTS, config)
+    assert spec.num_classes == 1203 and spec.use_sigmoid_ce
     ours, theirs = model.state_dict(), plain.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_federated_loss_buffer_means_a_sigmoid_classifier(tmp_path):
+    """detectron2 registers fed_loss_cls_weights only with USE_FED_LOSS, which asserts
+    USE_SIGMOID_CE: without a config the buffer settles the activation (a softmax head scored
+    0 of detectron2's 1200 detections); a config saying softmax contradicts the weights."""
+    from norcal.export.families.detectron2.loader import load_detector_spec
+
+    path = _with_buffers(tmp_path, **{FED: torch.rand(1203)})
+    spec, _ = load_detector_spec(path)
+    assert spec.use_sigmoid_ce is True and FED in spec.provenance["use_sigmoid_ce"]
+    assert load_detector_spec(WEIGHTS)[0].use_sigmoid_ce is False
+    with pytest.raises(NorcalError) as e:
+        load_detector_spec(path, CONFIG)
+    assert "USE_SIGMOID_CE False" in str(e.value) and FED in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("name, shape, shown", [

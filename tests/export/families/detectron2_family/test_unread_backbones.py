@@ -1,0 +1,50 @@
+"""detectron2 models on backbones we do not read (RegNet, ViTDet's ViT, MViTv2, Swin) are refused
+for their backbone, named, not as "not a detectron2 GeneralizedRCNN". The names are the real
+detectron2's (tests/fixtures/backbone_keys.json.gz, made by make_backbone_keys.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from norcal.core.errors import NorcalError
+from norcal.export.families.detectron2.arch_from_weights import spec_from_weights
+
+FIXTURES = Path(__file__).parents[3] / "fixtures"
+MODELS = json.loads(gzip.decompress((FIXTURES / "backbone_keys.json.gz").read_bytes()))
+SHOWN = {"regnetx_4gf_dds_fpn": "RegNet (backbone.bottom_up.stem.conv, backbone.bottom_up.s1.b1.*",
+         "vitdet_b": "ViT (backbone.net.patch_embed, pos_embed, blocks.*: ViTDet",
+         "mvitv2_t": "MViTv2 (backbone.bottom_up.blocks.*.attn.pool_q",
+         "swin_b_cascade": "Swin (backbone.bottom_up.layers.*.blocks.*"}
+
+
+def _state(keys) -> dict:
+    return {k: torch.zeros(1) for k in keys}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_unread_backbone_is_named(name):
+    with pytest.raises(NorcalError) as e:
+        spec_from_weights(_state(MODELS[name]["keys"]))
+    msg = str(e.value)
+    assert msg.startswith(f"a detectron2 GeneralizedRCNN with a {SHOWN[name]}") and "\n" not in msg
+    assert "not a detectron2 GeneralizedRCNN" not in msg and "supported: GeneralizedRCNN" in msg
+
+
+def test_retinanet_on_an_unread_backbone_is_named():
+    """detectron2's RetinaNet head names (the tiny RetinaNet fixture's) on RegNet's backbone names."""
+    head = torch.load(FIXTURES / "d2_retinanet_tiny" / "model_final.pth", weights_only=True)["model"]
+    regnet = [k for k in MODELS["regnetx_4gf_dds_fpn"]["keys"] if k.startswith("backbone.bottom_up.")]
+    keys = regnet + [k for k in head if not k.startswith("backbone.bottom_up.")]
+    with pytest.raises(NorcalError, match=r"^a detectron2 RetinaNet with a RegNet \(backbone\.bottom_up\.stem\.conv"):
+        spec_from_weights(_state(keys))
+
+
+def test_other_foreign_names_keep_their_message():
+    """Names that show no detectron2 backbone still get the general explanation."""
+    with pytest.raises(NorcalError, match="not a detectron2 GeneralizedRCNN"):
+        spec_from_weights(_state(["proposal_generator.rpn_head.conv.weight", "backbone.foo.weight"]))
