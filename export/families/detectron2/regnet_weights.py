@@ -11,7 +11,8 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
-from .resnet_weights import BOTTOM_UP, count, norm_of, shape
+from .resnet_weights import BOTTOM_UP, count, norm_of
+from .resnet_weights import shape as _any_shape
 from norcal.export.rcnn.spec import RegNetSpec
 
 REGNET_STEM = f"{BOTTOM_UP}.stem.conv"
@@ -24,6 +25,14 @@ REGNET_PIXEL_STD = (57.375, 57.120, 58.395)
 def is_regnet(sd: Mapping[str, Any]) -> bool:
     """A RegNet bottom-up: AnyNet's stem (``stem.conv``, not ResNet's ``stem.conv1``)."""
     return f"{REGNET_STEM}.weight" in sd
+
+
+def shape(sd: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    """A conv weight's shape [out, in/groups, kh, kw]: every RegNet weight read here is one."""
+    dims = _any_shape(sd, key)
+    if len(dims) != 4:
+        raise NorcalError(f"weight {key} has shape {list(dims)}: a RegNet conv weight is 4-d [out, in, kh, kw]")
+    return dims
 
 
 def _stage(sd: Mapping[str, Any], k: int) -> tuple[int, int, int, int, tuple[int, ...]]:
