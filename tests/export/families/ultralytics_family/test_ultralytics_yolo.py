@@ -45,18 +45,19 @@ def _match(ref, ours_boxes, ours_scores, ours_classes):
     return idx
 
 
-def _graph(work, kind, gamma):
-    """The session's one plain export of ``kind``, calibrated at ``gamma`` (surgery only)."""
+def _graph(work, kind, gamma, decoding=None):
+    """The session's one plain export of ``kind`` (with ``decoding``), calibrated at ``gamma``
+    (surgery only)."""
     from norcal.workflows.export_job import NorCal, calibrate_onnx
 
-    det, plain = work.plain(kind)
+    det, plain = work.plain(kind, decoding)
     return det, calibrate_onnx(plain, NorCal(gamma=gamma, table=str(work.table)))
 
 
-def _onnx(work, kind, gamma):
+def _onnx(work, kind, gamma, decoding=None):
     import onnxruntime as ort
 
-    det, graph = _graph(work, kind, gamma)
+    det, graph = _graph(work, kind, gamma, decoding)
     meta = {p.key: p.value for p in graph.metadata_props}
     return det, ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]), meta
 

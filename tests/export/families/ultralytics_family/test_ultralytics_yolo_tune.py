@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from yolo_models import IMAGES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
+from yolo_models import BEST_CLASS_CONF, IMAGES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 from norcal.core import contract  # noqa: E402
 from norcal.runtime.images import read_rgb  # noqa: E402
@@ -38,7 +38,8 @@ def test_tune_rescore_equals_the_onnx(work, kind):
     elif kind == "det_best_class":
         from norcal.core.decoding import Decoding
 
-        det, sess, meta = _custom_onnx(work, "det", 0.5, decoding=Decoding("best-class", True, 0.05))
+        # the session's best-class export (test_ultralytics_decodings.py makes the same)
+        det, sess, meta = _onnx(work, "det", 0.5, Decoding("best-class", True, BEST_CLASS_CONF))
         assert det.model.selection.name == "best-class nms"
     else:
         det, sess, meta = _custom_onnx(work, kind, 0.5, detections_per_image=50, score_thresh=0.12)
