@@ -289,6 +289,9 @@ def test_other_graphs_are_not_ingested(ul, tmp_path):
     with pytest.raises(NorcalError, match="ours.onnx: a decoding applies to graphs converted to our outputs") as e:
         export_onnx_file(src, tmp_path / "no.onnx", cal, decoding=Decoding("best-class"))
     assert e.value.param == "decoding" and not (tmp_path / "no.onnx").exists()
+    with pytest.raises(NorcalError, match="strip=True removes NorCal; it takes no decoding"):
+        export_onnx_file(ul["det", False], tmp_path / "no.onnx", strip=True, decoding=Decoding("best-class"))
+    assert not (tmp_path / "no.onnx").exists()
 
 
 def _one_line(fn):
