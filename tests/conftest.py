@@ -108,15 +108,16 @@ class YoloWork:
         p = self.dir / "rtdetr.pt"
         return p if p.exists() else make_rtdetr_checkpoint(p)
 
-    def plain(self, kind: str):
-        """(detector, plain ONNX graph) of the ``kind`` ("det" / "seg" / "rtdetr") checkpoint, exported
-        once per session at its trained size (the tests calibrate copies of it)."""
-        if kind not in self._graphs:
+    def plain(self, kind: str, decoding=None):
+        """(detector, plain ONNX graph) of the ``kind`` ("det" / "seg" / "rtdetr") checkpoint loaded
+        with ``decoding`` (a norcal.core.decoding.Decoding; None: the default), exported once per
+        session at its trained size (the tests calibrate copies of it)."""
+        if (kind, decoding) not in self._graphs:
             from norcal.export.families import load_detector
 
-            det = load_detector(getattr(self, kind))
-            self._graphs[kind] = det, det.export(None)
-        return self._graphs[kind]
+            det = load_detector(getattr(self, kind), **({} if decoding is None else {"decoding": decoding}))
+            self._graphs[kind, decoding] = det, det.export(None)
+        return self._graphs[kind, decoding]
 
 
 @pytest.fixture(scope="session")

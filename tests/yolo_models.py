@@ -23,6 +23,9 @@ import_ultralytics()  # as the library imports it: PIL's Image.open stays PIL's 
 IMAGES = sorted((Path(__file__).parent / "fixtures" / "d2_lvis_tiny" / "images").glob("*.png"))
 NUM_CLASSES = 6
 IMGSZ = 96  # the size the test checkpoints record as trained at: their exports' input, tiny and quick
+# a deployment-like score threshold (the best-class decoding's conf) these random-init models still pass on
+# every image
+BEST_CLASS_CONF = 0.05
 # per-class biases of the final class convs: spread so classes score apart (sigmoid -2.2 = 0.1)
 BIASES = (-2.2, -3.5, -4.5, -5.5, -3.0, -6.0)
 

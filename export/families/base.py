@@ -212,9 +212,21 @@ class Family(ABC):
         its metadata and structure. Default: none is."""
         return False
 
-    def ingest_graph(self, model, path: Path, calibration) -> tuple[Any, str]:
+    def ingest_graph(self, model, path: Path, calibration, decoding=None) -> tuple[Any, str]:
         """A graph this family claims as our contract's plain graph, ready for the NorCal node
         (``calibration``: the :class:`norcal.core.calibration_spec.Calibration` to bake in; its
-        ``logits`` may name the tensor it goes on), and one line saying what was done ("" for
-        nothing). Errors name ``path``. Default: the graph as it is."""
+        ``logits`` may name the tensor it goes on; ``decoding``: a
+        :class:`norcal.core.decoding.Decoding` for the post-processing it appends, None: its
+        default), and one line saying what was done ("" for nothing). Errors name ``path``.
+        Default: the graph as it is (a decoding refused)."""
+        refuse_decoding_of_kept_graph(path, decoding)
         return model, ""
+
+
+def refuse_decoding_of_kept_graph(path: Path, decoding) -> None:
+    """A graph kept as it is keeps its own post-processing: a decoding given for it is refused."""
+    from norcal.core.errors import NorcalError
+
+    if decoding is not None:
+        raise NorcalError(f"{path}: a decoding applies to graphs converted to our outputs (Ultralytics' ONNX "
+                          "exports); this graph is kept as it is, with its own post-processing", param="decoding")

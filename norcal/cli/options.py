@@ -15,10 +15,10 @@ DECODING_FLAGS = {"decoding": "--decoding", "agnostic_nms": "--agnostic-nms", "c
 
 
 def add_decoding_options(p) -> None:
-    """--decoding, --agnostic-nms, --conf: how scores become detections (Ultralytics checkpoints)."""
+    """--decoding, --agnostic-nms, --conf: how scores become detections (Ultralytics models)."""
     from norcal.core.decoding import LABEL_RULES
 
-    g = p.add_argument_group("decoding (Ultralytics checkpoints; recorded in the model's metadata)")
+    g = p.add_argument_group("decoding (Ultralytics models and ONNX exports; recorded in the model's metadata)")
     g.add_argument("--decoding", choices=LABEL_RULES, default=None,
                    help="multi-label (default: every box x class above --conf, Ultralytics' validator; "
                         "RT-DETR: the top K of queries x classes) or best-class (one label per box, its best "

@@ -54,6 +54,15 @@ class Decoding:
     def best_class(self) -> bool:
         return self.labels == BEST_CLASS
 
+    def score_thresh(self, given: float | None) -> float | None:
+        """The score threshold to decode with: ``conf`` when set (a ``given`` other one is refused),
+        else ``given`` (None: the family's default)."""
+        if self.conf is None:
+            return given
+        if given is not None and float(given) != self.conf:
+            raise NorcalError(f"score_thresh {given} and the decoding's conf {self.conf} disagree", param="conf")
+        return self.conf
+
     def record(self) -> dict:
         """The keys it adds to ``norcal.detector`` (none for the default rule: old files read alike)."""
         return {DECODING_KEY: self.labels, AGNOSTIC_KEY: self.agnostic_nms} if self.best_class else {}

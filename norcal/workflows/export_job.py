@@ -146,10 +146,12 @@ def _write_triton(result: ExportResult, triton_repo: PathLike | None, force: boo
 
 def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None, *,
                      strip: bool = False, triton_repo: PathLike | None = None,
-                     force: bool = False) -> ExportResult:
+                     force: bool = False, decoding: Decoding | None = None) -> ExportResult:
     """ONNX in, ONNX out: surgery only. ``norcal``: the calibration to bake in; ``strip=True``
     instead removes NorCal. ``triton_repo``: also write a Triton model repository there
-    (``force``: replace an existing model folder).
+    (``force``: replace an existing model folder). ``decoding``: the post-processing a converted
+    graph gets (Ultralytics' ONNX exports: as a checkpoint's export takes it); refused for a graph
+    kept as it is.
 
     A graph a detector family claims as its own export (Ultralytics': detect / segment, with or
     without its NMS; RT-DETR) is first converted to our output contract by that family
@@ -161,13 +163,15 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
     if not strip and norcal is None:
         raise NorcalError("norcal (the calibration to bake in) is required, or strip=True",
                           param="strip=True")
+    if strip and decoding is not None:
+        raise NorcalError("strip=True removes NorCal; it takes no decoding", param="decoding")
     src, out = Path(src), Path(out)
     _check_outputs(out, triton_repo, force, [src])
     t0 = time.perf_counter()
     model = load_onnx(src)
     ingest = ""
     if not strip:
-        model, ingest = _ingest_foreign(model, src, norcal)
+        model, ingest = _ingest_foreign(model, src, norcal, decoding)
     model = strip_norcal(model) if strip else calibrate_onnx(model, norcal)
     with output_run():  # the model and the Triton folder land together, or neither
         report = _finish(model, out)
@@ -176,13 +180,14 @@ def export_onnx_file(src: PathLike, out: PathLike, norcal: NorCal | None = None,
     return result
 
 
-def _ingest_foreign(model: onnx.ModelProto, src: Path, norcal: NorCal) -> tuple[onnx.ModelProto, str]:
+def _ingest_foreign(model: onnx.ModelProto, src: Path, norcal: NorCal,
+                    decoding: Decoding | None = None) -> tuple[onnx.ModelProto, str]:
     """The graph as its family makes it ours (an Ultralytics export converted to our contract,
     unless the caller named the logits; another tool's graph unchanged), and a line saying what
     was done ("" for nothing)."""
     from norcal.export.families import graph_family
 
-    return graph_family(model).ingest_graph(model, src, norcal)
+    return graph_family(model).ingest_graph(model, src, norcal, decoding)
 
 
 def _calibration_for(norcal: NorCal, detector: Detector) -> tuple[NorCal, str]:

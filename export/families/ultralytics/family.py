@@ -13,7 +13,7 @@ from pathlib import Path
 from norcal.core.decoding import LABEL_RULES, Decoding
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_EXPORT_SIDE, check_range
-from norcal.export.families.base import Detector, Family
+from norcal.export.families.base import Detector, Family, refuse_decoding_of_kept_graph
 from norcal.export.families.ultralytics.checkpoint import (RTDETR_TASK, TASKS, checkpoint_model,
                                                            import_ultralytics, read_ultralytics_checkpoint,
                                                            task_of)
@@ -58,15 +58,17 @@ class UltralyticsFamily(Family):
         """An ONNX graph whose metadata says Ultralytics exported it."""
         return is_ultralytics(model)
 
-    def ingest_graph(self, model, path: Path, calibration) -> tuple[object, str]:
-        """Ultralytics' graph converted to our contract (NorCal then on ``cls_logits``), unless
-        the calibration names the logits: then it is kept as it is, NorCal on that tensor."""
+    def ingest_graph(self, model, path: Path, calibration, decoding: Decoding | None = None) -> tuple[object, str]:
+        """Ultralytics' graph converted to our contract (NorCal then on ``cls_logits``; the NMS
+        ``decoding``'s), unless the calibration names the logits: then it is kept as it is, NorCal
+        on that tensor."""
         from norcal.export.families.ultralytics.onnx_yolo import ingest_ultralytics, summary
 
         if calibration.logits:
+            refuse_decoding_of_kept_graph(path, decoding)
             return model, (f"Ultralytics ONNX kept as it is (logits {calibration.logits!r} given): NorCal placed on "
                            "that tensor, the outputs stay Ultralytics' (our infer and eval cannot read them)")
-        model, head = ingest_ultralytics(model, str(path))
+        model, head = ingest_ultralytics(model, str(path), decoding=decoding)
         return model, summary(head)
 
     def load(self, path: Path, config: Path | None = None, **options) -> Detector:

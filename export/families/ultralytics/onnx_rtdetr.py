@@ -273,11 +273,12 @@ def _integer_clips(body: onnx.GraphProto, model: onnx.ModelProto, imgsz: int, wh
 
 
 def ingest_rtdetr(model: onnx.ModelProto, where: str = "model", *, score_thresh: float | None = None,
-                  detections_per_image: int | None = None) -> tuple[onnx.ModelProto, RtdetrHead]:
+                  detections_per_image: int | None = None, decoding=None) -> tuple[onnx.ModelProto, RtdetrHead]:
     """Ultralytics' RT-DETR ONNX -> the plain graph RtdetrDetector exports (no NorCal node yet):
     ``images`` RGB 0-255 stretched to imgsz, ``image_sizes`` -> num_detections, boxes, scores,
     classes, ``cls_logits`` recorded as the classifier, RtdetrDetector's metadata. Thresholds
-    default to RtdetrDetector's. Returns the graph and what was found."""
+    default to RtdetrDetector's; ``decoding`` (norcal.core.decoding.Decoding) as RtdetrDetector
+    takes it (best-class: each query's best class). Returns the graph and what was found."""
     from norcal.export.families.ultralytics.rtdetr import DEFAULT_SCORE_THRESH, RtdetrDetector
 
     head = find_rtdetr_head(model, where)
@@ -288,7 +289,8 @@ def ingest_rtdetr(model: onnx.ModelProto, where: str = "model", *, score_thresh:
     queries = head.queries or _probe_queries(body, static, head, opset, where)
     detector = RtdetrDetector(_OnnxNetwork(len(head.names), queries), head.names, head.imgsz,
                               topk=int(detections_per_image or 300),
-                              score_thresh=DEFAULT_SCORE_THRESH if score_thresh is None else float(score_thresh))
+                              score_thresh=DEFAULT_SCORE_THRESH if score_thresh is None else float(score_thresh),
+                              decoding=decoding)
     body.node.append(onnx.helper.make_node("Identity", [head.logits], [contract.CLS_LOGITS_TENSOR],
                                            name=LOGITS_NODE))
     post = _post_graph(detector, opset)

@@ -9,8 +9,10 @@ Ultralytics' network up to those tensors (its NMS, if exported, is dropped), put
 in front (our host feeds 0-255 RGB, letterboxed as the metadata says) and appends our
 post-processing, traced from :class:`YoloGraph`'s own ``detections`` (the .pt export's code):
 class logits transposed to ``cls_logits`` [B, A, C] (the tensor the NorCal node then reads), one
-Sigmoid, class-wise multi-label NMS to K, letterbox offset removal, box-relative masks. Anything
-else is refused in one line naming what was found: a silently wrong graph is the worst outcome.
+Sigmoid, the .pt export's NMS to K for the decoding asked (class-wise multi-label by default;
+best-class: :class:`~norcal.export.families.ultralytics.yolo_graph.BestClassNms`, Ultralytics'
+predictor NMS), letterbox offset removal, box-relative masks. Anything else is refused in one
+line naming what was found: a silently wrong graph is the worst outcome.
 
 An end-to-end export (YOLO26 with ``nms=False``: metadata ``end2end`` True) has the same head
 structure, its one Sigmoid over the one-to-one branch's logits concatenated with that branch's
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from norcal.core import contract
+from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import sigmoid_classifier
 from norcal.export.families.ultralytics.onnx_common import (assemble, at_least_opset, class_names, cut_network,
@@ -174,15 +177,17 @@ def _box_format(boxes: str, producer: dict, where: str) -> bool:
                       "(strides times Concat(Sub, Add) or Concat(Div, Sub)); cannot tell their format, refused")
 
 
-def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: float, topk: int) -> onnx.ModelProto:
+def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: float, topk: int,
+                decoding: Decoding = Decoding()) -> onnx.ModelProto:
     """Our post-processing after Ultralytics' decoding, traced to ONNX: inputs ``ul_boxes``,
     ``ul_logits``, ``image_sizes`` (, ``ul_coefs``, ``ul_protos``) -> the contract's outputs,
-    with ``cls_logits`` [B, A, C] named inside."""
+    with ``cls_logits`` [B, A, C] named inside; the selection ``decoding``'s (as the .pt export's)."""
     import torch
 
     from norcal.export.families.ultralytics.yolo_graph import output_names
 
-    post = _post_module_class()(len(head.names), head.imgsz, head.xyxy, score_thresh, nms_thresh, topk, head.end2end)
+    post = _post_module_class()(len(head.names), head.imgsz, head.xyxy, score_thresh, nms_thresh, topk,
+                                head.end2end, decoding)
     gen = torch.Generator().manual_seed(0)
     a, c = head.anchors, len(head.names)
     args = [torch.rand((1, 4, a), generator=gen) * head.imgsz, torch.randn((1, c, a), generator=gen) - 2.0,
@@ -206,17 +211,17 @@ def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: 
 def _post_module_class():
     from torch import nn
 
-    from norcal.export.families.ultralytics.yolo_graph import ClassWiseNms, OneToOneTopk, YoloGraph
+    from norcal.export.families.ultralytics.yolo_graph import YoloGraph, selection_for
 
     class Post(YoloGraph):
         """YoloGraph's detections and masks without its network: the part after decoding."""
 
-        def __init__(self, num_classes, size, xyxy, score_thresh, nms_thresh, topk, end2end):
+        def __init__(self, num_classes, size, xyxy, score_thresh, nms_thresh, topk, end2end, decoding):
             nn.Module.__init__(self)  # no Ultralytics model: the network is Ultralytics' ONNX
             self.num_classes, self.size, self.xyxy = int(num_classes), int(size), bool(xyxy)
             self.score_thresh, self.nms_thresh = float(score_thresh), float(nms_thresh)
             self.end2end = bool(end2end)
-            self.selection = OneToOneTopk() if self.end2end else ClassWiseNms(self.nms_thresh)
+            self.selection = selection_for(self.end2end, self.nms_thresh, decoding)
             self.topk = int(topk)
             self.init_norcal()  # plain sigmoid: the NorCal node goes into the graph afterwards
 
@@ -236,13 +241,15 @@ def _post_module_class():
     return Post
 
 
-def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, topk: int) -> dict[str, str]:
+def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, topk: int,
+                     decoding: Decoding = Decoding()) -> dict[str, str]:
     """The runtime keys a .pt export of the same model records, plus where the graph came from."""
     meta = contract.letterbox_preprocessing(head.imgsz).metadata()
     meta[contract.NUM_CLASSES] = str(len(head.names))
     settings = {"family": "ultralytics", "task": head.task, "input_size": head.imgsz,
                 "score_thresh_test": score_thresh, "nms_thresh_test": nms_thresh,
-                "detections_per_image": topk, "multi_label": True, "names": head.names,
+                "detections_per_image": topk, "multi_label": not decoding.best_class, **decoding.record(),
+                "names": head.names,
                 "source": "ultralytics-onnx" + (" (its NMS dropped)" if head.nms else
                                                 " (end-to-end, its top-k replaced)" if head.end2end else "")}
     if head.end2end:  # as the .pt export of the same head records it
@@ -259,34 +266,42 @@ def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, 
 
 
 def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_thresh: float | None = None,
-                       nms_thresh: float | None = None, detections_per_image: int | None = None
-                       ) -> tuple[onnx.ModelProto, HeadTensors | RtdetrHead]:
+                       nms_thresh: float | None = None, detections_per_image: int | None = None,
+                       decoding: Decoding | None = None) -> tuple[onnx.ModelProto, HeadTensors | RtdetrHead]:
     """Ultralytics' ONNX -> our contract's plain graph (no NorCal node yet). An RT-DETR goes to
     :func:`~norcal.export.families.ultralytics.onnx_rtdetr.ingest_rtdetr` (its own outputs
     and stretch input; ``nms_thresh`` plays no part). A YOLO: ``images`` RGB 0-255 letterboxed
     to imgsz, ``image_sizes`` -> num_detections, boxes, scores, classes(, masks), with
     ``cls_logits`` recorded as the classifier. Thresholds default to the .pt export's
-    (Ultralytics' validation settings). Returns the graph and what was found."""
+    (Ultralytics' validation settings). ``decoding``: how scores become detections, as the .pt
+    export takes it (best-class: Ultralytics' predictor NMS; an RT-DETR's best class per query),
+    recorded in the metadata. Returns the graph and what was found."""
     from norcal.export.families.ultralytics.onnx_rtdetr import ingest_rtdetr, is_rtdetr
 
     if is_rtdetr(model):  # RT-DETR's own structure and post-processing
-        return ingest_rtdetr(model, where, score_thresh=score_thresh, detections_per_image=detections_per_image)
+        return ingest_rtdetr(model, where, score_thresh=score_thresh, detections_per_image=detections_per_image,
+                             decoding=decoding)
     head = find_head(model, where)
     if head.end2end and nms_thresh is not None:
         raise NorcalError(f"{where}: an end-to-end Ultralytics head (one-to-one, no NMS): nms_thresh does not apply",
                           param="nms_thresh")
+    decoding = decoding or Decoding()
+    if head.end2end and decoding.best_class:
+        raise NorcalError(f"{where}: an end-to-end Ultralytics head decodes as Ultralytics' one-to-one top-k; "
+                          "the best-class decoding does not apply", param="decoding")
+    score_thresh = decoding.score_thresh(score_thresh)
     score = SCORE_THRESH if score_thresh is None else float(score_thresh)
     iou = NMS_THRESH if nms_thresh is None else float(nms_thresh)
     topk = int(detections_per_image or DETECTIONS)
     model, opset = at_least_opset(model, where)
     static = static_input(model, head.imgsz, where)
     body = cut_network(static, [t for t in (head.boxes, head.logits, head.coefs, head.protos) if t])
-    post = _post_graph(head, opset, score, iou, topk)
+    post = _post_graph(head, opset, score, iou, topk, decoding)
     io_map = {"ul_boxes": head.boxes, "ul_logits": head.logits}
     if head.coefs:
         io_map.update(ul_coefs=head.coefs, ul_protos=head.protos)
     merged = assemble(static, body, post, io_map, topk, opset)
-    onnx.helper.set_model_props(merged, runtime_metadata(head, score, iou, topk))
+    onnx.helper.set_model_props(merged, runtime_metadata(head, score, iou, topk, decoding))
     return merged, head
 
 

@@ -112,11 +112,7 @@ class YoloDetector(Detector):
         if decoding.best_class and is_end2end(model.model[-1]):
             raise NorcalError(f"{path}: an end-to-end YOLO head decodes as Ultralytics' one-to-one top-k; "
                               "the best-class decoding does not apply", param="decoding")
-        if decoding.conf is not None:
-            if score_thresh is not None and float(score_thresh) != decoding.conf:
-                raise NorcalError(f"score_thresh {score_thresh} and the decoding's conf {decoding.conf} disagree",
-                                  param="conf")
-            score_thresh = decoding.conf
+        score_thresh = decoding.score_thresh(score_thresh)
         self.decoding = decoding
         self.path = Path(path)
         self.names = model_names(model, path)

@@ -147,7 +147,13 @@ def head_selection(head: nn.Module, nms_thresh: float, decoding: Decoding = Deco
     """The selection Ultralytics predicts ``head`` with: its one-to-one top-k when the head is
     end-to-end (``end2end`` True), else NMS at ``nms_thresh``: class-wise over every (anchor,
     class) (multi-label, its validator's), or over each anchor's best class (its predictor's)."""
-    if is_end2end(head):
+    return selection_for(is_end2end(head), nms_thresh, decoding)
+
+
+def selection_for(end2end: bool, nms_thresh: float, decoding: Decoding = Decoding()):
+    """:func:`head_selection` from what the head is (``end2end``): the .pt export's and the ingest
+    of Ultralytics' ONNX (:mod:`.onnx_yolo`) alike."""
+    if end2end:
         return OneToOneTopk()
     return BestClassNms(nms_thresh, decoding.agnostic_nms) if decoding.best_class else ClassWiseNms(nms_thresh)
 

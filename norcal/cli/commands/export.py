@@ -139,9 +139,7 @@ def run(args) -> int:
     if not is_checkpoint:
         given = [f"--{k.replace('_', '-')}" for k in ("config", "verify", "batch", "height", "width",
                                                       "opset", "detections_per_image", "mask_head_rois")
-                 if getattr(args, k) is not None] + (["--skip-unreadable"] if args.skip_unreadable else []) \
-            + [f for f, given in (("--decoding", args.decoding is not None), ("--agnostic-nms", args.agnostic_nms),
-                                  ("--conf", args.conf is not None)) if given]
+                 if getattr(args, k) is not None] + (["--skip-unreadable"] if args.skip_unreadable else [])
         if given:
             raise NorcalError(f"{', '.join(given)} apply to checkpoints, not ONNX input")
     if args.skip_unreadable and not args.verify:
@@ -152,7 +150,7 @@ def run(args) -> int:
         from norcal.workflows.export_job import export_onnx_file
 
         result = export_onnx_file(src, out, None if args.strip else _norcal(args), strip=args.strip,
-                                  triton_repo=args.triton_repo, force=args.force)
+                                  triton_repo=args.triton_repo, force=args.force, decoding=decoding_option(args))
     print_summary(result)
     if args.min_count is not None:
         meta = {p.key: p.value for p in result.model.metadata_props}

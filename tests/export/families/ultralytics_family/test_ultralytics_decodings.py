@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from yolo_models import IMAGES, RTDETR_IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
+from yolo_models import BEST_CLASS_CONF as CONF, IMAGES, RTDETR_IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 import torch  # noqa: E402
 
@@ -25,9 +25,6 @@ from norcal.core.errors import NorcalError  # noqa: E402
 from norcal.export.families import load_detector  # noqa: E402
 from norcal.runtime.images import read_rgb  # noqa: E402
 from norcal.workflows.parity.matching import match_detections  # noqa: E402
-
-CONF = 0.05  # a deployment-like threshold these random-init models still pass on every image
-
 
 def _session(plain, gamma, table):
     """ONNX Runtime over the plain export ``plain`` calibrated at ``gamma`` (surgery only), its metadata."""
@@ -63,9 +60,8 @@ def _matched(refs, pads, out):
 def test_yolo_best_class_matches_ultralytics_predictor_nms(yolo_work, agnostic):
     from norcal.runtime.inference import prepare
 
-    det = load_detector(yolo_work.det, decoding=Decoding("best-class", agnostic, CONF))
+    det, plain = yolo_work.plain("det", Decoding("best-class", agnostic, CONF))  # shared with the tune tests
     images = [read_rgb(p) for p in IMAGES]
-    plain = det.export(None)
     for gamma in (0.0, 0.5):
         sess, meta = _session(plain, gamma, yolo_work.table)
         assert recorded_decoding(meta) == Decoding("best-class", agnostic, CONF)
@@ -134,19 +130,23 @@ def test_cli_flags_reach_the_metadata_and_other_families_refuse_them(yolo_work, 
 
 # --- RT-DETR --------------------------------------------------------------------------------
 
-def _rtdetr_forward(path, images):
+@pytest.fixture(scope="module")
+def rtdetr_forward(yolo_work):
+    """The test images, and Ultralytics' RT-DETR on them: (model, its stretched inputs, its forward's
+    (preds, decoder boxes, decoder logits)), computed once."""
     from ultralytics.data.augment import LetterBox
 
     from test_ultralytics_rtdetr import ultralytics_forward
 
-    model = torch.load(path, weights_only=False)["model"].float().eval()
+    images = [read_rgb(p) for p in IMAGES]
+    model = torch.load(yolo_work.rtdetr, weights_only=False)["model"].float().eval()  # our test file
     s = RTDETR_IMGSZ
     theirs = np.stack([LetterBox((s, s), auto=False, scale_fill=True)(image=im.copy()) for im in images])
-    return model, theirs, ultralytics_forward(model, theirs.transpose(0, 3, 1, 2).astype(np.float32))
+    return images, model, theirs, ultralytics_forward(model, theirs.transpose(0, 3, 1, 2).astype(np.float32))
 
 
 @pytest.mark.slow
-def test_rtdetr_boxes_unclipped_as_ultralytics_predictor(yolo_work):
+def test_rtdetr_boxes_unclipped_as_ultralytics_predictor(yolo_work, rtdetr_forward):
     """norcal's host (prepare, ONNX Runtime, split_outputs) against ``RTDETRPredictor.postprocess``
     itself on the same decoder output, gamma 0: the same boxes in the original image, those past
     its border included (Ultralytics clips none)."""
@@ -154,10 +154,9 @@ def test_rtdetr_boxes_unclipped_as_ultralytics_predictor(yolo_work):
 
     from norcal.runtime.inference import detect, prepare
 
-    images = [read_rgb(p) for p in IMAGES]
-    model, theirs, (preds, _, _) = _rtdetr_forward(yolo_work.rtdetr, images)
-    det = load_detector(yolo_work.rtdetr, score_thresh=CONF)
-    sess, meta = _session(det.export(None), 0.0, yolo_work.table)
+    images, model, theirs, (preds, _, _) = rtdetr_forward
+    _, plain = yolo_work.plain("rtdetr", Decoding(conf=CONF))
+    sess, meta = _session(plain, 0.0, yolo_work.table)
     assert meta[contract.CLIP_BOXES] == "false"
     predictor = RTDETRPredictor(overrides={"conf": CONF, "max_det": 300, "verbose": False})
     predictor.model = model
@@ -183,7 +182,7 @@ def test_rtdetr_boxes_unclipped_as_ultralytics_predictor(yolo_work):
 
 
 @pytest.mark.slow
-def test_rtdetr_best_class_is_each_querys_best_class(yolo_work):
+def test_rtdetr_best_class_is_each_querys_best_class(yolo_work, rtdetr_forward):
     """Best-class RT-DETR against Ultralytics' decoder output by hand: per query its best class
     after NorCal (the last decoder layer's logits, sigmoid(logit - gamma log N_c)), above conf;
     the re-scoring from the tune cache gives the same at gamma 0.5."""
@@ -191,11 +190,9 @@ def test_rtdetr_best_class_is_each_querys_best_class(yolo_work):
     from norcal.runtime.inference import prepare
     from ultralytics.utils.ops import xywh2xyxy
 
-    images = [read_rgb(p) for p in IMAGES]
-    model, _, (_, dec_boxes, dec_logits) = _rtdetr_forward(yolo_work.rtdetr, images)
-    det = load_detector(yolo_work.rtdetr, decoding=Decoding("best-class", conf=CONF))
+    images, _, _, (_, dec_boxes, dec_logits) = rtdetr_forward
+    det, plain = yolo_work.plain("rtdetr", Decoding("best-class", conf=CONF))  # shared with the tune tests
     s = RTDETR_IMGSZ
-    plain = det.export(None)
     for gamma in (0.0, 0.5):
         sess, meta = _session(plain, gamma, yolo_work.table)
         spec = contract.input_spec(meta)

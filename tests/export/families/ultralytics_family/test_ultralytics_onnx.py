@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
-from yolo_models import IMAGES, make_checkpoint, write_table  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
+from yolo_models import BEST_CLASS_CONF, IMAGES, make_checkpoint, write_table  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 from norcal.core import contract  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
@@ -168,6 +168,11 @@ def test_end_to_end_export_ingested_equals_the_pt_export(yolo_work, tmp_path, ki
     _assert_same_detections(ref, ours, len(images), seg, 0.5)
     with pytest.raises(NorcalError, match="nms_thresh does not apply"):
         ingest_ultralytics(source, nms_thresh=0.5)
+    from norcal.core.decoding import Decoding
+
+    with pytest.raises(NorcalError, match="end-to-end Ultralytics head .* best-class decoding does not apply") as e:
+        ingest_ultralytics(source, decoding=Decoding("best-class"))
+    assert e.value.param == "decoding"
 
 
 @pytest.mark.slow
@@ -193,6 +198,53 @@ def test_fixed_batch_export_ingested_equals_the_pt_export(yolo_work, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("agnostic", [False, True], ids=["class-wise", "agnostic"])
+def test_best_class_ingest_matches_ultralytics_predictor_nms(ul, agnostic):
+    """Ultralytics' ONNX (nms False) ingested with the best-class decoding, against its predictor's
+    ``non_max_suppression(multi_label=False)`` (class-wise or agnostic) on the same graph's raw head
+    outputs for the same letterboxed input: its boxes (x, y, w, h) and its class logits with NorCal
+    by hand (sigmoid(logit - gamma log N_c)), gamma 0 and 0.5; the decoding recorded."""
+    import torch
+    from ultralytics.utils.nms import non_max_suppression
+
+    from norcal.core.decoding import Decoding, recorded_decoding
+    from norcal.runtime.inference import prepare
+    from norcal.workflows.parity.matching import match_detections
+
+    decoding = Decoding("best-class", agnostic, BEST_CLASS_CONF)
+    source = onnx.load(str(ul["det", False]))
+    head = find_head(source)
+    plain, _ = ingest_ultralytics(source, decoding=decoding)
+    assert recorded_decoding(_meta(plain)) == decoding
+    assert json.loads(_meta(plain)[contract.DETECTOR])["multi_label"] is False
+    raw = onnx.ModelProto()
+    raw.CopyFrom(source)  # Ultralytics' graph, its head's boxes and class logits as outputs too
+    raw.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
+                            for t in (head.boxes, head.logits))
+    images = [read_rgb(p) for p in IMAGES]
+    batch = prepare(images, contract.input_spec(_meta(plain)))
+    feeds = batch.feeds()
+    boxes, logits = _session(raw).run([head.boxes, head.logits], {source.graph.input[0].name: feeds["images"] / 255.0})
+    h, w = batch.image_sizes[:, 0], batch.image_sizes[:, 1]
+    pads = np.stack([(S - w) // 2, (S - h) // 2] * 2, 1).astype(np.float32)  # the letterbox's offsets
+    counts = np.array([c["image_count"] for c in json.loads(Path(ul["table"]).read_text())["categories"]], np.float64)
+    for gamma in (0.0, 0.5):
+        ours = _run(_session(calibrate_onnx(plain, NorCal(gamma=gamma, table=str(ul["table"])))), feeds)
+        probs = 1.0 / (1.0 + np.exp(-(logits.astype(np.float64) - gamma * np.log(counts)[None, :, None])))
+        pred = torch.from_numpy(np.concatenate([boxes, probs.astype(np.float32)], 1))
+        refs = non_max_suppression(pred, conf_thres=BEST_CLASS_CONF, iou_thres=0.7, multi_label=False,
+                                   agnostic=agnostic, max_det=300, nc=len(counts))
+        total = matched = 0
+        for b, ref in enumerate(d.numpy() for d in refs):
+            n = int(ours["num_detections"][b])
+            assert n == len(ref) > 0
+            ri, _, _ = match_detections(ref[:, :4], ref[:, 4], ref[:, 5].astype(int), ours["boxes"][b, :n] + pads[b],
+                                        ours["scores"][b, :n], ours["classes"][b, :n], 0.99, max_score_diff=1e-4)
+            total, matched = total + len(ref), matched + len(ri)
+        assert matched / total >= 0.99, (gamma, matched, total)
+
+
+@pytest.mark.slow
 def test_export_onnx_file_ingests_unless_logits_given(ul, tmp_path):
     from norcal.cli import export_main, main
 
@@ -207,9 +259,18 @@ def test_export_onnx_file_ingests_unless_logits_given(ul, tmp_path):
                             NorCal(gamma=0.5, table=str(ul["table"]), logits=logits, background="none"))
     assert "kept as it is" in kept.ingest and [o.name for o in kept.model.graph.output] == ["output0"]
     assert _meta(kept.model)[contract.CLASS_AXIS] == "1"
-    # the CLI end to end: export, then infer reads the converted graph
+    from norcal.core.decoding import Decoding, recorded_decoding
+
+    with pytest.raises(NorcalError, match="kept as it is, with its own post-processing") as e:  # nothing converted
+        export_onnx_file(ul["det", False], tmp_path / "no.onnx", NorCal(gamma=0.5, table=str(ul["table"]),
+                                                                      logits=logits, background="none"),
+                         decoding=Decoding("best-class"))
+    assert e.value.param == "decoding" and not (tmp_path / "no.onnx").exists()
+    # the CLI end to end: export (its decoding flags reach the converted graph), then infer reads it
     cli_out = tmp_path / "det.norcal.onnx"
-    assert export_main([str(ul["det", True]), "--gamma", "0.5", "--table", str(ul["table"]), "-o", str(cli_out)]) == 0
+    assert export_main([str(ul["det", True]), "--gamma", "0.5", "--table", str(ul["table"]), "-o", str(cli_out),
+                        "--decoding", "best-class", "--agnostic-nms", "--conf", "0.25"]) == 0
+    assert recorded_decoding(_meta(onnx.load(str(cli_out)))) == Decoding("best-class", True, 0.25)
     assert main(["infer", str(cli_out), *map(str, IMAGES), "-o", str(tmp_path / "r.json")]) == 0
     assert (tmp_path / "r.json").read_text().startswith("[{")
 
@@ -224,6 +285,14 @@ def test_other_graphs_are_not_ingested(ul, tmp_path):
     result = export_onnx_file(src, tmp_path / "out.onnx", cal)
     assert result.ingest == ""
     assert result.model.graph == calibrate_onnx(plain, cal).graph
+    from norcal.core.decoding import Decoding
+
+    with pytest.raises(NorcalError, match="ours.onnx: a decoding applies to graphs converted to our outputs") as e:
+        export_onnx_file(src, tmp_path / "no.onnx", cal, decoding=Decoding("best-class"))
+    assert e.value.param == "decoding" and not (tmp_path / "no.onnx").exists()
+    with pytest.raises(NorcalError, match="strip=True removes NorCal; it takes no decoding"):
+        export_onnx_file(ul["det", False], tmp_path / "no.onnx", strip=True, decoding=Decoding("best-class"))
+    assert not (tmp_path / "no.onnx").exists()
 
 
 def _one_line(fn):

@@ -224,3 +224,30 @@ def test_altered_rtdetr_graphs_are_refused(rt):
     assert "head 'Detect'" in _one_line(lambda: ingest_ultralytics(yolo))
     seg = _copy(source, {**meta, "task": "segment"})
     assert "task 'segment'" in _one_line(lambda: ingest_ultralytics(seg))
+
+
+@pytest.mark.slow
+def test_ingested_rtdetr_best_class_equals_our_export(rt):
+    """Best-class (each query's best class, test_ultralytics_decodings.py checks it against
+    Ultralytics' decoder output) taken by the ingest of Ultralytics' ONNX as by our export of the
+    same model: the decoding recorded, the same detections at gamma 0.5; agnostic_nms refused."""
+    from norcal.core.decoding import Decoding, recorded_decoding
+    from norcal.export.families.ultralytics.rtdetr import RtdetrDetector
+    from norcal.runtime.inference import prepare
+
+    decoding = Decoding("best-class", conf=0.3)
+    plain, _ = ingest_ultralytics(onnx.load(str(rt[True])), str(rt[True]), decoding=decoding)
+    assert recorded_decoding(_meta(plain)) == decoding
+    ref_plain = RtdetrDetector.from_model(rt["model"], imgsz=S, decoding=decoding).export()
+    feeds = prepare([read_rgb(p) for p in IMAGES[:3]], contract.input_spec(_meta(plain))).feeds()
+    cal = NorCal(gamma=0.5, table=str(rt["table"]))
+    ours, ref = _run(_session(calibrate_onnx(plain, cal)), feeds), _run(_session(calibrate_onnx(ref_plain, cal)), feeds)
+    hits = total = 0
+    for b in range(3):
+        h, n = _matched(ref, ours, b)
+        assert n > 0 and int(ours["num_detections"][b]) == n
+        assert len(np.unique(ours["boxes"][b, :n], axis=0)) == n  # one label per query
+        hits, total = hits + h, total + n
+    assert hits >= 0.99 * total, (hits, total)
+    with pytest.raises(NorcalError, match="agnostic_nms does not apply"):
+        ingest_ultralytics(onnx.load(str(rt[True])), decoding=Decoding("best-class", True))

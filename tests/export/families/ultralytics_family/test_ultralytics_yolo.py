@@ -6,30 +6,22 @@ its own ``non_max_suppression(multi_label=True)`` and ``process_mask``; for an e
 (YOLO26 with ``end2end`` True) its one-to-one branch's logits calibrated by hand, then its head's
 own box decoding and ``postprocess`` (``get_topk_index``: NorCal changes which pairs the top-k
 keeps, so it comes first) and ``non_max_suppression(end2end=True)`` (its predictor's conf filter).
-Ours is the exported NorCal ONNX in ONNX Runtime, fed by our host preprocessing.
+Ours is the exported NorCal ONNX in ONNX Runtime, fed by our host preprocessing. (Loading and
+options: test_ultralytics_yolo_checkpoints.py; the tune cache: test_ultralytics_yolo_tune.py.)
 """
 
 from __future__ import annotations
-
-import json
-import os
-import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from yolo_models import IMAGES, IMGSZ, NUM_CLASSES  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
-import torch  # noqa: E402
-
 from family_cases import yolo_reference as _reference  # noqa: E402
 from yolo_mask_reference import mask_ious, ultralytics_masks  # noqa: E402
 from norcal.core import contract  # noqa: E402
 from norcal.workflows.parity.matching import match_detections  # noqa: E402
-from norcal.core.errors import NorcalError  # noqa: E402
-from norcal.export.families import FAMILIES, family_of, load_detector  # noqa: E402
-from norcal.export.families.ultralytics.family import UltralyticsFamily  # noqa: E402
+from norcal.export.families import load_detector  # noqa: E402
 from norcal.runtime.images import read_rgb  # noqa: E402
 from norcal.runtime.postprocess import split_outputs  # noqa: E402
 
@@ -40,108 +32,6 @@ S = IMGSZ  # the test checkpoints' trained-at size: their exports' input
 def work(yolo_work):
     """The session's checkpoints, table and plain exports (tests/conftest.py YoloWork)."""
     return yolo_work
-
-
-# --- loading -------------------------------------------------------------------------------
-
-def test_model_save_checkpoints_load_and_are_claimed(work, tmp_path):
-    from ultralytics import YOLO
-
-    v8 = tmp_path / "yolov8n.pt"
-    YOLO("yolov8n.yaml").save(str(v8))  # 80 classes, as Ultralytics writes it
-    assert any(isinstance(f, UltralyticsFamily) for f in FAMILIES)
-    for path, task, nc, size in ((work.det, "detect", NUM_CLASSES, S), (v8, "detect", 80, 640)):
-        assert isinstance(family_of(path), UltralyticsFamily)
-        det = load_detector(path)
-        assert (det.task, det.num_classes, det.has_masks) == (task, nc, task == "segment")
-        assert det.classifier == load_detector(path).classifier
-        assert det.classifier.background == "none" and det.classifier.activation == "sigmoid"
-        # the size the model records (its args' imgsz), else the yaml default 640
-        assert det.preprocessing.letterbox and det.preprocessing.input_size == size
-    # not ours: a plain state dict, a detectron2 pickle, a non-zip file
-    torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "d2.pth")
-    (tmp_path / "junk.pt").write_bytes(b"not a zip")
-    fam = UltralyticsFamily()
-    assert not fam.claims(tmp_path / "d2.pth", None) and not fam.claims(tmp_path / "junk.pt", None)
-    assert not fam.claims(work.det, tmp_path / "config.yaml")
-
-
-def test_loading_leaves_pil_image_open_alone(work):
-    from PIL import Image
-
-    load_detector(work.det)
-    assert Image.open.__module__ == "PIL.Image"  # Ultralytics' import-time patches undone
-    assert np.get_printoptions()["formatter"] is None and np.get_printoptions()["linewidth"] == 75
-
-
-def test_trainer_checkpoint_loads(work, tmp_path):
-    """last.pt / best.pt as the trainer writes them: model None, the EMA, train_args, numpy
-    metrics, the optimizer state, the model's args as IterableSimpleNamespace."""
-    from ultralytics.nn.tasks import DetectionModel
-    from ultralytics.utils import DEFAULT_CFG_DICT, IterableSimpleNamespace
-
-    model = DetectionModel("yolo11n.yaml", nc=3, verbose=False)
-    model.names = {0: "a", 1: "b", 2: "c"}
-    model.args = IterableSimpleNamespace(**{**DEFAULT_CFG_DICT, "imgsz": 320})
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    path = tmp_path / "last.pt"
-    torch.save({"epoch": 3, "best_fitness": np.float64(0.25), "model": None, "ema": model.half(), "updates": 7,
-                "optimizer": opt.state_dict(), "train_args": {**DEFAULT_CFG_DICT, "imgsz": 320},
-                "train_metrics": {"metrics/mAP50(B)": np.float64(0.1), "fitness": np.float32(0.2)},
-                "train_results": {"epoch": [1.0, 2.0]}, "date": "2026-01-01", "version": "8.4.190",
-                "git": {"root": None}, "license": "AGPL-3.0", "docs": "x"}, path)
-    det = load_detector(path)
-    assert det.num_classes == 3 and det.imgsz == 320 and det.names == ["a", "b", "c"]
-    # the export records the model's names: runners check annotation categories against them
-    assert json.loads(det.runtime_metadata()[contract.CLASS_NAMES]) == ["a", "b", "c"]
-
-
-def test_yaml_placeholder_names_are_not_recorded(work):
-    from ultralytics.nn.tasks import DetectionModel
-
-    from norcal.export.families.ultralytics.yolo import YoloDetector
-
-    model = DetectionModel("yolo11n.yaml", nc=2, verbose=False)
-    assert model.names == {0: "0", 1: "1"}  # Ultralytics' placeholders: they name no category
-    assert contract.CLASS_NAMES not in YoloDetector(model.eval(), "yolo11n.yaml").runtime_metadata()
-    # yolo_models names the test checkpoints' classes class0, class1, ...
-    assert json.loads(load_detector(work.det).runtime_metadata()[contract.CLASS_NAMES]) == [
-        f"class{i}" for i in range(NUM_CLASSES)]
-
-
-class _System:
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-@pytest.mark.parametrize("kind", ["det", "rtdetr"])
-@pytest.mark.parametrize("payload,global_name", [
-    ("system", "posix.system"), ("eval", "builtins.eval"), ("optimizer", "torch.optim.sgd.SGD")])
-def test_malicious_checkpoint_is_refused_naming_the_global(work, tmp_path, payload, global_name, kind):
-    marker = tmp_path / "pwned"
-    path = tmp_path / "best.pt"
-    ckpt = torch.load(getattr(work, kind), weights_only=False)  # our own file: a real YOLO / RT-DETR checkpoint
-    # the payload rides along the real model, so the file still looks like an Ultralytics one
-    ckpt["train_args"] = {"system": _System(marker), "eval": eval, "optimizer": torch.optim.SGD}[payload]
-    torch.save(ckpt, path)
-    assert isinstance(family_of(path), UltralyticsFamily)  # it looks like one of Ultralytics' files
-    with pytest.raises(NorcalError) as e:
-        load_detector(path)
-    msg = str(e.value)
-    assert "\n" not in msg and str(path) in msg and f"'{global_name}'" in msg and "refused" in msg
-    assert not marker.exists()
-
-
-def test_plain_pickle_with_pt_suffix_is_not_loaded(tmp_path):
-    path = tmp_path / "evil.pt"
-    path.write_bytes(pickle.dumps(_System(tmp_path / "pwned")))
-    assert not UltralyticsFamily().claims(path, None)  # no Ultralytics classes named: not its file
-    with pytest.raises(NorcalError, match="evil.pt: refused to load"):
-        load_detector(path)  # detectron2's safe loader takes what no other family claims; nothing unpickled
-    assert not (tmp_path / "pwned").exists()
 
 
 # --- the reference (Ultralytics with NorCal by hand: family_cases.yolo_reference) -------------
@@ -156,18 +46,19 @@ def _match(ref, ours_boxes, ours_scores, ours_classes):
     return idx
 
 
-def _graph(work, kind, gamma):
-    """The session's one plain export of ``kind``, calibrated at ``gamma`` (surgery only)."""
+def _graph(work, kind, gamma, decoding=None):
+    """The session's one plain export of ``kind`` (with ``decoding``), calibrated at ``gamma``
+    (surgery only)."""
     from norcal.workflows.export_job import NorCal, calibrate_onnx
 
-    det, plain = work.plain(kind)
+    det, plain = work.plain(kind, decoding)
     return det, calibrate_onnx(plain, NorCal(gamma=gamma, table=str(work.table)))
 
 
-def _onnx(work, kind, gamma):
+def _onnx(work, kind, gamma, decoding=None):
     import onnxruntime as ort
 
-    det, graph = _graph(work, kind, gamma)
+    det, graph = _graph(work, kind, gamma, decoding)
     meta = {p.key: p.value for p in graph.metadata_props}
     return det, ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]), meta
 
@@ -370,120 +261,6 @@ def _custom_onnx(work, kind, gamma, **options):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["det", "y26e2e", "det_best_class"])
-def test_tune_rescore_equals_the_onnx(work, kind):
-    """The family's tune cache from the host's prepared batches, re-scored at gamma 0.5, gives
-    the graph's outputs (resized coordinates; the host maps both back alike). An end-to-end
-    head: fewer slots than anchors (K 50 of 189), a sweep of gammas 0.5 and 1 and a threshold
-    that leave most anchors out of the cache, so the top-k re-run at gamma 0.5 works on a subset
-    of each image's anchors, padded up to K rows where fewer are cached. The best-class decoding
-    (Ultralytics' predictor NMS, agnostic): each gamma's argmax, conf and NMS re-run from the cache."""
-    from norcal.core.calibration import log_prior
-    from norcal.runtime.inference import prepare
-    from norcal.runtime.postprocess import split_outputs
-
-    if kind == "det":
-        det, sess, meta = _onnx(work, "det", 0.5)
-    elif kind == "det_best_class":
-        from norcal.core.decoding import Decoding
-
-        det, sess, meta = _custom_onnx(work, "det", 0.5, decoding=Decoding("best-class", True, 0.05))
-        assert det.model.selection.name == "best-class nms"
-    else:
-        det, sess, meta = _custom_onnx(work, kind, 0.5, detections_per_image=50, score_thresh=0.12)
-        assert det.model.end2end and det.topk == 50 < det._anchors()
-    gammas = (0.5, 1.0) if kind == "y26e2e" else (0.0, 0.5)
-    spec = contract.input_spec(meta)
-    assert det.preprocessing == spec
-    priors = [log_prior(work.counts, g, background="none") for g in gammas]
-    arrays = [read_rgb(p) for p in IMAGES]
-    batches = [([0, 1], prepare(arrays[:2], spec)), ([2, 3], prepare(arrays[2:4], spec))]
-    parts = [det.cache([b], priors, "exp") for b in batches]
-    cache = type(parts[0]).concat(parts)
-    assert len(cache) == 4 and cache.image_ids == [0, 1, 2, 3] and cache.nbytes > 0
-    if kind == "y26e2e":  # a subset cached: the top-k re-run per prior sees fewer anchors than the graph
-        lens = [len(b) for b in cache.boxes]
-        assert all(0 < n < det._anchors() for n in lens) and min(lens) < det.topk, lens
-    assert det.cache_bytes(4, 2) >= cache.nbytes
-    at = gammas.index(0.5)  # the graph's gamma
-    got = det.rescore(cache, at, priors[at], "exp", batch_size=3)
-    assert got["boxes"].shape == (4, det.topk, 4)
-    batch = prepare(arrays[:4], spec)
-    np.testing.assert_array_equal(cache.image_sizes, batch.image_sizes)
-    mine = split_outputs(got, cache.image_sizes, cache.original_sizes)
-    want = split_outputs(_run(sess, batch.feeds()), batch.image_sizes, batch.original_sizes)
-    total = matched = 0
-    for g, w in zip(mine, want):  # original coordinates; as sets (torch vs ONNX Runtime kernels)
-        assert len(g.scores) == len(w.scores) > 0
-        ref = np.concatenate([g.boxes, g.scores[:, None], g.classes[:, None]], 1)
-        total, matched = total + len(ref), matched + int((_match(ref, w.boxes, w.scores, w.classes) >= 0).sum())
-    assert matched / total >= 0.99, (matched, total)
-
-
-@pytest.mark.slow
-def test_tune_segm_rescoring_gives_ultralytics_masks(work):
-    """Tune's segm re-scoring (cache with masks, re-scored at gamma 0.5, masks pasted and
-    RLE-encoded as norcal infer writes them) gives each detection Ultralytics' predictor mask
-    (process_mask_native on its own prototypes and coefficients at our box)."""
-    from pycocotools import mask as mask_utils
-
-    from norcal.core.calibration import log_prior
-    from norcal.workflows.tune_cache import cache_images, to_eval_detections
-
-    det = load_detector(work.seg)
-    images = [(1, IMAGES[1])]
-    prior = log_prior(work.counts, 0.5, background="none")
-    cache = cache_images(det, images, [prior], batch_size=1, with_masks=True)
-    out = det.rescore(cache, 0, prior, "exp", 1)  # what rescore_images splits
-    dets = split_outputs(out, cache.image_sizes, cache.original_sizes, cache.keep_empty_boxes, cache.mask_paste)
-    rles = to_eval_detections([1], dets, list(range(1, NUM_CLASSES + 1)), masks=True).rles
-    arrays = [read_rgb(p) for _, p in images]
-    refs, pads, _, protos = _reference(work.seg, arrays, 0.5, work.counts, True)
-    start = 0
-    for b, (d, ref, pr) in enumerate(zip(dets, refs, protos)):
-        assert d.mask_paste == "ultralytics" and len(d) == len(ref) > 0
-        ours = mask_utils.decode(rles[start:start + len(d)]).transpose(2, 0, 1).astype(bool)
-        start += len(d)
-        n = len(d)
-        idx = _match(ref, out["boxes"][b, :n] + pads[b], out["scores"][b, :n], out["classes"][b, :n])
-        i = np.nonzero(idx >= 0)[0]
-        assert len(i) >= 0.99 * len(ref)
-        theirs = ultralytics_masks(pr, ref[i, 6:], d.boxes[idx[i]], d.image_size)
-        assert mask_ious(ours[idx[i]], theirs).min() >= MIN_MASK_IOU
-
-
-@pytest.mark.parametrize("yaml, task", [("yolo11n-pose.yaml", "PoseModel"), ("yolo11n-obb.yaml", "OBBModel"),
-                                        ("yolo11n-cls.yaml", "ClassificationModel"), ("yolov8s-worldv2.yaml", "WorldModel")])
-def test_other_ultralytics_tasks_are_refused_by_name(tmp_path, yaml, task):
-    from ultralytics import YOLO
-
-    f = tmp_path / "other.pt"
-    YOLO(yaml).save(str(f))
-    with pytest.raises(NorcalError) as e:
-        load_detector(f)
-    assert str(e.value) == (f"{f}: an Ultralytics {task}; only DetectionModel, SegmentationModel, "
-                            "RTDETRDetectionModel checkpoints are exported")
-
-
-def test_end_to_end_head_loads_as_its_one_to_one_branch(work):
-    """A YOLO26 saved with its one-to-one head selected (Ultralytics then predicts without NMS)
-    loads as that branch with a top-k, recorded in its settings; an NMS threshold is refused in
-    one line naming the file; the same file with end2end False is the one-to-many NMS graph."""
-    from ultralytics import YOLO
-
-    e2e = work.y26e2e  # work.y26 with head.end2end = True
-    assert YOLO(str(e2e)).model.model[-1].end2end  # as Ultralytics reads the file back
-    det = load_detector(e2e)
-    assert det.model.end2end and det.model.branch == "one2one"
-    settings = det.settings()
-    assert settings["selection"] == "one-to-one top-k" and "nms_thresh_test" not in settings
-    assert not load_detector(work.y26).model.end2end and load_detector(work.y26).settings()["multi_label"]
-    with pytest.raises(NorcalError) as e:
-        load_detector(e2e, nms_thresh=0.5)
-    assert str(e.value).startswith(f"{e2e}: an end-to-end YOLO head") and "\n" not in str(e.value)
-
-
-@pytest.mark.slow
 def test_end_to_end_top_k_with_fewer_slots_than_anchors_matches_ultralytics(work):
     """K 50 of 189 anchors: Ultralytics' top-k first keeps 50 anchors by best class score, then
     50 of their (anchor, class) pairs, both on NorCal's scores; ours in ONNX Runtime the same,
@@ -503,40 +280,3 @@ def test_end_to_end_top_k_with_fewer_slots_than_anchors_matches_ultralytics(work
         idx = _match(ref, out["boxes"][b, :n] + pads[b], out["scores"][b, :n], out["classes"][b, :n])
         total, matched = total + len(ref), matched + int((idx >= 0).sum())
     assert matched / total >= 0.99, (matched, total)
-
-
-@pytest.mark.slow
-def test_cli_export_verify_infer_check(work, tmp_path):
-    from norcal.cli import export_main, main
-
-    out = tmp_path / "best.norcal.onnx"
-    best = tmp_path / "best.pt"
-    best.write_bytes(work.det.read_bytes())
-    # verify: the family's PyTorch runner against ONNX Runtime on the letterboxed images, fp32 tolerances
-    assert export_main([str(best), "--gamma", "0.5", "--table", str(work.table), "--height", str(S),
-                        "--width", str(S), "-o", str(out), "--verify", *map(str, IMAGES)]) == 0
-    results = tmp_path / "results.json"
-    assert main(["infer", str(out), *map(str, IMAGES), "-o", str(results)]) == 0
-    rows = json.loads(results.read_text())
-    assert rows and {r["category_id"] for r in rows} <= set(range(1, NUM_CLASSES + 1))
-    assert main(["check", str(out)]) == 0
-    # the C++ host's sidecar reader and a size override refuse a letterbox model in one line
-    assert main(["infer", str(out), str(IMAGES[0]), "--min-size", "100", "-o", str(tmp_path / "r2.json")]) == 2
-
-
-@pytest.mark.slow
-def test_export_options_a_yolo_checkpoint_cannot_take(work, tmp_path):
-    """Refused by the family in one line naming the parameter, before anything is written."""
-    from norcal.workflows.export_job import CheckpointExport, NorCal, export_checkpoint
-
-    out = tmp_path / "m.onnx"
-    cases = [(CheckpointExport(mask_head_rois="static"), NorCal(gamma=0.5), "mask_head_rois does not apply to ultralytics"),
-             (CheckpointExport(config=tmp_path / "c.yaml"), NorCal(gamma=0.5), "takes no config"),
-             (CheckpointExport(), NorCal(gamma=None), "gamma is required (0 gives the plain sigmoid)"),
-             (CheckpointExport(height=S, width=2 * S), NorCal(gamma=0.5), "square letterbox input")]
-    (tmp_path / "c.yaml").write_text("MODEL: {}\n")
-    for options, norcal, message in cases:
-        with pytest.raises(NorcalError) as e:
-            export_checkpoint(work.det, out, norcal, options)
-        assert message in str(e.value) and "\n" not in str(e.value)
-        assert not out.exists()
