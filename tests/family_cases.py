@@ -68,8 +68,8 @@ class GraphIO:
 @dataclass(frozen=True)
 class FamilyCase:
     """make(folder) -> its :class:`Checkpoint` (an ONNX file for a family that reads no
-    checkpoints); reference(checkpoint, gamma) -> one :class:`Reference` per image of
-    ``checkpoint.images``; min_detections: the fewest each image must have, so that no
+    checkpoints); reference(checkpoint, gammas) -> per gamma, one :class:`Reference` per image of
+    ``checkpoint.images`` (all gammas at once: a network's shared part runs once); min_detections: the fewest each image must have, so that no
     comparison is vacuous; host_sizes: the (min, max) resize the host runs the graph at
     (``norcal infer --min-size/--max-size``), None: the one the export records; graph_io: the
     graph's own I/O (None: our contract); norcal: further NorCal options the export takes
@@ -79,7 +79,7 @@ class FamilyCase:
 
     family: str
     make: Callable[[Path], Checkpoint]
-    reference: Callable[[Checkpoint, float], list[Reference]]
+    reference: Callable[[Checkpoint, tuple[float, ...]], dict[float, list[Reference]]]
     min_detections: int = 5
     host_sizes: tuple[int, int] | None = None
     graph_io: GraphIO | None = None
@@ -103,16 +103,17 @@ def _d2_make(folder: Path) -> Checkpoint:
                       config=D2_TINY / "config.yaml")
 
 
-def _d2_reference(ckpt: Checkpoint, gamma: float) -> list[Reference]:
+def _d2_reference(ckpt: Checkpoint, gammas: tuple[float, ...]) -> dict[float, list[Reference]]:
     """detectron2's own detections (tests/golden.py): plain softmax at gamma 0; at 0.5 its
     NorCal (a_c = N_c^0.5 of LVIS v1's image counts, background untouched, renormalised)."""
     from golden import golden
 
-    setting = D2_SETTINGS[gamma]
-    out = []
+    out: dict[float, list[Reference]] = {g: [] for g in gammas}
     for p in ckpt.images:
         g = golden(int(p.stem[3:]))
-        out.append(Reference(g[f"{setting}/boxes"], g[f"{setting}/scores"], g[f"{setting}/classes"]))
+        for gamma in gammas:
+            setting = D2_SETTINGS[gamma]
+            out[gamma].append(Reference(g[f"{setting}/boxes"], g[f"{setting}/scores"], g[f"{setting}/classes"]))
     return out
 
 
@@ -175,10 +176,13 @@ def _yolo_make(folder: Path) -> Checkpoint:
     return Checkpoint(path, table, list(IMAGES), upstream=counts)
 
 
-def _yolo_reference(ckpt: Checkpoint, gamma: float) -> list[Reference]:
-    dets, pads, _, _ = yolo_reference(ckpt.path, read_images(ckpt.images), gamma, ckpt.upstream)
-    # the letterbox graph removes the centring offset itself: its boxes are in resized coordinates
-    return [Reference(d[:, :4] - pad, d[:, 4], d[:, 5].astype(np.int64)) for d, pad in zip(dets, pads)]
+def _yolo_reference(ckpt: Checkpoint, gammas: tuple[float, ...]) -> dict[float, list[Reference]]:
+    out = {}
+    for gamma in gammas:
+        dets, pads, _, _ = yolo_reference(ckpt.path, read_images(ckpt.images), gamma, ckpt.upstream)
+        # the letterbox graph removes the centring offset itself: its boxes are in resized coordinates
+        out[gamma] = [Reference(d[:, :4] - pad, d[:, 4], d[:, 5].astype(np.int64)) for d, pad in zip(dets, pads)]
+    return out
 
 
 # --- torchvision: Faster R-CNN with NorCal by hand before its own postprocess ----------------
@@ -193,10 +197,11 @@ def torchvision_prior(gamma: float, counts=None):
     return torch.tensor([0.0] + [gamma * math.log(c) for c in (COUNTS if counts is None else counts)])
 
 
-def torchvision_reference(model, img: np.ndarray, gammas=(0.5,)) -> list[dict]:
+def torchvision_reference(model, img: np.ndarray, gammas=(0.5,), to_original: bool = False) -> list[dict]:
     """torchvision's own pipeline (GeneralizedRCNN.forward before the boxes go back to the
-    original image) with the class logits shifted by NorCal's prior before its softmax, one
-    result per gamma (the network up to the ROI heads run once)."""
+    original image; ``to_original``: the whole forward, boxes mapped back by its transform's
+    postprocess) with the class logits shifted by NorCal's prior before its softmax, one result
+    per gamma (the network up to the ROI heads run once)."""
     import torch
 
     with torch.no_grad():
@@ -212,6 +217,8 @@ def torchvision_reference(model, img: np.ndarray, gammas=(0.5,)) -> list[dict]:
                 dets, _ = model.roi_heads(features, proposals, images.image_sizes)
         finally:
             hook.remove()
+        if to_original:
+            dets = model.transform.postprocess(dets, images.image_sizes, [tuple(img.shape[:2])])
         d = {k: v.numpy() for k, v in dets[0].items()}
         d["labels"] = d["labels"] - 1  # torchvision's labels count the background as 0
         d["size"] = tuple(images.image_sizes[0])
@@ -220,6 +227,9 @@ def torchvision_reference(model, img: np.ndarray, gammas=(0.5,)) -> list[dict]:
 
 
 TV_SIZES = (224, 352)  # a 224 side pads to 7 stride-32 cells: torchvision's P6 stride 56, not 64
+# the box head's width (torchvision's 1024 is half the model's weights and most of its work over
+# 1000 proposals): what a family reads from the state dict, so any width tests the same path
+TV_BOX_WIDTH = 256
 
 
 def _tv_make(folder: Path) -> Checkpoint:
@@ -229,16 +239,17 @@ def _tv_make(folder: Path) -> Checkpoint:
 
     # the export records torchvision's default resize (800 / 1333); the graph takes any size, and
     # the host runs it at TV_SIZES (a tenth of the pixels), as the model is built for here
-    model = tiny_rcnn(min_size=TV_SIZES[0], max_size=TV_SIZES[1])
+    model = tiny_rcnn(min_size=TV_SIZES[0], max_size=TV_SIZES[1], box_width=TV_BOX_WIDTH)
     path = folder / "faster_rcnn_tiny.pth"
     torch.save(model.state_dict(), path)
     return Checkpoint(path, table_file(folder / "tv_table.json"), sorted((D2_TINY / "images").glob("img*.png")),
                       upstream=model)
 
 
-def _tv_reference(ckpt: Checkpoint, gamma: float) -> list[Reference]:
-    refs = [torchvision_reference(ckpt.upstream, img, (gamma,))[0] for img in read_images(ckpt.images)]
-    return [Reference(r["boxes"], r["scores"], r["labels"]) for r in refs]
+def _tv_reference(ckpt: Checkpoint, gammas: tuple[float, ...], to_original: bool = False
+                  ) -> dict[float, list[Reference]]:
+    refs = [torchvision_reference(ckpt.upstream, img, gammas, to_original) for img in read_images(ckpt.images)]
+    return {g: [Reference(r[i]["boxes"], r[i]["scores"], r[i]["labels"]) for r in refs] for i, g in enumerate(gammas)}
 
 
 # --- foreign: torchvision's own ONNX export of the torchvision Faster R-CNN ------------------
@@ -246,14 +257,17 @@ def _tv_reference(ckpt: Checkpoint, gamma: float) -> list[Reference]:
 def _tv_graph_make(folder: Path) -> Checkpoint:
     """The torchvision case's model exported by torch.onnx as torchvision supports it: a list of
     one image [3, H, W] (0-1 RGB; resize and normalisation inside), H and W dynamic; boxes in the
-    image's coordinates, labels counting the background as 0."""
+    image's coordinates, labels counting the background as 0. Its ROI heads take the RPN's top
+    200 proposals (a constructor argument the export traces with the model, so the graph and its
+    reference agree): a fifth of the box head's work at torchvision's 1000."""
     import warnings
 
     import torch
 
     from torchvision_models import table_file, tiny_rcnn
 
-    model = tiny_rcnn(min_size=TV_SIZES[0], max_size=TV_SIZES[1])
+    model = tiny_rcnn(min_size=TV_SIZES[0], max_size=TV_SIZES[1], box_width=TV_BOX_WIDTH,
+                      rpn_post_nms_top_n_test=200)
     path = folder / "faster_rcnn_tiny.onnx"
     with warnings.catch_warnings():  # the tracer's warnings about torchvision's shape arithmetic
         warnings.simplefilter("ignore")
@@ -268,22 +282,10 @@ def _tv_image(img: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32) / 255
 
 
-def _tv_graph_reference(ckpt: Checkpoint, gamma: float) -> list[Reference]:
+def _tv_graph_reference(ckpt: Checkpoint, gammas: tuple[float, ...]) -> dict[float, list[Reference]]:
     """torchvision's whole forward (boxes mapped back to the image, as its graph does) with the
     class logits shifted by NorCal's prior before its softmax; 0-based classes."""
-    import torch
-
-    model, lp = ckpt.upstream, torchvision_prior(gamma)
-    out = []
-    hook = model.roi_heads.box_predictor.register_forward_hook(lambda m, a, o: (o[0] - lp, o[1]))
-    try:
-        for img in read_images(ckpt.images):
-            with torch.no_grad():
-                d = model([torch.from_numpy(_tv_image(img))])[0]
-            out.append(Reference(d["boxes"].numpy(), d["scores"].numpy(), d["labels"].numpy() - 1))
-    finally:
-        hook.remove()
-    return out
+    return _tv_reference(ckpt, gammas, to_original=True)
 
 
 TV_GRAPH_IO = GraphIO(

@@ -18,12 +18,14 @@ COUNTS = [3.0, 40.0, 900.0]  # three classes, long-tailed
 
 
 def condition(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Objectness and class logits spread over a few units, boxes moved off their proposals."""
+    """Objectness and class logits spread over a few units, boxes moved off their proposals (the
+    predictor's weights scaled by sqrt(1024 / box head width): the same spread at any width)."""
     gen = torch.Generator().manual_seed(seed)
     sd = model.state_dict()
+    k = (1024 / sd["roi_heads.box_predictor.cls_score.weight"].shape[1]) ** 0.5
     with torch.no_grad():
-        for name, std in (("rpn.head.cls_logits.weight", 0.2), ("roi_heads.box_predictor.cls_score.weight", 0.05),
-                          ("roi_heads.box_predictor.bbox_pred.weight", 0.01)):
+        for name, std in (("rpn.head.cls_logits.weight", 0.2), ("roi_heads.box_predictor.cls_score.weight", 0.05 * k),
+                          ("roi_heads.box_predictor.bbox_pred.weight", 0.01 * k)):
             sd[name].copy_(torch.randn(sd[name].shape, generator=gen) * std)
         bias = sd["roi_heads.box_predictor.cls_score.bias"]
         bias.copy_(torch.linspace(-1.0, 0.5, bias.numel()))  # background (first) least likely
@@ -33,13 +35,22 @@ def condition(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
-def tiny_rcnn(masks: bool = False, seed: int = 0, **kwargs) -> torch.nn.Module:
+def tiny_rcnn(masks: bool = False, seed: int = 0, box_width: int | None = None, **kwargs) -> torch.nn.Module:
     """A ResNet-18-FPN Faster (or Mask) R-CNN with len(COUNTS) classes, torchvision's defaults
-    otherwise (resize 800 / 1333), conditioned."""
+    otherwise (resize 800 / 1333), conditioned. box_width: its box head's two FC layers' width
+    (torchvision's TwoMLPHead; default its 1024, whose first layer is most of the model's weights
+    and of an image's work over 1000 proposals)."""
+    from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+
     torch.manual_seed(seed)
     backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5)
     cls = MaskRCNN if masks else FasterRCNN
-    return condition(cls(backbone, num_classes=len(COUNTS) + 1, **kwargs), seed)
+    classes = len(COUNTS) + 1
+    if box_width:  # torchvision's own head and predictor at that width (then num_classes must be None)
+        kwargs.update(box_head=TwoMLPHead(backbone.out_channels * 7 * 7, box_width),
+                      box_predictor=FastRCNNPredictor(box_width, classes))
+        classes = None
+    return condition(cls(backbone, num_classes=classes, **kwargs), seed)
 
 
 def r50(masks: bool = False, num_classes: int = 5) -> torch.nn.Module:

@@ -19,8 +19,9 @@ from norcal.core.calibration import log_prior
 from norcal.cli import main
 from norcal.core.errors import NorcalError
 from norcal.cli.parity_tables import render_tables, verify_text
-from norcal.workflows.parity import (PRESETS, ParityRun, box_iou, compare, match_detections, run_parity,
-                                     runner_precision, synthetic_images, tolerances_for)
+from norcal.workflows.parity import (PRESETS, ParityRun, box_iou, compare, match_detections, report_json,
+                                     run_parity, runner_precision, synthetic_images, tolerances_for,
+                                     verdict_lines)
 from norcal.core.calibration_spec import Calibration
 from norcal.export.pytorch.runner import TorchRunner, calibrated, onnx_calibration
 
@@ -252,6 +253,46 @@ def test_run_parity_feeds_every_runner_the_same_batches():
         run_parity([r4, r5], imgs, min_size=64, max_size=96, fixed_shape=(None, 64, 64))
     with pytest.raises(NorcalError, match="names must differ"):
         run_parity([r4, EchoRunner("four")], imgs, min_size=64, max_size=96)
+
+
+
+def test_noise_floor_is_measured_only_where_the_fp32_preset_alone_fails():
+    """A candidate within the fp32 preset is judged without the noise runner (never made, never
+    run); past the preset, the noise runner is made and run over the same batches, and the
+    candidates are judged against 6 x the floor it measures (scores: the precise reference sits
+    5e-4 from the float32 one, so 1e-3 off passes and 1e-2 off still fails)."""
+    from norcal.workflows.parity.tolerances import FLOOR_FACTOR
+
+    imgs = synthetic_images(3)
+    made = []
+
+    def noise():
+        made.append(EchoRunner("ref-fp64", offset=5e-4))
+        return made[-1]
+
+    run = run_parity([EchoRunner("ref"), EchoRunner("same")], imgs, min_size=64, max_size=96, batch_size=2,
+                     noise_runner=noise)
+    (rep,) = run.reports
+    assert rep.passed and not made and run.floor is None and set(run.seconds) == {"ref", "same"}
+    assert rep.preset == PRESETS["fp32"] and rep.floor is None and rep.tolerances == PRESETS["fp32"]
+    assert verdict_lines(run) == ["PASS  same vs ref (fp32); within the preset (floor not measured)"]
+    assert report_json(run)["comparisons"][0]["noise_floor"] is None
+    # past the preset: measured on the same batches, then both candidates judged against it
+    ref, off, far = EchoRunner("ref"), EchoRunner("off", offset=1e-3), EchoRunner("far", offset=1e-2)
+    run = run_parity([ref, off, far], imgs, min_size=64, max_size=96, batch_size=2, noise_runner=noise)
+    (precise,) = made
+    assert [len(f["images"]) for f in precise.seen] == [2, 1]
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(ref.seen, precise.seen) for k in a)
+    assert run.floor.runner == "ref-fp64" and run.floor.pairs == 3
+    assert run.floor.scores == pytest.approx(5e-4, rel=1e-3) and "ref-fp64" in run.seconds
+    assert not compare(run.outputs["ref"], run.outputs["off"], "fp32").passed  # the bare preset fails it
+    assert run.reports[0].passed and not run.reports[1].passed
+    for rep in run.reports:
+        assert rep.floor == run.floor and rep.preset == PRESETS["fp32"]
+        assert rep.tolerances.atol["scores"] == pytest.approx(FLOOR_FACTOR * run.floor.scores)
+    passed, failed = verdict_lines(run)
+    assert passed.startswith("PASS  off vs ref (fp32); tolerances scores 0.003") and "preset's 0.0001" in passed
+    assert failed.startswith("FAIL  far vs ref (fp32): ") and "noise floor 0.0005" in failed
 
 
 class BoxRunner:

@@ -72,8 +72,11 @@ class ParityReport:
     detections: DetectionDiff | None
     ap: dict[str, tuple[float, float]] = field(default_factory=dict)  # stat -> (reference, candidate)
     failures: list[str] = field(default_factory=list)
-    preset: Tolerances | None = None  # the precision's preset, where ``tolerances`` widened it to the floor
-    floor: Any = None  # the reference's measured noise (norcal.workflows.parity.floor.NoiseFloor), or None
+    # where the floor applied: the precision's preset, which ``tolerances`` widened to ``floor`` (the
+    # reference's measured noise, norcal.workflows.parity.floor.NoiseFloor), or None where the
+    # candidate passed at the preset and the floor was not measured
+    preset: Tolerances | None = None
+    floor: Any = None
 
     @property
     def passed(self) -> bool:

@@ -3,10 +3,11 @@
 Two correct float32 runs of one model differ by rounding, and how much depends on the model:
 a deep network with a box decode through a softmax over distance bins (YOLO's DFL) or six
 transformer layers (RT-DETR) amplifies one-ulp differences to 1e-3 in scores and to pixels in
-boxes, past the fp32 preset's 1e-4 / 1e-2, though every graph op is right. So parity runs the
-reference a second time more precisely (the family's noise runner: by default its PyTorch model
-in float64) on the same batches and measures how far the reference's float32 outputs sit from
-that: the floor. A float32 candidate's own rounding is of the same order, so it sits within
+boxes, past the fp32 preset's 1e-4 / 1e-2, though every graph op is right. So where a candidate
+fails at the fp32 preset alone, parity runs the reference a second time more precisely (the
+family's noise runner: by default its PyTorch model in float64) on the same batches and measures
+how far the reference's float32 outputs sit from that: the floor (a candidate within the preset
+needs none, and the floor only widens tolerances, so it is not measured then). A float32 candidate's own rounding is of the same order, so it sits within
 floor + its own error <= ``FLOOR_FACTOR`` x floor
 (:mod:`~norcal.workflows.parity.tolerances`) of the reference (the triangle inequality,
 the factor allows for other kernels' rounding: the measurements are in that module); a graph error larger

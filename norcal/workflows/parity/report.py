@@ -20,10 +20,13 @@ def verdict_lines(run: ParityRun) -> list[str]:
 
 
 def _floor_note(rep) -> str:
-    """The tolerances an fp32 comparison used, the preset's and the measured floor's ("" without
-    a floor): each is the larger of the preset and floor_factor x the reference's own noise."""
-    if rep.floor is None or rep.preset is None:
+    """The tolerances an fp32 comparison used: the preset's alone where it passed at the preset
+    (the floor then not measured), else the preset's and the measured floor's, each the larger of
+    the preset and floor_factor x the reference's own noise ("" where no floor applied)."""
+    if rep.preset is None:
         return ""
+    if rep.floor is None:
+        return "; within the preset (floor not measured)"
     used, preset, f = rep.tolerances.atol, rep.preset.atol, rep.floor
     return (f"; tolerances scores {used['scores']:.2g} / boxes {used['boxes']:.2g} px: the larger of the preset's "
             f"{preset['scores']:g} / {preset['boxes']:g} px and {rep.preset.floor_factor:g} x the reference's "

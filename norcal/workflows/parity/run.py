@@ -26,7 +26,7 @@ class ParityRun:
     reports: list[ParityReport]
     images: int
     ap: dict[str, dict[str, float]] = field(default_factory=dict)
-    floor: NoiseFloor | None = None  # the reference's own float noise, where it was measured
+    floor: NoiseFloor | None = None  # the reference's own float noise, where a preset alone failed
 
     @property
     def passed(self) -> bool:
@@ -108,6 +108,40 @@ def _fit_shape(feeds: dict[str, np.ndarray], fixed) -> dict[str, np.ndarray]:
     return {"images": images, "image_sizes": sizes}
 
 
+def _run_batches(runners: Sequence[Runner], prepared, fixed_shape, on_batch, seconds: dict[str, float]):
+    """Every runner over the prepared batches: (outputs by runner name, each batch's sizes),
+    each runner's time added to ``seconds``."""
+    chunks: dict[str, list] = {r.name: [] for r in runners}
+    batches = []
+    done = 0
+    for batch in prepared:
+        n = len(batch)
+        done += n
+        batches.append((batch.image_sizes, batch.original_sizes, batch.keep_empty_boxes, batch.clip_boxes))
+        feeds = _fit_shape(batch.feeds(), fixed_shape)
+        for r in runners:
+            t0 = time.perf_counter()
+            # copies: a runner must not see another's in-place changes to the feeds
+            out = r.infer({k: v.copy() for k, v in feeds.items()})
+            seconds[r.name] = seconds.get(r.name, 0.0) + time.perf_counter() - t0
+            chunks[r.name].append({k: np.asarray(v)[:n] for k, v in out.items()})
+            if on_batch:
+                on_batch(r.name, done)
+    return {n: _concat(c) for n, c in chunks.items()}, batches
+
+
+def _judge(outputs, ref: str, name: str, tol: Tolerances, score_thresh: float, ap) -> ParityReport:
+    """``name``'s outputs against the reference's at ``tol``, AP included where measured."""
+    rep = compare(outputs[ref], outputs[name], tol, reference_name=ref, candidate_name=name,
+                  score_thresh=score_thresh)
+    for k in ("AP", "APr", "APc", "APf") if ap else ():
+        a, b = ap[ref].get(k, -1.0), ap[name].get(k, -1.0)
+        rep.ap[k] = (a, b)
+        if a >= 0 and b >= 0 and abs(a - b) > tol.ap_atol:
+            rep.failures.append(f"{k}: {a:.4f} vs {b:.4f}, differs by {abs(a - b):.4f} > {tol.ap_atol:g}")
+    return rep
+
+
 def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, min_size: int | None = None,
                max_size: int | None = None, input_format: str = "BGR", divisibility: int = 32,
                spec=None, batch_size: int = 1,
@@ -115,7 +149,7 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
                gt=None, image_ids: Sequence | None = None, category_ids: list[int] | None = None,
                fixed_shape: tuple[int | None, int | None, int | None] | None = None,
                on_batch: Callable[[str, int], None] | None = None, split: str = "val",
-               noise_runner: Runner | None = None) -> ParityRun:
+               noise_runner: Runner | Callable[[], Runner | None] | None = None) -> ParityRun:
     """Feed the same prepared batches to every runner; compare runners[0] with each other one.
 
     images_rgb: RGB uint8 [H,W,3] arrays. tolerances: runner name -> Tolerances (default: the
@@ -128,9 +162,11 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     :class:`norcal.core.contract.Preprocessing`, e.g. a letterbox) replaces the size settings.
     ``on_batch(runner_name, images_done)`` is called after each batch (progress bars).
     noise_runner: the reference run more precisely (the family's
-    :meth:`~norcal.export.families.base.Detector.noise_runner`); when a candidate's preset has a
-    floor factor (fp32) it runs the same batches too, and that candidate's score and box
-    tolerances are widened to the measured floor (:mod:`norcal.workflows.parity.floor`).
+    :meth:`~norcal.export.families.base.Detector.noise_runner`), or a function making it. Every
+    candidate is judged at its preset first; only where one whose preset has a floor factor
+    (fp32) fails there is the noise runner made and run over the same batches, and those
+    candidates are judged again with their score and box tolerances widened to the measured
+    floor (:mod:`norcal.workflows.parity.floor`).
     """
     from norcal.core.contract import InputSpec
     from norcal.runtime.inference import prepared_batches
@@ -144,9 +180,9 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
         if min_size is None or max_size is None:
             raise NorcalError("parity needs min_size and max_size, or spec", param=("min_size", "max_size"))
         spec = InputSpec(min_size, max_size, input_format, divisibility)
-    prepared = prepared_batches(images_rgb, spec, batch_size)  # refuses a bad batch_size now
+    prepared_batches(images_rgb, spec, batch_size)  # refuses a bad batch_size now
     if fixed_shape and fixed_shape[0]:  # the model's fixed batch wins
-        prepared = prepared_batches(images_rgb, spec, int(fixed_shape[0]))
+        batch_size = int(fixed_shape[0])
     if not images_rgb:
         raise NorcalError("parity needs at least one image")
     if gt is not None and (image_ids is None or len(image_ids) != len(images_rgb)):
@@ -156,54 +192,34 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
 
         check_split(split)
     presets = {r.name: (tolerances or {}).get(r.name) or PRESETS[runner_precision(r)] for r in runners[1:]}
-    if noise_runner is not None and not any(t.floor_factor for t in presets.values()):
-        noise_runner = None  # nothing judged against the floor: not worth a second reference run
-    timed = list(runners) + ([noise_runner] if noise_runner is not None else [])
-    chunks: dict[str, list] = {r.name: [] for r in timed}
-    seconds = {r.name: 0.0 for r in timed}
-    batches = []
-    done = 0
-    for batch in prepared:
-        n = len(batch)
-        done += n
-        batches.append((batch.image_sizes, batch.original_sizes, batch.keep_empty_boxes, batch.clip_boxes))
-        feeds = _fit_shape(batch.feeds(), fixed_shape)
-        for r in timed:
-            t0 = time.perf_counter()
-            # copies: a runner must not see another's in-place changes to the feeds
-            out = r.infer({k: v.copy() for k, v in feeds.items()})
-            seconds[r.name] += time.perf_counter() - t0
-            chunks[r.name].append({k: np.asarray(v)[:n] for k, v in out.items()})
-            if on_batch:
-                on_batch(r.name, done)
-    outputs = {n: _concat(c) for n, c in chunks.items()}
+    seconds: dict[str, float] = {r.name: 0.0 for r in runners}
+    outputs, batches = _run_batches(runners, prepared_batches(images_rgb, spec, batch_size), fixed_shape,
+                                    on_batch, seconds)
     ref = names[0]
-    floor = None
-    if noise_runner is not None:
-        floor = measure_floor(outputs[ref], outputs.pop(noise_runner.name), noise_runner.name, score_thresh)
     ap = {}
     if gt is not None:
         from norcal.evaluation import prepare_gt
 
         gt = prepare_gt(_only_images(gt, image_ids, split))
         ap = {n: _ap(outputs[n], batches, gt, list(image_ids), category_ids) for n in names}
-    reports = []
-    for r in runners[1:]:
-        preset = presets[r.name]
-        tol = widened(preset, floor)
-        rep = compare(outputs[ref], outputs[r.name], tol, reference_name=ref, candidate_name=r.name,
-                      score_thresh=score_thresh)
-        if preset.floor_factor and floor is not None:
-            rep.preset, rep.floor = preset, floor
-        if ap:
-            for k in ("AP", "APr", "APc", "APf"):
-                a, b = ap[ref].get(k, -1.0), ap[r.name].get(k, -1.0)
-                rep.ap[k] = (a, b)
-                if a >= 0 and b >= 0 and abs(a - b) > tol.ap_atol:
-                    rep.failures.append(f"{k}: {a:.4f} vs {b:.4f}, differs by {abs(a - b):.4f} > {tol.ap_atol:g}")
-        reports.append(rep)
+    reports = [_judge(outputs, ref, n, presets[n], score_thresh, ap) for n in names[1:]]
+    floored = [i for i, n in enumerate(names[1:]) if presets[n].floor_factor] if noise_runner is not None else []
+    floor = None
+    if any(not reports[i].passed for i in floored):
+        # the preset alone fails: measure how far the reference sits from its precise rerun
+        if not hasattr(noise_runner, "infer"):
+            noise_runner = noise_runner()
+        if noise_runner is not None:
+            precise, _ = _run_batches([noise_runner], prepared_batches(images_rgb, spec, batch_size),
+                                      fixed_shape, on_batch, seconds)
+            floor = measure_floor(outputs[ref], precise[noise_runner.name], noise_runner.name, score_thresh)
+    for i in floored:  # with a floor: judged against it; without: passed within the preset
+        preset = presets[names[i + 1]]
+        if floor is not None:
+            reports[i] = _judge(outputs, ref, names[i + 1], widened(preset, floor), score_thresh, ap)
+        if floor is not None or reports[i].passed:
+            reports[i].preset, reports[i].floor = preset, floor
     return ParityRun(names, outputs, seconds, reports, len(images_rgb), ap, floor)
-
 
 
 def fixed_input_shape(runner: Runner) -> tuple[int | None, int | None, int | None] | None:

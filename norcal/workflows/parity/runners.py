@@ -11,6 +11,7 @@ tolerance preset, the model's input spec and score threshold, and the batch the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,8 +89,9 @@ class ParityRunners:
     wins over the requested one). ``calibration``: the NorCal prior the PyTorch side was
     given (None for a plain model or without a checkpoint). ``notes``: what was left out or
     differs, one line each (a backend unavailable, an engine built at another gamma). ``noise``:
-    the reference's family's noise runner (the PyTorch model in float64), which measures the
-    reference's own float noise for the fp32 preset; None without a checkpoint."""
+    makes the reference's family's noise runner (the PyTorch model in float64), which measures
+    the reference's own float noise where a candidate fails the fp32 preset alone (made only
+    then); None without a checkpoint."""
 
     runners: list[Runner]
     onnx: Runner
@@ -100,7 +102,7 @@ class ParityRunners:
     batch_size: int
     calibration: Any = None  # norcal.export.pytorch.runner.OnnxCalibration
     notes: list[str] = field(default_factory=list)
-    noise: Runner | None = None  # the reference run more precisely (the family's noise runner), or None
+    noise: Callable[[], Runner | None] | None = None  # makes the reference run more precisely, or None
 
     @property
     def reference(self) -> Runner:
@@ -165,7 +167,7 @@ def build_runners(request: ParityRequest,
             decoding = recorded_decoding(ort.metadata) if family.decodings else None
             detector = load_detector(request.checkpoint, request.config, decoding)
             torch_runner = detector.torch_runner(calibration)
-            noise = detector.noise_runner(calibration)
+            noise = functools.partial(detector.noise_runner, calibration)
         ours, theirs = (r.metadata.get(contract.NUM_CLASSES) for r in (torch_runner, ort))
         if ours and theirs and ours != theirs:  # else the NorCal prior's length is what fails
             raise NorcalError(f"checkpoint {request.checkpoint} has {ours} classes but "

@@ -79,6 +79,7 @@ class Exported:
     images: list[np.ndarray]
     _sessions: dict = field(default_factory=dict)
     _alone: dict = field(default_factory=dict)
+    _references: dict = field(default_factory=dict)
 
     def meta(self, gamma: float = 0.5) -> dict[str, str]:
         return {p.key: p.value for p in self.results[gamma].model.metadata_props}
@@ -104,6 +105,12 @@ class Exported:
         spec = contract.input_spec(self.meta(gamma), *(self.case.host_sizes or ()))
         out = sess.run(None, prepare(images, spec).feeds())
         return dict(zip([o.name for o in sess.get_outputs()], out))
+
+    def references(self, gamma: float) -> list:
+        """The upstream references at ``gamma``, every gamma of the suite computed in one call."""
+        if not self._references:
+            self._references = self.case.reference(self.ckpt, GAMMAS)
+        return self._references[gamma]
 
     def alone(self, gamma: float) -> list[dict[str, np.ndarray]]:
         """Each image run alone at ``gamma``."""
@@ -167,7 +174,7 @@ def test_export_passes_norcal_check(exported):
 @pytest.mark.slow
 @pytest.mark.parametrize("gamma", GAMMAS)
 def test_matches_upstream_with_norcal_by_hand(exported, gamma):
-    refs = exported.case.reference(exported.ckpt, gamma)
+    refs = exported.references(gamma)
     assert len(refs) == len(exported.images) >= 4
     for path, ref, out in zip(exported.ckpt.images, refs, exported.alone(gamma)):
         ours = exported.detections(out)
