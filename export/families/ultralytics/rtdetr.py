@@ -30,7 +30,7 @@ import numpy as np
 from norcal.core import contract
 from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
-from norcal.export.families.ultralytics.checkpoint import ordered_names
+from norcal.export.families.ultralytics.checkpoint import fused, ordered_names
 from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
 
 ARCHITECTURE = "rtdetr"
@@ -158,7 +158,9 @@ class RtdetrCache(TuneCache):
 
 
 class RtdetrDetector(Detector):
-    """An Ultralytics RT-DETR in eval mode, with its class names and input size.
+    """An Ultralytics RT-DETR in eval mode, fused in place as Ultralytics' predictor and exporter
+    fuse it (:func:`~norcal.export.families.ultralytics.checkpoint.fused`), with its class names
+    and input size.
 
     topk: detections per image (Ultralytics' max_det, 300); score_thresh: Ultralytics' conf
     (scores above it are kept); path: the checkpoint it was loaded from (None: built in memory);
@@ -174,7 +176,7 @@ class RtdetrDetector(Detector):
         head = model.model[-1]
         if type(head).__name__ != "RTDETRDecoder":
             raise NorcalError(f"not an RT-DETR: the model's head is {type(head).__name__}, not RTDETRDecoder")
-        self.model = model.eval()
+        self.model = fused(model.eval())
         self.names = [str(n) for n in names]
         self.num_classes = int(head.nc)
         if len(self.names) != self.num_classes:

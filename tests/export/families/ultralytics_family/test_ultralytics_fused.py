@@ -1,0 +1,54 @@
+"""An Ultralytics checkpoint loads as Ultralytics' predictor and exporter run it: fused
+(BatchNorm folded into the convolutions, RepConv merged, a YOLO head's unused branch dropped),
+so that tune's eager network pass costs about what the exported graph does and runs the very
+network the export traces."""
+
+from __future__ import annotations
+
+import pytest
+
+from yolo_models import IMAGES  # noqa: F401 - sets YOLO_OFFLINE / YOLO_CONFIG_DIR
+
+
+def _ultralytics_fused(path):
+    """The checkpoint as Ultralytics' predictor runs it: its loader, then its own ``fuse()``."""
+    from ultralytics import RTDETR, YOLO
+
+    model = (RTDETR if "rtdetr" in path.name else YOLO)(str(path)).model.float().eval()
+    return model.fuse(verbose=False)
+
+
+def _network(det):
+    return det.model.model if type(det).__name__ == "YoloDetector" else det.model
+
+
+@pytest.mark.parametrize("kind", ["rtdetr", "det", "y26e2e"])
+def test_loaded_network_is_ultralytics_fused_model(yolo_work, kind):
+    """The detector's network has Ultralytics' fused model's parameters and buffers, name for
+    name and bit for bit (unfused, BatchNorm and RepConv's branches would still be there)."""
+    from norcal.export.families import load_detector
+
+    path = getattr(yolo_work, kind)
+    ours = _network(load_detector(path))
+    ref = _ultralytics_fused(path)
+    assert ours.is_fused()  # Ultralytics' own test for "fuse() has nothing left to do"
+    mine, theirs = ours.state_dict(), ref.state_dict()
+    assert list(mine) == list(theirs)
+    assert all(mine[k].equal(theirs[k]) for k in theirs)
+
+
+def test_rtdetr_in_memory_model_is_fused_as_ultralytics_predicts(yolo_work):
+    """from_model fuses the caller's model in place, as Ultralytics' predictor does."""
+    import torch
+    from ultralytics import RTDETR
+
+    from norcal.export.families.ultralytics.rtdetr import RtdetrDetector
+
+    model = RTDETR(str(yolo_work.rtdetr)).model.float().eval()
+    det = RtdetrDetector.from_model(model, imgsz=yolo_work.size)
+    assert det.model is model and model.is_fused()
+    x = torch.rand(1, 3, yolo_work.size, yolo_work.size) * 255
+    with torch.no_grad():
+        want = _ultralytics_fused(yolo_work.rtdetr).predict(x / 255.0)[1][:2]
+    boxes, logits = det.head_outputs(x.numpy())
+    assert (boxes == want[0][-1].numpy()).all() and (logits == want[1][-1].numpy()).all()
