@@ -21,7 +21,7 @@ from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_EXPORT_SIDE, check_range
 from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
-from norcal.export.families.ultralytics.checkpoint import fused, ordered_names
+from norcal.export.families.ultralytics.checkpoint import ordered_names
 
 # Ultralytics' validation settings (DetectionValidator: conf 0.001, iou 0.7, max_det 300):
 # the AP-measuring defaults, as detectron2's LVIS configs keep every detection above 1e-4
@@ -93,10 +93,9 @@ class YoloTuneCache(TuneCache):
 
 
 class YoloDetector(Detector):
-    """A loaded YOLOv8 / YOLO11 / YOLO26 detect or segment model, fused in place as Ultralytics'
-    predictor and exporter fuse it (BatchNorm folded, the head's unused branch dropped); a head
-    with ``end2end`` True (YOLO26's one-to-one branch selected) is exported as Ultralytics
-    predicts it: that branch, its top-k, no NMS (``nms_thresh`` then refused)."""
+    """A loaded YOLOv8 / YOLO11 / YOLO26 detect or segment model; a head with ``end2end`` True
+    (YOLO26's one-to-one branch selected) is exported as Ultralytics predicts it: that branch,
+    its top-k, no NMS (``nms_thresh`` then refused)."""
 
     family = "ultralytics"
 
@@ -125,7 +124,7 @@ class YoloDetector(Detector):
         self.imgsz = int(imgsz)
         self.stride = head_stride(model.model[-1], path)
         self.task = "segment" if type(model).__name__ == "SegmentationModel" else "detect"
-        self.model = YoloGraph(fused(model.eval()), num_classes=self.num_classes,
+        self.model = YoloGraph(model, num_classes=self.num_classes,
                                score_thresh=SCORE_THRESH if score_thresh is None else float(score_thresh),
                                nms_thresh=NMS_THRESH if nms_thresh is None else float(nms_thresh),
                                detections_per_image=self.topk, decoding=decoding).eval()

@@ -1,36 +1,26 @@
-"""An Ultralytics checkpoint loads as Ultralytics' predictor and exporter run it: fused
-(BatchNorm folded into the convolutions, RepConv merged, a YOLO head's unused branch dropped),
-so that tune's eager network pass costs about what the exported graph does and runs the very
-network the export traces."""
+"""An RT-DETR checkpoint loads as Ultralytics' predictor and exporter run it: fused (BatchNorm
+folded into the convolutions, RepConv merged), so that tune's eager network pass costs about
+what the exported graph does and runs the very network the export traces."""
 
 from __future__ import annotations
-
-import pytest
 
 from yolo_models import IMAGES  # noqa: F401 - sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 
 def _ultralytics_fused(path):
     """The checkpoint as Ultralytics' predictor runs it: its loader, then its own ``fuse()``."""
-    from ultralytics import RTDETR, YOLO
+    from ultralytics import RTDETR
 
-    model = (RTDETR if "rtdetr" in path.name else YOLO)(str(path)).model.float().eval()
-    return model.fuse(verbose=False)
-
-
-def _network(det):
-    return det.model.model if type(det).__name__ == "YoloDetector" else det.model
+    return RTDETR(str(path)).model.float().eval().fuse(verbose=False)
 
 
-@pytest.mark.parametrize("kind", ["rtdetr", "det", "y26e2e"])
-def test_loaded_network_is_ultralytics_fused_model(yolo_work, kind):
+def test_loaded_rtdetr_is_ultralytics_fused_model(yolo_work):
     """The detector's network has Ultralytics' fused model's parameters and buffers, name for
     name and bit for bit (unfused, BatchNorm and RepConv's branches would still be there)."""
     from norcal.export.families import load_detector
 
-    path = getattr(yolo_work, kind)
-    ours = _network(load_detector(path))
-    ref = _ultralytics_fused(path)
+    ours = load_detector(yolo_work.rtdetr).model
+    ref = _ultralytics_fused(yolo_work.rtdetr)
     assert ours.is_fused()  # Ultralytics' own test for "fuse() has nothing left to do"
     mine, theirs = ours.state_dict(), ref.state_dict()
     assert list(mine) == list(theirs)
