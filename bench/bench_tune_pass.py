@@ -6,7 +6,8 @@ against ``norcal infer``'s (ONNX Runtime on the exported graph), in one process,
 Builds the model from Ultralytics' packaged yaml (random weights: speed does not depend on
 them), saves it as a checkpoint, loads it as ``norcal tune`` does (``load_detector``), exports
 it once, then times per image, median of ``--repeat`` after one warm-up each:
-  tune:   the detector's ``cache`` over one prepared batch at gamma 0 (what tune runs per batch);
+  tune:   the detector's ``cache`` over one prepared batch at gamma 0 (what tune runs per batch;
+          RT-DETR's builds its ONNX Runtime session in the warm-up);
   infer:  ONNX Runtime's CPU session on the exported graph (what norcal infer runs);
 and prints the ratio to infer. Both sides get the same intra-op threads (torch's default and
 ONNX Runtime's default are the machine's cores).
