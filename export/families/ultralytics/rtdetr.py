@@ -317,9 +317,12 @@ class RtdetrDetector(Detector):
         """(boxes [B,Q,4] cx,cy,w,h normalised, class logits [B,Q,C]) of a prepared batch, run
         as ``norcal infer`` runs the export: ONNX Runtime on the network the export traces (the
         head traced once per detector, at torch's intra-op threads)."""
+        from norcal.export.families.ultralytics.head_session import head_session
+
         session = getattr(self, "_head_session", None)
         if session is None:
-            session = self._head_session = _head_session(self)
+            session = self._head_session = head_session(self.graph_module(), lambda m, x: m.head(x),
+                                                        (1, 3, self.height, self.width), ("boxes", "logits"))
         boxes, logits = session.run(None, {"images": np.ascontiguousarray(images, np.float32)})
         return boxes, logits
 
@@ -366,34 +369,6 @@ class RtdetrDetector(Detector):
                                         torch.from_numpy(cache.image_sizes[sl]))
                 out.append({k: v.numpy() for k, v in det.items()})
         return join_outputs(out)
-
-
-def _head_session(detector: RtdetrDetector):
-    """An ONNX Runtime CPU session over the detector's head (``images`` [B,3,H,W] -> the last
-    decoder layer's boxes and logits), traced as :meth:`RtdetrDetector.export` traces it."""
-    import onnxruntime as ort
-    import torch
-
-    module = detector.graph_module()
-
-    class Head(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.graph = module
-
-        def forward(self, images):
-            return self.graph.head(images)
-
-    images = torch.rand((1, 3, detector.height, detector.width), generator=torch.Generator().manual_seed(0)) * 255.0
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
-        torch.onnx.export(Head().eval(), (images,), buf, input_names=["images"], output_names=["boxes", "logits"],
-                          dynamic_axes={n: {0: "batch"} for n in ("images", "boxes", "logits")},
-                          opset_version=RtdetrExportOptions.opset, dynamo=False, do_constant_folding=True)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = torch.get_num_threads()  # tune's thread setting, as torch had it
-    return ort.InferenceSession(buf.getvalue(), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def _check_classifier(proto) -> None:
