@@ -175,6 +175,17 @@ def checkpoint_model(ckpt: dict, path) -> Any:
     return model.float().eval()
 
 
+def fused(model):
+    """``model`` as Ultralytics' predictor (AutoBackend) and ONNX exporter run it: its own
+    ``fuse()``, in place (BatchNorm folded into the convolutions, RepConv branches merged, a YOLO
+    head's unused branch dropped). The export traces it and tune's pass runs it, so the two stay
+    one network, as fast in eager PyTorch as fusion makes it. A model that is no Ultralytics
+    ``BaseModel`` (a stand-in for an ONNX network) is returned as it is."""
+    if not any(c.__name__ == "BaseModel" and c.__module__ == _TASK_MODULE for c in type(model).__mro__):
+        return model
+    return model.fuse(verbose=False)
+
+
 def ordered_names(names, where) -> list[str] | None:
     """An Ultralytics model's class names (a list of strings, or ``{index: name}``) in class-index
     order; None when the model has none. Anything else is refused naming ``where`` and the field."""

@@ -30,7 +30,7 @@ import numpy as np
 from norcal.core import contract
 from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
-from norcal.export.families.ultralytics.checkpoint import ordered_names
+from norcal.export.families.ultralytics.checkpoint import fused, ordered_names
 from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
 
 ARCHITECTURE = "rtdetr"
@@ -158,7 +158,9 @@ class RtdetrCache(TuneCache):
 
 
 class RtdetrDetector(Detector):
-    """An Ultralytics RT-DETR in eval mode, with its class names and input size.
+    """An Ultralytics RT-DETR in eval mode, fused in place as Ultralytics' predictor and exporter
+    fuse it (:func:`~norcal.export.families.ultralytics.checkpoint.fused`), with its class names
+    and input size.
 
     topk: detections per image (Ultralytics' max_det, 300); score_thresh: Ultralytics' conf
     (scores above it are kept); path: the checkpoint it was loaded from (None: built in memory);
@@ -174,7 +176,7 @@ class RtdetrDetector(Detector):
         head = model.model[-1]
         if type(head).__name__ != "RTDETRDecoder":
             raise NorcalError(f"not an RT-DETR: the model's head is {type(head).__name__}, not RTDETRDecoder")
-        self.model = model.eval()
+        self.model = fused(model.eval())
         self.names = [str(n) for n in names]
         self.num_classes = int(head.nc)
         if len(self.names) != self.num_classes:
@@ -312,13 +314,17 @@ class RtdetrDetector(Detector):
         return int(num_images) * per_image
 
     def head_outputs(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(boxes [B,Q,4] cx,cy,w,h normalised, class logits [B,Q,C]) of a prepared batch."""
-        import torch
+        """(boxes [B,Q,4] cx,cy,w,h normalised, class logits [B,Q,C]) of a prepared batch, run
+        as ``norcal infer`` runs the export: ONNX Runtime on the network the export traces (the
+        head traced once per detector, at torch's intra-op threads)."""
+        from norcal.export.families.ultralytics.head_session import head_session
 
-        module = self.graph_module()
-        with torch.no_grad():
-            boxes, logits = module.head(torch.as_tensor(np.ascontiguousarray(images, np.float32)))
-        return boxes.numpy().astype(np.float32), logits.numpy().astype(np.float32)
+        session = getattr(self, "_head_session", None)
+        if session is None:
+            session = self._head_session = head_session(self.graph_module(), lambda m, x: m.head(x),
+                                                        (1, 3, self.height, self.width), ("boxes", "logits"))
+        boxes, logits = session.run(None, {"images": np.ascontiguousarray(images, np.float32)})
+        return boxes, logits
 
     def cache(self, batches: Iterable[tuple[list, Any]], priors: Sequence[np.ndarray | None], mechanism: str,
               on_step: Callable[[int], None] | None = None, with_masks: bool = False) -> RtdetrCache:

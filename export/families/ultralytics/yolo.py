@@ -267,7 +267,7 @@ class YoloDetector(Detector):
                 if input_hw not in (None, hw):
                     raise NorcalError(f"batches of different input sizes {input_hw} and {hw}")
                 input_hw = hw
-                head = self.model.head_outputs(torch.from_numpy(np.ascontiguousarray(b.images, np.float32)))
+                head = self._head_outputs(b.images)
                 for j in range(len(chunk_ids)):
                     lg = head["cls_logits"][j]
                     best = torch.zeros(lg.shape[0], dtype=torch.bool)
@@ -289,6 +289,23 @@ class YoloDetector(Detector):
             raise NorcalError("no images to cache")
         return YoloTuneCache(ids, boxes, logits, coefs, protos, np.concatenate(sizes), np.concatenate(originals),
                              input_hw)
+
+    def _head_outputs(self, images: np.ndarray) -> dict:
+        """The head's outputs (:meth:`YoloGraph.head_outputs`, as torch tensors) of a prepared
+        batch, run as ``norcal infer`` runs the export: ONNX Runtime on their trace (traced once
+        per input size)."""
+        import torch
+
+        from norcal.export.families.ultralytics.head_session import head_session
+
+        names = ("boxes", "cls_logits", *(("coefs", "protos") if self.has_masks else ()))
+        x = np.ascontiguousarray(images, np.float32)
+        held = getattr(self, "_head_session", None)
+        if held is None or held[0] != x.shape[1:]:
+            session = head_session(self.model, lambda m, t: [m.head_outputs(t)[k] for k in names], (1, *x.shape[1:]),
+                                   names)
+            held = self._head_session = (x.shape[1:], session)
+        return dict(zip(names, (torch.from_numpy(a) for a in held[1].run(None, {"images": x}))))
 
     def rescore(self, cache: YoloTuneCache, index: int, prior: np.ndarray | None, mechanism: str,
                 batch_size: int) -> dict[str, np.ndarray]:

@@ -1,26 +1,27 @@
-"""RT-DETR: tune's network pass (the family's ``head_outputs``, PyTorch eager) against
-``norcal infer``'s (ONNX Runtime on the exported graph), in one process, same batch.
+"""Ultralytics RT-DETR / YOLO: tune's network pass (the detector's ``cache``, PyTorch eager)
+against ``norcal infer``'s (ONNX Runtime on the exported graph), in one process, same batch.
 
-    YOLO_OFFLINE=1 python bench/bench_tune_rtdetr.py [--yaml rtdetr-l.yaml] [--size 320] [--repeat 5]
+    YOLO_OFFLINE=1 python bench/bench_tune_pass.py [--yaml rtdetr-l.yaml|yolo11s.yaml] [--size 320] [--repeat 5]
 
 Builds the model from Ultralytics' packaged yaml (random weights: speed does not depend on
-them), exports it once, then times per image, median of ``--repeat`` after one warm-up each:
-  tune:   RtdetrDetector.head_outputs (what RtdetrDetector.cache runs per batch);
-  fused:  the same head on a copy with Ultralytics' ``fuse()`` (BatchNorm folded, RepConv merged);
+them), saves it as a checkpoint, loads it as ``norcal tune`` does (``load_detector``), exports
+it once, then times per image, median of ``--repeat`` after one warm-up each:
+  tune:   the detector's ``cache`` over one prepared batch at gamma 0 (what tune runs per batch;
+          RT-DETR's builds its ONNX Runtime session in the warm-up);
   infer:  ONNX Runtime's CPU session on the exported graph (what norcal infer runs);
-and prints the ratios to infer. Both sides get the same intra-op threads (torch's default
-and ONNX Runtime's default are the machine's cores).
+and prints the ratio to infer. Both sides get the same intra-op threads (torch's default and
+ONNX Runtime's default are the machine's cores).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
 
@@ -44,31 +45,26 @@ def main() -> None:
 
     import numpy as np
     import torch
-    from ultralytics import RTDETR
+    from ultralytics import RTDETR, YOLO
 
     from norcal.core.onnx_io import save_onnx
     from norcal.export.families import load_detector
     from norcal.runtime.backends import ONNXRUNTIME
 
-    d = Path(tempfile.mkdtemp(prefix="bench_rtdetr_"))
-    rt = RTDETR(args.yaml)
-    rt.model.names = {i: f"class{i}" for i in range(rt.model.yaml.get("nc", 80))}
-    rt.model.args = {"imgsz": args.size}
-    rt.save(str(d / "model.pt"))
+    d = Path(tempfile.mkdtemp(prefix="bench_tune_"))
+    ul = (RTDETR if "rtdetr" in Path(args.yaml).name else YOLO)(args.yaml)
+    ul.model.names = {i: f"class{i}" for i in range(ul.model.yaml.get("nc", 80))}
+    ul.model.args = {"imgsz": args.size}
+    ul.save(str(d / "model.pt"))
     det = load_detector(d / "model.pt")
     save_onnx(det.export(None), d / "model.onnx")
     ort = ONNXRUNTIME.open(d / "model.onnx", "cpu")
     images = (np.random.default_rng(0).random((1, 3, args.size, args.size)) * 255).astype(np.float32)
-    feeds = {"images": images, "image_sizes": np.array([[args.size, args.size]], np.int64)}
-    fused = det.graph_module()
-    fused.model = copy.deepcopy(fused.model).fuse(verbose=False)
+    sizes = np.array([[args.size, args.size]], np.int64)
+    batch = SimpleNamespace(images=images, image_sizes=sizes, original_sizes=sizes)
+    feeds = {"images": images, "image_sizes": sizes}
 
-    def run_fused():
-        with torch.no_grad():
-            fused.head(torch.as_tensor(images))
-
-    times = {"tune": _median_seconds(lambda: det.head_outputs(images), args.repeat),
-             "fused": _median_seconds(run_fused, args.repeat),
+    times = {"tune": _median_seconds(lambda: det.cache([([0], batch)], [None], "exp"), args.repeat),
              "infer": _median_seconds(lambda: ort.infer(feeds), args.repeat)}
     print(f"{args.yaml} at {args.size} px, torch threads {torch.get_num_threads()}, per image:")
     for name, s in times.items():

@@ -1,0 +1,36 @@
+"""Tune's network pass for the Ultralytics family as ``norcal infer`` runs the export: the
+detector's head (the torch code the export traces) traced once into an ONNX Runtime CPU session."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from typing import Callable, Sequence
+
+
+def head_session(module, head: Callable, shape: Sequence[int], output_names: Sequence[str], opset: int = 17):
+    """An ONNX Runtime CPU session over ``head(module, images)`` (``images`` [B,3,H,W] float32
+    -> a tuple of tensors named ``output_names``; ``module`` the torch module holding the
+    weights), traced at ``shape`` with the batch dynamic, as the export traces it; intra-op
+    threads torch's (tune's thread setting)."""
+    import onnxruntime as ort
+    import torch
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.graph = module
+
+        def forward(self, images):
+            return tuple(head(self.graph, images))
+
+    images = torch.rand(tuple(shape), generator=torch.Generator().manual_seed(0)) * 255.0
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
+        torch.onnx.export(Head().eval(), (images,), buf, input_names=["images"], output_names=list(output_names),
+                          dynamic_axes={n: {0: "batch"} for n in ("images", *output_names)},
+                          opset_version=opset, dynamo=False, do_constant_folding=True)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()
+    return ort.InferenceSession(buf.getvalue(), sess_options=opts, providers=["CPUExecutionProvider"])
