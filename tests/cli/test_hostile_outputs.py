@@ -301,7 +301,18 @@ def test_sigint_while_the_cli_loads_ends_in_one_line(world, tmp_path):  # noqa: 
                 proc.wait()
 
 
-def test_a_sigint_lost_on_the_way_still_stops_the_commit(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def terminal_signals():
+    """SIGINT and SIGHUP as a terminal's shell leaves them (a run started with nohup or in the
+    background inherits them ignored, and an ignored signal stays ignored by design)."""
+    old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+           signal.SIGHUP: signal.signal(signal.SIGHUP, signal.SIG_DFL)}
+    yield
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+def test_a_sigint_lost_on_the_way_still_stops_the_commit(tmp_path, monkeypatch, capsys, terminal_signals):
     """A Ctrl-C whose KeyboardInterrupt a C extension swallowed (as one landing while
     onnxruntime creates its session can be): the run goes on to its end but does not commit;
     exit 130, nothing written."""
@@ -325,7 +336,7 @@ def test_a_sigint_lost_on_the_way_still_stops_the_commit(tmp_path, monkeypatch, 
     assert [p.name for p in tmp_path.iterdir()] == ["sim.json"] and out.read_bytes() == SENTINEL
 
 
-def test_sighup_stops_a_run_like_sigterm(tmp_path, monkeypatch, capsys):
+def test_sighup_stops_a_run_like_sigterm(tmp_path, monkeypatch, capsys, terminal_signals):
     """SIGHUP (the terminal closed) mid-run: exit 129, one line, nothing written, no staged
     file; the CLI's handler is removed afterwards."""
     out = tmp_path / "sim.json"

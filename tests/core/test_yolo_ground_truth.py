@@ -107,6 +107,8 @@ def test_root_resolved_as_check_det_dataset(tmp_path, monkeypatch):
     import ultralytics.data.utils as uu
     from ultralytics.utils import SETTINGS
 
+    # the settings file Ultralytics read at its import (YOLO_CONFIG_DIR may have moved since, in a session)
+    monkeypatch.setenv("YOLO_CONFIG_DIR", str(Path(SETTINGS.file).parent.parent))
     assert ultralytics_datasets_dir() == Path(SETTINGS["datasets_dir"])  # the same settings file
     datasets = tmp_path / "datasets"
     _image(datasets / "under/images/val/1.png")

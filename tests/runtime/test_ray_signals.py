@@ -22,6 +22,8 @@ def test_ray_session_keeps_the_signal_handlers():
         raise Mine
 
     old = {sig: signal.signal(sig, mine) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # as a terminal's shell leaves it (a background run inherits SIGINT ignored)
+    old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with ray_session(RayOptions(init_args={"num_cpus": 1, "object_store_memory": 100 * 2**20})):
             assert ray.is_initialized()

@@ -4,7 +4,7 @@ A conditioned YOLO11n (Ultralytics' yolo11n.yaml, weights spread as a trained mo
 tests/yolo_models.py) at 320 px: its float32 PyTorch run and a float64 run of the same model
 differ by far more than the preset's 1e-4 in scores, and so does ONNX Runtime's correct export.
 Measured in the run, the floor lets the correct graph pass; the same graph with its NorCal prior
-moved by 0.05 (one class's log prior, well past the floor's effect on scores) still fails."""
+moved by 0.5 (one class's log prior: scores move by up to 0.06, ten times the widened bound) still fails."""
 
 from __future__ import annotations
 
@@ -82,13 +82,17 @@ def test_a_norcal_prior_off_by_more_than_the_floor_fails(yolo320, tmp_path):
     broken.CopyFrom(graph)
     prior = next(t for t in broken.graph.initializer if t.name == PRIOR_NAME)
     values = numpy_helper.to_array(prior).copy()
-    values[..., 0] += 0.05  # class 0's log prior: its scores move by up to gamma x 0.05 / 4 ~ 6e-3
+    # class 0's log prior: its scores move by up to gamma x 0.5 / 4 ~ 6e-2. The floor depends on the
+    # float32 kernels the run used (threads, ISA: 6x it reached 6e-3 in one CI run), so the shift
+    # is set well past the widened bound, which must itself stay small
+    values[..., 0] += 0.5
     prior.CopyFrom(numpy_helper.from_array(values, PRIOR_NAME))
     save_onnx(broken, tmp_path / "broken.onnx")
     ort = ONNXRUNTIME.open(tmp_path / "broken.onnx", "cpu")
     outs = [ort.infer(b.feeds()) for b in prepared_batches(images, input_spec(ort.metadata), 1)]
     cand = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
     tol = widened(PRESETS["fp32"], run.floor)
+    assert tol.atol["scores"] < 0.02, tol.atol
     rep = compare(run.outputs["pytorch"], cand, tol)
     assert not rep.passed
     assert any(f.startswith("scores") for f in rep.failures), rep.failures

@@ -107,7 +107,8 @@ def test_yolo_cli_without_logits_converts_it_to_our_outputs(yolo_seg, tmp_path, 
                       str(table_file(tmp_path / "t80.json", YOLO_COUNTS)), "--background", "none"])
     assert rc == 0 and "converted to our outputs" in " ".join(capsys.readouterr().out.split())
     model = onnx.load(str(out))
-    assert [o.name for o in model.graph.output] == list(contract.OUTPUT_NAMES)
+    # a segment model: the mask coefficients and, beside them, the prototypes the host pastes with
+    assert [o.name for o in model.graph.output] == [*contract.OUTPUT_NAMES, contract.MASK_PROTOS]
     assert norcal_metadata(model)[contract.LOGITS] == "cls_logits"
 
 
