@@ -69,20 +69,6 @@ def _cap(text: str) -> int:
 FLAGS = {"rules": "--rules", "score_thresh": "--score-thresh"}
 
 
-def _threshold(text: str) -> float:
-    """--score-thresh: a finite number."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
-
-
 def add_arguments(p):
     p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json|data.yaml",
                    help="LVIS- or COCO-format ground truth, or an Ultralytics data.yaml (see --split)")
@@ -98,7 +84,7 @@ def add_arguments(p):
     p.add_argument("--max-dets", type=_cap, default=None,
                    help="detections kept per image by score (default: 300 under lvis rules, no cap "
                         "under coco rules, which keep 100 per image and class; negative: no cap)")
-    p.add_argument("--score-thresh", type=_threshold, metavar="T",
+    p.add_argument("--score-thresh", type=float, metavar="T",
                    help="also report precision / recall of the detections with score >= T "
                         "(matched at IoU >= 0.5), overall and per frequency group")
     p.add_argument("--table", metavar="NAME|PATH",
