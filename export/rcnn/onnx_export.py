@@ -129,6 +129,12 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     if mask_head_rois not in MASK_ROIS:
         raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, "
                           f"got {mask_head_rois!r}")
+    square = int(getattr(getattr(model, "backbone", None), "square", 0))
+    if square:  # ViTDet: its absolute positions are those of one token grid
+        if {height, width} - {None, square}:
+            raise NorcalError(f"this model takes images padded to its {square}x{square} square only, not "
+                              f"{height}x{width}", param=("height", "width"))
+        height = width = square
     if padding_masks is None:
         padding_masks = needs_padding_masks(batch, height, width, spec.size_divisibility,
                                             getattr(model, "size_divisibility", spec.size_divisibility))
@@ -139,9 +145,9 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     b = 1 if batch is None else int(batch)
     if b <= 0:
         raise NorcalError(f"export batch must be positive, got {b}")
-    # the trace is valid for any size; a small default keeps it quick
-    h = _dummy_size(height, 128, div)
-    w = _dummy_size(width, 128, div)
+    # the trace is valid for any size (a square-padded model's: its square); a small default keeps it quick
+    h = _dummy_size(height, max(128, div), div)
+    w = _dummy_size(width, max(128, div), div)
     gen = torch.Generator().manual_seed(0)
     images = torch.rand((b, 3, h, w), generator=gen) * 255.0
     sizes = torch.tensor([[h, w]] * b, dtype=torch.int64)

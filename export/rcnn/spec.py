@@ -25,9 +25,10 @@ STANDARD_ROI_HEADS = "StandardROIHeads"
 RES5_ROI_HEADS = "Res5ROIHeads"
 CASCADE_ROI_HEADS = "CascadeROIHeads"  # FPN only; one box head and predictor per stage
 RETINANET_BACKBONE = "build_retinanet_resnet_fpn_backbone"  # FPN over res3-res5 + P6/P7 from res5
+VIT_BACKBONE = "SimpleFeaturePyramid"  # ViTDet: P2-P6 from a plain ViT's last map
 RETINANET = "RetinaNet"  # meta architecture: dense sigmoid head on FPN P3-P7, no ROI heads
 SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt or RegNet FPN, "
-                           "C4 or DC5 backbone, Cascade (Mask) R-CNN with FPN, and RetinaNet with a "
+                           "C4 or DC5 backbone, ViTDet (ViT + SimpleFeaturePyramid), Cascade (Mask) R-CNN with FPN, and RetinaNet with a "
                            "ResNet/ResNeXt FPN")
 
 
@@ -77,6 +78,31 @@ class RegNetSpec:
     se_widths: tuple[tuple[int, ...], ...]
 
 
+@dataclass(frozen=True)
+class ViTSpec:
+    """detectron2's ViTDet backbone (``SimpleFeaturePyramid`` over a plain ``ViT``, vit.py): the
+    ViT's sizes, which blocks attend within windows (the others attend globally), which carry a
+    residual conv block, and the square every image is padded to (``square_pad``; the ViT's
+    ``img_size``, which sizes the global blocks' relative positions). The pyramid's scale
+    factors are detectron2's 4, 2, 1, 0.5 (P2-P5) with P6 by max pooling."""
+
+    embed_dim: int
+    depth: int
+    num_heads: int
+    patch_size: int = 16
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    window_size: int = 0
+    window_block_indexes: tuple[int, ...] = ()
+    residual_block_indexes: tuple[int, ...] = ()
+    use_abs_pos: bool = True
+    use_rel_pos: bool = True
+    pretrain_img_size: int = 224
+    pretrain_use_cls_token: bool = True
+    ln_eps: float = 1e-6  # the blocks' nn.LayerNorm eps (ViTDet: partial(nn.LayerNorm, eps=1e-6))
+    square_pad: int = 1024
+
+
 @dataclass
 class ModelSpec:
     meta_architecture: str = "GeneralizedRCNN"
@@ -95,6 +121,9 @@ class ModelSpec:
     roi_heads_name: str = STANDARD_ROI_HEADS
     # FPN bottom-up: a RegNet (then the ResNet fields below play no part), else the ResNet / ResNeXt
     regnet: RegNetSpec | None = None
+    # ViTDet: a SimpleFeaturePyramid over a ViT replaces the FPN (backbone_name VIT_BACKBONE; its
+    # outputs are fpn_out_channels wide with fpn_norm), every image padded to vit.square_pad
+    vit: ViTSpec | None = None
     # backbone: ResNet / ResNeXt
     depth: int = 50
     norm: str = "FrozenBN"  # FrozenBN | BN | SyncBN | GN | ""
@@ -175,7 +204,7 @@ def arch_name(spec: ModelSpec) -> str:
         return RETINANET
     if spec.roi_heads_name == CASCADE_ROI_HEADS:
         return "Cascade"
-    if spec.backbone_name == FPN_BACKBONE:
+    if spec.backbone_name in (FPN_BACKBONE, VIT_BACKBONE):
         return "FPN"
     if spec.roi_heads_name == RES5_ROI_HEADS:
         return "C4"

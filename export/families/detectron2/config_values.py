@@ -10,7 +10,7 @@ from norcal.core.errors import NorcalError, shown
 
 # every BatchNorm flavour is a fixed affine map at inference; SyncBN's variants act as SyncBN
 _NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naiveSyncBN": "SyncBN",
-          "nnSyncBN": "SyncBN", "GN": "GN"}
+          "nnSyncBN": "SyncBN", "GN": "GN", "LN": "LN"}
 
 
 class ConfigValues:

@@ -11,7 +11,7 @@ import torch
 from norcal.core.errors import NorcalError
 
 from ..spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET, STANDARD_ROI_HEADS,
-                    Convention, ModelSpec)
+                    VIT_BACKBONE, Convention, ModelSpec)
 from .anchors import AnchorGenerator
 from .backbone import ResNet, ResNetBackbone, res5_head
 from .box_head import FastRCNNConvFCHead
@@ -24,6 +24,7 @@ from .regnet import RegNet
 from .rcnn import GeneralizedRCNN
 from .retinanet import RetinaFPN, RetinaNet, RetinaNetHead
 from .roi_heads import Res5ROIHeads, StandardROIHeads
+from .vit import SimpleFeaturePyramid
 from .rpn import RPN, StandardRPNHead
 
 # buffers detectron2 may or may not have saved; they do not change inference
@@ -34,9 +35,14 @@ def _check_spec(spec: ModelSpec) -> None:
     if spec.meta_architecture != "GeneralizedRCNN":
         raise NorcalError(f"meta architecture {spec.meta_architecture!r} is not supported "
                           "(only GeneralizedRCNN: Faster / Mask R-CNN with FPN, C4 or DC5)")
-    if spec.backbone_name not in (FPN_BACKBONE, RESNET_BACKBONE):
+    if spec.backbone_name not in (FPN_BACKBONE, RESNET_BACKBONE, VIT_BACKBONE):
         raise NorcalError(f"backbone {spec.backbone_name!r} is not supported "
-                          f"({FPN_BACKBONE} or {RESNET_BACKBONE})")
+                          f"({FPN_BACKBONE}, {RESNET_BACKBONE} or {VIT_BACKBONE})")
+    if (spec.backbone_name == VIT_BACKBONE) != (spec.vit is not None):
+        raise NorcalError(f"backbone {spec.backbone_name!r} with{'out' if spec.vit is None else ''} a ViT spec: "
+                          f"a ViT goes with {VIT_BACKBONE} (ViTDet) only")
+    if spec.vit is not None and spec.roi_heads_name != STANDARD_ROI_HEADS:
+        raise NorcalError(f"a ViT backbone is supported with {STANDARD_ROI_HEADS} only")
     if spec.roi_heads_name not in (STANDARD_ROI_HEADS, RES5_ROI_HEADS, CASCADE_ROI_HEADS):
         raise NorcalError(f"ROI heads {spec.roi_heads_name!r} are not supported "
                           f"({STANDARD_ROI_HEADS}, {RES5_ROI_HEADS} or {CASCADE_ROI_HEADS})")
@@ -78,6 +84,10 @@ def _backbone(spec: ModelSpec):
                   res2_out_channels=spec.res2_out_channels, num_groups=spec.num_groups,
                   width_per_group=spec.width_per_group, stride_in_1x1=spec.stride_in_1x1,
                   res5_dilation=spec.res5_dilation)
+    if spec.vit is not None:
+        backbone = SimpleFeaturePyramid(spec.vit, spec.fpn_out_channels, spec.fpn_norm)
+        # detectron2 pads every image to the square
+        return backbone, spec.fpn_out_channels, backbone.size_divisibility
     if spec.backbone_name == FPN_BACKBONE:
         bottom_up = RegNet(spec.regnet, spec.norm) if spec.regnet is not None else ResNet(**resnet)
         backbone = FPN(bottom_up, spec.fpn_out_channels, spec.fpn_norm, spec.fpn_fuse_type)
@@ -190,7 +200,7 @@ def create_model(spec: ModelSpec) -> GeneralizedRCNN | RetinaNet:
               post_nms_topk=spec.rpn_post_nms_topk_test, nms_thresh=spec.rpn_nms_thresh,
               min_size=spec.rpn_min_size, min_size_inclusive=spec.convention.rpn_min_size_inclusive)
     # FPN: the heads pool from P2-P5 (P6 is the RPN's only); C4/DC5: the one map
-    roi_strides = backbone.in_strides if spec.backbone_name == FPN_BACKBONE else backbone.strides
+    roi_strides = backbone.in_strides if spec.backbone_name in (FPN_BACKBONE, VIT_BACKBONE) else backbone.strides
     roi_heads = _roi_heads(spec, ch, roi_strides)
     mean, std = _pixel_stats(spec)
     model = GeneralizedRCNN(backbone, rpn, roi_heads, pixel_mean=mean, pixel_std=std,
@@ -241,7 +251,8 @@ def model_from_state(spec: ModelSpec, state_dict: Mapping[str, object]) -> Gener
         raise NorcalError(f"checkpoint shapes do not match the model spec ({len(bad)}): "
                           + "; ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""))
     if spec.input_format == "RGB":
-        w = next(k for k in tensors if k.endswith(("stem.conv1.weight", "bottom_up.stem.conv.weight")))
+        w = next(k for k in tensors if k.endswith(("stem.conv1.weight", "bottom_up.stem.conv.weight",
+                                                   "net.patch_embed.proj.weight")))
         tensors[w] = tensors[w].flip(1)  # RGB-trained stem, BGR graph input
     model.load_state_dict(tensors, strict=False)
     return model

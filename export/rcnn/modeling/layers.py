@@ -1,5 +1,5 @@
 """Building blocks shared by the backbone and the heads: detectron2's Conv2d-with-norm,
-FrozenBatchNorm2d, a GroupNorm whose statistics skip batch padding, and the padding masks
+FrozenBatchNorm2d, its channel LayerNorm, a GroupNorm whose statistics skip batch padding, and the padding masks
 that make a batched graph behave per image."""
 
 from __future__ import annotations
@@ -31,6 +31,26 @@ class FrozenBatchNorm2d(nn.Module):
         # detectron2 uses F.batch_norm at inference: same op, same rounding
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                             training=False, eps=self.eps)
+
+
+class LayerNorm(nn.Module):
+    """detectron2's ``LN`` (``layers/batch_norm.py`` LayerNorm): each position of x [B, C, H, W]
+    normalised over its C channels (biased variance), then a per-channel affine; eps 1e-6.
+
+    Per position, so batch padding never reaches an image's statistics: it needs no mask."""
+
+    def __init__(self, channels: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = x.mean(1, keepdim=True)
+        centred = x - u
+        s = (centred * centred).mean(1, keepdim=True)
+        x = centred / torch.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
 
 
 def masked_group_norm(x: torch.Tensor, mask: torch.Tensor, num_groups: int,
@@ -80,7 +100,8 @@ class GroupNorm(nn.GroupNorm):
 
 
 def get_norm(norm: str, channels: int) -> nn.Module | None:
-    """detectron2's ``get_norm``: '' -> None, FrozenBN, BN / SyncBN (eval: same), GN (32 groups)."""
+    """detectron2's ``get_norm``: '' -> None, FrozenBN, BN / SyncBN (eval: same), GN (32 groups),
+    LN (channel LayerNorm)."""
     if not norm:
         return None
     if norm == "FrozenBN":
@@ -89,7 +110,9 @@ def get_norm(norm: str, channels: int) -> nn.Module | None:
         return nn.BatchNorm2d(channels)
     if norm == "GN":
         return GroupNorm(32, channels)
-    raise NorcalError(f"unsupported norm {norm!r}; expected one of '', FrozenBN, BN, SyncBN, GN")
+    if norm == "LN":
+        return LayerNorm(channels)
+    raise NorcalError(f"unsupported norm {norm!r}; expected one of '', FrozenBN, BN, SyncBN, GN, LN")
 
 
 class Conv2d(nn.Conv2d):
