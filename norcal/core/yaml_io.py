@@ -55,13 +55,25 @@ def _inert_object(loader, suffix, node):
     return {PYTHON_OBJECT: suffix, **fields}
 
 
+def _inert_apply(loader, suffix, node):
+    """``!!python/object/apply:X`` (a call of X, e.g. ``functools.partial``): its arguments as data."""
+    if isinstance(node, yaml.SequenceNode):
+        return {PYTHON_OBJECT: suffix, "args": loader.construct_sequence(node, deep=True)}
+    return {PYTHON_OBJECT: suffix, **loader.construct_mapping(node, deep=True)}
+
+
 class _InertPythonLoader(_BoundedLoader):
-    """_BoundedLoader that keeps ``!!python/object:X {...}`` as ``{PYTHON_OBJECT: "X", ...}`` and
-    ``!!python/name:X`` as ``{PYTHON_NAME: "X"}``: data only, nothing imported or called (a
-    LazyConfig's config.yaml writes its ShapeSpecs and lambdas so); other Python tags stay refused."""
+    """_BoundedLoader that keeps ``!!python/object:X {...}`` and ``!!python/object/apply:X`` as
+    ``{PYTHON_OBJECT: "X", ...}`` (an apply's ``args`` / ``state`` / ``kwds`` as written),
+    ``!!python/name:X`` as ``{PYTHON_NAME: "X"}`` and ``!!python/tuple`` as a list: data only,
+    nothing imported or called (a LazyConfig's config.yaml writes its ShapeSpecs, lambdas and
+    ``functools.partial`` norms so); other Python tags stay refused."""
 
 
 _InertPythonLoader.add_multi_constructor("tag:yaml.org,2002:python/object:", _inert_object)
+_InertPythonLoader.add_multi_constructor("tag:yaml.org,2002:python/object/apply:", _inert_apply)
+_InertPythonLoader.add_constructor("tag:yaml.org,2002:python/tuple",
+                                   lambda loader, node: loader.construct_sequence(node, deep=True))
 _InertPythonLoader.add_multi_constructor(
     "tag:yaml.org,2002:python/name:", lambda loader, suffix, node: {PYTHON_NAME: unquote(suffix)})
 

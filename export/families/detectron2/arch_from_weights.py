@@ -16,12 +16,13 @@ from typing import Any, Mapping
 from norcal.core.errors import NorcalError
 
 from .regnet_weights import REGNET_PIXEL_STD, is_regnet, regnet_fields
+from .vit_weights import is_vit, vit_fields
 from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_of, pixel_stats, shape
 from .unread_backbones import unread_backbone_message
 from .retinanet_weights import is_retinanet, retinanet_architecture, retinanet_spec_from_weights
 from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
-                   STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES, ModelSpec, arch_name)
+                   STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES, VIT_BACKBONE, ModelSpec, ViTSpec, arch_name)
 
 C4_RES5 = "roi_heads.res5"  # Res5ROIHeads' own res5
 RPN_HEAD = "proposal_generator.rpn_head"
@@ -84,7 +85,7 @@ def _check_supported(sd: Mapping[str, Any]) -> None:
                               f"{SUPPORTED_ARCHITECTURES}")
         if k.startswith("sem_seg_head."):
             raise NorcalError(f"weight {k}: PanopticFPN is not supported; {SUPPORTED_ARCHITECTURES}")
-    has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd or is_regnet(sd)
+    has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd or is_regnet(sd) or is_vit(sd)
     has_rpn = f"{RPN_HEAD}.objectness_logits.weight" in sd
     has_heads = f"{BOX_PREDICTOR}.cls_score.weight" in sd or _is_cascade(sd)
     if has_backbone and has_rpn and not has_heads and not any(k.startswith("roi_heads.") for k in sd):
@@ -136,7 +137,9 @@ def weights_layout(sd: Mapping[str, Any]) -> str:
 
 
 def _layout(sd: Mapping[str, Any]) -> dict:
-    """Which detectron2 layout the names show: FPN, C4 (res5 in the ROI heads) or DC5."""
+    """Which detectron2 layout the names show: FPN, C4 (res5 in the ROI heads), DC5 or ViTDet's."""
+    if is_vit(sd):
+        return {"backbone_name": VIT_BACKBONE, "roi_heads_name": STANDARD_ROI_HEADS}
     if f"{STEM}.weight" in sd or is_regnet(sd):
         return {"backbone_name": FPN_BACKBONE,
                 "roi_heads_name": CASCADE_ROI_HEADS if _is_cascade(sd) else STANDARD_ROI_HEADS}
@@ -245,14 +248,15 @@ def _mask_head(sd: Mapping[str, Any], num_classes: int) -> dict:
 
 
 def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade_weights=None,
-                      fed_loss_buffer: str | None = None) -> ModelSpec:
+                      fed_loss_buffer: str | None = None, vit: ViTSpec | None = None) -> ModelSpec:
     """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (FPN, C4 or DC5) state dict.
 
     ``state_dict``: ``{name: tensor or array}`` with detectron2 names. ``anchor_layout``:
     (sizes, aspect ratios) when a config gives them (weights only tell the anchor count);
     ``cascade_weights``: the config's per-stage box regression weights, likewise;
     ``fed_loss_buffer``: the name of a federated-loss buffer the checkpoint held (taken out of
-    ``state_dict``), which makes the classifier sigmoid.
+    ``state_dict``), which makes the classifier sigmoid; ``vit``: the config's ViT (ViTDet), for
+    what its weights cannot show (:func:`.vit_weights.vit_fields`).
     Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
     """
     sd = state_dict
@@ -262,11 +266,13 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     fields: dict = _layout(sd)
     fpn = fields["backbone_name"] == FPN_BACKBONE
     c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
-    fields.update(regnet_fields(sd) if is_regnet(sd) else backbone_fields(sd, fields))
+    vit_backbone = fields["backbone_name"] == VIT_BACKBONE
+    fields.update(vit_fields(sd, vit) if vit_backbone else regnet_fields(sd) if is_regnet(sd)
+                  else backbone_fields(sd, fields))
     if fpn:
         fields.update(_fpn(sd))
-    channels = fields["fpn_out_channels"] if fpn else fields.pop("feature_channels")
-    fields.update(_rpn(sd, channels, anchor_layout, fpn))
+    channels = fields["fpn_out_channels"] if fpn or vit_backbone else fields.pop("feature_channels")
+    fields.update(_rpn(sd, channels, anchor_layout, fpn or vit_backbone))
     cascade = fields["roi_heads_name"] == CASCADE_ROI_HEADS
     fields.update(_cascade_heads(sd, channels, cascade_weights) if cascade else _box_head(sd, channels, c4))
     fields.update(_mask_head(sd, fields["num_classes"]))
@@ -276,7 +282,9 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     if regnet_std:
         fields["pixel_std"] = REGNET_PIXEL_STD
     fields.update(LVIS_TEST_SETTINGS)
-    if not fpn:  # detectron2's default for one map; the 1000 above is FPN's per level
+    if vit_backbone:  # the square ResizeShortestEdge(S, S) of ViTDet's LSJ test loader
+        fields.update(min_size_test=fields["size_divisibility"], max_size_test=fields["size_divisibility"])
+    if not fpn and not vit_backbone:  # detectron2's default for one map; the 1000 above is FPN's per level
         fields["rpn_pre_nms_topk_test"] = SINGLE_RPN_PRE_NMS_TOPK_TEST
     if c4:  # Res5ROIHeads pools masks with the box pooler
         fields["mask_pooler_resolution"] = fields["pooler_resolution"]
@@ -323,10 +331,10 @@ def architecture(spec: ModelSpec) -> dict:
     if spec.meta_architecture == RETINANET:
         return retinanet_architecture(spec)
 
-    def family(norm: str) -> str:
-        return "BN" if norm in ("BN", "FrozenBN", "SyncBN") else norm
+    def family(norm: str) -> str:  # GN and LN hold the same parameters: weights cannot tell them apart
+        return "BN" if norm in ("BN", "FrozenBN", "SyncBN") else "GN" if norm == "LN" else norm
 
-    fpn = spec.backbone_name == FPN_BACKBONE
+    fpn = spec.backbone_name in (FPN_BACKBONE, VIT_BACKBONE)  # ViTDet: its pyramid's widths and norm
     c4 = spec.roi_heads_name == RES5_ROI_HEADS
     arch = {"backbone_name": spec.backbone_name, "roi_heads_name": spec.roi_heads_name, "regnet": spec.regnet,
             "depth": spec.depth, "norm": family(spec.norm), "stem_out_channels": spec.stem_out_channels,
@@ -342,7 +350,9 @@ def architecture(spec: ModelSpec) -> dict:
                     pooler_resolution=spec.pooler_resolution)
     if spec.depth >= 50:
         arch.update(num_groups=spec.num_groups, width_per_group=spec.width_per_group)
-    if spec.regnet is not None:  # the ResNet's fields play no part
+    if spec.vit is not None:  # per field, so a difference names it (square_pad, ...)
+        arch.update({f"vit.{k}": v for k, v in vars(spec.vit).items()})
+    if spec.regnet is not None or spec.vit is not None:  # the ResNet's fields play no part
         for key in ("depth", "stem_out_channels", "res2_out_channels", "num_groups", "width_per_group"):
             arch.pop(key, None)
     if spec.box_head_num_conv and not c4:

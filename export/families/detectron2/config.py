@@ -15,9 +15,10 @@ from norcal.core.ranges import MAX_TOPK
 
 from .config_file import load_cfg_dict, load_lazy_cfg_dict
 from .config_values import ConfigValues
+from .vit_lazy_config import vit_spec
 from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
-                   RETINANET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec)
+                   RETINANET_BACKBONE, STANDARD_ROI_HEADS, VIT_BACKBONE, ModelSpec)
 from norcal.export.rcnn.spec import SUPPORTED_ARCHITECTURES as SUPPORTED
 
 # Box2BoxTransform divides the predicted deltas by these weights
@@ -37,8 +38,8 @@ def _check_supported(c: ConfigValues) -> None:
     """Refuse what changes inference and is not implemented, naming the key and value."""
     c.require("VERSION", 2, "only version-2 detectron2 configs are supported")
     c.require("MODEL.META_ARCHITECTURE", "GeneralizedRCNN", f"not supported; {SUPPORTED}")
-    c.require("MODEL.BACKBONE.NAME", (FPN_BACKBONE, RESNET_BACKBONE),
-              "only ResNet/ResNeXt backbones, with FPN or alone (C4, DC5), are supported")
+    c.require("MODEL.BACKBONE.NAME", (FPN_BACKBONE, RESNET_BACKBONE, VIT_BACKBONE),
+              "only ResNet/ResNeXt backbones, with FPN or alone (C4, DC5), and ViTDet's are supported")
     c.require("MODEL.RESNETS.DEPTH", RESNET_DEPTHS)
     c.require("MODEL.LOAD_PROPOSALS", False,
               f"Fast R-CNN on proposal files is not supported; {SUPPORTED}")
@@ -59,7 +60,7 @@ def _check_supported(c: ConfigValues) -> None:
         c.require("MODEL.RESNETS.NUM_GROUPS", 1, "ResNet-18/34 have no grouped convolutions")
     if c.str("MODEL.BACKBONE.NAME") == FPN_BACKBONE:
         _check_fpn(c)
-    else:
+    elif c.str("MODEL.BACKBONE.NAME") != VIT_BACKBONE:  # ViTDet's: vit_spec checks it
         _check_single_feature(c)
     if c.str("MODEL.ROI_HEADS.NAME") != RES5_ROI_HEADS:
         c.require("MODEL.ROI_BOX_HEAD.NAME", "FastRCNNConvFCHead")
@@ -199,6 +200,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
     fpn = c.str("MODEL.BACKBONE.NAME") == FPN_BACKBONE
     c4 = c.str("MODEL.ROI_HEADS.NAME") == RES5_ROI_HEADS
     provenance = {"source": source}
+    vit = vit_spec(c)
     calibration = _calibration(c, provenance)
     # Res5ROIHeads pools masks with the box pooler (its res5 halves it; the deconv doubles it back)
     mask_pooler = ("MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", "MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO") \
@@ -217,7 +219,8 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         input_format=c.str("INPUT.FORMAT"),
         min_size_test=_min_size_test(c),
         max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
-        size_divisibility=32,  # the host's batch padding (detectron2's own: FPN 32, C4/DC5 none)
+        # the host's batch padding (detectron2's own: FPN 32, C4/DC5 none, ViTDet its square)
+        size_divisibility=vit.square_pad if vit else 32, vit=vit,
         depth=c.int("MODEL.RESNETS.DEPTH"),
         norm=c.norm("MODEL.RESNETS.NORM"),
         stem_out_channels=c.int("MODEL.RESNETS.STEM_OUT_CHANNELS", 1),

@@ -16,6 +16,8 @@ from typing import Any
 from norcal.core.errors import NorcalError, shown
 from norcal.core.yaml_io import PYTHON_NAME
 
+from .vit_lazy_config import vit_backbone
+
 TARGET = "_target_"
 # detectron2's defaults of the arguments a LazyConfig may leave out (their signatures)
 FAST_RCNN_DEFAULTS = {"test_score_thresh": 0.0, "test_nms_thresh": 0.5, "test_topk_per_image": 100,
@@ -111,6 +113,8 @@ def _same(lz: _Lazy, path: str, values: list, what: str) -> int:
 
 
 def _backbone(lz: _Lazy, cfg: dict, prov: dict) -> None:
+    if lz.target("model.backbone") == "SimpleFeaturePyramid":  # ViTDet, square_pad included
+        return vit_backbone(lz, cfg)
     lz.expect("model.backbone", ("FPN",), "a ResNet FPN backbone")
     lz.only("model.backbone", {"bottom_up", "in_features", "out_channels", "norm", "top_block", "fuse_type",
                                "square_pad"})

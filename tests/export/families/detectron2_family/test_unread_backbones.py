@@ -1,4 +1,4 @@
-"""detectron2 models on backbones we do not read (RegNet, ViTDet's ViT, MViTv2, Swin) are refused
+"""detectron2 models on backbones we do not read (MViTv2, Swin) are refused
 for their backbone, named, not as "not a detectron2 GeneralizedRCNN". The names are the real
 detectron2's (tests/fixtures/backbone_keys.json.gz, made by make_backbone_keys.py)."""
 
@@ -26,7 +26,8 @@ def _state(keys) -> dict:
     return {k: torch.zeros(1) for k in keys}
 
 
-READ = {"regnetx_4gf_dds_fpn"}  # a GeneralizedRCNN on a RegNet is read (regnet_weights.py)
+# a GeneralizedRCNN on a RegNet (regnet_weights.py) or ViTDet's ViT (vit_weights.py) is read
+READ = {"regnetx_4gf_dds_fpn", "vitdet_b"}
 
 
 @pytest.mark.parametrize("name", sorted(set(MODELS) - READ))
@@ -43,6 +44,13 @@ def test_regnet_names_with_bad_shapes_are_one_line():
     with pytest.raises(NorcalError, match=r"^weight backbone\.bottom_up\.stem\.conv\.weight has shape \[1\]: "
                                           r"a RegNet conv weight is 4-d"):
         spec_from_weights(_state(MODELS["regnetx_4gf_dds_fpn"]["keys"]))
+
+
+def test_vit_names_with_bad_shapes_are_one_line():
+    """ViTDet-B's names are read now: weights of the wrong rank are refused naming one, not a traceback."""
+    with pytest.raises(NorcalError, match=r"^weight backbone\.net\.patch_embed\.proj\.weight has shape \[1\]: "
+                                          r"a ViT patch embedding is a 4-d"):
+        spec_from_weights(_state(MODELS["vitdet_b"]["keys"]))
 
 
 def test_retinanet_on_an_unread_backbone_is_named():

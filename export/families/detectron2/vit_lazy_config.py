@@ -1,0 +1,98 @@
+"""ViTDet's backbone in a LazyConfig's ``config.yaml`` (``configs/common/models/mask_rcnn_vitdet.py``):
+a ``SimpleFeaturePyramid`` over a ``ViT``, read as data (nothing imported or called), as the
+yaml-era keys ``MODEL.BACKBONE.NAME`` (SimpleFeaturePyramid), ``MODEL.FPN.OUT_CHANNELS`` /
+``NORM`` (the pyramid's) and ``MODEL.VIT`` (:class:`~norcal.export.rcnn.spec.ViTSpec`'s fields).
+
+``norm_layer=partial(nn.LayerNorm, eps=1e-6)`` is saved as a ``functools.partial`` tag; its
+class and eps are read from the tag's data (an absent norm_layer is ViT's default, nn.LayerNorm's eps 1e-5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from norcal.core.errors import shown
+from norcal.core.yaml_io import PYTHON_NAME, PYTHON_OBJECT
+
+from norcal.export.rcnn.spec import VIT_BACKBONE, ViTSpec
+
+LAYER_NORM = "torch.nn.modules.normalization.LayerNorm"
+GELU = "torch.nn.modules.activation.GELU"
+# ViT's arguments with detectron2's defaults (vit.py); the pyramid's scale factors are fixed below
+VIT_DEFAULTS = {"img_size": 1024, "patch_size": 16, "in_chans": 3, "embed_dim": 768, "depth": 12, "num_heads": 12,
+                "mlp_ratio": 4.0, "qkv_bias": True, "use_abs_pos": True, "use_rel_pos": False, "window_size": 0,
+                "window_block_indexes": [], "residual_block_indexes": [], "pretrain_img_size": 224,
+                "pretrain_use_cls_token": True}
+TRAINING_ONLY = {"drop_path_rate", "rel_pos_zero_init", "use_act_checkpoint", "out_feature"}
+SCALE_FACTORS = [4.0, 2.0, 1.0, 0.5]
+
+
+def _layer_norm_eps(lz, path: str) -> float:
+    """The eps of ``norm_layer``: nn.LayerNorm (1e-5) or a functools.partial of it with ``eps``."""
+    value = lz.get(path, None)
+    if value is None:
+        return 1e-5
+    if isinstance(value, dict) and value.get(PYTHON_NAME) == LAYER_NORM:
+        return 1e-5
+    state = value.get("state") if isinstance(value, dict) else None
+    if not (isinstance(value, dict) and value.get(PYTHON_OBJECT) == "functools.partial" and isinstance(state, list)
+            and len(state) == 4 and isinstance(state[0], dict) and state[0].get(PYTHON_NAME) == LAYER_NORM
+            and not state[1] and isinstance(state[2], dict) and set(state[2]) <= {"eps"}):
+        raise lz.bad(path, f"{_short(value)}: only nn.LayerNorm or functools.partial(nn.LayerNorm, eps=...) is read")
+    eps = state[2].get("eps", 1e-5)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
+        raise lz.bad(path, f"eps {shown(eps)} is not a positive number")
+    return float(eps)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get(PYTHON_OBJECT) or value.get(PYTHON_NAME) or shown(value))
+    return shown(value)
+
+
+def vit_backbone(lz, cfg: dict) -> None:
+    """Set ``cfg``'s backbone keys from ``model.backbone`` (a SimpleFeaturePyramid over a ViT)."""
+    p, net = "model.backbone", "model.backbone.net"
+    lz.only(p, {"net", "in_feature", "out_channels", "scale_factors", "top_block", "norm", "square_pad"})
+    lz.expect(net, ("ViT",), "a ViT under the SimpleFeaturePyramid")
+    lz.expect(f"{p}.top_block", ("LastLevelMaxPool",), "P6 by max pooling")
+    lz.only(net, set(VIT_DEFAULTS) | TRAINING_ONLY | {"norm_layer", "act_layer"})
+    if [float(s) for s in lz.get(f"{p}.scale_factors")] != SCALE_FACTORS:
+        raise lz.bad(f"{p}.scale_factors", f"{shown(lz.get(f'{p}.scale_factors'))}: only ViTDet's {SCALE_FACTORS}")
+    if lz.get(f"{p}.in_feature") != lz.get(f"{net}.out_feature", "last_feat"):
+        raise lz.bad(f"{p}.in_feature", "must be the ViT's out_feature")
+    act = lz.get(f"{net}.act_layer", {PYTHON_NAME: GELU})
+    if not (isinstance(act, dict) and act.get(PYTHON_NAME) == GELU):
+        raise lz.bad(f"{net}.act_layer", f"{_short(act)}: only nn.GELU")
+    v = {k: lz.get(f"{net}.{k}", d) for k, d in VIT_DEFAULTS.items()}
+    if v.pop("in_chans") != 3:
+        raise lz.bad(f"{net}.in_chans", "images have 3 channels")
+    square = lz.get(f"{p}.square_pad", 0)
+    if isinstance(square, bool) or not isinstance(square, int) or square <= 0:
+        raise lz.bad(f"{p}.square_pad", f"{shown(square)}: only a padding square (> 0) is supported, which fixes "
+                                        "the ViT's token grid")
+    if v["img_size"] != square:
+        raise lz.bad(f"{net}.img_size", f"{v['img_size']} differs from square_pad {square} (relative positions "
+                                        "resized to another grid are not supported)")
+    del v["img_size"]
+    cfg["MODEL"].update(BACKBONE={"NAME": VIT_BACKBONE},
+                        VIT={**v, "ln_eps": _layer_norm_eps(lz, f"{net}.norm_layer"), "square_pad": square},
+                        FPN={"OUT_CHANNELS": lz.get(f"{p}.out_channels"), "NORM": lz.get(f"{p}.norm", "LN")})
+
+
+def vit_spec(c) -> ViTSpec | None:
+    """The :class:`ViTSpec` of a merged config (:class:`ConfigValues`) whose backbone is ViTDet's
+    (None for another backbone); its test resize must fit the square, as detectron2 pads to it."""
+    if c.str("MODEL.BACKBONE.NAME") != VIT_BACKBONE:
+        return None
+    given = c.get("MODEL.VIT")
+    if not isinstance(given, dict) or set(given) - set(ViTSpec.__dataclass_fields__):
+        raise c.bad("MODEL.VIT", "expected the ViT's fields (from a LazyConfig's model.backbone)")
+    spec = ViTSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+    c.require("MODEL.RPN.IN_FEATURES", (["p2", "p3", "p4", "p5", "p6"],), "ViTDet's RPN reads p2-p6")
+    c.require("MODEL.ROI_HEADS.IN_FEATURES", (["p2", "p3", "p4", "p5"],), "ViTDet's ROI heads read p2-p5")
+    c.require("MODEL.ROI_HEADS.NAME", "StandardROIHeads", "a ViT backbone is supported with StandardROIHeads")
+    if max(c.int("INPUT.MIN_SIZE_TEST"), c.int("INPUT.MAX_SIZE_TEST")) > spec.square_pad:
+        raise c.bad("INPUT.MAX_SIZE_TEST", f"a resized image must fit the {spec.square_pad} square (square_pad)")
+    return spec
