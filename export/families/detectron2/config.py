@@ -7,6 +7,7 @@ training-only keys (SOLVER, DATASETS, ...) are ignored.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from norcal.core.calibration_spec import Calibration
@@ -15,6 +16,7 @@ from norcal.core.ranges import MAX_TOPK
 
 from .config_file import load_cfg_dict, load_lazy_cfg_dict
 from .config_values import ConfigValues
+from .lazy_config import SPEC_FIELDS
 from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
                    RETINANET_BACKBONE, STANDARD_ROI_HEADS, ModelSpec)
@@ -332,6 +334,7 @@ def load_config(path) -> ModelSpec:
     lazy = load_lazy_cfg_dict(path)
     if lazy is not None:
         spec = spec_from_cfg(lazy[0], source=f"LazyConfig {path}")
+        spec = dataclasses.replace(spec, **lazy[0].get(SPEC_FIELDS, {}))
         spec.provenance.update(lazy[1])
         return spec
     return spec_from_cfg(load_cfg_dict(path), source=f"config {path}")

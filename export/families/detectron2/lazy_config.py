@@ -14,7 +14,9 @@ import re
 from typing import Any
 
 from norcal.core.errors import NorcalError, shown
-from norcal.core.yaml_io import PYTHON_NAME
+from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
+
+from .lazy_regnet import FPN_IN_FEATURES as REGNET_AS_RES, STAGES as REGNET_STAGES, regnet_bottom_up
 
 TARGET = "_target_"
 # detectron2's defaults of the arguments a LazyConfig may leave out (their signatures)
@@ -25,6 +27,8 @@ TRAINING_ONLY = {"batch_size_per_image", "positive_fraction", "proposal_matcher"
                  "loss_weight", "smooth_l1_beta", "box_reg_loss_type", "fed_loss_num_classes",
                  "get_fed_loss_cls_weights", "train_on_pred_boxes", "proposal_append_gt", "vis_period",
                  "freeze_at", "loss_weight", "input_shape", "box_reg_loss_weight"}
+# a top-level key of the mapped config: ModelSpec fields no yaml-era key holds (a RegNet's stages)
+SPEC_FIELDS = "SPEC_FIELDS"
 UNNAMED_NORM = "BN"  # a lambda norm: provisional, the weights' norm layers must agree (BN family)
 _INTERPOLATION = re.compile(r"^\$\{(\.*)([A-Za-z0-9_.]+)\}$")
 
@@ -93,12 +97,15 @@ class _Lazy:
             if key != TARGET and key not in read and key not in TRAINING_ONLY:
                 raise self.bad(f"{path}.{key}", f"{shown(node[key])}: not read by the export")
 
-    def norm(self, path: str, provenance: dict, field: str) -> str:
-        value = self.get(path, "")
+    def norm(self, path: str, provenance: dict, field: str, default: str = "") -> str:
+        value = self.get(path, default)
         if isinstance(value, dict) and PYTHON_NAME in value:
             provenance[field] = (f"{path} is a callable the file cannot name ({value[PYTHON_NAME]}): "
                                  "a BatchNorm flavour, as the weights' norm layers show")
             return UNNAMED_NORM
+        if isinstance(value, dict) and PYTHON_APPLY in value:
+            raise self.bad(path, f"a call of {value[PYTHON_APPLY]}, which the file cannot name as a norm "
+                                 "(nothing in it is called)")
         if not isinstance(value, str):
             raise self.bad(path, f"expected a norm name, got {shown(value)}")
         return value
@@ -110,35 +117,47 @@ def _same(lz: _Lazy, path: str, values: list, what: str) -> int:
     return values[0] if values else 0
 
 
-def _backbone(lz: _Lazy, cfg: dict, prov: dict) -> None:
-    lz.expect("model.backbone", ("FPN",), "a ResNet FPN backbone")
-    lz.only("model.backbone", {"bottom_up", "in_features", "out_channels", "norm", "top_block", "fuse_type",
-                               "square_pad"})
-    lz.expect("model.backbone.bottom_up", ("ResNet",), "ResNet under the FPN")
-    lz.expect("model.backbone.top_block", ("LastLevelMaxPool",), "FPN's P6 by max pooling (Mask R-CNN)")
+def _resnet(lz: _Lazy, prov: dict) -> dict:
+    """``MODEL.RESNETS`` of a ResNet bottom-up (``ResNet.make_default_stages``)."""
     lz.expect("model.backbone.bottom_up.stem", ("BasicStem",), "ResNet's stem")
     lz.expect("model.backbone.bottom_up.stages", ("make_default_stages",), "ResNet.make_default_stages")
     lz.only("model.backbone.bottom_up", {"stem", "stages", "out_features"})
     lz.only("model.backbone.bottom_up.stem", {"in_channels", "out_channels", "norm"})
     lz.only("model.backbone.bottom_up.stages", {"depth", "norm", "stride_in_1x1", "num_groups"})
-    if lz.get("model.backbone.square_pad", 0):
-        raise lz.bad("model.backbone.square_pad", "padding to a square is not supported")
     depth = lz.get("model.backbone.bottom_up.stages.depth")
     groups = lz.get("model.backbone.bottom_up.stages.num_groups", 1)
     stem_norm = lz.norm("model.backbone.bottom_up.stem.norm", prov, "norm")
     if lz.norm("model.backbone.bottom_up.stages.norm", prov, "norm") != stem_norm:
         raise lz.bad("model.backbone.bottom_up.stages.norm", "differs from the stem's norm")
-    resnets = {"DEPTH": depth, "NORM": stem_norm,
-               "STEM_OUT_CHANNELS": lz.get("model.backbone.bottom_up.stem.out_channels"),
-               "STRIDE_IN_1X1": lz.get("model.backbone.bottom_up.stages.stride_in_1x1", True),
-               "NUM_GROUPS": groups, "OUT_FEATURES": lz.get("model.backbone.bottom_up.out_features"),
-               # make_default_stages fixes the widths: res2 256 (64 for ResNet-18/34), bottleneck 64
-               "RES2_OUT_CHANNELS": 256 if isinstance(depth, int) and depth >= 50 else 64,
-               "WIDTH_PER_GROUP": 64 // groups if isinstance(groups, int) and groups > 0 else groups}
     if lz.get("model.backbone.bottom_up.stem.in_channels", 3) != 3:
         raise lz.bad("model.backbone.bottom_up.stem.in_channels", "images have 3 channels")
+    return {"DEPTH": depth, "NORM": stem_norm,
+            "STEM_OUT_CHANNELS": lz.get("model.backbone.bottom_up.stem.out_channels"),
+            "STRIDE_IN_1X1": lz.get("model.backbone.bottom_up.stages.stride_in_1x1", True),
+            "NUM_GROUPS": groups, "OUT_FEATURES": lz.get("model.backbone.bottom_up.out_features"),
+            # make_default_stages fixes the widths: res2 256 (64 for ResNet-18/34), bottleneck 64
+            "RES2_OUT_CHANNELS": 256 if isinstance(depth, int) and depth >= 50 else 64,
+            "WIDTH_PER_GROUP": 64 // groups if isinstance(groups, int) and groups > 0 else groups}
+
+
+def _backbone(lz: _Lazy, cfg: dict, prov: dict) -> None:
+    lz.expect("model.backbone", ("FPN",), "an FPN backbone")
+    lz.only("model.backbone", {"bottom_up", "in_features", "out_channels", "norm", "top_block", "fuse_type",
+                               "square_pad"})
+    bottom_up = lz.expect("model.backbone.bottom_up", ("ResNet", "RegNet"), "the FPN's bottom-up")
+    lz.expect("model.backbone.top_block", ("LastLevelMaxPool",), "FPN's P6 by max pooling (Mask R-CNN)")
+    if lz.get("model.backbone.square_pad", 0):
+        raise lz.bad("model.backbone.square_pad", "padding to a square is not supported")
+    in_features = lz.get("model.backbone.in_features")
+    if bottom_up == "RegNet":
+        resnets, cfg[SPEC_FIELDS]["regnet"] = regnet_bottom_up(lz, "model.backbone.bottom_up", prov)
+        if in_features != REGNET_STAGES:
+            raise lz.bad("model.backbone.in_features", f"expected the RegNet's {REGNET_STAGES}")
+        in_features = REGNET_AS_RES  # the same four maps, as the yaml-era FPN keys name them
+    else:
+        resnets = _resnet(lz, prov)
     cfg["MODEL"].update(BACKBONE={"NAME": "build_resnet_fpn_backbone"}, RESNETS=resnets, FPN={
-        "IN_FEATURES": lz.get("model.backbone.in_features"), "OUT_CHANNELS": lz.get("model.backbone.out_channels"),
+        "IN_FEATURES": in_features, "OUT_CHANNELS": lz.get("model.backbone.out_channels"),
         "NORM": lz.norm("model.backbone.norm", prov, "fpn_norm"), "FUSE_TYPE": lz.get("model.backbone.fuse_type", "sum")})
 
 
@@ -256,7 +275,7 @@ def lazy_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
     lz, prov = _Lazy(data, source), {}
     lz.expect("model", ("GeneralizedRCNN",), "meta architecture")
     lz.only("model", {"backbone", "proposal_generator", "roi_heads", "pixel_mean", "pixel_std", "input_format"})
-    cfg: dict = {"MODEL": {"META_ARCHITECTURE": "GeneralizedRCNN", "PIXEL_MEAN": lz.get("model.pixel_mean"),
+    cfg: dict = {SPEC_FIELDS: {}, "MODEL": {"META_ARCHITECTURE": "GeneralizedRCNN", "PIXEL_MEAN": lz.get("model.pixel_mean"),
                            "PIXEL_STD": lz.get("model.pixel_std")}}
     _backbone(lz, cfg, prov)
     _rpn(lz, cfg)
