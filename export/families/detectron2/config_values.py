@@ -8,9 +8,10 @@ from typing import Any
 
 from norcal.core.errors import NorcalError, shown
 
-# every BatchNorm flavour is a fixed affine map at inference; SyncBN's variants act as SyncBN
+# every BatchNorm flavour is a fixed affine map at inference; SyncBN's variants act as SyncBN;
+# LN is detectron2's channels-first LayerNorm (ViTDet's FPN and heads)
 _NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naiveSyncBN": "SyncBN",
-          "nnSyncBN": "SyncBN", "GN": "GN"}
+          "nnSyncBN": "SyncBN", "GN": "GN", "LN": "LN"}
 
 
 class ConfigValues:

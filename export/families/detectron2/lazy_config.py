@@ -16,6 +16,7 @@ from typing import Any
 from norcal.core.errors import NorcalError, shown
 from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
 
+from .lazy_cascade import CASCADE, STAGE_LISTS, cascade_heads
 from .lazy_regnet import FPN_IN_FEATURES as REGNET_AS_RES, STAGES as REGNET_STAGES, regnet_bottom_up
 
 TARGET = "_target_"
@@ -204,30 +205,40 @@ def _box_predictor(lz: _Lazy, path: str) -> dict:
     lz.expect(path, ("FastRCNNOutputLayers",), "the box predictor")
     lz.only(path, {"box2box_transform", "num_classes", *FAST_RCNN_DEFAULTS})
     v = {k: lz.get(f"{path}.{k}", d) for k, d in FAST_RCNN_DEFAULTS.items()}
+    v["num_classes"] = lz.get(f"{path}.num_classes")
     if v["use_fed_loss"] and not v["use_sigmoid_ce"]:  # detectron2 asserts this too
         raise lz.bad(f"{path}.use_fed_loss", "federated loss needs use_sigmoid_ce: true")
     return v
 
 
+def _box_head(lz: _Lazy, path: str, prov: dict) -> dict:
+    lz.expect(path, ("FastRCNNConvFCHead",), "the box head")
+    lz.only(path, {"conv_dims", "fc_dims", "conv_norm"})
+    convs, fcs = lz.get(f"{path}.conv_dims", []), lz.get(f"{path}.fc_dims", [])
+    return {"NUM_CONV": len(convs), "CONV_DIM": _same(lz, f"{path}.conv_dims", convs, "box-head convs") or 256,
+            "NUM_FC": len(fcs), "FC_DIM": _same(lz, f"{path}.fc_dims", fcs, "box-head fcs") or 1024,
+            "NORM": lz.norm(f"{path}.conv_norm", prov, "box_head_norm")}
+
+
 def _roi_heads(lz: _Lazy, cfg: dict, prov: dict) -> None:
     p = "model.roi_heads"
-    lz.expect(p, ("StandardROIHeads",), "ROI heads")
-    lz.only(p, {"num_classes", "box_in_features", "box_pooler", "box_head", "box_predictor", "mask_in_features",
-                "mask_pooler", "mask_head", "keypoint_in_features"})
-    lz.expect(f"{p}.box_head", ("FastRCNNConvFCHead",), "the box head")
-    lz.only(f"{p}.box_head", {"conv_dims", "fc_dims", "conv_norm"})
-    convs, fcs = lz.get(f"{p}.box_head.conv_dims", []), lz.get(f"{p}.box_head.fc_dims", [])
-    pred = _box_predictor(lz, f"{p}.box_predictor")
-    box = {"NAME": "FastRCNNConvFCHead", **_pooler(lz, f"{p}.box_pooler"), "NUM_CONV": len(convs),
-           "CONV_DIM": _same(lz, f"{p}.box_head.conv_dims", convs, "box-head convs") or 256,
-           "NUM_FC": len(fcs), "FC_DIM": _same(lz, f"{p}.box_head.fc_dims", fcs, "box-head fcs") or 1024,
-           "NORM": lz.norm(f"{p}.box_head.conv_norm", prov, "box_head_norm"),
-           "BBOX_REG_WEIGHTS": lz.get(f"{p}.box_predictor.box2box_transform.weights"),
+    name = lz.expect(p, ("StandardROIHeads", CASCADE), "ROI heads")
+    if name == CASCADE:
+        pred_path = f"{p}.box_predictors.0"  # the stages agree: stage 0 speaks for them
+        head, pred, cfg["MODEL"]["ROI_BOX_CASCADE_HEAD"] = cascade_heads(
+            lz, p, lambda path: _box_head(lz, path, prov), lambda path: _box_predictor(lz, path))
+    else:
+        pred_path = f"{p}.box_predictor"
+        head, pred = _box_head(lz, f"{p}.box_head", prov), _box_predictor(lz, pred_path)
+    lz.only(p, {"num_classes", "box_in_features", "box_pooler", "mask_in_features", "mask_pooler", "mask_head",
+                "keypoint_in_features", *(STAGE_LISTS if name == CASCADE else ("box_head", "box_predictor"))})
+    box = {"NAME": "FastRCNNConvFCHead", **_pooler(lz, f"{p}.box_pooler"), **head,
+           "BBOX_REG_WEIGHTS": lz.get(f"{pred_path}.box2box_transform.weights"),
            "CLS_AGNOSTIC_BBOX_REG": pred["cls_agnostic_bbox_reg"], "USE_SIGMOID_CE": pred["use_sigmoid_ce"]}
     num_classes = lz.get(f"{p}.num_classes")
-    if lz.get(f"{p}.box_predictor.num_classes") != num_classes:
-        raise lz.bad(f"{p}.box_predictor.num_classes", f"differs from {p}.num_classes ({num_classes})")
-    cfg["MODEL"].update(ROI_HEADS={"NAME": "StandardROIHeads", "NUM_CLASSES": num_classes,
+    if pred["num_classes"] != num_classes:
+        raise lz.bad(f"{pred_path}.num_classes", f"differs from {p}.num_classes ({num_classes})")
+    cfg["MODEL"].update(ROI_HEADS={"NAME": name, "NUM_CLASSES": num_classes,
                                    "IN_FEATURES": lz.get(f"{p}.box_in_features"),
                                    "SCORE_THRESH_TEST": pred["test_score_thresh"],
                                    "NMS_THRESH_TEST": pred["test_nms_thresh"]}, ROI_BOX_HEAD=box)
@@ -267,6 +278,15 @@ def _test_input(lz: _Lazy, cfg: dict) -> None:
     if fmt != lz.get("model.input_format", "BGR"):
         raise lz.bad("dataloader.test.mapper.image_format", f"{fmt} differs from model.input_format")
     cfg["INPUT"] = {"MIN_SIZE_TEST": short, "MAX_SIZE_TEST": lz.get(f"{path}.0.max_size", 10 ** 9), "FORMAT": fmt}
+
+
+def roi_heads_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
+    """(the yaml-era keys, provenance notes) of ``model.roi_heads`` alone, whatever the backbone:
+    the ROI heads (standard or cascade) and their test settings."""
+    lz, prov = _Lazy(data, source), {}
+    cfg: dict = {"MODEL": {}}
+    _roi_heads(lz, cfg, prov)
+    return cfg, prov
 
 
 def lazy_to_cfg(data: dict, source: str) -> tuple[dict, dict]:

@@ -78,8 +78,11 @@ def test_regnet_lsj_config_gives_detectron2s_model(tmp_path):
 
 
 @pytest.mark.parametrize("old, new, shown", [
+    ("_target_: detectron2.modeling.StandardROIHeads", "_target_: detectron2.modeling.Res5ROIHeads",
+     "model.roi_heads._target_: detectron2.modeling.Res5ROIHeads is not supported"),
+    # CascadeROIHeads take a list per stage (test_lazy_cascade.py), not StandardROIHeads' box_head
     ("_target_: detectron2.modeling.StandardROIHeads", "_target_: detectron2.modeling.CascadeROIHeads",
-     "model.roi_heads._target_: detectron2.modeling.CascadeROIHeads is not supported"),
+     "model.roi_heads.box_head: CascadeROIHeads take one per stage, in box_heads"),
     ("_target_: detectron2.modeling.GeneralizedRCNN", "_target_: detectron2.modeling.RetinaNet",
      "model._target_: detectron2.modeling.RetinaNet is not supported"),
     ("top_block: {_target_: detectron2.modeling.backbone.fpn.LastLevelMaxPool}",
