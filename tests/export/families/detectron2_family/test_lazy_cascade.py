@@ -125,3 +125,12 @@ def test_disagreeing_or_unknown_stages_are_refused(tmp_path, change, shown):
     with pytest.raises(NorcalError) as e:
         load_config(path)
     assert shown in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_layer_norm_only_in_the_fpn_and_heads(tmp_path):
+    """LN is read where ViTDet's configs put it (FPN, box and mask heads), not in a ResNet's stages."""
+    path = tmp_path / "config.yaml"
+    path.write_text((LSJ / "config.yaml").read_text().replace("norm: SyncBN, stride_in_1x1", "norm: LN, stride_in_1x1", 1)
+                    .replace("in_channels: 3, norm: SyncBN", "in_channels: 3, norm: LN", 1))
+    with pytest.raises(NorcalError, match="MODEL.RESNETS.NORM.*unsupported norm"):
+        load_config(path)
