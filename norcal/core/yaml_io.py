@@ -47,7 +47,7 @@ class _TooLarge(Exception):
     pass
 
 
-PYTHON_OBJECT, PYTHON_NAME = "_python_object_", "_python_name_"
+PYTHON_OBJECT, PYTHON_NAME, PYTHON_APPLY = "_python_object_", "_python_name_", "_python_apply_"
 
 
 def _inert_object(loader, suffix, node):
@@ -56,26 +56,28 @@ def _inert_object(loader, suffix, node):
 
 
 def _inert_apply(loader, suffix, node):
-    """``!!python/object/apply:X`` (a call of X, e.g. ``functools.partial``): its arguments as data."""
+    # PyYAML's own form: a sequence is the call's args, a mapping holds args / kwds / state...
     if isinstance(node, yaml.SequenceNode):
-        return {PYTHON_OBJECT: suffix, "args": loader.construct_sequence(node, deep=True)}
-    return {PYTHON_OBJECT: suffix, **loader.construct_mapping(node, deep=True)}
+        return {PYTHON_APPLY: suffix, "args": loader.construct_sequence(node, deep=True)}
+    fields = loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode) else {}
+    return {PYTHON_APPLY: suffix, **fields}
 
 
 class _InertPythonLoader(_BoundedLoader):
-    """_BoundedLoader that keeps ``!!python/object:X {...}`` and ``!!python/object/apply:X`` as
-    ``{PYTHON_OBJECT: "X", ...}`` (an apply's ``args`` / ``state`` / ``kwds`` as written),
+    """_BoundedLoader that keeps ``!!python/object:X {...}`` as ``{PYTHON_OBJECT: "X", ...}``,
+    ``!!python/object/apply:X`` (and ``/new:``) as ``{PYTHON_APPLY: "X", "args": [...], ...}``,
     ``!!python/name:X`` as ``{PYTHON_NAME: "X"}`` and ``!!python/tuple`` as a list: data only,
     nothing imported or called (a LazyConfig's config.yaml writes its ShapeSpecs, lambdas and
-    ``functools.partial`` norms so); other Python tags stay refused."""
+    ``functools.partial`` layers so); other Python tags stay refused."""
 
 
+for _tag in ("python/object/apply:", "python/object/new:"):
+    _InertPythonLoader.add_multi_constructor(f"tag:yaml.org,2002:{_tag}", _inert_apply)
 _InertPythonLoader.add_multi_constructor("tag:yaml.org,2002:python/object:", _inert_object)
-_InertPythonLoader.add_multi_constructor("tag:yaml.org,2002:python/object/apply:", _inert_apply)
-_InertPythonLoader.add_constructor("tag:yaml.org,2002:python/tuple",
-                                   lambda loader, node: loader.construct_sequence(node, deep=True))
 _InertPythonLoader.add_multi_constructor(
     "tag:yaml.org,2002:python/name:", lambda loader, suffix, node: {PYTHON_NAME: unquote(suffix)})
+_InertPythonLoader.add_constructor(
+    "tag:yaml.org,2002:python/tuple", lambda loader, node: loader.construct_sequence(node, deep=True))
 
 
 def read_yaml_mapping(path: Path, what: str, inert_python: bool = False) -> dict[str, Any]:

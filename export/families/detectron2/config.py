@@ -7,6 +7,7 @@ training-only keys (SOLVER, DATASETS, ...) are ignored.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from norcal.core.calibration_spec import Calibration
@@ -15,6 +16,7 @@ from norcal.core.ranges import MAX_TOPK
 
 from .config_file import load_cfg_dict, load_lazy_cfg_dict
 from .config_values import ConfigValues
+from .lazy_config import SPEC_FIELDS
 from .vit_lazy_config import vit_spec
 from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
@@ -230,7 +232,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         stride_in_1x1=c.bool("MODEL.RESNETS.STRIDE_IN_1X1"),
         res5_dilation=c.int("MODEL.RESNETS.RES5_DILATION", 1),
         fpn_out_channels=c.int("MODEL.FPN.OUT_CHANNELS", 1),
-        fpn_norm=c.norm("MODEL.FPN.NORM"),
+        fpn_norm=c.norm("MODEL.FPN.NORM", layer_norm=True),
         fpn_fuse_type=c.str("MODEL.FPN.FUSE_TYPE"),
         anchor_sizes=sizes,
         anchor_aspect_ratios=ratios,
@@ -249,7 +251,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         box_head_conv_dim=c.int("MODEL.ROI_BOX_HEAD.CONV_DIM", 1),
         box_head_num_fc=c.int("MODEL.ROI_BOX_HEAD.NUM_FC", 0),
         box_head_fc_dim=c.int("MODEL.ROI_BOX_HEAD.FC_DIM", 1),
-        box_head_norm=c.norm("MODEL.ROI_BOX_HEAD.NORM"),
+        box_head_norm=c.norm("MODEL.ROI_BOX_HEAD.NORM", layer_norm=True),
         bbox_reg_weights=c.floats("MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS", 4, positive=True, why_positive=_DIVIDES),
         cls_agnostic_bbox_reg=c.bool("MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG"),
         use_sigmoid_ce=c.bool("MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE"),
@@ -261,7 +263,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         mask_on=mask_on,
         mask_head_num_conv=c.int("MODEL.ROI_MASK_HEAD.NUM_CONV", 0),
         mask_head_conv_dim=c.int("MODEL.ROI_MASK_HEAD.CONV_DIM", 1),
-        mask_head_norm=c.norm("MODEL.ROI_MASK_HEAD.NORM"),
+        mask_head_norm=c.norm("MODEL.ROI_MASK_HEAD.NORM", layer_norm=True),
         mask_pooler_resolution=c.int(mask_pooler[0], 1),
         mask_pooler_sampling_ratio=c.int(mask_pooler[1], 0),
         mask_pooler_type=c.str(mask_pooler_type),
@@ -335,6 +337,7 @@ def load_config(path) -> ModelSpec:
     lazy = load_lazy_cfg_dict(path)
     if lazy is not None:
         spec = spec_from_cfg(lazy[0], source=f"LazyConfig {path}")
+        spec = dataclasses.replace(spec, **lazy[0].get(SPEC_FIELDS, {}))
         spec.provenance.update(lazy[1])
         return spec
     return spec_from_cfg(load_cfg_dict(path), source=f"config {path}")

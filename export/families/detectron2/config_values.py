@@ -10,7 +10,9 @@ from norcal.core.errors import NorcalError, shown
 
 # every BatchNorm flavour is a fixed affine map at inference; SyncBN's variants act as SyncBN
 _NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naiveSyncBN": "SyncBN",
-          "nnSyncBN": "SyncBN", "GN": "GN", "LN": "LN"}
+          "nnSyncBN": "SyncBN", "GN": "GN"}
+# detectron2's channels-first LayerNorm, which ViTDet's configs give the FPN and the ROI heads
+_LAYER_NORM = {"LN": "LN"}
 
 
 class ConfigValues:
@@ -97,11 +99,12 @@ class ConfigValues:
             raise self.bad(key, "expected positive finite numbers")
         return tuple(tuple(float(x) for x in r) for r in v)
 
-    def norm(self, key: str) -> str:
-        v = self.str(key)
-        if v not in _NORMS:
-            raise self.bad(key, f"unsupported norm; supported: {', '.join(repr(n) for n in _NORMS)}")
-        return _NORMS[v]
+    def norm(self, key: str, layer_norm: bool = False) -> str:
+        """The norm at ``key`` by detectron2's name; ``layer_norm``: LN is one (FPN and heads)."""
+        v, known = self.str(key), {**_NORMS, **(_LAYER_NORM if layer_norm else {})}
+        if v not in known:
+            raise self.bad(key, f"unsupported norm; supported: {', '.join(repr(n) for n in known)}")
+        return known[v]
 
     def require(self, key: str, allowed, why: str = "not supported") -> None:
         """Raise unless the value is ``allowed`` (or one of a tuple of allowed values)."""

@@ -14,7 +14,10 @@ import re
 from typing import Any
 
 from norcal.core.errors import NorcalError, shown
-from norcal.core.yaml_io import PYTHON_NAME
+from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
+
+from .lazy_cascade import CASCADE, STAGE_LISTS, cascade_heads
+from .lazy_regnet import FPN_IN_FEATURES as REGNET_AS_RES, STAGES as REGNET_STAGES, regnet_bottom_up
 
 from .vit_lazy_config import vit_backbone
 
@@ -27,6 +30,8 @@ TRAINING_ONLY = {"batch_size_per_image", "positive_fraction", "proposal_matcher"
                  "loss_weight", "smooth_l1_beta", "box_reg_loss_type", "fed_loss_num_classes",
                  "get_fed_loss_cls_weights", "train_on_pred_boxes", "proposal_append_gt", "vis_period",
                  "freeze_at", "loss_weight", "input_shape", "box_reg_loss_weight"}
+# a top-level key of the mapped config: ModelSpec fields no yaml-era key holds (a RegNet's stages)
+SPEC_FIELDS = "SPEC_FIELDS"
 UNNAMED_NORM = "BN"  # a lambda norm: provisional, the weights' norm layers must agree (BN family)
 _INTERPOLATION = re.compile(r"^\$\{(\.*)([A-Za-z0-9_.]+)\}$")
 
@@ -95,12 +100,15 @@ class _Lazy:
             if key != TARGET and key not in read and key not in TRAINING_ONLY:
                 raise self.bad(f"{path}.{key}", f"{shown(node[key])}: not read by the export")
 
-    def norm(self, path: str, provenance: dict, field: str) -> str:
-        value = self.get(path, "")
+    def norm(self, path: str, provenance: dict, field: str, default: str = "") -> str:
+        value = self.get(path, default)
         if isinstance(value, dict) and PYTHON_NAME in value:
             provenance[field] = (f"{path} is a callable the file cannot name ({value[PYTHON_NAME]}): "
                                  "a BatchNorm flavour, as the weights' norm layers show")
             return UNNAMED_NORM
+        if isinstance(value, dict) and PYTHON_APPLY in value:
+            raise self.bad(path, f"a call of {value[PYTHON_APPLY]}, which the file cannot name as a norm "
+                                 "(nothing in it is called)")
         if not isinstance(value, str):
             raise self.bad(path, f"expected a norm name, got {shown(value)}")
         return value
@@ -112,37 +120,49 @@ def _same(lz: _Lazy, path: str, values: list, what: str) -> int:
     return values[0] if values else 0
 
 
-def _backbone(lz: _Lazy, cfg: dict, prov: dict) -> None:
-    if lz.target("model.backbone") == "SimpleFeaturePyramid":  # ViTDet, square_pad included
-        return vit_backbone(lz, cfg)
-    lz.expect("model.backbone", ("FPN",), "a ResNet FPN backbone")
-    lz.only("model.backbone", {"bottom_up", "in_features", "out_channels", "norm", "top_block", "fuse_type",
-                               "square_pad"})
-    lz.expect("model.backbone.bottom_up", ("ResNet",), "ResNet under the FPN")
-    lz.expect("model.backbone.top_block", ("LastLevelMaxPool",), "FPN's P6 by max pooling (Mask R-CNN)")
+def _resnet(lz: _Lazy, prov: dict) -> dict:
+    """``MODEL.RESNETS`` of a ResNet bottom-up (``ResNet.make_default_stages``)."""
     lz.expect("model.backbone.bottom_up.stem", ("BasicStem",), "ResNet's stem")
     lz.expect("model.backbone.bottom_up.stages", ("make_default_stages",), "ResNet.make_default_stages")
     lz.only("model.backbone.bottom_up", {"stem", "stages", "out_features"})
     lz.only("model.backbone.bottom_up.stem", {"in_channels", "out_channels", "norm"})
     lz.only("model.backbone.bottom_up.stages", {"depth", "norm", "stride_in_1x1", "num_groups"})
-    if lz.get("model.backbone.square_pad", 0):
-        raise lz.bad("model.backbone.square_pad", "padding to a square is not supported")
     depth = lz.get("model.backbone.bottom_up.stages.depth")
     groups = lz.get("model.backbone.bottom_up.stages.num_groups", 1)
     stem_norm = lz.norm("model.backbone.bottom_up.stem.norm", prov, "norm")
     if lz.norm("model.backbone.bottom_up.stages.norm", prov, "norm") != stem_norm:
         raise lz.bad("model.backbone.bottom_up.stages.norm", "differs from the stem's norm")
-    resnets = {"DEPTH": depth, "NORM": stem_norm,
-               "STEM_OUT_CHANNELS": lz.get("model.backbone.bottom_up.stem.out_channels"),
-               "STRIDE_IN_1X1": lz.get("model.backbone.bottom_up.stages.stride_in_1x1", True),
-               "NUM_GROUPS": groups, "OUT_FEATURES": lz.get("model.backbone.bottom_up.out_features"),
-               # make_default_stages fixes the widths: res2 256 (64 for ResNet-18/34), bottleneck 64
-               "RES2_OUT_CHANNELS": 256 if isinstance(depth, int) and depth >= 50 else 64,
-               "WIDTH_PER_GROUP": 64 // groups if isinstance(groups, int) and groups > 0 else groups}
     if lz.get("model.backbone.bottom_up.stem.in_channels", 3) != 3:
         raise lz.bad("model.backbone.bottom_up.stem.in_channels", "images have 3 channels")
+    return {"DEPTH": depth, "NORM": stem_norm,
+            "STEM_OUT_CHANNELS": lz.get("model.backbone.bottom_up.stem.out_channels"),
+            "STRIDE_IN_1X1": lz.get("model.backbone.bottom_up.stages.stride_in_1x1", True),
+            "NUM_GROUPS": groups, "OUT_FEATURES": lz.get("model.backbone.bottom_up.out_features"),
+            # make_default_stages fixes the widths: res2 256 (64 for ResNet-18/34), bottleneck 64
+            "RES2_OUT_CHANNELS": 256 if isinstance(depth, int) and depth >= 50 else 64,
+            "WIDTH_PER_GROUP": 64 // groups if isinstance(groups, int) and groups > 0 else groups}
+
+
+def _backbone(lz: _Lazy, cfg: dict, prov: dict) -> None:
+    if lz.target("model.backbone") == "SimpleFeaturePyramid":  # ViTDet, square_pad included
+        return vit_backbone(lz, cfg)
+    lz.expect("model.backbone", ("FPN",), "an FPN backbone")
+    lz.only("model.backbone", {"bottom_up", "in_features", "out_channels", "norm", "top_block", "fuse_type",
+                               "square_pad"})
+    bottom_up = lz.expect("model.backbone.bottom_up", ("ResNet", "RegNet"), "the FPN's bottom-up")
+    lz.expect("model.backbone.top_block", ("LastLevelMaxPool",), "FPN's P6 by max pooling (Mask R-CNN)")
+    if lz.get("model.backbone.square_pad", 0):
+        raise lz.bad("model.backbone.square_pad", "padding to a square is not supported")
+    in_features = lz.get("model.backbone.in_features")
+    if bottom_up == "RegNet":
+        resnets, cfg[SPEC_FIELDS]["regnet"] = regnet_bottom_up(lz, "model.backbone.bottom_up", prov)
+        if in_features != REGNET_STAGES:
+            raise lz.bad("model.backbone.in_features", f"expected the RegNet's {REGNET_STAGES}")
+        in_features = REGNET_AS_RES  # the same four maps, as the yaml-era FPN keys name them
+    else:
+        resnets = _resnet(lz, prov)
     cfg["MODEL"].update(BACKBONE={"NAME": "build_resnet_fpn_backbone"}, RESNETS=resnets, FPN={
-        "IN_FEATURES": lz.get("model.backbone.in_features"), "OUT_CHANNELS": lz.get("model.backbone.out_channels"),
+        "IN_FEATURES": in_features, "OUT_CHANNELS": lz.get("model.backbone.out_channels"),
         "NORM": lz.norm("model.backbone.norm", prov, "fpn_norm"), "FUSE_TYPE": lz.get("model.backbone.fuse_type", "sum")})
 
 
@@ -189,30 +209,40 @@ def _box_predictor(lz: _Lazy, path: str) -> dict:
     lz.expect(path, ("FastRCNNOutputLayers",), "the box predictor")
     lz.only(path, {"box2box_transform", "num_classes", *FAST_RCNN_DEFAULTS})
     v = {k: lz.get(f"{path}.{k}", d) for k, d in FAST_RCNN_DEFAULTS.items()}
+    v["num_classes"] = lz.get(f"{path}.num_classes")
     if v["use_fed_loss"] and not v["use_sigmoid_ce"]:  # detectron2 asserts this too
         raise lz.bad(f"{path}.use_fed_loss", "federated loss needs use_sigmoid_ce: true")
     return v
 
 
+def _box_head(lz: _Lazy, path: str, prov: dict) -> dict:
+    lz.expect(path, ("FastRCNNConvFCHead",), "the box head")
+    lz.only(path, {"conv_dims", "fc_dims", "conv_norm"})
+    convs, fcs = lz.get(f"{path}.conv_dims", []), lz.get(f"{path}.fc_dims", [])
+    return {"NUM_CONV": len(convs), "CONV_DIM": _same(lz, f"{path}.conv_dims", convs, "box-head convs") or 256,
+            "NUM_FC": len(fcs), "FC_DIM": _same(lz, f"{path}.fc_dims", fcs, "box-head fcs") or 1024,
+            "NORM": lz.norm(f"{path}.conv_norm", prov, "box_head_norm")}
+
+
 def _roi_heads(lz: _Lazy, cfg: dict, prov: dict) -> None:
     p = "model.roi_heads"
-    lz.expect(p, ("StandardROIHeads",), "ROI heads")
-    lz.only(p, {"num_classes", "box_in_features", "box_pooler", "box_head", "box_predictor", "mask_in_features",
-                "mask_pooler", "mask_head", "keypoint_in_features"})
-    lz.expect(f"{p}.box_head", ("FastRCNNConvFCHead",), "the box head")
-    lz.only(f"{p}.box_head", {"conv_dims", "fc_dims", "conv_norm"})
-    convs, fcs = lz.get(f"{p}.box_head.conv_dims", []), lz.get(f"{p}.box_head.fc_dims", [])
-    pred = _box_predictor(lz, f"{p}.box_predictor")
-    box = {"NAME": "FastRCNNConvFCHead", **_pooler(lz, f"{p}.box_pooler"), "NUM_CONV": len(convs),
-           "CONV_DIM": _same(lz, f"{p}.box_head.conv_dims", convs, "box-head convs") or 256,
-           "NUM_FC": len(fcs), "FC_DIM": _same(lz, f"{p}.box_head.fc_dims", fcs, "box-head fcs") or 1024,
-           "NORM": lz.norm(f"{p}.box_head.conv_norm", prov, "box_head_norm"),
-           "BBOX_REG_WEIGHTS": lz.get(f"{p}.box_predictor.box2box_transform.weights"),
+    name = lz.expect(p, ("StandardROIHeads", CASCADE), "ROI heads")
+    if name == CASCADE:
+        pred_path = f"{p}.box_predictors.0"  # the stages agree: stage 0 speaks for them
+        head, pred, cfg["MODEL"]["ROI_BOX_CASCADE_HEAD"] = cascade_heads(
+            lz, p, lambda path: _box_head(lz, path, prov), lambda path: _box_predictor(lz, path))
+    else:
+        pred_path = f"{p}.box_predictor"
+        head, pred = _box_head(lz, f"{p}.box_head", prov), _box_predictor(lz, pred_path)
+    lz.only(p, {"num_classes", "box_in_features", "box_pooler", "mask_in_features", "mask_pooler", "mask_head",
+                "keypoint_in_features", *(STAGE_LISTS if name == CASCADE else ("box_head", "box_predictor"))})
+    box = {"NAME": "FastRCNNConvFCHead", **_pooler(lz, f"{p}.box_pooler"), **head,
+           "BBOX_REG_WEIGHTS": lz.get(f"{pred_path}.box2box_transform.weights"),
            "CLS_AGNOSTIC_BBOX_REG": pred["cls_agnostic_bbox_reg"], "USE_SIGMOID_CE": pred["use_sigmoid_ce"]}
     num_classes = lz.get(f"{p}.num_classes")
-    if lz.get(f"{p}.box_predictor.num_classes") != num_classes:
-        raise lz.bad(f"{p}.box_predictor.num_classes", f"differs from {p}.num_classes ({num_classes})")
-    cfg["MODEL"].update(ROI_HEADS={"NAME": "StandardROIHeads", "NUM_CLASSES": num_classes,
+    if pred["num_classes"] != num_classes:
+        raise lz.bad(f"{pred_path}.num_classes", f"differs from {p}.num_classes ({num_classes})")
+    cfg["MODEL"].update(ROI_HEADS={"NAME": name, "NUM_CLASSES": num_classes,
                                    "IN_FEATURES": lz.get(f"{p}.box_in_features"),
                                    "SCORE_THRESH_TEST": pred["test_score_thresh"],
                                    "NMS_THRESH_TEST": pred["test_nms_thresh"]}, ROI_BOX_HEAD=box)
@@ -254,13 +284,22 @@ def _test_input(lz: _Lazy, cfg: dict) -> None:
     cfg["INPUT"] = {"MIN_SIZE_TEST": short, "MAX_SIZE_TEST": lz.get(f"{path}.0.max_size", 10 ** 9), "FORMAT": fmt}
 
 
+def roi_heads_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
+    """(the yaml-era keys, provenance notes) of ``model.roi_heads`` alone, whatever the backbone:
+    the ROI heads (standard or cascade) and their test settings."""
+    lz, prov = _Lazy(data, source), {}
+    cfg: dict = {"MODEL": {}}
+    _roi_heads(lz, cfg, prov)
+    return cfg, prov
+
+
 def lazy_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
     """(the yaml-era config keys ``data`` sets, provenance notes) for a LazyConfig dump.
     Raises :class:`NorcalError` naming the key path for a target or argument not read."""
     lz, prov = _Lazy(data, source), {}
     lz.expect("model", ("GeneralizedRCNN",), "meta architecture")
     lz.only("model", {"backbone", "proposal_generator", "roi_heads", "pixel_mean", "pixel_std", "input_format"})
-    cfg: dict = {"MODEL": {"META_ARCHITECTURE": "GeneralizedRCNN", "PIXEL_MEAN": lz.get("model.pixel_mean"),
+    cfg: dict = {SPEC_FIELDS: {}, "MODEL": {"META_ARCHITECTURE": "GeneralizedRCNN", "PIXEL_MEAN": lz.get("model.pixel_mean"),
                            "PIXEL_STD": lz.get("model.pixel_std")}}
     _backbone(lz, cfg, prov)
     _rpn(lz, cfg)

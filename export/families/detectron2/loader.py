@@ -33,6 +33,9 @@ _CONFIG_KEYS = {
 
 def _check_consistent(config_spec: ModelSpec, weights_spec: ModelSpec, config, weights) -> None:
     want, have = architecture(config_spec), architecture(weights_spec)
+    if want.get("regnet") is not None and have.get("regnet") is not None:  # name the RegNet's first differing field
+        for arch in (want, have):
+            arch.update({f"regnet.{k}": v for k, v in vars(arch.pop("regnet")).items()})
     if want["num_classes"] != have["num_classes"]:
         n = have["num_classes"]
         if config_spec.meta_architecture == RETINANET:  # a sigmoid head: no background row
@@ -42,7 +45,8 @@ def _check_consistent(config_spec: ModelSpec, weights_spec: ModelSpec, config, w
                           f"roi_heads.box_predictor.cls_score with {n + 1} rows ({n} classes + background)")
     for field in [*want, *(k for k in have if k not in want)]:  # stable order: the first cause first
         if want.get(field) != have.get(field):
-            raise NorcalError(f"{config} and {weights} disagree on {field} ({_CONFIG_KEYS.get(field, field)}): "
+            raise NorcalError(f"{config} and {weights} disagree on {field} "
+                              f"({_CONFIG_KEYS.get(field.split('.')[0], field)}): "
                               f"config {want.get(field)!r}, weights {have.get(field)!r}")
 
 

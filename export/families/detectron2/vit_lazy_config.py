@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from norcal.core.errors import shown
-from norcal.core.yaml_io import PYTHON_NAME, PYTHON_OBJECT
+from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
 
 from norcal.export.rcnn.spec import VIT_BACKBONE, ViTSpec
 
@@ -35,7 +35,7 @@ def _layer_norm_eps(lz, path: str) -> float:
     if isinstance(value, dict) and value.get(PYTHON_NAME) == LAYER_NORM:
         return 1e-5
     state = value.get("state") if isinstance(value, dict) else None
-    if not (isinstance(value, dict) and value.get(PYTHON_OBJECT) == "functools.partial" and isinstance(state, list)
+    if not (isinstance(value, dict) and value.get(PYTHON_APPLY) == "functools.partial" and isinstance(state, list)
             and len(state) == 4 and isinstance(state[0], dict) and state[0].get(PYTHON_NAME) == LAYER_NORM
             and not state[1] and isinstance(state[2], dict) and set(state[2]) <= {"eps"}):
         raise lz.bad(path, f"{_short(value)}: only nn.LayerNorm or functools.partial(nn.LayerNorm, eps=...) is read")
@@ -47,7 +47,7 @@ def _layer_norm_eps(lz, path: str) -> float:
 
 def _short(value: Any) -> str:
     if isinstance(value, dict):
-        return str(value.get(PYTHON_OBJECT) or value.get(PYTHON_NAME) or shown(value))
+        return str(value.get(PYTHON_APPLY) or value.get(PYTHON_NAME) or shown(value))
     return shown(value)
 
 

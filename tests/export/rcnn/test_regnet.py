@@ -4,7 +4,9 @@ the exported graph in ONNX Runtime, all three fixture images in one zero-padded 
 
 The checkpoint does not hold the config's test settings, so the tests give them as the
 fixtures' config.yaml does; nor its pixel_std (detectron2 keeps pixel_mean/std out of the state
-dict), which a RegNet's weights imply: every detectron2 RegNet config sets the same.
+dict), which a RegNet's weights imply: every detectron2 RegNet config sets the same. With the
+fixtures' config.yaml (detectron2's LazyConfig.save, read as data) the RegNet's stages are
+computed from its design-space parameters and checked against the weights.
 """
 
 from __future__ import annotations
@@ -169,3 +171,27 @@ def test_unmasked_graph_matches_golden():
     assert_tensorrt_compatible(fixed)
     images, sizes = G.batch([0], fixture=c.fixture)
     check_detections(run(session(fixed), images, sizes), "baseline", c.fixture, images=[0])
+
+
+@pytest.mark.parametrize("kind", list(FIXTURE))
+def test_with_its_config_yaml_matches_golden(kind):
+    """The checkpoint with its config.yaml: the RegNet computed from depth / w_a / w_0 / w_m /
+    group_width / se_ratio is the weights', the test settings come from the file, and the export
+    gives detectron2's detections (img0, gamma 0)."""
+    fixture = FIXTURE[kind]
+    spec, state = load_detector_spec(fixture / "model_final.pth", fixture / "config.yaml")
+    assert spec.regnet == EXPECTED[kind] and spec.provenance["source"].startswith("LazyConfig")
+    assert (spec.detections_per_image, spec.use_sigmoid_ce, spec.score_thresh_test) == (100, False, 1e-4)
+    assert (spec.min_size_test, spec.max_size_test, spec.norm) == (320, 512, "SyncBN")
+    graph = export_onnx(model_from_state(spec, state), spec)
+    images, sizes = G.batch([0], fixture=fixture)
+    check_detections(run(session(graph), images, sizes), "baseline", fixture, images=[0])
+
+
+def test_config_disagreeing_with_weights_is_refused():
+    """RegNetX's config (group width 8 throughout) with RegNetY's weights (group width 16 from s2)."""
+    config, weights = FIXTURE["x"] / "config.yaml", FIXTURE["y"] / "model_final.pth"
+    with pytest.raises(NorcalError) as e:
+        load_detector_spec(weights, config)
+    assert str(e.value) == (f"{config} and {weights} disagree on regnet.group_widths (model.backbone.bottom_up "
+                            "(RegNet)): config (8, 8, 8, 8), weights (8, 16, 16, 16)")

@@ -23,6 +23,20 @@ LSJ = Path(__file__).parents[3] / "fixtures" / "lazy_lsj"
 CONFIG = LSJ / "config.yaml"
 
 
+def _saved(tmp_path, name: str) -> Path:
+    """One of the other LazyConfig.save outputs make_lazy_config_fixture.py keeps gzipped."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(gzip.decompress((LSJ / f"{name}.yaml.gz").read_bytes()))
+    return path
+
+
+def _weights_spec(name: str, spec):
+    """The spec detectron2's built model's state-dict names and shapes give (``name``: its shapes file)."""
+    shapes = json.loads(gzip.decompress((LSJ / name).read_bytes()))
+    return spec_from_weights({k: torch.empty(v, device="meta") for k, v in shapes.items()},
+                             (spec.anchor_sizes, spec.anchor_aspect_ratios))
+
+
 def _variant(tmp_path, old: str, new: str) -> Path:
     text = CONFIG.read_text()
     assert old in text, old
@@ -43,15 +57,32 @@ def test_lsj_config_gives_detectron2s_model():
     assert (spec.norm, spec.fpn_norm, spec.box_head_num_conv, spec.box_head_num_fc) == ("SyncBN", "SyncBN", 4, 1)
     assert (spec.rpn_pre_nms_topk_test, spec.rpn_post_nms_topk_test, spec.rpn_conv_dims) == (1000, 1000, (-1, -1))
     assert "cannot name" in spec.provenance["box_head_norm"]  # a lambda: NaiveSyncBatchNorm
-    shapes = json.loads(gzip.decompress((LSJ / "shapes.json.gz").read_bytes()))
-    weights = spec_from_weights({k: torch.empty(v, device="meta") for k, v in shapes.items()},
-                                (spec.anchor_sizes, spec.anchor_aspect_ratios))
-    _check_consistent(spec, weights, CONFIG, "detectron2's model")  # every architecture field agrees
+    _check_consistent(spec, _weights_spec("shapes.json.gz", spec), CONFIG, "detectron2's model")  # all agree
+
+
+def test_regnet_lsj_config_gives_detectron2s_model(tmp_path):
+    """configs/new_baselines/mask_rcnn_regnetx_4gf_dds_FPN_100ep_LSJ.py: the stages computed from
+    depth 23, w_a 38.65, w_0 96, w_m 2.43, group width 40 are those of the RegNet detectron2 built."""
+    path = _saved(tmp_path, "regnetx_4gf_lsj")
+    spec = load_config(path)
+    weights = _weights_spec("regnetx_4gf_lsj.shapes.json.gz", spec)
+    assert spec.regnet == weights.regnet and spec.regnet.depths == (2, 5, 14, 2)
+    assert (spec.norm, spec.fpn_norm, spec.pixel_std) == ("SyncBN", "SyncBN", (57.375, 57.12, 58.395))
+    _check_consistent(spec, weights, path, "detectron2's model")
+    # w_m 2.2 regroups the blocks: detectron2's generate_regnet_parameters(38.65, 96, 2.2, 23)
+    # gives depths [2, 4, 10, 7]; the weights refuse them, naming both
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(path.read_text().replace("w_m: 2.43", "w_m: 2.2", 1))
+    with pytest.raises(NorcalError, match=r"disagree on regnet\.depths .*config \(2, 4, 10, 7\), weights \(2, 5, 14, 2\)"):
+        _check_consistent(load_config(broken), weights, broken, "detectron2's model")
 
 
 @pytest.mark.parametrize("old, new, shown", [
+    ("_target_: detectron2.modeling.StandardROIHeads", "_target_: detectron2.modeling.Res5ROIHeads",
+     "model.roi_heads._target_: detectron2.modeling.Res5ROIHeads is not supported"),
+    # CascadeROIHeads take a list per stage (test_lazy_cascade.py), not StandardROIHeads' box_head
     ("_target_: detectron2.modeling.StandardROIHeads", "_target_: detectron2.modeling.CascadeROIHeads",
-     "model.roi_heads._target_: detectron2.modeling.CascadeROIHeads is not supported"),
+     "model.roi_heads.box_head: CascadeROIHeads take one per stage, in box_heads"),
     ("_target_: detectron2.modeling.GeneralizedRCNN", "_target_: detectron2.modeling.RetinaNet",
      "model._target_: detectron2.modeling.RetinaNet is not supported"),
     ("top_block: {_target_: detectron2.modeling.backbone.fpn.LastLevelMaxPool}",
@@ -79,3 +110,41 @@ def test_sigmoid_lazy_config(tmp_path):
                     "      test_topk_per_image: 300")
     spec = load_config(path)
     assert spec.use_sigmoid_ce and spec.detections_per_image == 300
+
+
+REGNET_Y = LSJ.parent / "d2_regnety_tiny" / "config.yaml"  # make_regnet_tiny.py's LazyConfig.save
+
+
+@pytest.mark.parametrize("old, new, shown", [
+    ("regnet.SimpleStem ''", "regnet.ResStem ''",
+     "model.backbone.bottom_up.stem_class: detectron2.modeling.backbone.regnet.ResStem: "
+     "only RegNet's SimpleStem is supported"),
+    ("regnet.ResBottleneckBlock ''", "regnet.VanillaBlock ''", "only RegNet's ResBottleneckBlock is supported"),
+    ("w_0: 8", "w_0: 12", "model.backbone.bottom_up.w_0: 12: outside RegNet's design space"),
+    ("w_m: 2.0", "w_m: 1.0", "model.backbone.bottom_up.w_m: 1.0: outside RegNet's design space"),
+    ("depth: 5", "depth: 4", "model.backbone.bottom_up: gives 3 stages (widths [8, 16, 32]); the FPN reads exactly 4"),
+    ("se_ratio: 0.25", "se_ratio: 0.25\n      activation_class: !!python/name:torch.nn.SiLU ''",
+     "model.backbone.bottom_up.activation_class: {'_python_name_': 'torch.nn.SiLU'}: not read by the export"),
+    ("in_features: ${.bottom_up.out_features}", "in_features: [s2, s3, s4]",
+     "model.backbone.in_features: expected the RegNet's ['s1', 's2', 's3', 's4']"),
+])
+def test_regnet_not_read_is_refused_by_name(tmp_path, old, new, shown):
+    text = REGNET_Y.read_text()
+    assert old in text, old
+    path = tmp_path / "config.yaml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(NorcalError) as e:
+        load_config(path)
+    assert shown in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_python_calls_are_read_as_data_never_made(tmp_path):
+    """A !!python/object/apply (how LazyConfig.save writes a functools.partial) is kept as data:
+    in a norm's place it is refused by key path, and nothing it names is called."""
+    marker = tmp_path / "called"
+    path = _variant(tmp_path, "conv_norm: &id001 !!python/name:None.%3Clambda%3E ''",
+                    f"conv_norm: &id001 !!python/object/apply:os.system ['touch {marker}']")
+    with pytest.raises(NorcalError) as e:
+        load_config(path)
+    assert "model.roi_heads.box_head.conv_norm: a call of os.system" in str(e.value)
+    assert not marker.exists()
