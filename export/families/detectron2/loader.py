@@ -46,7 +46,7 @@ def _check_consistent(config_spec: ModelSpec, weights_spec: ModelSpec, config, w
     for field in [*want, *(k for k in have if k not in want)]:  # stable order: the first cause first
         if want.get(field) != have.get(field):
             raise NorcalError(f"{config} and {weights} disagree on {field} "
-                              f"({_CONFIG_KEYS.get(field.split('.')[0], field)}): "
+                              f"({_CONFIG_KEYS.get(field, _CONFIG_KEYS.get(field.split('.')[0], field))}): "
                               f"config {want.get(field)!r}, weights {have.get(field)!r}")
 
 

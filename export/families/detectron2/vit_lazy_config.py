@@ -92,7 +92,8 @@ def vit_spec(c) -> ViTSpec | None:
     spec = ViTSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
     c.require("MODEL.RPN.IN_FEATURES", (["p2", "p3", "p4", "p5", "p6"],), "ViTDet's RPN reads p2-p6")
     c.require("MODEL.ROI_HEADS.IN_FEATURES", (["p2", "p3", "p4", "p5"],), "ViTDet's ROI heads read p2-p5")
-    c.require("MODEL.ROI_HEADS.NAME", "StandardROIHeads", "a ViT backbone is supported with StandardROIHeads")
+    c.require("MODEL.ROI_HEADS.NAME", ("StandardROIHeads", "CascadeROIHeads"),
+              "a ViT backbone is supported with StandardROIHeads or CascadeROIHeads")
     if max(c.int("INPUT.MIN_SIZE_TEST"), c.int("INPUT.MAX_SIZE_TEST")) > spec.square_pad:
         raise c.bad("INPUT.MAX_SIZE_TEST", f"a resized image must fit the {spec.square_pad} square (square_pad)")
     return spec

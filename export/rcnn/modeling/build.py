@@ -41,8 +41,8 @@ def _check_spec(spec: ModelSpec) -> None:
     if (spec.backbone_name == VIT_BACKBONE) != (spec.vit is not None):
         raise NorcalError(f"backbone {spec.backbone_name!r} with{'out' if spec.vit is None else ''} a ViT spec: "
                           f"a ViT goes with {VIT_BACKBONE} (ViTDet) only")
-    if spec.vit is not None and spec.roi_heads_name != STANDARD_ROI_HEADS:
-        raise NorcalError(f"a ViT backbone is supported with {STANDARD_ROI_HEADS} only")
+    if spec.vit is not None and spec.roi_heads_name not in (STANDARD_ROI_HEADS, CASCADE_ROI_HEADS):
+        raise NorcalError(f"a ViT backbone is supported with {STANDARD_ROI_HEADS} or {CASCADE_ROI_HEADS} only")
     if spec.roi_heads_name not in (STANDARD_ROI_HEADS, RES5_ROI_HEADS, CASCADE_ROI_HEADS):
         raise NorcalError(f"ROI heads {spec.roi_heads_name!r} are not supported "
                           f"({STANDARD_ROI_HEADS}, {RES5_ROI_HEADS} or {CASCADE_ROI_HEADS})")
@@ -69,8 +69,8 @@ def _check_convention(spec: ModelSpec) -> None:
 
 
 def _check_cascade(spec: ModelSpec) -> None:
-    if spec.backbone_name != FPN_BACKBONE:
-        raise NorcalError(f"{CASCADE_ROI_HEADS} are supported with an FPN backbone only")
+    if spec.backbone_name not in (FPN_BACKBONE, VIT_BACKBONE):  # P2-P5 from an FPN or ViTDet's pyramid
+        raise NorcalError(f"{CASCADE_ROI_HEADS} are supported with an FPN backbone or ViTDet's pyramid only")
     if not spec.cascade_bbox_reg_weights:
         raise NorcalError(f"{CASCADE_ROI_HEADS} need the stages' box regression weights "
                           "(cascade_bbox_reg_weights)")

@@ -65,16 +65,28 @@ def test_cascade_heads_map_to_detectron2s_cascade_keys(tmp_path, name):
     assert (model["ROI_MASK_HEAD"]["NORM"], cfg["TEST"]["DETECTIONS_PER_IMAGE"]) == ("LN", 300)
 
 
-@pytest.mark.parametrize("name, target", [
-    ("vitdet_b_cascade_lvis", "model.backbone._target_: detectron2.modeling.SimpleFeaturePyramid is not supported"),
-    ("mvitv2_b_cascade_lvis", "model.backbone.bottom_up._target_: detectron2.modeling.MViT is not supported"),
-    ("vitdet_b_lvis", "model.backbone._target_: detectron2.modeling.SimpleFeaturePyramid is not supported"),
-])
-def test_unread_bottom_ups_are_refused_by_target(tmp_path, name, target):
-    path = _saved(name, tmp_path)
+def test_mvitv2_bottom_up_is_refused_by_target(tmp_path):
+    path = _saved("mvitv2_b_cascade_lvis", tmp_path)
     with pytest.raises(NorcalError) as e:
         load_config(path)
+    target = "model.backbone.bottom_up._target_: detectron2.modeling.MViT is not supported"
     assert str(e.value).startswith(f"{path}: {target}") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, stages", [("vitdet_b_cascade_lvis", 3), ("vitdet_b_lvis", 0)])
+def test_vitdet_b_lvis_configs_read_whole(tmp_path, name, stages):
+    """detectron2's own ViTDet-B LVIS configs, as LazyConfig.save wrote them: ViT-B (768 wide, 12
+    blocks, 12 heads, windows of 14 except blocks 2, 5, 8, 11) on the 1024 square, LN heads,
+    sigmoid CE at score 0.02 and 300 detections (the configs' values), Cascade's stage weights."""
+    spec = load_config(_saved(name, tmp_path))
+    vit = spec.vit
+    assert (vit.embed_dim, vit.depth, vit.num_heads, vit.window_size, vit.square_pad, vit.ln_eps) == \
+        (768, 12, 12, 14, 1024, 1e-6)
+    assert vit.window_block_indexes == (0, 1, 3, 4, 6, 7, 9, 10) and vit.use_rel_pos
+    assert (spec.box_head_norm, spec.mask_head_norm, spec.fpn_norm) == ("LN", "LN", "LN")
+    assert (spec.use_sigmoid_ce, spec.score_thresh_test, spec.detections_per_image) == (True, 0.02, 300)
+    assert (spec.num_classes, spec.input_format, spec.size_divisibility) == (1203, "RGB", 1024)
+    assert [list(w) for w in spec.cascade_bbox_reg_weights] == (STAGE_WEIGHTS if stages else [])
 
 
 def test_vitdet_mask_rcnn_heads_keep_layer_norm(tmp_path):
