@@ -47,7 +47,9 @@ class _TooLarge(Exception):
     pass
 
 
-PYTHON_OBJECT, PYTHON_NAME = "_python_object_", "_python_name_"
+PYTHON_OBJECT, PYTHON_NAME, PYTHON_APPLY = "_python_object_", "_python_name_", "_python_apply_"
+# the calls a config.yaml may spell with !!python/object/apply (kept as data, never made)
+INERT_CALLS = ("functools.partial",)
 
 
 def _inert_object(loader, suffix, node):
@@ -55,13 +57,28 @@ def _inert_object(loader, suffix, node):
     return {PYTHON_OBJECT: suffix, **fields}
 
 
+def _inert_apply(loader, suffix, node):
+    if suffix not in INERT_CALLS:  # as refused as before: no constructor for the tag
+        raise yaml.constructor.ConstructorError(None, None, f"could not determine a constructor for the tag "
+                                                f"{node.tag!r}", node.start_mark)
+    if isinstance(node, yaml.SequenceNode):  # the short form: the call's arguments only
+        return {PYTHON_APPLY: suffix, "args": loader.construct_sequence(node, deep=True)}
+    return {PYTHON_APPLY: suffix, **loader.construct_mapping(node, deep=True)}
+
+
 class _InertPythonLoader(_BoundedLoader):
-    """_BoundedLoader that keeps ``!!python/object:X {...}`` as ``{PYTHON_OBJECT: "X", ...}`` and
-    ``!!python/name:X`` as ``{PYTHON_NAME: "X"}``: data only, nothing imported or called (a
-    LazyConfig's config.yaml writes its ShapeSpecs and lambdas so); other Python tags stay refused."""
+    """_BoundedLoader that keeps ``!!python/object:X {...}`` as ``{PYTHON_OBJECT: "X", ...}``,
+    ``!!python/object/apply:X {args, state, ...}`` (X in :data:`INERT_CALLS`) as
+    ``{PYTHON_APPLY: "X", "args": ..., ...}``, ``!!python/name:X`` as ``{PYTHON_NAME: "X"}`` and
+    ``!!python/tuple`` as a list: data only,
+    nothing imported or called (a LazyConfig's config.yaml writes its ShapeSpecs, lambdas and
+    ``functools.partial`` arguments so); other Python tags stay refused."""
 
 
 _InertPythonLoader.add_multi_constructor("tag:yaml.org,2002:python/object:", _inert_object)
+_InertPythonLoader.add_multi_constructor("tag:yaml.org,2002:python/object/apply:", _inert_apply)
+_InertPythonLoader.add_constructor("tag:yaml.org,2002:python/tuple",
+                                   lambda loader, node: loader.construct_sequence(node, deep=True))
 _InertPythonLoader.add_multi_constructor(
     "tag:yaml.org,2002:python/name:", lambda loader, suffix, node: {PYTHON_NAME: unquote(suffix)})
 

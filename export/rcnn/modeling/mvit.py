@@ -14,6 +14,7 @@ makes the only size the model sees.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -51,18 +52,30 @@ def _unwindows(x: torch.Tensor, size: int, padded: tuple[int, int], hw: tuple[in
     return x[:, :hw[0], :hw[1]] if (hp, wp) != tuple(hw) else x
 
 
+def linear_resample(length: int, rows: int) -> np.ndarray:
+    """[rows, length] float32: F.interpolate(mode="linear", align_corners=False) from ``length``
+    samples to ``rows`` as a matrix (each row weighs the two nearest samples)."""
+    f32 = np.float32
+    # float32 source positions, as PyTorch computes them for a float32 input
+    src = np.maximum(f32(f32(length) / f32(rows)) * (np.arange(rows, dtype=f32) + f32(0.5)) - f32(0.5), f32(0))
+    lo = np.minimum(np.floor(src).astype(np.int64), length - 1)
+    hi = np.minimum(lo + 1, length - 1)
+    frac = (src - lo.astype(f32)).astype(f32)
+    m = np.zeros((rows, length), f32)
+    np.add.at(m, (np.arange(rows), lo), f32(1) - frac)
+    np.add.at(m, (np.arange(rows), hi), frac)
+    return m
+
+
 def _rel_pos(table: torch.Tensor, q: int, k: int) -> torch.Tensor:
     """[q, k, C]: the table's embedding for each (query, key) offset along one axis.
 
     The table [L, C] is linearly resampled to 2 * max(q, k) - 1 rows when it has another
-    length (as F.interpolate(mode="linear") resamples it, written as a constant matrix so that the
-    graph holds a MatMul, not a Resize), and the shorter axis's coordinates are stretched to
-    the longer's before the offset is truncated to a row."""
+    length (a constant matrix, so that the graph holds a MatMul, not a Resize), and the shorter
+    axis's coordinates are stretched to the longer's before the offset is truncated to a row."""
     rows = 2 * max(q, k) - 1
     if table.shape[0] != rows:
-        eye = torch.eye(table.shape[0], dtype=table.dtype, device=table.device)[None]
-        resample = F.interpolate(eye, size=rows, mode="linear")[0].T  # [rows, L]
-        table = resample @ table
+        table = torch.from_numpy(linear_resample(int(table.shape[0]), rows)).to(table) @ table
     sq, sk = max(k / q, 1.0), max(q / k, 1.0)
     # float32 arithmetic and truncation, as detectron2's get_rel_pos takes them
     offsets = (torch.arange(q, device=table.device)[:, None] * sq
