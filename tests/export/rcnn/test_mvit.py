@@ -156,3 +156,19 @@ def test_exported_graph_matches_detectron2(weights, golden, pixels):
     assert_tensorrt_compatible(proto)
     ops = {n.op_type for n in proto.graph.node}
     assert not ops & {"Loop", "If", "Scan", "Einsum", "Resize"}, ops
+
+
+def test_partial_tags_are_read_as_data(tmp_path):
+    """config.yaml's functools.partial (how LazyConfig.save writes norm_layer) is data: what it names
+    is neither imported nor called; other calls stay refused."""
+    path = tmp_path / "config.yaml"
+    path.write_text("f: !!python/object/apply:functools.partial\n"
+                    "  args: [&id001 !!python/name:antigravity.geohash '']\n"
+                    "  state: !!python/tuple [*id001, !!python/tuple [1], {eps: 2}, null]\n")
+    data = read_yaml_mapping(path, "detectron2 config", inert_python=True)
+    assert "antigravity" not in sys.modules
+    assert data == {"f": {"_python_apply_": "functools.partial", "args": [{"_python_name_": "antigravity.geohash"}],
+                          "state": [{"_python_name_": "antigravity.geohash"}, [1], {"eps": 2}, None]}}
+    path.write_text("f: !!python/object/apply:antigravity.geohash [1, 2, 3]\n")
+    with pytest.raises(NorcalError, match="not valid YAML: could not determine a constructor"):
+        read_yaml_mapping(path, "detectron2 config", inert_python=True)
