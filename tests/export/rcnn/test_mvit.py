@@ -5,7 +5,9 @@ global blocks' rel-pos tables resampled, as at the config's 1024 square. Eager a
 
 from __future__ import annotations
 
+import gzip
 import io
+import json
 import sys
 
 import numpy as np
@@ -75,6 +77,20 @@ def test_weights_give_the_configs_mvit(weights):
     # as an FPN's bottom-up: detectron2's FPN names its levels by stride, P2..P5 from scale2..5
     fpn = create_model(ModelSpec(mvit=spec, fpn_out_channels=8, mask_on=False)).backbone
     assert (fpn.in_features, fpn.in_strides) == (["scale2", "scale3", "scale4", "scale5"], [4, 8, 16, 32])
+
+
+def test_real_configs_mvit_from_its_shapes():
+    """The LVIS MViTv2-B config at full size: its weights' shapes (as detectron2 built them) and its
+    config.yaml give the same spec, and our MViT has exactly detectron2's weights."""
+    shapes = json.loads(gzip.decompress((FIXTURE / "mvitv2_b_lvis_shapes.json.gz").read_bytes()))
+    sd = {k: torch.empty(v, device="meta") for k, v in shapes.items() if k.startswith(UP)}
+    config = read_yaml_mapping(FIXTURE / "mvitv2_b_lvis_config.yaml", "detectron2 config", inert_python=True)
+    spec = mvit_fields(sd)["mvit"]
+    assert spec == mvit_from_lazy(config["model"]["backbone"]["bottom_up"]) == MViTSpec(
+        embed_dim=96, depth=24, num_heads=1, last_block_indexes=(1, 4, 20, 23), norm_eps=1e-6)
+    with torch.device("meta"):
+        ours = {UP + k: list(v.shape) for k, v in MViT(spec).state_dict().items()}
+    assert ours == {k: v for k, v in shapes.items() if k.startswith(UP)}
 
 
 def test_features_match_detectron2(weights, golden, pixels):
