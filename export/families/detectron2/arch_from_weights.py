@@ -263,7 +263,8 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     fields: dict = _layout(sd)
     fpn = fields["backbone_name"] == FPN_BACKBONE
     c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
-    fields.update(regnet_fields(sd) if is_regnet(sd) else mvit_fields(sd) if is_mvit(sd) else backbone_fields(sd, fields))
+    fields.update(regnet_fields(sd) if is_regnet(sd) else mvit_fields(sd) if is_mvit(sd)
+                  else backbone_fields(sd, fields))
     if fpn:
         fields.update(_fpn(sd))
     channels = fields["fpn_out_channels"] if fpn else fields.pop("feature_channels")

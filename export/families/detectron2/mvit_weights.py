@@ -22,6 +22,7 @@ from norcal.export.rcnn.spec import MViTSpec
 MVIT_PATCH = f"{BOTTOM_UP}.patch_embed.proj"
 MVIT_TARGET = "detectron2.modeling.MViT"
 GELU = "torch.nn.modules.activation.GELU"
+LAYER_NORM = "torch.nn.modules.normalization.LayerNorm"
 # detectron2's MViT arguments the weights cannot show, as its configs leave or set them
 ASSUMED = dict(norm_eps=1e-6, residual_pooling=True)
 # the LazyConfig arguments read into the spec; others (drop_path_rate, use_act_checkpoint,
@@ -134,7 +135,7 @@ def _partial_eps(node: Any, where: str) -> float:
     target = node.get(PYTHON_APPLY) if isinstance(node, dict) else None
     state = node.get("state") if target == "functools.partial" else None
     func = state[0] if isinstance(state, list) and len(state) == 4 else None
-    if not (isinstance(func, dict) and func.get(PYTHON_NAME) == "torch.nn.modules.normalization.LayerNorm"
+    if not (isinstance(func, dict) and func.get(PYTHON_NAME) == LAYER_NORM
             and state[1] == [] and isinstance(state[2], dict) and set(state[2]) <= {"eps"}):
         raise NorcalError(f"{where}.norm_layer: only partial(nn.LayerNorm, eps=...) (or nn.LayerNorm) is supported")
     eps = state[2].get("eps", 1e-5)
@@ -159,9 +160,8 @@ def mvit_from_lazy(node: Mapping[str, Any], where: str = "model.backbone.bottom_
     outs = node.get("out_features", ["scale2", "scale3", "scale4", "scale5"])
     if list(outs) != ["scale2", "scale3", "scale4", "scale5"]:
         raise NorcalError(f"{where}.out_features {outs!r}: an FPN over scale2..scale5 is supported")
-    norm = node.get("norm_layer", {PYTHON_NAME: "torch.nn.modules.normalization.LayerNorm"})
-    plain = isinstance(norm, dict) and set(norm) == {PYTHON_NAME}
-    eps = 1e-5 if plain and norm[PYTHON_NAME] == "torch.nn.modules.normalization.LayerNorm" else _partial_eps(norm, where)
+    norm = node.get("norm_layer", {PYTHON_NAME: LAYER_NORM})
+    eps = 1e-5 if norm == {PYTHON_NAME: LAYER_NORM} else _partial_eps(norm, where)  # nn.LayerNorm's own eps
     args = {k: node[k] for k in _LAZY_FIELDS if k in node}
     for k, v in args.items():
         if k in _BOOLS:

@@ -115,7 +115,8 @@ class MultiScaleAttention(nn.Module):
         self.proj = nn.Linear(dim_out, dim_out)
         hd, pad = self.head_dim, [k // 2 for k in kernel]
         for name, stride in (("q", stride_q), ("k", stride_kv), ("v", stride_kv)):
-            self.add_module(f"pool_{name}", nn.Conv2d(hd, hd, kernel, stride=stride, padding=pad, groups=hd, bias=False))
+            conv = nn.Conv2d(hd, hd, kernel, stride=stride, padding=pad, groups=hd, bias=False)  # per channel
+            self.add_module(f"pool_{name}", conv)
             self.add_module(f"norm_{name}", nn.LayerNorm(hd, eps=eps))
         self.windows = (window // stride_q, window // stride_kv) if window else None
         self.residual_pooling = residual_pooling
@@ -133,8 +134,9 @@ class MultiScaleAttention(nn.Module):
         k = _pool(k, self.pool_k, self.norm_k)
         v = _pool(v, self.pool_v, self.norm_v)
         pooled_q, q_full = q, (int(q.shape[1]), int(q.shape[2]))
+        padded = q_full
         if self.windows:
-            (qs, ks), padded = self.windows, None
+            qs, ks = self.windows
             q, padded = _windows(q, qs)
             k, _ = _windows(k, ks)
             v, _ = _windows(v, ks)
@@ -236,7 +238,8 @@ class MViT(nn.Module):
                 name = self.stage_names[stage]
                 self.out_channels[name], self.out_strides[name] = dim_out, stride
                 self.add_module(f"{name}_norm", nn.LayerNorm(dim_out, eps=spec.norm_eps))
-                dim_out, heads, stride_kv, stride, stage = dim_out * 2, heads * 2, max(stride_kv // 2, 1), stride * 2, stage + 1
+                dim_out, heads, stride, stage = dim_out * 2, heads * 2, stride * 2, stage + 1
+                stride_kv = max(stride_kv // 2, 1)
             if i - 1 in ends:  # the stage's first block pooled its queries: later ones see half the size
                 window, rel_size = window // 2, rel_size // 2
 

@@ -30,7 +30,7 @@ from make_mvit_tiny import image  # noqa: E402  (the fixture's input, as the gol
 
 FIXTURE = FIXTURES / "d2_mvit_tiny"
 UP = "backbone.bottom_up."
-BOUND = 1e-4  # measured: 8.3e-6 eager (scale5), float32 against detectron2's float32
+BOUND = 1e-4  # measured: 5.0e-6 eager, 2.6e-5 ONNX Runtime; a 1% rel-pos change moves scale3 by 2.3e-3
 # make_mvit_tiny.TINY over detectron2's MViT defaults and the config's eps
 EXPECTED = MViTSpec(embed_dim=4, depth=8, num_heads=1, last_block_indexes=(1, 4, 6, 7), mlp_ratio=2.0,
                     norm_eps=1e-6)
@@ -112,18 +112,16 @@ def test_perturbed_rel_pos_moves_past_the_bound(weights, golden, pixels):
 
 
 @pytest.mark.parametrize("key, dims, shown", [
-    ("blocks.2.attn.pool_k.weight", (4, 1, 3, 3), "weight backbone.bottom_up.blocks.2.attn.pool_k.weight has shape "
-     "[4, 1, 3, 3]; detectron2's MViT with the widths of backbone.bottom_up.blocks.0 gives [4, 1, 3, 3]"),
+    ("blocks.2.attn.pool_k.weight", (2, 1, 3, 3), "weight backbone.bottom_up.blocks.2.attn.pool_k.weight has shape "
+     "[2, 1, 3, 3]; detectron2's MViT with the widths of backbone.bottom_up.blocks.0 gives [4, 1, 3, 3]"),
     ("blocks.3.attn.rel_pos_h", (27, 4), "weight backbone.bottom_up.blocks.3.attn.rel_pos_h has shape [27, 4]; "
      "detectron2's MViT defaults (img_size 224, patch stride 4, kv stride 4) give [55, 4]"),
-    ("scale4_norm.weight", (32,), "weight backbone.bottom_up.scale4_norm.weight has shape [32]; the stage's width is 16"),
+    ("scale4_norm.weight", (32,),
+     "weight backbone.bottom_up.scale4_norm.weight has shape [32]; the stage's width is 16"),
     ("patch_embed.proj.weight", (4, 3, 16, 16), "detectron2's MViT embeds 3 channels with a 7x7 kernel"),
 ])
 def test_wrong_shapes_refused_naming_the_weight(weights, key, dims, shown):
     sd = dict(weights, **{UP + key: torch.zeros(dims)})
-    if key.startswith("blocks.2.attn.pool_k"):  # the head width the pooling convs of blocks.0 give is 4
-        sd[UP + key] = torch.zeros(2, 1, 3, 3)
-        shown = shown.replace("has shape [4, 1, 3, 3]", "has shape [2, 1, 3, 3]")
     with pytest.raises(NorcalError) as e:
         mvit_fields(sd)
     assert shown in str(e.value) and "\n" not in str(e.value)
