@@ -20,7 +20,7 @@ from norcal.core.errors import NorcalError
 from norcal.core.yaml_io import read_yaml_mapping
 from norcal.export.families.checkpoints import read_checkpoint
 from norcal.export.families.detectron2.mvit_weights import mvit_fields, mvit_from_lazy
-from norcal.export.rcnn.modeling.build import create_model
+from norcal.export.rcnn.modeling.build import create_model, model_from_state, random_state_dict
 from norcal.export.rcnn.modeling.mvit import MViT
 from norcal.export.rcnn.spec import ModelSpec, MViTSpec
 from test_onnx_export import session
@@ -91,6 +91,16 @@ def test_real_configs_mvit_from_its_shapes():
     with torch.device("meta"):
         ours = {UP + k: list(v.shape) for k, v in MViT(spec).state_dict().items()}
     assert ours == {k: v for k, v in shapes.items() if k.startswith(UP)}
+
+
+def test_rgb_patch_embedding_reads_the_bgr_graph_input():
+    """An RGB-trained MViT (the config's input_format) in a BGR graph: its patch embedding's input
+    channels are reversed, as a ResNet's stem's are."""
+    spec = ModelSpec(mvit=EXPECTED, fpn_out_channels=8, mask_on=False, input_format="RGB")
+    state = random_state_dict(spec, seed=1)
+    key = UP + "patch_embed.proj.weight"
+    model = model_from_state(spec, state)
+    assert torch.equal(model.state_dict()[key], state[key].flip(1))
 
 
 def test_features_match_detectron2(weights, golden, pixels):
