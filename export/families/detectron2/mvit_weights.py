@@ -103,6 +103,9 @@ def mvit_fields(sd: Mapping[str, Any]) -> dict:
     if one != 1 or any(k % 2 == 0 for k in pool):
         raise NorcalError(f"weight {BOTTOM_UP}.blocks.0.attn.pool_q.weight has shape {[head_dim, one, *pool]}: "
                           "expected a depthwise conv with an odd kernel")
+    if embed % head_dim:
+        raise NorcalError(f"weight {BOTTOM_UP}.blocks.0.attn.pool_q.weight pools {head_dim} channels a head, which "
+                          f"does not divide the embedding's {embed}")
     hidden = _dims(sd, f"{BOTTOM_UP}.blocks.0.mlp.fc1.weight", 2)[0]
     spec = MViTSpec(embed_dim=embed, depth=depth, num_heads=embed // head_dim, last_block_indexes=ends,
                     mlp_ratio=hidden / embed, qkv_bias=f"{BOTTOM_UP}.blocks.0.attn.qkv.bias" in sd,

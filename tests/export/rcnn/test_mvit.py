@@ -128,6 +128,7 @@ def test_perturbed_rel_pos_moves_past_the_bound(weights, golden, pixels):
      "detectron2's MViT defaults (img_size 224, patch stride 4, kv stride 4) give [55, 4]"),
     ("scale4_norm.weight", (32,),
      "weight backbone.bottom_up.scale4_norm.weight has shape [32]; the stage's width is 16"),
+    ("blocks.0.attn.pool_q.weight", (3, 1, 3, 3), "pools 3 channels a head, which does not divide the embedding's 4"),
     ("patch_embed.proj.weight", (4, 3, 16, 16), "detectron2's MViT embeds 3 channels with a 7x7 kernel"),
 ])
 def test_wrong_shapes_refused_naming_the_weight(weights, key, dims, shown):
