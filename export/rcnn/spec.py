@@ -103,6 +103,30 @@ class ViTSpec:
     square_pad: int = 1024
 
 
+@dataclass(frozen=True)
+class MViTSpec:
+    """detectron2's MViT (MViTv2) bottom-up as its weights give it, with the arguments they cannot
+    show (``norm_eps``, pooling strides, window size, ``residual_pooling``) as detectron2's configs
+    set them. Stage k+2 (scale2..scale5) ends at block ``last_block_indexes[k]``."""
+
+    embed_dim: int
+    depth: int
+    num_heads: int  # of the first stage; doubled at each stage end
+    last_block_indexes: tuple[int, int, int, int]
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    qkv_pool_kernel: tuple[int, int] = (3, 3)
+    patch_kernel: tuple[int, int] = (7, 7)
+    patch_stride: tuple[int, int] = (4, 4)
+    patch_padding: tuple[int, int] = (3, 3)
+    adaptive_kv_stride: int = 4
+    adaptive_window_size: int = 56
+    residual_pooling: bool = True
+    use_rel_pos: bool = True
+    img_size: int = 224  # the size the rel-pos tables were made for (pretraining)
+    norm_eps: float = 1e-6
+
+
 @dataclass
 class ModelSpec:
     meta_architecture: str = "GeneralizedRCNN"
@@ -124,6 +148,7 @@ class ModelSpec:
     # ViTDet: a SimpleFeaturePyramid over a ViT replaces the FPN (backbone_name VIT_BACKBONE; its
     # outputs are fpn_out_channels wide with fpn_norm), every image padded to vit.square_pad
     vit: ViTSpec | None = None
+    mvit: MViTSpec | None = None  # likewise an MViT (MViTv2) bottom-up
     # backbone: ResNet / ResNeXt
     depth: int = 50
     norm: str = "FrozenBN"  # FrozenBN | BN | SyncBN | GN | ""

@@ -48,6 +48,8 @@ class _TooLarge(Exception):
 
 
 PYTHON_OBJECT, PYTHON_NAME, PYTHON_APPLY = "_python_object_", "_python_name_", "_python_apply_"
+# the calls a config.yaml may spell with !!python/object/apply (kept as data, never made)
+INERT_CALLS = ("functools.partial",)
 
 
 def _inert_object(loader, suffix, node):
@@ -56,19 +58,21 @@ def _inert_object(loader, suffix, node):
 
 
 def _inert_apply(loader, suffix, node):
-    # PyYAML's own form: a sequence is the call's args, a mapping holds args / kwds / state...
-    if isinstance(node, yaml.SequenceNode):
+    if suffix not in INERT_CALLS:  # as refused as before: no constructor for the tag
+        raise yaml.constructor.ConstructorError(None, None, f"could not determine a constructor for the tag "
+                                                f"{node.tag!r}", node.start_mark)
+    if isinstance(node, yaml.SequenceNode):  # the short form: the call's arguments only
         return {PYTHON_APPLY: suffix, "args": loader.construct_sequence(node, deep=True)}
-    fields = loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode) else {}
-    return {PYTHON_APPLY: suffix, **fields}
+    return {PYTHON_APPLY: suffix, **loader.construct_mapping(node, deep=True)}
 
 
 class _InertPythonLoader(_BoundedLoader):
     """_BoundedLoader that keeps ``!!python/object:X {...}`` as ``{PYTHON_OBJECT: "X", ...}``,
-    ``!!python/object/apply:X`` (and ``/new:``) as ``{PYTHON_APPLY: "X", "args": [...], ...}``,
-    ``!!python/name:X`` as ``{PYTHON_NAME: "X"}`` and ``!!python/tuple`` as a list: data only,
+    ``!!python/object/apply:X {args, state, ...}`` (X in :data:`INERT_CALLS`) as
+    ``{PYTHON_APPLY: "X", "args": ..., ...}``, ``!!python/name:X`` as ``{PYTHON_NAME: "X"}`` and
+    ``!!python/tuple`` as a list: data only,
     nothing imported or called (a LazyConfig's config.yaml writes its ShapeSpecs, lambdas and
-    ``functools.partial`` layers so); other Python tags stay refused."""
+    ``functools.partial`` arguments so); other Python tags stay refused."""
 
 
 for _tag in ("python/object/apply:", "python/object/new:"):

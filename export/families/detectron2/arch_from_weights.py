@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
+from .mvit_weights import is_mvit, mvit_fields
 from .regnet_weights import REGNET_PIXEL_STD, is_regnet, regnet_fields
 from .vit_weights import is_vit, vit_fields
 from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_of, pixel_stats, shape
@@ -140,7 +141,7 @@ def _layout(sd: Mapping[str, Any]) -> dict:
     """Which detectron2 layout the names show: FPN, C4 (res5 in the ROI heads), DC5 or ViTDet's."""
     if is_vit(sd):
         return {"backbone_name": VIT_BACKBONE, "roi_heads_name": STANDARD_ROI_HEADS}
-    if f"{STEM}.weight" in sd or is_regnet(sd):
+    if f"{STEM}.weight" in sd or is_regnet(sd) or is_mvit(sd):
         return {"backbone_name": FPN_BACKBONE,
                 "roi_heads_name": CASCADE_ROI_HEADS if _is_cascade(sd) else STANDARD_ROI_HEADS}
     if f"{C4_RES5}.0.conv1.weight" in sd:
@@ -268,6 +269,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
     vit_backbone = fields["backbone_name"] == VIT_BACKBONE
     fields.update(vit_fields(sd, vit) if vit_backbone else regnet_fields(sd) if is_regnet(sd)
+                  else mvit_fields(sd) if is_mvit(sd)
                   else backbone_fields(sd, fields))
     if fpn:
         fields.update(_fpn(sd))
@@ -337,6 +339,7 @@ def architecture(spec: ModelSpec) -> dict:
     fpn = spec.backbone_name in (FPN_BACKBONE, VIT_BACKBONE)  # ViTDet: its pyramid's widths and norm
     c4 = spec.roi_heads_name == RES5_ROI_HEADS
     arch = {"backbone_name": spec.backbone_name, "roi_heads_name": spec.roi_heads_name, "regnet": spec.regnet,
+            "mvit": spec.mvit,
             "depth": spec.depth, "norm": family(spec.norm), "stem_out_channels": spec.stem_out_channels,
             "res2_out_channels": spec.res2_out_channels, "num_classes": spec.num_classes,
             "cls_agnostic_bbox_reg": spec.cls_agnostic_bbox_reg and spec.num_classes != 1,
@@ -352,7 +355,7 @@ def architecture(spec: ModelSpec) -> dict:
         arch.update(num_groups=spec.num_groups, width_per_group=spec.width_per_group)
     if spec.vit is not None:  # per field, so a difference names it (square_pad, ...)
         arch.update({f"vit.{k}": v for k, v in vars(spec.vit).items()})
-    if spec.regnet is not None or spec.vit is not None:  # the ResNet's fields play no part
+    if spec.regnet is not None or spec.vit is not None or spec.mvit is not None:  # the ResNet's fields play no part
         for key in ("depth", "stem_out_channels", "res2_out_channels", "num_groups", "width_per_group"):
             arch.pop(key, None)
     if spec.box_head_num_conv and not c4:

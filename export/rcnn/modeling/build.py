@@ -19,6 +19,7 @@ from .box_predictor import FastRCNNOutputLayers
 from .cascade import CascadeROIHeads
 from .fpn import FPN
 from .mask_head import MaskRCNNConvUpsampleHead
+from .mvit import MViT
 from .poolers import ROIPooler
 from .regnet import RegNet
 from .rcnn import GeneralizedRCNN
@@ -50,6 +51,8 @@ def _check_spec(spec: ModelSpec) -> None:
         _check_cascade(spec)
     if spec.regnet is not None and spec.backbone_name != FPN_BACKBONE:
         raise NorcalError("a RegNet is supported as the bottom-up of an FPN only")
+    if spec.mvit is not None and (spec.backbone_name != FPN_BACKBONE or spec.regnet is not None):
+        raise NorcalError("an MViT is supported as the bottom-up of an FPN only")
     if spec.roi_heads_name == RES5_ROI_HEADS and (spec.backbone_name, spec.backbone_out_feature) != \
             (RESNET_BACKBONE, "res4"):
         raise NorcalError(f"{RES5_ROI_HEADS} (C4) needs a ResNet backbone that ends at res4")
@@ -89,7 +92,8 @@ def _backbone(spec: ModelSpec):
         # detectron2 pads every image to the square
         return backbone, spec.fpn_out_channels, backbone.size_divisibility
     if spec.backbone_name == FPN_BACKBONE:
-        bottom_up = RegNet(spec.regnet, spec.norm) if spec.regnet is not None else ResNet(**resnet)
+        bottom_up = (RegNet(spec.regnet, spec.norm) if spec.regnet is not None
+                     else MViT(spec.mvit) if spec.mvit is not None else ResNet(**resnet))
         backbone = FPN(bottom_up, spec.fpn_out_channels, spec.fpn_norm, spec.fpn_fuse_type)
         # detectron2 pads each image to FPN's largest input stride
         return backbone, spec.fpn_out_channels, backbone.in_strides[-1]
@@ -252,7 +256,8 @@ def model_from_state(spec: ModelSpec, state_dict: Mapping[str, object]) -> Gener
                           + "; ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""))
     if spec.input_format == "RGB":
         w = next(k for k in tensors if k.endswith(("stem.conv1.weight", "bottom_up.stem.conv.weight",
-                                                   "net.patch_embed.proj.weight")))
+                                                   "net.patch_embed.proj.weight",
+                                                   "bottom_up.patch_embed.proj.weight")))
         tensors[w] = tensors[w].flip(1)  # RGB-trained stem, BGR graph input
     model.load_state_dict(tensors, strict=False)
     return model
