@@ -139,12 +139,19 @@ def test_regnet_not_read_is_refused_by_name(tmp_path, old, new, shown):
 
 
 def test_python_calls_are_read_as_data_never_made(tmp_path):
-    """A !!python/object/apply (how LazyConfig.save writes a functools.partial) is kept as data:
-    in a norm's place it is refused by key path, and nothing it names is called."""
+    """A !!python/object/apply of functools.partial (how LazyConfig.save writes a partial) is kept
+    as data: in a norm's place it is refused by key path; any other call is refused at load, and
+    nothing either names is called."""
     marker = tmp_path / "called"
     path = _variant(tmp_path, "conv_norm: &id001 !!python/name:None.%3Clambda%3E ''",
                     f"conv_norm: &id001 !!python/object/apply:os.system ['touch {marker}']")
     with pytest.raises(NorcalError) as e:
         load_config(path)
-    assert "model.roi_heads.box_head.conv_norm: a call of os.system" in str(e.value)
+    assert str(e.value) == (f"{path}: not valid YAML: could not determine a constructor for the tag "
+                            "'tag:yaml.org,2002:python/object/apply:os.system'")
+    path = _variant(tmp_path, "conv_norm: &id001 !!python/name:None.%3Clambda%3E ''",
+                    "conv_norm: &id001 !!python/object/apply:functools.partial [!!python/name:os.system '']")
+    with pytest.raises(NorcalError) as e:
+        load_config(path)
+    assert "model.roi_heads.box_head.conv_norm: a call of functools.partial" in str(e.value)
     assert not marker.exists()
