@@ -266,8 +266,10 @@ ENTRIES = (["-m", "norcal"], ["-c", "import sys; from norcal.__main__ import mai
 
 def test_sigint_while_the_cli_loads_ends_in_one_line(world, tmp_path):  # noqa: F811
     """Ctrl-C while ``norcal`` itself is still importing (the runs side by side, the moments
-    shared between both entries): exit 130, the usual one line, no traceback, nothing written."""
-    imgs = _imgs(tmp_path, 3)
+    shared between both entries): exit 130, the usual one line, no traceback, nothing written.
+    200 images: the last moment's run must outlast a loaded machine's delay in sending the signal
+    (a run that ended first is killed by it in Python's finalization, SIGINT back at its default)."""
+    imgs = _imgs(tmp_path, 200)
     runs = []
     for k, library in enumerate(LOADING):
         out = tmp_path / f"out{k}"
