@@ -39,14 +39,29 @@ def graph_family(model) -> Family:
     return next(f for f in FAMILIES if f.claims_graph(model))
 
 
-def load_detector(path, config=None, decoding=None, **options) -> Detector:
+def load_detector(path, config=None, decoding=None, classifier=None, **options) -> Detector:
     """The checkpoint at ``path`` loaded by its family (safely: no code from the file runs);
-    ``decoding`` (:class:`norcal.core.decoding.Decoding`) refused by a family that takes none."""
+    ``decoding`` (:class:`norcal.core.decoding.Decoding`) refused by a family that takes none;
+    ``classifier`` ("softmax" or "sigmoid", :mod:`norcal.core.classifier_option`) likewise."""
     family = family_of(path, config)
     if decoding is not None:
         check_decoding(family, decoding)
         options["decoding"] = decoding
+    if classifier is not None:
+        check_classifier_option(family, classifier)
+        options["classifier"] = classifier
     return family.load(Path(path), None if config is None else Path(config), **options)
+
+
+def check_classifier_option(family: Family, classifier) -> None:
+    """Refuse a ``classifier`` that is not an activation, or given to a family whose weights or
+    design fix the activation (it takes none), naming the parameter."""
+    from norcal.core.classifier_option import check_classifier
+
+    check_classifier(classifier)
+    if classifier is not None and not family.takes_classifier:
+        raise NorcalError(f"{family.name} checkpoints fix their own activation: they take no classifier option",
+                          param="classifier")
 
 
 def check_decoding(family: Family, decoding) -> None:
@@ -61,16 +76,16 @@ def check_decoding(family: Family, decoding) -> None:
 
 
 def checkpoint_runner(weights, config=None, name: str = "pytorch", calibration=None, device: str = "cpu",
-                      threads: int | None = None):
-    """A checkpoint of any family loaded by :func:`load_detector`, as its family's PyTorch
-    runner (:class:`norcal.export.pytorch.runner.TorchRunner`) on ``device``."""
+                      threads: int | None = None, classifier=None):
+    """A checkpoint of any family loaded by :func:`load_detector` (``classifier``: its), as its
+    family's PyTorch runner (:class:`norcal.export.pytorch.runner.TorchRunner`) on ``device``."""
     import torch
 
-    runner = load_detector(weights, config).torch_runner(calibration, name)
+    runner = load_detector(weights, config, classifier=classifier).torch_runner(calibration, name)
     runner.model = runner.model.to(device)
     runner.device, runner.threads = torch.device(device), threads
     return runner
 
 
 __all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "family_of",
-           "graph_family", "load_detector", "check_decoding", "checkpoint_runner"]
+           "graph_family", "load_detector", "check_decoding", "check_classifier_option", "checkpoint_runner"]

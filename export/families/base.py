@@ -192,6 +192,9 @@ class Family(ABC):
     reads_checkpoints: ClassVar[bool] = True  # False: a family of ONNX graphs only (claims no file)
     # the label rules (norcal.core.decoding) its load takes as ``decoding=``; none: it takes no decoding
     decodings: ClassVar[tuple[str, ...]] = ()
+    # whether its load takes ``classifier=`` (norcal.core.classifier_option): a family whose weights can
+    # leave the activation untold (detectron2 R-CNNs); the others' weights or design fix it
+    takes_classifier: ClassVar[bool] = False
 
     @abstractmethod
     def claims(self, path: Path, config: Path | None) -> bool:

@@ -29,6 +29,19 @@ def add_decoding_options(p) -> None:
                    help="score threshold (default 0.001, Ultralytics' validation; its predictor's default is 0.25)")
 
 
+CLASSIFIER_FLAGS = {"classifier": "--classifier"}
+
+
+def add_classifier_option(p) -> None:
+    """--classifier softmax|sigmoid: a detectron2 R-CNN's activation where its weights cannot tell it."""
+    from norcal.core.classifier_option import ACTIVATIONS
+
+    p.add_argument("--classifier", choices=ACTIVATIONS, default=None,
+                   help="detectron2 R-CNN without --config: its box head's activation (MODEL.ROI_BOX_HEAD."
+                        "USE_SIGMOID_CE), which its weights cannot tell; refused where the config or the "
+                        "weights say otherwise, and by other families")
+
+
 def decoding_option(args):
     """The :class:`norcal.core.decoding.Decoding` the flags give, or None when none is given."""
     from norcal.core.decoding import MULTI_LABEL, Decoding

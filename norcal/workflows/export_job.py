@@ -26,6 +26,7 @@ from norcal.core.ranges import MAX_EXPORT_BATCH, MAX_EXPORT_SIDE, MAX_TENSOR_VOL
 from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
 from norcal.core.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
 from norcal.core.calibration_spec import Calibration
+from norcal.core.classifier_option import ClassifierActivation
 from norcal.core.decoding import Decoding
 from norcal.export.graph.calibrate import calibrate_graph as _insert_norcal
 from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
@@ -55,7 +56,10 @@ class CheckpointExport:
     at every FPN level; None: valid). A model with no ROI pooling it could change (RetinaNet;
     a box-only C4/DC5; another family) refuses it. decoding: how scores become detections
     (:class:`norcal.core.decoding.Decoding`; None: the family's own), refused by a family that
-    takes none."""
+    takes none. classifier: "softmax" or "sigmoid", the box head's activation where the weights
+    cannot tell it (a detectron2 R-CNN without its config: refused without it;
+    :mod:`norcal.core.classifier_option`), refused where the config, the weights or the family
+    fix it otherwise."""
 
     config: PathLike | None = None
     batch: int | None = None
@@ -65,6 +69,7 @@ class CheckpointExport:
     detections_per_image: int | None = None
     mask_head_rois: str | None = None
     decoding: Decoding | None = None
+    classifier: ClassifierActivation | None = None
 
 
 @dataclass
@@ -250,7 +255,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     step as it starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
-    from norcal.export.families import FAMILIES, check_decoding, family_of
+    from norcal.export.families import FAMILIES, check_classifier_option, check_decoding, family_of
 
     step = progress or (lambda _name: None)
     if norcal.logits:
@@ -273,6 +278,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         family.check_export_options(options)
         if options.decoding is not None:
             check_decoding(family, options.decoding)
+        check_classifier_option(family, options.classifier)
     _check_outputs(out, triton_repo, force, [src, options.config, *verify])
     if verify:  # bad images fail now, not after the export
         from norcal.workflows.verify import check_images
@@ -280,8 +286,13 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         check_images(verify, skip_unreadable)
     t0 = time.perf_counter()
     step("loading checkpoint")
-    given = {} if options.decoding is None else {"decoding": options.decoding}  # checked with its family above
-    detector = (family or family_of(src, cfg)).load(src, cfg, detections_per_image=k, **given)
+    # checked with its family above
+    given = {name: value for name, value in (("decoding", options.decoding), ("classifier", options.classifier))
+             if value is not None}
+    if family is None:
+        family = family_of(src, cfg)
+        check_classifier_option(family, options.classifier)
+    detector = family.load(src, cfg, detections_per_image=k, **given)
     graph_options = detector.export_options(options)
     slot = _check_classifier_options(norcal, detector.classifier)  # before the slow export, not after it
     norcal, from_config = _calibration_for(replace(norcal, background=slot), detector)

@@ -36,14 +36,14 @@ class _TuneWorker:
     batches into the detector's caches (:meth:`norcal.export.families.Detector.cache`), and re-scores and evaluates the gammas it is given: the pool
     does all the work, so nothing waits for CPUs that the workers hold."""
 
-    def __init__(self, weights: str, config: str | None, threads: int | None, decoding=None):
+    def __init__(self, weights: str, config: str | None, threads: int | None, decoding=None, classifier=None):
         import torch
 
         from norcal.export.families import load_detector
 
         if threads:
             torch.set_num_threads(int(threads))
-        self.detector = load_detector(weights, config, decoding)
+        self.detector = load_detector(weights, config, decoding, classifier)
         self.model = self.detector.model  # its PyTorch model, for code that inspects the worker
 
     def cache(self, pairs: list, batch_size: int, priors: list, mechanism: str):
@@ -79,7 +79,7 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, 
              progress: Callable[[str, int, int], None] | None = None,
              min_count: float | None = None, options: RayOptions = RayOptions(),
              split: str = "val", rules: str = "auto",
-             on_rules: Callable[[str], None] | None = None, decoding=None) -> TuneResult:
+             on_rules: Callable[[str], None] | None = None, decoding=None, classifier=None) -> TuneResult:
     """:func:`norcal.workflows.tune.tune` on Ray; the same arguments, plus ``options`` (where
     and how many workers; ``options.threads``: torch threads per worker; the detector runs on
     CPU, as in tune()). The weights, the config and the images must be readable at the same
@@ -88,7 +88,7 @@ def tune_ray(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, 
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
                      min_count=min_count, split=split, rules=rules,
-                     decoding=decoding)
+                     decoding=decoding, classifier=classifier)
     if on_rules:
         on_rules(plan.rules.line)
 
@@ -111,7 +111,7 @@ def _run(ray, plan: TunePlan, pairs: list, gammas: list[float], options: RayOpti
         num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker or None,
         max_restarts=retries, max_task_retries=retries)
     workers = [worker.remote(str(plan.weights), None if plan.config is None else str(plan.config),
-                             options.threads, plan.decoding) for _ in range(options.num_workers)]
+                             options.threads, plan.decoding, plan.classifier) for _ in range(options.num_workers)]
     turn = iter(range(1 << 62))  # round robin over the pool
 
     def call(method: str, *args, num_returns: int = 1):

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from norcal.core.calibration import check_gamma
+from norcal.core.classifier_option import ClassifierActivation, check_classifier
 from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
@@ -109,6 +110,7 @@ class TunePlan:
     gt_images: int = 0  # images the GT lists (the evaluation covers only those in pairs)
     rules: Any = None  # the evaluation rules (norcal.evaluation.rules.RuleChoice)
     decoding: Decoding | None = None  # the detector's (None: its family's own)
+    classifier: ClassifierActivation | None = None  # the activation the user named (load_detector's)
 
     @property
     def gammas(self) -> list[float]:
@@ -125,7 +127,8 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None,
               config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
               batch_size: int = 4, max_cache_bytes: int = 2 << 30,
               min_count: float | None = None, iou_type: str = "bbox", split: str = "val",
-              rules: str = "auto", decoding: Decoding | None = None) -> TunePlan:
+              rules: str = "auto", decoding: Decoding | None = None,
+              classifier: ClassifierActivation | None = None) -> TunePlan:
     """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
     from norcal.core.schemas import GROUND_TRUTH
     from norcal.core.ultralytics_dataset import is_dataset_description
@@ -136,6 +139,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None,
     from norcal.export.families import load_detector
     from norcal.runtime.images import unreadable_files
 
+    check_classifier(classifier)
     gammas = [check_gamma(g, factor) for g in gammas]
     if not gammas:
         raise NorcalError("gammas: none to sweep", param="gammas")
@@ -160,7 +164,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None,
     if len(pairs) < gt_images:  # else their objects would count as missed
         gt_data = gt_of_images(gt_data, [i for i, _ in pairs])
     unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
-    detector = load_detector(weights, config, decoding)
+    detector = load_detector(weights, config, decoding, classifier)
     masks = iou_type in MASK_IOU_TYPES
     if masks and not detector.has_masks:
         raise NorcalError(f"iou_type {iou_type} needs a model with a mask head; {weights} has "
@@ -191,7 +195,7 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None,
                            choice)
     return TunePlan(Path(weights), None if config is None else Path(config), pairs, detector, table,
                     prepared, chunk, batch_size, factor, mechanism, min_count, acc, iou_type, gt_images,
-                    choice, decoding)
+                    choice, decoding, classifier)
 
 
 def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gammas: Sequence[float],
@@ -201,7 +205,7 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gamm
          progress: Callable[[str, int, int], None] | None = None,
          min_count: float | None = None, iou_type: str = "bbox", split: str = "val",
          rules: str = "auto", on_rules: Callable[[str], None] | None = None,
-         decoding: Decoding | None = None) -> TuneResult:
+         decoding: Decoding | None = None, classifier: ClassifierActivation | None = None) -> TuneResult:
     """The whole job: build the detector, run it once over the GT's images, sweep gammas.
 
     table: N_c (see :func:`resolve_table`); None: the built-in table with the model's class
@@ -223,11 +227,14 @@ def tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gamm
     which and why once the GT is read, before the network pass.
     decoding: how scores become detections (:class:`norcal.core.decoding.Decoding`, as the
     export's; None: the family's own): every gamma is re-decoded under it from the cache.
+    classifier: "softmax" or "sigmoid", the box head's activation where the checkpoint cannot
+    tell it (a detectron2 R-CNN without its config: refused without it;
+    :func:`norcal.export.families.load_detector`).
     """
     plan = plan_tune(weights, gt, images, gammas, table, config=config, factor=factor,
                      mechanism=mechanism, batch_size=batch_size, max_cache_bytes=max_cache_bytes,
                      min_count=min_count, iou_type=iou_type, split=split, rules=rules,
-                     decoding=decoding)
+                     decoding=decoding, classifier=classifier)
     if on_rules:
         on_rules(plan.rules.line)
     pairs, acc = plan.pairs, plan.acc

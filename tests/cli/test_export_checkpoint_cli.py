@@ -51,13 +51,16 @@ def test_configless_export_uses_lvis_defaults(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # one summary row per line
     src = tmp_path / "model_final.pth"
     shutil.copy(TINY / "model_final.pth", src)
-    assert export_main([str(src), "--gamma", "1.0", "--factor", "cdt"]) == 0
+    assert export_main([str(src), "--gamma", "1.0", "--factor", "cdt", "--classifier", "softmax"]) == 0
     out = tmp_path / "model_final.norcal.onnx"  # the default output name
     meta = norcal_metadata(onnx.load(str(out)))
     # architecture from the weights, test settings from detectron2's LVIS configs
     assert meta["norcal.num_classes"] == "1203"
     assert meta["norcal.min_size_test"] == "800" and meta["norcal.max_size_test"] == "1333"
-    assert "short edge 800, max 1333, score > 0.0001, NMS 0.5, 300 detections" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "short edge 800, max 1333, score > 0.0001, NMS 0.5, 300 detections" in text
+    row = next(line for line in text.splitlines() if "(use_sigmoid_ce)" in line)
+    assert "softmax classifier: given by the user (classifier softmax)" in row
 
 
 def test_checkpoint_refuses_onnx_only_options(tmp_path, capsys):
@@ -88,7 +91,7 @@ def test_detections_per_image_and_static_mask_head(tmp_path, capsys, monkeypatch
 ])
 def test_bad_detections_per_image_is_refused_before_work(tmp_path, capsys, flag, message):
     out = tmp_path / "o.onnx"
-    rc = export_main([str(TINY / "model_final.pth"), "--gamma", "0.5", *flag, "-o", str(out)])
+    rc = export_main([str(TINY / "model_final.pth"), "--gamma", "0.5", "--classifier", "softmax", *flag, "-o", str(out)])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not out.exists()

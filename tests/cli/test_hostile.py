@@ -152,7 +152,7 @@ case("export-table-class-count")(lambda w, t: (
      "--table", str(w / "two.json"), "-o", str(t / "o.onnx")], "has 2 classes but the model has 1203",
     [t / "o.onnx"]))
 case("export-verify-corrupt-image")(lambda w, t: (
-    ["export", str(w / "model_final.pth"), "--gamma", "0.5", "--verify", str(_imgs(t, "truncated")),
+    ["export", str(w / "model_final.pth"), "--classifier", "softmax", "--gamma", "0.5", "--verify", str(_imgs(t, "truncated")),
      "-o", str(t / "o.onnx")], "x.png", [t / "o.onnx"]))
 case("export-o-is-input")(lambda w, t: (
     ["export", str(w / "cls.onnx"), "--gamma", "0.5", "--table", str(w / "two.json"),
@@ -180,7 +180,7 @@ case("export-background-scale-inf")(lambda w, t: (
     ["export", str(w / "cls.onnx"), "--gamma", "0.5", "--background-scale", "inf",
      "--table", str(w / "two.json"), "-o", str(t / "o.onnx")], "--background-scale", [t / "o.onnx"]))
 case("export-batch-negative")(lambda w, t: (
-    ["export", str(w / "model_final.pth"), "--gamma", "0.5", "--batch", "-2", "-o", str(t / "o.onnx")],
+    ["export", str(w / "model_final.pth"), "--classifier", "softmax", "--gamma", "0.5", "--batch", "-2", "-o", str(t / "o.onnx")],
     "--batch", [t / "o.onnx"]))
 
 # ---------------------------------------------------------------- check
@@ -394,7 +394,7 @@ case("table-show-limit-negative")(lambda w, t: (["table", "show", "lvis_v1", "--
 # ---------------------------------------------------------------- parity
 def _parity(w, t, model=None, images=None, extra=()):
     return ["parity", str(model or w / "tiny.onnx"), str(images or w / "images"),
-            "--checkpoint", str(w / "model_final.pth"), "--json", str(t / "p.json"), *extra]
+            "--checkpoint", str(w / "model_final.pth"), "--classifier", "softmax", "--json", str(t / "p.json"), *extra]
 
 
 for k in FILE_KINDS:

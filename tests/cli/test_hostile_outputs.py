@@ -105,7 +105,7 @@ CASES = {
         ["export", str(_triton_input(w, t)), "--gamma", "0.5", "--table", str(w / "two.json"),
          "-o", str(t / "o.onnx"), "--triton-repo", str(t / "repo"), "--force"], "--triton-repo"),
     "export-triton-repo-is-verify-folder": lambda w, t: (
-        ["export", str(w / "model_final.pth"), "--gamma", "0.5", "--verify", str(_imgs(t)),
+        ["export", str(w / "model_final.pth"), "--classifier", "softmax", "--gamma", "0.5", "--verify", str(_imgs(t)),
          "-o", str(t / "o.onnx"), "--triton-repo", str(t / "imgs")],
         f"--triton-repo {t / 'imgs'} is the input folder"),
     # eval --plots
@@ -127,7 +127,7 @@ CASES = {
          "--images", str(_imgs(t)), "--plot", str(_link(t, t / "imgs") / "img0.png")], "--plot"),
     "parity-json-replaces-image": lambda w, t: (
         ["parity", str(w / "tiny.onnx"), str(_imgs(t)), "--checkpoint", str(w / "model_final.pth"),
-         "--json", str(t / "imgs" / "img0.png")], "--json"),
+         "--classifier", "softmax", "--json", str(t / "imgs" / "img0.png")], "--json"),
     "simulate-json-is-table-via-dotdot": lambda w, t: (
         ["simulate", "--table", str(w / "two.json"), "--json", str(w / ".." / w.name / "two.json")],
         "--json"),

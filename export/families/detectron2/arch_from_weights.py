@@ -52,6 +52,11 @@ C4_POOLER_RESOLUTION = 14  # Base-RCNN-C4
 FED_LOSS_IMPLIES_SIGMOID = ("which detectron2 registers only with MODEL.ROI_BOX_HEAD.USE_FED_LOSS, "
                             "and federated loss requires USE_SIGMOID_CE")
 
+# why a config-less R-CNN needs the user's word: FastRCNNOutputLayers' cls_score has num_classes + 1
+# outputs with USE_SIGMOID_CE as without it (the sigmoid loss drops the background column)
+ACTIVATION_UNREADABLE = ("detectron2's softmax and sigmoid box predictors (MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE) "
+                         "have the same weights")
+
 EXPECTED_KEYS = (f"{STEM}.weight", f"{RPN_HEAD}.objectness_logits.weight", f"{BOX_PREDICTOR}.cls_score.weight")
 
 
@@ -249,15 +254,18 @@ def _mask_head(sd: Mapping[str, Any], num_classes: int) -> dict:
 
 
 def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade_weights=None,
-                      fed_loss_buffer: str | None = None, vit: ViTSpec | None = None) -> ModelSpec:
+                      fed_loss_buffer: str | None = None, vit: ViTSpec | None = None,
+                      classifier: str | None = None) -> ModelSpec:
     """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (FPN, C4 or DC5) state dict.
 
     ``state_dict``: ``{name: tensor or array}`` with detectron2 names. ``anchor_layout``:
     (sizes, aspect ratios) when a config gives them (weights only tell the anchor count);
     ``cascade_weights``: the config's per-stage box regression weights, likewise;
     ``fed_loss_buffer``: the name of a federated-loss buffer the checkpoint held (taken out of
-    ``state_dict``), which makes the classifier sigmoid; ``vit``: the config's ViT (ViTDet), for
-    what its weights cannot show (:func:`.vit_weights.vit_fields`).
+    ``state_dict``), which makes the classifier sigmoid; else ``classifier`` ("softmax" or
+    "sigmoid", the user's word) sets it, and without either it is left softmax, unconfirmed:
+    :func:`~norcal.export.families.detectron2.loader.load_detector_spec` refuses that case;
+    ``vit``: the config's ViT (ViTDet), for what its weights cannot show (:func:`.vit_weights.vit_fields`).
     Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
     """
     sd = state_dict
@@ -300,7 +308,9 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
                          f"{'Base-RCNN-FPN' if fpn else 'defaults, kept by Base-RCNN-C4/DilatedC5'})"),
         "anchor_aspect_ratios": (f"(0.5, 1, 2): the RPN predicts {3 if fpn else 15} anchors per location"),
         "use_sigmoid_ce": (f"sigmoid classifier: the checkpoint holds {fed_loss_buffer}, {FED_LOSS_IMPLIES_SIGMOID}"
-                           if fed_loss_buffer else f"{assumed}: softmax classifier"),
+                           if fed_loss_buffer else f"{classifier} classifier: given by the user (classifier "
+                           f"{classifier}); {ACTIVATION_UNREADABLE}" if classifier
+                           else f"{assumed}: softmax classifier"),
         "input": f"{assumed}: BGR, shortest edge 800, max 1333 (detectron2 LVIS configs)",
         "test_thresholds": (f"{assumed}: score 1e-4, NMS 0.5, 300 detections (detectron2 LVIS configs), "
                             f"RPN top {fields['rpn_pre_nms_topk_test']} before NMS "
@@ -320,7 +330,8 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     if not fpn and not c4:
         provenance["res5_dilation"] = (f"{assumed}: 2, stride 16 (DC5: detectron2's zoo has no model with an "
                                        "undilated res5 as its only feature)")
-    return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=fed_loss_buffer is not None, input_format="BGR", convention=DETECTRON2,
+    sigmoid = fed_loss_buffer is not None or classifier == "sigmoid"
+    return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=sigmoid, input_format="BGR", convention=DETECTRON2,
                      provenance=provenance, **fields)
 
 

@@ -72,6 +72,7 @@ class Detectron2Family(Family):
     (``weights_only`` / an allow-list unpickler), with an optional config.yaml."""
 
     name = FAMILY
+    takes_classifier = True
 
     def claims(self, path: Path, config: Path | None) -> bool:
         return is_detectron2_checkpoint(path)
@@ -80,11 +81,13 @@ class Detectron2Family(Family):
         check_graph_options(options)
 
     def load(self, path: Path, config: Path | None = None, *,
-             detections_per_image: int | None = None) -> SpecDetector:
-        """options: ``detections_per_image`` replaces the config's K."""
+             detections_per_image: int | None = None, classifier: str | None = None) -> SpecDetector:
+        """options: ``detections_per_image`` replaces the config's K; ``classifier``: the R-CNN box
+        head's activation where the weights cannot tell it (:func:`.loader.load_detector_spec`)."""
         from norcal.export.families.detectron2.loader import load_model
 
-        return detector_of(*load_model(path, config, detections_per_image=detections_per_image))
+        return detector_of(*load_model(path, config, detections_per_image=detections_per_image,
+                                       classifier=classifier))
 
 
 __all__ = ["Detectron2Family", "Detectron2RCNN", "Detectron2RetinaNet", "GraphOptions",

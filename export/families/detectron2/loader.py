@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 
+from norcal.core.classifier_option import SIGMOID, SOFTMAX, ClassifierActivation, check_classifier
 from norcal.core.errors import NorcalError
 
 from norcal.export.families.checkpoints import clean_state_dict, read_checkpoint
 from .config import load_config
-from .arch_from_weights import FED_LOSS_IMPLIES_SIGMOID, architecture, cascade_stages, spec_from_weights, weights_layout
+from .arch_from_weights import (ACTIVATION_UNREADABLE, FED_LOSS_IMPLIES_SIGMOID, architecture, cascade_stages,
+                                spec_from_weights, weights_layout)
 from norcal.export.rcnn.spec import RETINANET, ModelSpec, arch_name
 
 # what each architecture field is called in a detectron2 config, for error messages
@@ -72,15 +74,57 @@ def _check_fed_loss_weights(found: dict, spec: ModelSpec, weights) -> None:
                               f"one value per class ({spec.num_classes},)")
 
 
-def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
+def _activation(sigmoid: bool) -> str:
+    return SIGMOID if sigmoid else SOFTMAX
+
+
+def _check_config_activation(spec: ModelSpec, classifier, config) -> None:
+    """The config settles the activation; a ``classifier`` saying otherwise is refused."""
+    if spec.meta_architecture == RETINANET:
+        if classifier not in (None, SIGMOID):
+            raise NorcalError(f"classifier {classifier} given, but {config} describes a RetinaNet, whose "
+                              "head is sigmoid", param="classifier")
+        return
+    said = _activation(spec.use_sigmoid_ce)
+    if classifier not in (None, said):
+        raise NorcalError(f"{config} sets MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE {spec.use_sigmoid_ce} (a {said} "
+                          f"box head) but classifier {classifier} was given", param="classifier")
+    given = f"; classifier {classifier} agrees" if classifier else ""
+    spec.provenance["use_sigmoid_ce"] = (f"{said} classifier: {config} sets MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE "
+                                         f"{spec.use_sigmoid_ce}{given}")
+
+
+def _check_weights_activation(spec: ModelSpec, classifier, fed_loss: str | None, weights) -> None:
+    """Without a config: a RetinaNet's head and a federated-loss buffer say sigmoid (a
+    ``classifier`` saying otherwise is refused); any other R-CNN's weights say nothing, and
+    without ``classifier`` the checkpoint is refused."""
+    if spec.meta_architecture == RETINANET:
+        if classifier not in (None, SIGMOID):
+            raise NorcalError(f"classifier {classifier} given, but {weights} holds a RetinaNet (head.cls_score), "
+                              "whose head is sigmoid", param="classifier")
+    elif fed_loss is not None:
+        if classifier not in (None, SIGMOID):
+            raise NorcalError(f"classifier {classifier} given, but {weights} holds {fed_loss}, "
+                              f"{FED_LOSS_IMPLIES_SIGMOID}: a sigmoid head's weights", param="classifier")
+    elif classifier is None:
+        raise NorcalError(f"{weights}: a detectron2 R-CNN's weights do not tell a softmax box head from a sigmoid "
+                          f"one, as {ACTIVATION_UNREADABLE}; give its config, or classifier softmax or sigmoid",
+                          param=("config", "classifier"))
+
+
+def load_detector_spec(weights, config=None, classifier: ClassifierActivation | None = None) -> tuple[ModelSpec, dict]:
     """Read a detectron2 checkpoint and return ``(spec, state_dict)``.
 
     ``weights``: ``.pth``/``.pt`` or model-zoo ``.pkl``. ``config``: the model's detectron2
     YAML; when given it defines the spec and must agree with the weights' shapes
     (a mismatch is a :class:`NorcalError` naming both values); otherwise the spec is
     inferred from the weights (see :func:`~norcal.export.families.detectron2.arch_from_weights.spec_from_weights`).
-    ``state_dict``: ``{name: torch.Tensor}`` without entries inference ignores.
+    ``classifier``: the R-CNN box head's activation, "softmax" or "sigmoid"
+    (:mod:`norcal.core.classifier_option`), which a config-less R-CNN without a federated-loss
+    buffer needs (refused without it); one the config, the buffer or a RetinaNet contradicts
+    is refused. ``state_dict``: ``{name: torch.Tensor}`` without entries inference ignores.
     """
+    check_classifier(classifier)
     raw = read_checkpoint(weights)
     fed_loss = {k: raw.pop(k) for k in [k for k in raw if _FED_LOSS.fullmatch(k)]}
     spec = load_config(config) if config is not None else None
@@ -99,14 +143,17 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
     # inferred from the raw dict: num_batches_tracked still tells BN from FrozenBN
     inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None,
                                  spec.cascade_bbox_reg_weights if spec else None, next(iter(fed_loss), None),
-                                 spec.vit if spec else None)
+                                 spec.vit if spec else None, None if spec else classifier)
     state = clean_state_dict(raw)
     _check_fed_loss_weights(fed_loss, spec or inferred, weights)
+    if spec is not None:
+        _check_config_activation(spec, classifier, config)
     if spec is not None and fed_loss and not spec.use_sigmoid_ce:
         raise NorcalError(f"{config} sets MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE False (a softmax classifier) but "
                           f"{weights} holds {next(iter(fed_loss))}, {FED_LOSS_IMPLIES_SIGMOID}: a sigmoid "
                           "classifier's weights")
     if spec is None:
+        _check_weights_activation(inferred, classifier, next(iter(fed_loss), None), weights)
         inferred.provenance["weights"] = str(weights)
         return inferred, state
     _check_consistent(spec, inferred, config, weights)
@@ -120,15 +167,17 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
     return spec, state
 
 
-def load_model(weights, config=None, *, detections_per_image: int | None = None):
+def load_model(weights, config=None, *, detections_per_image: int | None = None,
+               classifier: ClassifierActivation | None = None):
     """(spec, model in eval mode) from a detectron2 checkpoint and optional config;
-    ``detections_per_image`` replaces the config's K (TEST.DETECTIONS_PER_IMAGE)."""
+    ``detections_per_image`` replaces the config's K (TEST.DETECTIONS_PER_IMAGE); ``classifier``:
+    :func:`load_detector_spec`'s."""
     import dataclasses
 
     from norcal.export.rcnn.export import max_detections
     from norcal.export.rcnn.modeling.build import model_from_state
 
-    spec, state = load_detector_spec(weights, config)
+    spec, state = load_detector_spec(weights, config, classifier)
     if detections_per_image is not None:
         k, most = int(detections_per_image), max_detections(spec)
         if k > most:  # the graph's last TopK would take more than it has

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from norcal.cli.options import DECODING_FLAGS, add_calibration_options, add_decoding_options, decoding_option, min_count_line
+from norcal.cli.options import (CLASSIFIER_FLAGS, DECODING_FLAGS, add_calibration_options, add_classifier_option,
+                                add_decoding_options, decoding_option, min_count_line)
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
@@ -19,6 +20,8 @@ MODEL is either
     metadata says, image_sizes [B,2]; outputs num_detections, boxes, scores, classes, masks):
     - detectron2 (.pth, or a model-zoo .pkl) [+ --config config.yaml]: rebuilt as an
       export-friendly Mask/Faster R-CNN or RetinaNet; BGR input, ResizeShortestEdge + padding;
+      an R-CNN without its config needs --classifier softmax|sigmoid (its weights cannot tell),
+      unless it holds the federated-loss buffer (sigmoid);
     - Ultralytics YOLOv8 / YOLO11 detect or segment (best.pt, last.pt): RGB input letterboxed
       to its trained imgsz (--height = --width changes it); NorCal replaces its class sigmoid;
     or
@@ -31,8 +34,8 @@ NorCal: p(c) = softmax(logits - log a)_c with a_c = N_c^gamma (--factor cdt) or
 p(c) = sigmoid(logit_c - log a_c)).
 
 examples:
-  norcal-export model_final.pth --gamma 0.6                     -> model_final.norcal.onnx
-  norcal-export model_final.pth --config cfg.yaml --gamma 0.6 --verify img1.jpg img2.jpg
+  norcal-export model_final.pth --config cfg.yaml --gamma 0.6   -> model_final.norcal.onnx
+  norcal-export model_final.pth --classifier sigmoid --gamma 0.6 --verify img1.jpg img2.jpg
   norcal-export best.pt --gamma 0.5 --table train_counts.json    -> best.norcal.onnx (Ultralytics)
   norcal-export detector.onnx --gamma 0.5 --table train_counts.json --background first
   norcal-export model.norcal.onnx --strip -o model.plain.onnx
@@ -44,7 +47,7 @@ FLAGS = {"logits": "--logits", "strip=True": "--strip", "force=True": "--force",
          "gamma": "--gamma", "verify": "--verify", "skip_unreadable=True": "--skip-unreadable",
          "detections_per_image": "--detections-per-image", "mask_head_rois": "--mask-head-rois",
          "background": "--background", "background_scale": "--background-scale", "opset": "--opset",
-         "batch": "--batch", "height": "--height", "width": "--width", **DECODING_FLAGS}
+         "batch": "--batch", "height": "--height", "width": "--width", **DECODING_FLAGS, **CLASSIFIER_FLAGS}
 
 
 # what only a calibration uses: --strip refuses them
@@ -80,6 +83,7 @@ def add_arguments(p):
     g = p.add_argument_group("checkpoints (detectron2, Ultralytics)")
     g.add_argument("--config", help="detectron2 only: its config yaml (_BASE_ chains followed); default: "
                                     "inferred from the weights with detectron2's LVIS test settings")
+    add_classifier_option(g)
     g.add_argument("--batch", type=int, help="fix the batch size (default dynamic)")
     g.add_argument("--height", type=int, help="fix the padded input height (default dynamic; Ultralytics: "
                                               "the letterbox square, = --width, default its imgsz)")
@@ -137,7 +141,7 @@ def run(args) -> int:
         # a checkpoint's config may carry the NorCal authors' TEST.CALIBRATION settings
         raise NorcalError("--gamma is required (0 gives the plain softmax)")
     if not is_checkpoint:
-        given = [f"--{k.replace('_', '-')}" for k in ("config", "verify", "batch", "height", "width",
+        given = [f"--{k.replace('_', '-')}" for k in ("config", "classifier", "verify", "batch", "height", "width",
                                                       "opset", "detections_per_image", "mask_head_rois")
                  if getattr(args, k) is not None] + (["--skip-unreadable"] if args.skip_unreadable else [])
         if given:
@@ -179,7 +183,8 @@ def _export_checkpoint(src: Path, out: Path, args):
     options = CheckpointExport(config=args.config, batch=args.batch, height=args.height,
                                width=args.width, opset=CheckpointExport.opset if args.opset is None else args.opset,
                                detections_per_image=args.detections_per_image,
-                               mask_head_rois=args.mask_head_rois, decoding=decoding_option(args))
+                               mask_head_rois=args.mask_head_rois, decoding=decoding_option(args),
+                               classifier=args.classifier)
     status = Console(stderr=True).status("")
 
     def step(name: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from norcal.cli.options import add_split_argument
+from norcal.cli.options import CLASSIFIER_FLAGS, add_classifier_option, add_split_argument
 from norcal.core.errors import NorcalError
 
 HELP = "check that ONNX Runtime / TensorRT give the same detections as the PyTorch model"
@@ -58,6 +58,7 @@ def add_arguments(p):
                                                              "detectron2 .pth/.pkl or Ultralytics .pt "
                                                              "(adds PyTorch, the reference)")
     p.add_argument("--config", help="its detectron2 config yaml (default: inferred, as norcal export does)")
+    add_classifier_option(p)
     p.add_argument("--engine", help="a TensorRT engine built from MODEL.onnx (norcal build)")
     p.add_argument("--engine-precision", choices=("fp32", "tf32", "fp16", "int8"),
                    help="tolerance preset for the engine (default: int8 engines int8, fp16 engines fp16, "
@@ -81,7 +82,7 @@ def add_arguments(p):
 
 # parameters named in the library's errors -> the flags here
 FLAGS = {"skip_unreadable=True": "--skip-unreadable", "batch_size": "--batch", "checkpoint": "--checkpoint",
-         "config": "--config", "engine": "--engine", "engine_precision": "--engine-precision"}
+         "config": "--config", "engine": "--engine", "engine_precision": "--engine-precision", **CLASSIFIER_FLAGS}
 
 
 def _load_images(args, console, skipped, split_ids=None):
@@ -130,7 +131,7 @@ def run(args) -> int:
     console = Console(soft_wrap=True)
     request = ParityRequest(args.model, checkpoint=args.checkpoint, config=args.config, engine=args.engine,
                             engine_precision=args.engine_precision, provider=args.provider,
-                            batch_size=args.batch)
+                            batch_size=args.batch, classifier=args.classifier)
     request.check()
     check_outputs([args.model, args.checkpoint, args.config, args.engine, args.gt, *args.images],
                   files={"--json": args.json})

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from norcal.cli.options import (DECODING_FLAGS, add_calibration_options, add_decoding_options, add_ray_arguments,
-                                add_split_argument, decoding_option, min_count_line, ray_options)
+from norcal.cli.options import (CLASSIFIER_FLAGS, DECODING_FLAGS, add_calibration_options, add_classifier_option,
+                                add_decoding_options, add_ray_arguments, add_split_argument, decoding_option,
+                                min_count_line, ray_options)
 from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
 from norcal.core.errors import NorcalError
 
@@ -70,7 +71,7 @@ the checkpoint, config and images must be readable at the same paths on every no
 FLAGS = {"batch_size": "--batch", "max_cache_bytes": "--max-cache-gb", "gammas": "--gammas",
          "iou_type": "--iou-type", "rules": "--rules", "images": "--images",
          "table": "--table", "address": "--ray-address", "num_workers": "--num-workers",
-         "max_retries": "--max-retries", **DECODING_FLAGS}
+         "max_retries": "--max-retries", **DECODING_FLAGS, **CLASSIFIER_FLAGS}
 
 
 def _budget(text: str) -> float:
@@ -88,6 +89,7 @@ def add_arguments(p):
     p.add_argument("model", metavar="MODEL", help="checkpoint: detectron2 .pth/.pkl or Ultralytics .pt; "
                                                   "not ONNX (see above)")
     p.add_argument("--config", help="detectron2 only: its config yaml (default: inferred from the weights)")
+    add_classifier_option(p)
     p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json|data.yaml",
                    help="LVIS/COCO annotations of the tuning images (e.g. a 5k training subset), or an "
                         "Ultralytics data.yaml (see --split)")
@@ -156,7 +158,7 @@ def run(args) -> int:
         kwargs = dict(config=args.config, factor=args.factor, mechanism=args.mechanism,
                       batch_size=args.batch, max_cache_bytes=int(args.max_cache_gb * 2**30),
                       progress=progress_bars(progress), min_count=args.min_count, split=args.split, rules=args.rules,
-                      on_rules=on_rules, decoding=decoding_option(args))
+                      on_rules=on_rules, decoding=decoding_option(args), classifier=args.classifier)
         if ray is None:
             result = tune(src, args.gt, args.images, gammas, table, iou_type=args.iou_type, **kwargs)
         else:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from norcal.core import contract
+from norcal.core.classifier_option import ClassifierActivation, check_classifier
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
 from norcal.runtime.backends.base import Backend
@@ -42,7 +43,8 @@ class ParityRequest:
     reference. engine: a TensorRT engine built from the model; engine_precision: its tolerance
     preset (default from the engine). candidates: more model files to compare, each run by its
     backend. provider: ONNX Runtime's execution provider. batch_size: images per batch, every
-    backend."""
+    backend. classifier: the checkpoint's box head activation where its weights cannot tell it
+    (:func:`norcal.export.families.load_detector`'s)."""
 
     model: str | os.PathLike
     checkpoint: str | os.PathLike | None = None
@@ -52,6 +54,7 @@ class ParityRequest:
     provider: str = "cpu"
     batch_size: int = 1
     candidates: tuple[Candidate, ...] = ()
+    classifier: ClassifierActivation | None = None
 
     def compared(self) -> list[Candidate]:
         """The model files compared with the ONNX model: the engine, then ``candidates``."""
@@ -66,6 +69,8 @@ class ParityRequest:
             raise NorcalError(f"batch_size must be >= 1, got {self.batch_size}", param="batch_size")
         if self.config and not self.checkpoint:
             raise NorcalError("config goes with checkpoint", param=("config", "checkpoint"))
+        if check_classifier(self.classifier) and not self.checkpoint:
+            raise NorcalError("classifier goes with checkpoint", param=("classifier", "checkpoint"))
         if self.engine_precision and not self.engine:
             raise NorcalError("engine_precision sets the tolerances for engine; no engine given",
                               param=("engine_precision", "engine"))
@@ -165,7 +170,7 @@ def build_runners(request: ParityRequest,
             # the decoding the ONNX records (best-class, conf), where the checkpoint's family takes one
             family = family_of(request.checkpoint, request.config)
             decoding = recorded_decoding(ort.metadata) if family.decodings else None
-            detector = load_detector(request.checkpoint, request.config, decoding)
+            detector = load_detector(request.checkpoint, request.config, decoding, request.classifier)
             torch_runner = detector.torch_runner(calibration)
             noise = functools.partial(detector.noise_runner, calibration)
         ours, theirs = (r.metadata.get(contract.NUM_CLASSES) for r in (torch_runner, ort))

@@ -140,7 +140,7 @@ def test_weights_alone_give_the_config_model(name):
     """Without a config the inferred spec builds the same model: every field the model reads
     equals the config's, the assumptions are recorded, and the fixture's weights load strictly."""
     weights, config = _paths(name)
-    inferred, state = load_detector_spec(weights)
+    inferred, state = load_detector_spec(weights, classifier="softmax")  # the weights cannot tell
     configured, _ = load_detector_spec(weights, config)
     unused = {f for f in configured.__dataclass_fields__ if f.startswith("fpn_")}  # no FPN
     if name == "c4":  # no box head
@@ -234,7 +234,7 @@ def test_image_alone_equals_image_in_a_larger_batch(arch):
 
 def test_weights_only_export_matches_golden_img0(arch):
     """The config-less path, exported and run: img0 at the baseline setting."""
-    spec, state = load_detector_spec(arch.fixture / "model_final.pth")
+    spec, state = load_detector_spec(arch.fixture / "model_final.pth", classifier="softmax")
     proto = export_onnx(model_from_state(spec, state), spec, batch=1, height=320, width=448)
     assert_tensorrt_compatible(proto)
     images, sizes = G.batch([0], fixture=arch.fixture)

@@ -33,8 +33,10 @@ from test_onnx_export import run, session
 FIXTURE = {"x": FIXTURES / "d2_regnetx_tiny", "y": FIXTURES / "d2_regnety_tiny"}
 IMAGES = range(3)
 SETTINGS = ("baseline", "cdt_g0.5")  # gamma 0 and 0.5
-# the fixtures' config.yaml (test_topk_per_image; a softmax box classifier), which the checkpoint cannot tell
-FROM_CONFIG = dict(detections_per_image=100, use_sigmoid_ce=False)
+# the fixtures' config.yaml (test_topk_per_image), which the checkpoint cannot tell; nor its softmax box
+# classifier (USE_SIGMOID_CE false), which the loader is given
+CLASSIFIER = "softmax"
+FROM_CONFIG = dict(detections_per_image=100)
 # detectron2's RegNet(depth=5, w_0=8, w_a=12, w_m=2, stem_width=16): generate_regnet_parameters
 # and adjust_block_compatibility give widths 8/16/32/64 and depths 1/1/2/1; group widths are
 # min(group_width, width); RegNetY's SE width is round(0.25 * the block's input width)
@@ -52,7 +54,7 @@ class Case(Arch):
 
     def __init__(self, fixture: Path):
         self.fixture = fixture
-        spec, state = load_detector_spec(fixture / "model_final.pth")
+        spec, state = load_detector_spec(fixture / "model_final.pth", classifier=CLASSIFIER)
         self.spec = dataclasses.replace(spec, **FROM_CONFIG)
         self.model = model_from_state(self.spec, state)
         self.images, self.sizes = G.batch(IMAGES, fixture=fixture)
@@ -76,7 +78,7 @@ def case(request) -> Case:
 
 @pytest.mark.parametrize("kind", list(FIXTURE))
 def test_weights_give_detectron2s_regnet(kind):
-    spec, state = load_detector_spec(FIXTURE[kind] / "model_final.pth")
+    spec, state = load_detector_spec(FIXTURE[kind] / "model_final.pth", classifier=CLASSIFIER)
     assert spec.regnet == EXPECTED[kind]
     assert (arch_name(spec), spec.norm, spec.fpn_norm, spec.box_head_norm, spec.mask_head_norm) == \
         ("FPN", "BN", "BN", "BN", "BN")  # SyncBN / NaiveSyncBatchNorm: BN at inference
@@ -149,7 +151,7 @@ def _with(state: dict, **changes) -> dict:
 def test_unsupported_regnets_are_refused():
     from norcal.export.families.detectron2.arch_from_weights import spec_from_weights
 
-    _, sd = load_detector_spec(FIXTURE["y"] / "model_final.pth")
+    _, sd = load_detector_spec(FIXTURE["y"] / "model_final.pth", classifier=CLASSIFIER)
     stem = "backbone.bottom_up.stem.conv.weight"
     with pytest.raises(NorcalError, match="7x7 kernel: only RegNet's SimpleStem"):
         spec_from_weights(_with(sd, **{stem: torch.zeros(16, 3, 7, 7)}))

@@ -24,7 +24,8 @@ ARCH_FIELDS = [
     "fpn_out_channels", "fpn_norm", "rpn_conv_dims", "anchor_aspect_ratios", "num_classes",
     "cls_agnostic_bbox_reg", "box_head_num_conv", "box_head_num_fc", "box_head_fc_dim", "pooler_resolution",
     "mask_on", "mask_head_num_conv", "mask_head_conv_dim", "mask_head_norm", "cls_agnostic_mask",
-    # not readable from weights, but the assumed detectron2 values hold for these fixtures
+    # not readable from weights, but the assumed detectron2 values hold for these fixtures (and
+    # use_sigmoid_ce is the classifier the loader is given)
     "stride_in_1x1", "use_sigmoid_ce", "input_format", "pixel_mean", "pixel_std", "bbox_reg_weights",
 ]
 
@@ -236,13 +237,14 @@ def test_foreign_names_say_what_was_expected():
 # ---------------------------------------------------------------- load_detector_spec
 
 def test_loader_without_config_infers(fixture_dir):
-    spec, sd = load_detector_spec(fixture_dir / "model_final.pth")
+    spec, sd = load_detector_spec(fixture_dir / "model_final.pth", classifier="softmax")
     reference = torch.load(fixture_dir / "model_final.pth", map_location="cpu", weights_only=True)["model"]
     assert sd.keys() == reference.keys()
     configured = load_config(fixture_dir / "config.yaml")
     for field in ARCH_FIELDS:
         assert getattr(spec, field) == getattr(configured, field), field
     assert spec.provenance["source"] == "inferred from weights"
+    assert spec.provenance["use_sigmoid_ce"].startswith("softmax classifier: given by the user")
 
 
 def test_loader_with_config_uses_config(fixture_dir):
@@ -296,7 +298,7 @@ def test_loader_reads_model_zoo_pkl_and_tells_bn(tmp_path, lvis_weights):
     path = tmp_path / "model_final_123.pkl"
     with open(path, "wb") as f:
         pickle.dump({"model": arrays, "__author__": "Detectron2 Model Zoo"}, f)
-    spec, sd = load_detector_spec(path)
+    spec, sd = load_detector_spec(path, classifier="softmax")
     assert spec.norm == "BN" and spec.num_classes == 1203
     assert sd.keys() == lvis_weights.keys()
 
@@ -309,7 +311,7 @@ def test_loader_config_pixel_stats_win(tmp_path, lvis_weights):
     assert spec.pixel_mean == (103.53, 116.28, 123.675)
     assert "ignored" in spec.provenance["pixel_mean"]
     assert "pixel_mean" in state
-    inferred, _ = load_detector_spec(path)
+    inferred, _ = load_detector_spec(path, classifier="softmax")
     assert inferred.pixel_mean == (1.0, 2.0, 3.0)
 
 
@@ -419,7 +421,7 @@ def test_loader_c4_and_dc5_with_and_without_config():
         src = FIXTURES / f"d2_{name}_tiny"
         spec, sd = load_detector_spec(src / "model_final.pth", src / "config.yaml")
         assert spec.provenance["source"].startswith("config")
-        inferred, _ = load_detector_spec(src / "model_final.pth")
+        inferred, _ = load_detector_spec(src / "model_final.pth", classifier="softmax")
         assert inferred.roi_heads_name == spec.roi_heads_name and inferred.backbone_out_feature == \
             spec.backbone_out_feature
     with pytest.raises(NorcalError, match="describes a DC5 model but .*d2_c4_tiny.* holds a C4 model's weights"):
