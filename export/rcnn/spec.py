@@ -28,7 +28,7 @@ RETINANET_BACKBONE = "build_retinanet_resnet_fpn_backbone"  # FPN over res3-res5
 VIT_BACKBONE = "SimpleFeaturePyramid"  # ViTDet: P2-P6 from a plain ViT's last map
 RETINANET = "RetinaNet"  # meta architecture: dense sigmoid head on FPN P3-P7, no ROI heads
 SUPPORTED_ARCHITECTURES = ("supported: GeneralizedRCNN (Faster / Mask R-CNN) with a ResNet/ResNeXt or RegNet FPN, "
-                           "C4 or DC5 backbone, ViTDet (ViT + SimpleFeaturePyramid), Cascade (Mask) R-CNN with FPN, and RetinaNet with a "
+                           "C4 or DC5 backbone, ViTDet (ViT + SimpleFeaturePyramid), an MViTv2 FPN, Cascade (Mask) R-CNN with FPN, and RetinaNet with a "
                            "ResNet/ResNeXt FPN")
 
 
@@ -107,7 +107,9 @@ class ViTSpec:
 class MViTSpec:
     """detectron2's MViT (MViTv2) bottom-up as its weights give it, with the arguments they cannot
     show (``norm_eps``, pooling strides, window size, ``residual_pooling``) as detectron2's configs
-    set them. Stage k+2 (scale2..scale5) ends at block ``last_block_indexes[k]``."""
+    set them. Stage k+2 (scale2..scale5) ends at block ``last_block_indexes[k]``. ``square_pad``:
+    the FPN's square every image is padded to (detectron2's FPN ``square_pad``; 0: none, which a
+    model refuses, as windowed attention would see a batch's padding)."""
 
     embed_dim: int
     depth: int
@@ -125,6 +127,7 @@ class MViTSpec:
     use_rel_pos: bool = True
     img_size: int = 224  # the size the rel-pos tables were made for (pretraining)
     norm_eps: float = 1e-6
+    square_pad: int = 0
 
 
 @dataclass
@@ -148,7 +151,7 @@ class ModelSpec:
     # ViTDet: a SimpleFeaturePyramid over a ViT replaces the FPN (backbone_name VIT_BACKBONE; its
     # outputs are fpn_out_channels wide with fpn_norm), every image padded to vit.square_pad
     vit: ViTSpec | None = None
-    mvit: MViTSpec | None = None  # likewise an MViT (MViTv2) bottom-up
+    mvit: MViTSpec | None = None  # likewise an MViT (MViTv2) bottom-up, padded to mvit.square_pad
     # backbone: ResNet / ResNeXt
     depth: int = 50
     norm: str = "FrozenBN"  # FrozenBN | BN | SyncBN | GN | ""

@@ -23,7 +23,8 @@ from .unread_backbones import unread_backbone_message
 from .retinanet_weights import is_retinanet, retinanet_architecture, retinanet_spec_from_weights
 from norcal.export.families.detectron2.convention import DETECTRON2
 from norcal.export.rcnn.spec import (CASCADE_ROI_HEADS, FPN_BACKBONE, RES5_ROI_HEADS, RESNET_BACKBONE, RETINANET,
-                   STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES, VIT_BACKBONE, ModelSpec, ViTSpec, arch_name)
+                   STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES, VIT_BACKBONE, ModelSpec, MViTSpec, ViTSpec,
+                   arch_name)
 
 C4_RES5 = "roi_heads.res5"  # Res5ROIHeads' own res5
 RPN_HEAD = "proposal_generator.rpn_head"
@@ -91,7 +92,7 @@ def _check_supported(sd: Mapping[str, Any]) -> None:
                               f"{SUPPORTED_ARCHITECTURES}")
         if k.startswith("sem_seg_head."):
             raise NorcalError(f"weight {k}: PanopticFPN is not supported; {SUPPORTED_ARCHITECTURES}")
-    has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd or is_regnet(sd) or is_vit(sd)
+    has_backbone = f"{STEM}.weight" in sd or f"{PLAIN_STEM}.weight" in sd or is_regnet(sd) or is_vit(sd) or is_mvit(sd)
     has_rpn = f"{RPN_HEAD}.objectness_logits.weight" in sd
     has_heads = f"{BOX_PREDICTOR}.cls_score.weight" in sd or _is_cascade(sd)
     if has_backbone and has_rpn and not has_heads and not any(k.startswith("roi_heads.") for k in sd):
@@ -255,7 +256,7 @@ def _mask_head(sd: Mapping[str, Any], num_classes: int) -> dict:
 
 def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade_weights=None,
                       fed_loss_buffer: str | None = None, vit: ViTSpec | None = None,
-                      classifier: str | None = None) -> ModelSpec:
+                      mvit: MViTSpec | None = None, classifier: str | None = None) -> ModelSpec:
     """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (FPN, C4 or DC5) state dict.
 
     ``state_dict``: ``{name: tensor or array}`` with detectron2 names. ``anchor_layout``:
@@ -265,7 +266,8 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     ``state_dict``), which makes the classifier sigmoid; else ``classifier`` ("softmax" or
     "sigmoid", the user's word) sets it, and without either it is left softmax, unconfirmed:
     :func:`~norcal.export.families.detectron2.loader.load_detector_spec` refuses that case;
-    ``vit``: the config's ViT (ViTDet), for what its weights cannot show (:func:`.vit_weights.vit_fields`).
+    ``vit`` / ``mvit``: the config's ViT (ViTDet) / MViT, for what their weights cannot show
+    (:func:`.vit_weights.vit_fields`, :func:`.mvit_weights.mvit_fields`).
     Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
     """
     sd = state_dict
@@ -277,7 +279,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
     vit_backbone = fields["backbone_name"] == VIT_BACKBONE
     fields.update(vit_fields(sd, vit) if vit_backbone else regnet_fields(sd) if is_regnet(sd)
-                  else mvit_fields(sd) if is_mvit(sd)
+                  else mvit_fields(sd, mvit) if is_mvit(sd)
                   else backbone_fields(sd, fields))
     if fpn:
         fields.update(_fpn(sd))
@@ -292,7 +294,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     if regnet_std:
         fields["pixel_std"] = REGNET_PIXEL_STD
     fields.update(LVIS_TEST_SETTINGS)
-    if vit_backbone:  # the square ResizeShortestEdge(S, S) of ViTDet's LSJ test loader
+    if vit_backbone or fields.get("mvit") is not None:  # the square ResizeShortestEdge(S, S) of the LSJ test loader
         fields.update(min_size_test=fields["size_divisibility"], max_size_test=fields["size_divisibility"])
     if not fpn and not vit_backbone:  # detectron2's default for one map; the 1000 above is FPN's per level
         fields["rpn_pre_nms_topk_test"] = SINGLE_RPN_PRE_NMS_TOPK_TEST
@@ -350,7 +352,6 @@ def architecture(spec: ModelSpec) -> dict:
     fpn = spec.backbone_name in (FPN_BACKBONE, VIT_BACKBONE)  # ViTDet: its pyramid's widths and norm
     c4 = spec.roi_heads_name == RES5_ROI_HEADS
     arch = {"backbone_name": spec.backbone_name, "roi_heads_name": spec.roi_heads_name, "regnet": spec.regnet,
-            "mvit": spec.mvit,
             "depth": spec.depth, "norm": family(spec.norm), "stem_out_channels": spec.stem_out_channels,
             "res2_out_channels": spec.res2_out_channels, "num_classes": spec.num_classes,
             "cls_agnostic_bbox_reg": spec.cls_agnostic_bbox_reg and spec.num_classes != 1,
@@ -364,8 +365,8 @@ def architecture(spec: ModelSpec) -> dict:
                     pooler_resolution=spec.pooler_resolution)
     if spec.depth >= 50:
         arch.update(num_groups=spec.num_groups, width_per_group=spec.width_per_group)
-    if spec.vit is not None:  # per field, so a difference names it (square_pad, ...)
-        arch.update({f"vit.{k}": v for k, v in vars(spec.vit).items()})
+    for name, sub in (("vit", spec.vit), ("mvit", spec.mvit)):  # per field, so a difference names it (square_pad, ...)
+        arch.update({f"{name}.{k}": v for k, v in vars(sub).items()} if sub is not None else {})
     if spec.regnet is not None or spec.vit is not None or spec.mvit is not None:  # the ResNet's fields play no part
         for key in ("depth", "stem_out_channels", "res2_out_channels", "num_groups", "width_per_group"):
             arch.pop(key, None)

@@ -10,6 +10,7 @@ from the weights, which say which norm layers exist; the loader checks them agai
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -18,6 +19,7 @@ from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
 
 from .lazy_cascade import CASCADE, STAGE_LISTS, cascade_heads
 from .lazy_regnet import FPN_IN_FEATURES as REGNET_AS_RES, STAGES as REGNET_STAGES, regnet_bottom_up
+from .mvit_weights import mvit_from_lazy
 
 from .vit_lazy_config import vit_backbone
 
@@ -32,6 +34,7 @@ TRAINING_ONLY = {"batch_size_per_image", "positive_fraction", "proposal_matcher"
                  "freeze_at", "loss_weight", "input_shape", "box_reg_loss_weight"}
 # a top-level key of the mapped config: ModelSpec fields no yaml-era key holds (a RegNet's stages)
 SPEC_FIELDS = "SPEC_FIELDS"
+MVIT_STAGES = ["scale2", "scale3", "scale4", "scale5"]
 UNNAMED_NORM = "BN"  # a lambda norm: provisional, the weights' norm layers must agree (BN family)
 _INTERPOLATION = re.compile(r"^\$\{(\.*)([A-Za-z0-9_.]+)\}$")
 
@@ -149,12 +152,14 @@ def _backbone(lz: _Lazy, cfg: dict, prov: dict) -> None:
     lz.expect("model.backbone", ("FPN",), "an FPN backbone")
     lz.only("model.backbone", {"bottom_up", "in_features", "out_channels", "norm", "top_block", "fuse_type",
                                "square_pad"})
-    bottom_up = lz.expect("model.backbone.bottom_up", ("ResNet", "RegNet"), "the FPN's bottom-up")
+    bottom_up = lz.expect("model.backbone.bottom_up", ("ResNet", "RegNet", "MViT"), "the FPN's bottom-up")
     lz.expect("model.backbone.top_block", ("LastLevelMaxPool",), "FPN's P6 by max pooling (Mask R-CNN)")
-    if lz.get("model.backbone.square_pad", 0):
+    if lz.get("model.backbone.square_pad", 0) and bottom_up != "MViT":
         raise lz.bad("model.backbone.square_pad", "padding to a square is not supported")
     in_features = lz.get("model.backbone.in_features")
-    if bottom_up == "RegNet":
+    if bottom_up == "MViT":
+        resnets, in_features = {}, _mvit(lz, cfg, in_features)
+    elif bottom_up == "RegNet":
         resnets, cfg[SPEC_FIELDS]["regnet"] = regnet_bottom_up(lz, "model.backbone.bottom_up", prov)
         if in_features != REGNET_STAGES:
             raise lz.bad("model.backbone.in_features", f"expected the RegNet's {REGNET_STAGES}")
@@ -164,6 +169,23 @@ def _backbone(lz: _Lazy, cfg: dict, prov: dict) -> None:
     cfg["MODEL"].update(BACKBONE={"NAME": "build_resnet_fpn_backbone"}, RESNETS=resnets, FPN={
         "IN_FEATURES": in_features, "OUT_CHANNELS": lz.get("model.backbone.out_channels"),
         "NORM": lz.norm("model.backbone.norm", prov, "fpn_norm"), "FUSE_TYPE": lz.get("model.backbone.fuse_type", "sum")})
+
+
+def _mvit(lz: _Lazy, cfg: dict, in_features) -> list[str]:
+    """The MViT bottom-up and the FPN's square (the spec's ``mvit``, ``size_divisibility``); its
+    scale2-5 maps as the yaml-era FPN keys name the same four (res2-5)."""
+    path, square = "model.backbone.bottom_up", lz.get("model.backbone.square_pad", 0)
+    if isinstance(square, bool) or not isinstance(square, int) or square <= 0 or square % 32:
+        raise lz.bad("model.backbone.square_pad", f"{shown(square)}: an MViT needs its images padded to a square, a "
+                                                  "multiple of 32 (its windowed attention would see a batch's padding)")
+    try:
+        spec = mvit_from_lazy(lz.get(path), path)
+    except NorcalError as e:
+        raise NorcalError(f"{lz.source}: {e}") from None  # its messages start with the key path
+    if in_features != MVIT_STAGES:
+        raise lz.bad("model.backbone.in_features", f"expected the MViT's {MVIT_STAGES}")
+    cfg[SPEC_FIELDS].update(mvit=dataclasses.replace(spec, square_pad=square), size_divisibility=square)
+    return REGNET_AS_RES
 
 
 def _rpn(lz: _Lazy, cfg: dict) -> None:
@@ -305,4 +327,8 @@ def lazy_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
     _rpn(lz, cfg)
     _roi_heads(lz, cfg, prov)
     _test_input(lz, cfg)
+    mvit, sizes = cfg[SPEC_FIELDS].get("mvit"), (cfg["INPUT"]["MIN_SIZE_TEST"], cfg["INPUT"]["MAX_SIZE_TEST"])
+    if mvit is not None and all(isinstance(s, int) for s in sizes) and max(sizes) > mvit.square_pad:
+        raise lz.bad("dataloader.test.mapper.augmentations.0", f"resizes to {max(sizes)}: a resized image must fit "
+                                                               f"the {mvit.square_pad} square (model.backbone.square_pad)")
     return cfg, prov

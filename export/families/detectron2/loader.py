@@ -30,6 +30,7 @@ _CONFIG_KEYS = {
     "cls_agnostic_mask": "MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK",
     "anchors_per_location": "MODEL.ANCHOR_GENERATOR.SIZES x ASPECT_RATIOS",
     "rpn_conv_widths": "MODEL.RPN.CONV_DIMS", "vit.square_pad": "model.backbone.square_pad",
+    "mvit.square_pad": "model.backbone.square_pad", "mvit": "model.backbone.bottom_up (MViT)",
 }
 
 
@@ -143,7 +144,8 @@ def load_detector_spec(weights, config=None, classifier: ClassifierActivation | 
     # inferred from the raw dict: num_batches_tracked still tells BN from FrozenBN
     inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None,
                                  spec.cascade_bbox_reg_weights if spec else None, next(iter(fed_loss), None),
-                                 spec.vit if spec else None, None if spec else classifier)
+                                 spec.vit if spec else None, spec.mvit if spec else None,
+                                 None if spec else classifier)
     state = clean_state_dict(raw)
     _check_fed_loss_weights(fed_loss, spec or inferred, weights)
     if spec is not None:

@@ -5,8 +5,9 @@ From names and shapes: embed dim, depth, first-stage heads (the width over the p
 head width), where stages end (the blocks after them project to a doubled width), MLP ratio,
 qkv bias, the pooling and patch kernels. What the weights cannot show is detectron2's: patch
 stride 4 / padding 3, kv stride 4 adapted per stage, window 56 halved per stage, rel-pos tables
-made for a 224 input; taken only where every rel-pos table has the size those give. LayerNorm eps
-1e-6 and residual pooling are every detectron2 MViT config's (MViTv2 and ViTDet projects).
+made for a 224 input; taken only where every rel-pos table has the size those give. The LayerNorm
+eps, residual pooling (no weights of its own) and the FPN's square are taken from the config, or
+refused, as for ViTDet.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from norcal.core.errors import NorcalError
 from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
 
 from .resnet_weights import BOTTOM_UP, count, shape
+from .vit_weights import PASS_CONFIG
 from norcal.export.rcnn.spec import MViTSpec
 
 MVIT_PATCH = f"{BOTTOM_UP}.patch_embed.proj"
 MVIT_TARGET = "detectron2.modeling.MViT"
 GELU = "torch.nn.modules.activation.GELU"
 LAYER_NORM = "torch.nn.modules.normalization.LayerNorm"
-# detectron2's MViT arguments the weights cannot show, as its configs leave or set them
-ASSUMED = dict(norm_eps=1e-6, residual_pooling=True)
+# the MViT's arguments no weight shows: the config's (``given``) or none
+FROM_CONFIG = ("norm_eps", "residual_pooling", "square_pad")
 # the LazyConfig arguments read into the spec; others (drop_path_rate, use_act_checkpoint,
 # pretrain_*) change training only, or must keep detectron2's default
 _LAZY_FIELDS = ("embed_dim", "depth", "num_heads", "last_block_indexes", "mlp_ratio", "qkv_bias",
@@ -87,9 +89,10 @@ def _check_tables(sd: Mapping[str, Any], spec: MViTSpec, head_dim: int) -> None:
                                   f"(img_size 224, patch stride 4, kv stride 4) give [{rows}, {head_dim}]")
 
 
-def mvit_fields(sd: Mapping[str, Any]) -> dict:
-    """The MViT's field of a ModelSpec: ``mvit`` (a :class:`MViTSpec`); raises NorcalError naming the
-    weight that departs from detectron2's MViT."""
+def mvit_fields(sd: Mapping[str, Any], given: MViTSpec | None) -> dict:
+    """The MViT's fields of a ModelSpec: ``mvit`` (a :class:`MViTSpec`) and ``size_divisibility``
+    (its square); ``given``: the config's MViT, for what the weights cannot show (None: refused).
+    Raises NorcalError naming the weight that departs from detectron2's MViT."""
     if f"{BOTTOM_UP}.pos_embed" in sd:
         raise NorcalError(f"weight {BOTTOM_UP}.pos_embed: an MViT with absolute positions (use_abs_pos) is not "
                           "supported")
@@ -97,6 +100,10 @@ def mvit_fields(sd: Mapping[str, Any]) -> dict:
     if chans != 3 or tuple(kernel) != (7, 7):
         raise NorcalError(f"weight {MVIT_PATCH}.weight has shape {[embed, chans, *kernel]}: detectron2's MViT "
                           "embeds 3 channels with a 7x7 kernel (stride 4, padding 3)")
+    if given is None:
+        raise NorcalError(f"{BOTTOM_UP}: the MViT's LayerNorm eps, residual pooling and its FPN's square_pad are not "
+                          "in its weights (detectron2's MViTv2 configs set 1e-6, True, 1024; MViT's defaults "
+                          f"differ); {PASS_CONFIG}")
     depth = count(sd, f"{BOTTOM_UP}.blocks.{{}}.norm1.weight", 0)
     ends = _stage_ends(sd, depth)
     head_dim, one, *pool = _dims(sd, f"{BOTTOM_UP}.blocks.0.attn.pool_q.weight", 4)
@@ -109,7 +116,7 @@ def mvit_fields(sd: Mapping[str, Any]) -> dict:
     hidden = _dims(sd, f"{BOTTOM_UP}.blocks.0.mlp.fc1.weight", 2)[0]
     spec = MViTSpec(embed_dim=embed, depth=depth, num_heads=embed // head_dim, last_block_indexes=ends,
                     mlp_ratio=hidden / embed, qkv_bias=f"{BOTTOM_UP}.blocks.0.attn.qkv.bias" in sd,
-                    qkv_pool_kernel=tuple(pool), **ASSUMED)
+                    qkv_pool_kernel=tuple(pool), **{k: getattr(given, k) for k in FROM_CONFIG})
     dim_in = dim = embed
     for i in range(depth):
         b = f"{BOTTOM_UP}.blocks.{i}"
@@ -130,7 +137,7 @@ def mvit_fields(sd: Mapping[str, Any]) -> dict:
             dim *= 2
     if spec.use_rel_pos:
         _check_tables(sd, spec, head_dim)
-    return {"mvit": spec}
+    return {"mvit": spec, "size_divisibility": spec.square_pad}
 
 
 def _partial_eps(node: Any, where: str) -> float:

@@ -2,9 +2,8 @@
 a GeneralizedRCNN (or RetinaNet) built on one is refused for its backbone, not as foreign weights.
 
 The names are those of detectron2's ``modeling/backbone/regnet.py`` (``AnyNet``: ``stem`` then
-stages ``s1``..``s4`` of blocks ``b1``..), ``mvit.py`` (``MViT`` under an FPN's ``bottom_up``:
-``blocks`` whose attention pools its queries, ``attn.pool_q``) and ``swin.py`` (``layers`` of
-``blocks``), as the model zoo's and the ViTDet / MViTv2 projects' configs build them.
+stages ``s1``..``s4`` of blocks ``b1``..) and ``swin.py`` (``layers`` of ``blocks``), as the
+model zoo's and the ViTDet project's configs build them.
 """
 
 from __future__ import annotations
@@ -19,13 +18,11 @@ def _has(keys, prefix: str, part: str = "") -> bool:
 
 
 def unread_backbone(sd: Mapping[str, Any]) -> str | None:
-    """"RegNet (...)", "MViTv2 (...)", ... : the backbone the names show, with the names that show
+    """"RegNet (...)", "Swin (...)": the backbone the names show, with the names that show
     it; None when they show none of these."""
     keys = list(sd)
     if f"{_UP}stem.conv.weight" in sd and _has(keys, f"{_UP}s1.b1."):
         return f"RegNet ({_UP}stem.conv, {_UP}s1.b1.*: detectron2's regnet.py)"
-    if _has(keys, f"{_UP}blocks.", ".attn.pool_q."):
-        return f"MViTv2 ({_UP}blocks.*.attn.pool_q: detectron2's mvit.py)"
     if _has(keys, f"{_UP}layers.", ".blocks."):
         return f"Swin ({_UP}layers.*.blocks.*: detectron2's swin.py)"
     return None

@@ -53,6 +53,9 @@ def _check_spec(spec: ModelSpec) -> None:
         raise NorcalError("a RegNet is supported as the bottom-up of an FPN only")
     if spec.mvit is not None and (spec.backbone_name != FPN_BACKBONE or spec.regnet is not None):
         raise NorcalError("an MViT is supported as the bottom-up of an FPN only")
+    if spec.mvit is not None and (spec.mvit.square_pad <= 0 or spec.mvit.square_pad % 32):
+        raise NorcalError(f"an MViT FPN needs its images padded to a square, a multiple of 32 (square_pad, got "
+                          f"{spec.mvit.square_pad}): its windowed attention would otherwise see the batch's padding")
     if spec.roi_heads_name == RES5_ROI_HEADS and (spec.backbone_name, spec.backbone_out_feature) != \
             (RESNET_BACKBONE, "res4"):
         raise NorcalError(f"{RES5_ROI_HEADS} (C4) needs a ResNet backbone that ends at res4")
@@ -95,6 +98,9 @@ def _backbone(spec: ModelSpec):
         bottom_up = (RegNet(spec.regnet, spec.norm) if spec.regnet is not None
                      else MViT(spec.mvit) if spec.mvit is not None else ResNet(**resnet))
         backbone = FPN(bottom_up, spec.fpn_out_channels, spec.fpn_norm, spec.fpn_fuse_type)
+        if spec.mvit is not None:  # detectron2 pads every image to the FPN's square: the graph's input size
+            backbone.size_divisibility = backbone.square = spec.mvit.square_pad
+            return backbone, spec.fpn_out_channels, backbone.square
         # detectron2 pads each image to FPN's largest input stride
         return backbone, spec.fpn_out_channels, backbone.in_strides[-1]
     backbone = ResNetBackbone(spec.backbone_out_feature, **resnet)

@@ -5,6 +5,7 @@ global blocks' rel-pos tables resampled, as at the config's 1024 square. Eager a
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -34,6 +35,7 @@ BOUND = 1e-4  # measured: 5.0e-6 eager, 2.6e-5 ONNX Runtime; a 1% rel-pos change
 # make_mvit_tiny.TINY over detectron2's MViT defaults and the config's eps
 EXPECTED = MViTSpec(embed_dim=4, depth=8, num_heads=1, last_block_indexes=(1, 4, 6, 7), mlp_ratio=2.0,
                     norm_eps=1e-6)
+SQUARED = dataclasses.replace(EXPECTED, square_pad=256)  # in a model: padded to the FPN's square
 
 
 def _config() -> dict:
@@ -58,7 +60,7 @@ def pixels() -> torch.Tensor:
 
 
 def _mvit(sd: dict) -> MViT:
-    model = MViT(mvit_fields(sd)["mvit"]).eval()
+    model = MViT(mvit_fields(sd, EXPECTED)["mvit"]).eval()
     model.load_state_dict({k[len(UP):]: v.float() for k, v in sd.items()})
     return model
 
@@ -70,12 +72,12 @@ def _max_diff(out: dict, golden: dict) -> dict:
 
 def test_weights_give_the_configs_mvit(weights):
     """The spec read from the weights is the one the config.yaml detectron2 saved gives."""
-    spec = mvit_fields(weights)["mvit"]
+    spec = mvit_fields(weights, EXPECTED)["mvit"]
     assert spec == EXPECTED == mvit_from_lazy(_config()["model"]["backbone"]["bottom_up"])
     names = {k[len(UP):]: tuple(v.shape) for k, v in weights.items()}
     assert {k: tuple(v.shape) for k, v in MViT(spec).state_dict().items()} == names
     # as an FPN's bottom-up: detectron2's FPN names its levels by stride, P2..P5 from scale2..5
-    fpn = create_model(ModelSpec(mvit=spec, fpn_out_channels=8, mask_on=False)).backbone
+    fpn = create_model(ModelSpec(mvit=SQUARED, fpn_out_channels=8, mask_on=False)).backbone
     assert (fpn.in_features, fpn.in_strides) == (["scale2", "scale3", "scale4", "scale5"], [4, 8, 16, 32])
 
 
@@ -85,7 +87,7 @@ def test_real_configs_mvit_from_its_shapes():
     shapes = json.loads(gzip.decompress((FIXTURE / "mvitv2_b_lvis_shapes.json.gz").read_bytes()))
     sd = {k: torch.empty(v, device="meta") for k, v in shapes.items() if k.startswith(UP)}
     config = read_yaml_mapping(FIXTURE / "mvitv2_b_lvis_config.yaml", "detectron2 config", inert_python=True)
-    spec = mvit_fields(sd)["mvit"]
+    spec = mvit_fields(sd, EXPECTED)["mvit"]
     assert spec == mvit_from_lazy(config["model"]["backbone"]["bottom_up"]) == MViTSpec(
         embed_dim=96, depth=24, num_heads=1, last_block_indexes=(1, 4, 20, 23), norm_eps=1e-6)
     with torch.device("meta"):
@@ -96,7 +98,7 @@ def test_real_configs_mvit_from_its_shapes():
 def test_rgb_patch_embedding_reads_the_bgr_graph_input():
     """An RGB-trained MViT (the config's input_format) in a BGR graph: its patch embedding's input
     channels are reversed, as a ResNet's stem's are."""
-    spec = ModelSpec(mvit=EXPECTED, fpn_out_channels=8, mask_on=False, input_format="RGB")
+    spec = ModelSpec(mvit=SQUARED, fpn_out_channels=8, mask_on=False, input_format="RGB")
     state = random_state_dict(spec, seed=1)
     key = UP + "patch_embed.proj.weight"
     model = model_from_state(spec, state)
@@ -134,16 +136,16 @@ def test_perturbed_rel_pos_moves_past_the_bound(weights, golden, pixels):
 def test_wrong_shapes_refused_naming_the_weight(weights, key, dims, shown):
     sd = dict(weights, **{UP + key: torch.zeros(dims)})
     with pytest.raises(NorcalError) as e:
-        mvit_fields(sd)
+        mvit_fields(sd, EXPECTED)
     assert shown in str(e.value) and "\n" not in str(e.value)
 
 
 def test_what_the_weights_cannot_confirm_is_refused(weights):
     no_tables = {k: v for k, v in weights.items() if "rel_pos" not in k}
     with pytest.raises(NorcalError, match="blocks.0.attn.rel_pos_h is missing: without rel-pos tables"):
-        mvit_fields(no_tables)
+        mvit_fields(no_tables, EXPECTED)
     with pytest.raises(NorcalError, match="pos_embed: an MViT with absolute positions"):
-        mvit_fields(dict(weights, **{UP + "pos_embed": torch.zeros(1, 3137, 4)}))
+        mvit_fields(dict(weights, **{UP + "pos_embed": torch.zeros(1, 3137, 4)}), EXPECTED)
 
 
 @pytest.mark.parametrize("edit, shown", [

@@ -27,21 +27,23 @@ FIXTURE = FIXTURES / "d2_vitdet_tiny"
 SQUARE = 320  # the fixture's square_pad and ResizeShortestEdge(320, 320)
 
 
-def square_batch(indices) -> tuple[np.ndarray, np.ndarray]:
+def square_batch(indices, fixture=FIXTURE, square: int = SQUARE) -> tuple[np.ndarray, np.ndarray]:
     """The images as detectron2 feeds them (BGR, resized), each zero-padded to the square."""
-    imgs = [G.load_bgr_resized(k, SQUARE, SQUARE, fixture=FIXTURE) for k in indices]
-    out = np.zeros((len(imgs), 3, SQUARE, SQUARE), np.float32)
+    imgs = [G.load_bgr_resized(k, square, square, fixture=fixture) for k in indices]
+    out = np.zeros((len(imgs), 3, square, square), np.float32)
     for n, im in enumerate(imgs):
         out[n, :, :im.shape[0], :im.shape[1]] = im.transpose(2, 0, 1)
     return out, np.array([i.shape[:2] for i in imgs], np.int64)
 
 
 class Case(Arch):
-    def __init__(self):
-        self.fixture = FIXTURE
-        self.spec, state = load_detector_spec(FIXTURE / "model_final.pth", FIXTURE / "config.yaml")
+    """A square-padded fixture's model, its three images in one batch, each padded to the square."""
+
+    def __init__(self, fixture=FIXTURE, square: int = SQUARE):
+        self.fixture = fixture
+        self.spec, state = load_detector_spec(fixture / "model_final.pth", fixture / "config.yaml")
         self.model = model_from_state(self.spec, state)
-        self.images, self.sizes = square_batch(range(3))
+        self.images, self.sizes = square_batch(range(3), fixture, square)
         self.eager, self.ort, self._onnx = {}, {}, None
 
 
@@ -80,10 +82,14 @@ def test_onnxruntime_batch_matches_golden(case, setting):
 
 def test_image_alone_equals_image_in_a_batch(case):
     """Every image is padded to the square alone or batched, so each image's detections are the same."""
+    check_alone_equals_batched(case, FIXTURE, SQUARE)
+
+
+def check_alone_equals_batched(case: Case, fixture, square: int) -> None:
     ort = session(case.onnx)
     together = case.ort_outputs("baseline")
     for k in range(3):
-        images, sizes = square_batch([k])
+        images, sizes = square_batch([k], fixture, square)
         alone = run(ort, images, sizes)
         for name in ("num_detections", "boxes", "scores", "classes", "masks"):
             np.testing.assert_allclose(alone[name][0], together[name][k], rtol=0, atol=1e-4)
@@ -95,8 +101,8 @@ def test_tensorrt_parser_check(case):
     assert dims == [SQUARE, SQUARE]
 
 
-def _config_with(tmp_path, old: str, new: str):
-    text = (FIXTURE / "config.yaml").read_text()
+def _config_with(tmp_path, old: str, new: str, fixture=FIXTURE):
+    text = (fixture / "config.yaml").read_text()
     assert old in text
     path = tmp_path / "config.yaml"
     path.write_text(text.replace(old, new))

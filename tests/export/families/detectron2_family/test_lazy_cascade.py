@@ -65,12 +65,16 @@ def test_cascade_heads_map_to_detectron2s_cascade_keys(tmp_path, name):
     assert (model["ROI_MASK_HEAD"]["NORM"], cfg["TEST"]["DETECTIONS_PER_IMAGE"]) == ("LN", 300)
 
 
-def test_mvitv2_bottom_up_is_refused_by_target(tmp_path):
-    path = _saved("mvitv2_b_cascade_lvis", tmp_path)
-    with pytest.raises(NorcalError) as e:
-        load_config(path)
-    target = "model.backbone.bottom_up._target_: detectron2.modeling.MViT is not supported"
-    assert str(e.value).startswith(f"{path}: {target}") and "\n" not in str(e.value)
+def test_mvitv2_b_lvis_cascade_read_whole(tmp_path):
+    """detectron2's own MViTv2-B LVIS cascade config, as LazyConfig.save wrote it: MViT-B (96 wide,
+    24 blocks, stages ending at 1, 4, 20, 23, eps 1e-6, residual pooling) under an LN FPN padded to
+    the 1024 square, resized to fit it."""
+    spec = load_config(_saved("mvitv2_b_cascade_lvis", tmp_path))
+    m = spec.mvit
+    assert (m.embed_dim, m.depth, m.num_heads, m.last_block_indexes) == (96, 24, 1, (1, 4, 20, 23))
+    assert (m.norm_eps, m.residual_pooling, m.square_pad, spec.size_divisibility) == (1e-6, True, 1024, 1024)
+    assert (spec.min_size_test, spec.max_size_test, spec.fpn_norm, spec.input_format) == (1024, 1024, "LN", "RGB")
+    assert (spec.roi_heads_name, [list(w) for w in spec.cascade_bbox_reg_weights]) == (CASCADE_ROI_HEADS, STAGE_WEIGHTS)
 
 
 @pytest.mark.parametrize("name, stages", [("vitdet_b_cascade_lvis", 3), ("vitdet_b_lvis", 0)])

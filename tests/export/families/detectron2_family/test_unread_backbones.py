@@ -1,4 +1,4 @@
-"""detectron2 models on backbones we do not read (MViTv2, Swin) are refused
+"""detectron2 models on backbones we do not read (Swin) are refused
 for their backbone, named, not as "not a detectron2 GeneralizedRCNN". The names are the real
 detectron2's (tests/fixtures/backbone_keys.json.gz, made by make_backbone_keys.py)."""
 
@@ -26,8 +26,9 @@ def _state(keys) -> dict:
     return {k: torch.zeros(1) for k in keys}
 
 
-# a GeneralizedRCNN on a RegNet (regnet_weights.py) or ViTDet's ViT (vit_weights.py) is read
-READ = {"regnetx_4gf_dds_fpn", "vitdet_b"}
+# a GeneralizedRCNN on a RegNet (regnet_weights.py), ViTDet's ViT (vit_weights.py) or an MViT
+# (mvit_weights.py) is read
+READ = {"regnetx_4gf_dds_fpn", "vitdet_b", "mvitv2_t"}
 
 
 @pytest.mark.parametrize("name", sorted(set(MODELS) - READ))
@@ -51,6 +52,13 @@ def test_vit_names_with_bad_shapes_are_one_line():
     with pytest.raises(NorcalError, match=r"^weight backbone\.net\.patch_embed\.proj\.weight has shape \[1\]: "
                                           r"a ViT patch embedding is a 4-d"):
         spec_from_weights(_state(MODELS["vitdet_b"]["keys"]))
+
+
+def test_mvit_names_with_bad_shapes_are_one_line():
+    """MViTv2-T's names are read now: weights of the wrong rank are refused naming one, not a traceback."""
+    with pytest.raises(NorcalError, match=r"^weight backbone\.bottom_up\.patch_embed\.proj\.weight has shape \[1\]: "
+                                          r"expected 4 dimensions$"):
+        spec_from_weights(_state(MODELS["mvitv2_t"]["keys"]))
 
 
 def test_retinanet_on_an_unread_backbone_is_named():
