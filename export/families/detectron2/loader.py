@@ -99,7 +99,7 @@ def load_detector_spec(weights, config=None) -> tuple[ModelSpec, dict]:
     # inferred from the raw dict: num_batches_tracked still tells BN from FrozenBN
     inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None,
                                  spec.cascade_bbox_reg_weights if spec else None, next(iter(fed_loss), None),
-                                 spec.vit if spec else None)
+                                 spec.vit if spec else None, config_norms=spec is not None)
     state = clean_state_dict(raw)
     _check_fed_loss_weights(fed_loss, spec or inferred, weights)
     if spec is not None and fed_loss and not spec.use_sigmoid_ce:
