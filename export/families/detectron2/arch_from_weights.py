@@ -18,7 +18,7 @@ from norcal.core.errors import NorcalError
 from .mvit_weights import is_mvit, mvit_fields
 from .regnet_weights import REGNET_PIXEL_STD, is_regnet, regnet_fields
 from .vit_weights import is_vit, vit_fields
-from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_of, pixel_stats, shape
+from .resnet_weights import PLAIN_STEM, STEM, backbone_fields, count, norm_family, norm_of, pixel_stats, shape
 from .unread_backbones import unread_backbone_message
 from .retinanet_weights import is_retinanet, retinanet_architecture, retinanet_spec_from_weights
 from norcal.export.families.detectron2.convention import DETECTRON2
@@ -115,11 +115,12 @@ def cascade_stages(sd: Mapping[str, Any]) -> int:
     return count(sd, f"{BOX_PREDICTOR}.{{}}.cls_score.weight", 0)
 
 
-def _cascade_heads(sd: Mapping[str, Any], channels: int, given=None) -> dict:
+def _cascade_heads(sd: Mapping[str, Any], channels: int, given=None, config_norms: bool = False) -> dict:
     """The stages' box heads (all alike, as detectron2 builds them) and their count; ``given``:
     the config's per-stage regression weights, which the weights cannot tell."""
     stages = cascade_stages(sd)
-    heads = [_box_head(sd, channels, head=f"{BOX_HEAD}.{k}", predictor=f"{BOX_PREDICTOR}.{k}")
+    heads = [_box_head(sd, channels, head=f"{BOX_HEAD}.{k}", predictor=f"{BOX_PREDICTOR}.{k}",
+                       config_norms=config_norms)
              for k in range(stages)]
     if any(h != heads[0] for h in heads):
         raise NorcalError(f"the {stages} cascade stages' box heads differ in shape; detectron2 builds them alike")
@@ -160,13 +161,13 @@ def _layout(sd: Mapping[str, Any]) -> dict:
             "res5_dilation": 2}
 
 
-def _fpn(sd: Mapping[str, Any]) -> dict:
+def _fpn(sd: Mapping[str, Any], config_norms: bool) -> dict:
     missing = [f"backbone.fpn_{kind}{i}.weight" for kind in ("lateral", "output") for i in (2, 3, 4, 5)
                if f"backbone.fpn_{kind}{i}.weight" not in sd]
     if missing:
         raise NorcalError(f"expected an FPN over res2..res5; missing weights {', '.join(missing)}")
     return {"fpn_out_channels": shape(sd, "backbone.fpn_lateral2.weight")[0],
-            "fpn_norm": norm_of(sd, "backbone.fpn_lateral2.norm")}
+            "fpn_norm": norm_of(sd, "backbone.fpn_lateral2.norm", config_norms)}
 
 
 def _rpn(sd: Mapping[str, Any], in_channels: int, anchor_layout=None, fpn: bool = True) -> dict:
@@ -206,7 +207,7 @@ def _resolution(features: int, channels: int, what: str) -> int:
 
 
 def _box_head(sd: Mapping[str, Any], fpn_channels: int, c4: bool = False, head: str = BOX_HEAD,
-              predictor: str = BOX_PREDICTOR) -> dict:
+              predictor: str = BOX_PREDICTOR, config_norms: bool = False) -> dict:
     """``head``/``predictor``: the weights' prefixes (one stage's for a cascade)."""
     cls_rows, cls_in = shape(sd, f"{predictor}.cls_score.weight")
     num_classes = cls_rows - 1  # background is the last row
@@ -228,7 +229,7 @@ def _box_head(sd: Mapping[str, Any], fpn_channels: int, c4: bool = False, head: 
     channels = fpn_channels
     if n_conv:
         channels = shape(sd, f"{head}.conv1.weight")[0]
-        out.update(box_head_conv_dim=channels, box_head_norm=norm_of(sd, f"{head}.conv1.norm"))
+        out.update(box_head_conv_dim=channels, box_head_norm=norm_of(sd, f"{head}.conv1.norm", config_norms))
     if n_fc:
         fc_dim, flat = shape(sd, f"{head}.fc1.weight")
         out.update(box_head_fc_dim=fc_dim)
@@ -238,7 +239,7 @@ def _box_head(sd: Mapping[str, Any], fpn_channels: int, c4: bool = False, head: 
     return out
 
 
-def _mask_head(sd: Mapping[str, Any], num_classes: int) -> dict:
+def _mask_head(sd: Mapping[str, Any], num_classes: int, config_norms: bool) -> dict:
     if f"{MASK_HEAD}.predictor.weight" not in sd:
         return {"mask_on": False}
     if f"{MASK_HEAD}.deconv.weight" not in sd:
@@ -251,12 +252,13 @@ def _mask_head(sd: Mapping[str, Any], num_classes: int) -> dict:
             "mask_head_num_conv": count(sd, f"{MASK_HEAD}.mask_fcn{{}}.weight", 1),
             # ConvTranspose2d weights are [in, out, kH, kW]; every mask conv has the deconv's width
             "mask_head_conv_dim": shape(sd, f"{MASK_HEAD}.deconv.weight")[1],
-            "mask_head_norm": norm_of(sd, f"{MASK_HEAD}.mask_fcn1.norm")}
+            "mask_head_norm": norm_of(sd, f"{MASK_HEAD}.mask_fcn1.norm", config_norms)}
 
 
 def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade_weights=None,
                       fed_loss_buffer: str | None = None, vit: ViTSpec | None = None,
-                      mvit: MViTSpec | None = None, classifier: str | None = None) -> ModelSpec:
+                      mvit: MViTSpec | None = None, classifier: str | None = None,
+                      config_norms: bool = False) -> ModelSpec:
     """Infer a :class:`ModelSpec` from a detectron2 GeneralizedRCNN (FPN, C4 or DC5) state dict.
 
     ``state_dict``: ``{name: tensor or array}`` with detectron2 names. ``anchor_layout``:
@@ -267,27 +269,30 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     "sigmoid", the user's word) sets it, and without either it is left softmax, unconfirmed:
     :func:`~norcal.export.families.detectron2.loader.load_detector_spec` refuses that case;
     ``vit`` / ``mvit``: the config's ViT (ViTDet) / MViT, for what their weights cannot show
-    (:func:`.vit_weights.vit_fields`, :func:`.mvit_weights.mvit_fields`).
+    (:func:`.vit_weights.vit_fields`, :func:`.mvit_weights.mvit_fields`); ``config_norms``: a config
+    says whether each affine-only norm is GN or LN, which the weights cannot (without it such a
+    norm is refused: :func:`.resnet_weights.norm_of`).
     Raises :class:`NorcalError` for other names (torchvision, Caffe2) or unsupported parts.
     """
     sd = state_dict
     if is_retinanet(sd):
-        return retinanet_spec_from_weights(sd, anchor_layout)
+        return retinanet_spec_from_weights(sd, anchor_layout, config_norms)
     _check_supported(sd)
     fields: dict = _layout(sd)
     fpn = fields["backbone_name"] == FPN_BACKBONE
     c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
     vit_backbone = fields["backbone_name"] == VIT_BACKBONE
-    fields.update(vit_fields(sd, vit) if vit_backbone else regnet_fields(sd) if is_regnet(sd)
+    fields.update(vit_fields(sd, vit) if vit_backbone else regnet_fields(sd, config_norms) if is_regnet(sd)
                   else mvit_fields(sd, mvit) if is_mvit(sd)
-                  else backbone_fields(sd, fields))
+                  else backbone_fields(sd, fields, config_norms))
     if fpn:
-        fields.update(_fpn(sd))
+        fields.update(_fpn(sd, config_norms))
     channels = fields["fpn_out_channels"] if fpn or vit_backbone else fields.pop("feature_channels")
     fields.update(_rpn(sd, channels, anchor_layout, fpn or vit_backbone))
     cascade = fields["roi_heads_name"] == CASCADE_ROI_HEADS
-    fields.update(_cascade_heads(sd, channels, cascade_weights) if cascade else _box_head(sd, channels, c4))
-    fields.update(_mask_head(sd, fields["num_classes"]))
+    fields.update(_cascade_heads(sd, channels, cascade_weights, config_norms) if cascade
+                  else _box_head(sd, channels, c4, config_norms=config_norms))
+    fields.update(_mask_head(sd, fields["num_classes"], config_norms))
     stats = pixel_stats(sd)
     fields.update(stats)
     regnet_std = fields.get("regnet") is not None and "pixel_std" not in stats
@@ -340,24 +345,21 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
 def architecture(spec: ModelSpec) -> dict:
     """The fields of ``spec`` that the weights determine, in a form comparable across sources.
 
-    BN flavours are one family (they compute the same thing at inference); widths of layers
+    Norms are compared by family (:func:`.resnet_weights.norm_family`); widths of layers
     that do not exist are left out; the RPN's -1 conv widths are resolved to channels.
     """
     if spec.meta_architecture == RETINANET:
         return retinanet_architecture(spec)
 
-    def family(norm: str) -> str:  # GN and LN hold the same parameters: weights cannot tell them apart
-        return "BN" if norm in ("BN", "FrozenBN", "SyncBN") else "GN" if norm == "LN" else norm
-
     fpn = spec.backbone_name in (FPN_BACKBONE, VIT_BACKBONE)  # ViTDet: its pyramid's widths and norm
     c4 = spec.roi_heads_name == RES5_ROI_HEADS
     arch = {"backbone_name": spec.backbone_name, "roi_heads_name": spec.roi_heads_name, "regnet": spec.regnet,
-            "depth": spec.depth, "norm": family(spec.norm), "stem_out_channels": spec.stem_out_channels,
+            "depth": spec.depth, "norm": norm_family(spec.norm), "stem_out_channels": spec.stem_out_channels,
             "res2_out_channels": spec.res2_out_channels, "num_classes": spec.num_classes,
             "cls_agnostic_bbox_reg": spec.cls_agnostic_bbox_reg and spec.num_classes != 1,
             "mask_on": spec.mask_on}
     if fpn:
-        arch.update(fpn_out_channels=spec.fpn_out_channels, fpn_norm=family(spec.fpn_norm))
+        arch.update(fpn_out_channels=spec.fpn_out_channels, fpn_norm=norm_family(spec.fpn_norm))
     else:
         arch["backbone_out_feature"] = spec.backbone_out_feature
     if not c4:  # C4 has no box head; its predictor reads res5 averaged over any pooler size
@@ -371,14 +373,14 @@ def architecture(spec: ModelSpec) -> dict:
         for key in ("depth", "stem_out_channels", "res2_out_channels", "num_groups", "width_per_group"):
             arch.pop(key, None)
     if spec.box_head_num_conv and not c4:
-        arch.update(box_head_conv_dim=spec.box_head_conv_dim, box_head_norm=family(spec.box_head_norm))
+        arch.update(box_head_conv_dim=spec.box_head_conv_dim, box_head_norm=norm_family(spec.box_head_norm))
     if spec.box_head_num_fc and not c4:
         arch["box_head_fc_dim"] = spec.box_head_fc_dim
     if spec.mask_on:
         arch.update(mask_head_num_conv=spec.mask_head_num_conv, mask_head_conv_dim=spec.mask_head_conv_dim,
                     cls_agnostic_mask=spec.cls_agnostic_mask and spec.num_classes != 1)
         if spec.mask_head_num_conv:
-            arch["mask_head_norm"] = family(spec.mask_head_norm)
+            arch["mask_head_norm"] = norm_family(spec.mask_head_norm)
     sizes, ratios = spec.anchor_sizes, spec.anchor_aspect_ratios
     arch["anchors_per_location"] = len(sizes[0]) * len(ratios[0])
     dims = []

@@ -145,7 +145,7 @@ def load_detector_spec(weights, config=None, classifier: ClassifierActivation | 
     inferred = spec_from_weights(raw, (spec.anchor_sizes, spec.anchor_aspect_ratios) if spec else None,
                                  spec.cascade_bbox_reg_weights if spec else None, next(iter(fed_loss), None),
                                  spec.vit if spec else None, spec.mvit if spec else None,
-                                 None if spec else classifier)
+                                 None if spec else classifier, config_norms=spec is not None)
     state = clean_state_dict(raw)
     _check_fed_loss_weights(fed_loss, spec or inferred, weights)
     if spec is not None:

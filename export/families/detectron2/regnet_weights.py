@@ -56,8 +56,9 @@ def _stage(sd: Mapping[str, Any], k: int) -> tuple[int, int, int, int, tuple[int
     return blocks, width, w_b, group_w, tuple(se)
 
 
-def regnet_fields(sd: Mapping[str, Any]) -> dict:
-    """The RegNet's fields of a ModelSpec: ``regnet`` (a :class:`RegNetSpec`) and ``norm``."""
+def regnet_fields(sd: Mapping[str, Any], config_norms: bool = False) -> dict:
+    """The RegNet's fields of a ModelSpec: ``regnet`` (a :class:`RegNetSpec`) and ``norm``
+    (``config_norms`` as in :func:`.resnet_weights.norm_of`)."""
     kernel = shape(sd, f"{REGNET_STEM}.weight")[2:]
     if kernel != (3, 3):
         raise NorcalError(f"weight {REGNET_STEM}.weight has a {kernel[0]}x{kernel[1]} kernel: only RegNet's "
@@ -67,7 +68,7 @@ def regnet_fields(sd: Mapping[str, Any]) -> dict:
         raise NorcalError(f"the RegNet has {stages} stages (s1..s{stages}); the FPN reads exactly "
                           f"{FPN_STAGES} (s1..s4)")
     rows = [_stage(sd, k) for k in range(1, stages + 1)]
-    norm = norm_of(sd, f"{BOTTOM_UP}.stem.bn")
+    norm = norm_of(sd, f"{BOTTOM_UP}.stem.bn", config_norms)
     spec = RegNetSpec(stem_width=shape(sd, f"{REGNET_STEM}.weight")[0], depths=tuple(r[0] for r in rows),
                       widths=tuple(r[1] for r in rows), bottleneck_widths=tuple(r[2] for r in rows),
                       group_widths=tuple(r[3] for r in rows), se_widths=tuple(r[4] for r in rows))

@@ -34,23 +34,38 @@ def count(sd: Mapping[str, Any], fmt: str, start: int) -> int:
     return k - start
 
 
-def norm_of(sd: Mapping[str, Any], prefix: str) -> str:
+def norm_of(sd: Mapping[str, Any], prefix: str, config_norms: bool = False) -> str:
     """The norm layer at ``prefix`` (e.g. ``...conv1.norm``): FrozenBN, BN, GN or "" (none).
 
     FrozenBN and BN both carry running statistics; only BN has ``num_batches_tracked``
     (absent once :func:`~norcal.export.families.checkpoints.clean_state_dict` ran: then FrozenBN is
-    reported, which computes the same thing at inference).
+    reported, which computes the same thing at inference). GroupNorm and detectron2's channel
+    LayerNorm (LN) both save a per-channel weight and bias and nothing else (the group count and
+    eps are not saved): weights alone cannot tell them apart, so such a norm is refused unless
+    ``config_norms`` (a config says which; the "GN" reported then stands for either, compared by
+    :func:`norm_family`).
     """
     if f"{prefix}.running_mean" in sd:
         return "BN" if f"{prefix}.num_batches_tracked" in sd else "FrozenBN"
-    if f"{prefix}.weight" in sd:
-        return "GN"  # affine parameters without statistics
-    return ""
+    if f"{prefix}.weight" not in sd:
+        return ""
+    if not config_norms:
+        raise NorcalError(f"weight {prefix}.weight: a norm with affine parameters and no running statistics is "
+                          "GroupNorm (GN) or LayerNorm (LN), which save the same weights; pass the model's config "
+                          "(its config.yaml, yacs or LazyConfig) to say which")
+    return "GN"
 
 
-def backbone_fields(sd: Mapping[str, Any], layout: dict) -> dict:
+def norm_family(norm: str) -> str:
+    """What weights can tell of a norm: BN flavours compute the same thing at inference; GN and
+    LN save the same weights (:func:`norm_of`)."""
+    return "BN" if norm in ("BN", "FrozenBN", "SyncBN") else "GN" if norm == "LN" else norm
+
+
+def backbone_fields(sd: Mapping[str, Any], layout: dict, config_norms: bool = False) -> dict:
     """The ResNet's fields of a ModelSpec (depth, stem and res2 widths, norm, groups) for a
-    ``layout`` (backbone and ROI heads names: where the stages' weights are)."""
+    ``layout`` (backbone and ROI heads names: where the stages' weights are); ``config_norms``
+    as in :func:`norm_of`."""
     fpn = layout["backbone_name"] == FPN_BACKBONE
     prefix = BOTTOM_UP if fpn else "backbone"
     stage_prefix = {s: prefix for s in (2, 3, 4, 5)}
@@ -67,7 +82,7 @@ def backbone_fields(sd: Mapping[str, Any], layout: dict) -> dict:
                           f"{sorted(table)} (ResNet-{'/'.join(str(d) for d in table.values())})")
     stem = f"{prefix}.stem.conv1"
     out = {"depth": table[blocks], "stem_out_channels": shape(sd, f"{stem}.weight")[0],
-           "norm": norm_of(sd, f"{stem}.norm")}
+           "norm": norm_of(sd, f"{stem}.norm", config_norms)}
     if bottleneck:
         width, per_group = shape(sd, f"{prefix}.res2.0.conv2.weight")[:2]
         groups = width // per_group

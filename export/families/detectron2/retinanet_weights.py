@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
 
-from .resnet_weights import STEM, backbone_fields, norm_of, pixel_stats, shape
+from .resnet_weights import STEM, backbone_fields, norm_family, norm_of, pixel_stats, shape
 from norcal.export.families.detectron2.convention import DETECTRON2
 from .unread_backbones import unread_backbone_message
 from norcal.export.rcnn.spec import (FPN_BACKBONE, RETINANET, RETINANET_BACKBONE, STANDARD_ROI_HEADS, SUPPORTED_ARCHITECTURES,
@@ -29,8 +29,8 @@ def is_retinanet(sd: Mapping[str, Any]) -> bool:
     return f"{CLS_SUBNET}.0.weight" in sd
 
 
-def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None) -> ModelSpec:
-    """The RetinaNet that ``sd`` (detectron2 names) holds; ``anchor_layout`` as in
+def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None, config_norms: bool = False) -> ModelSpec:
+    """The RetinaNet that ``sd`` (detectron2 names) holds; ``anchor_layout`` and ``config_norms`` as in
     :func:`norcal.export.families.detectron2.arch_from_weights.spec_from_weights`."""
     need = [k for k in (f"{STEM}.weight", "backbone.fpn_lateral3.weight", "backbone.top_block.p6.weight",
                         f"{HEAD}.cls_score.weight", f"{HEAD}.bbox_pred.weight") if k not in sd]
@@ -41,7 +41,8 @@ def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None) -> Mo
     if "backbone.fpn_lateral2.weight" in sd:
         raise NorcalError("RetinaNet weights with an FPN level from res2 are not supported (detectron2 "
                           "builds it from res3-res5)")
-    fields = backbone_fields(sd, {"backbone_name": FPN_BACKBONE, "roi_heads_name": STANDARD_ROI_HEADS})
+    fields = backbone_fields(sd, {"backbone_name": FPN_BACKBONE, "roi_heads_name": STANDARD_ROI_HEADS},
+                             config_norms)
     num_convs = 0
     while f"{CLS_SUBNET}.{2 * num_convs}.weight" in sd:  # Sequential of (conv, ReLU) pairs
         num_convs += 1
@@ -77,7 +78,7 @@ def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None) -> Mo
         convention=DETECTRON2,
         stride_in_1x1=True, input_format="BGR", min_size_test=800, max_size_test=1333,
         fpn_out_channels=shape(sd, "backbone.fpn_lateral3.weight")[0],
-        fpn_norm=norm_of(sd, "backbone.fpn_lateral3.norm"),
+        fpn_norm=norm_of(sd, "backbone.fpn_lateral3.norm", config_norms),
         anchor_sizes=sizes, anchor_aspect_ratios=ratios, num_classes=cls_rows // anchors,
         bbox_reg_weights=(1.0, 1.0, 1.0, 1.0), score_thresh_test=1e-4, nms_thresh_test=0.5,
         detections_per_image=300, retinanet_num_convs=num_convs,
@@ -86,11 +87,10 @@ def retinanet_spec_from_weights(sd: Mapping[str, Any], anchor_layout=None) -> Mo
 
 def retinanet_architecture(spec: ModelSpec) -> dict:
     """What the weights of a RetinaNet fix (see ``arch_from_weights.architecture``)."""
-    family = {"FrozenBN": "BN", "SyncBN": "BN"}
     arch = {"meta_architecture": spec.meta_architecture, "depth": spec.depth,
-            "norm": family.get(spec.norm, spec.norm), "stem_out_channels": spec.stem_out_channels,
+            "norm": norm_family(spec.norm), "stem_out_channels": spec.stem_out_channels,
             "res2_out_channels": spec.res2_out_channels, "num_classes": spec.num_classes,
-            "fpn_out_channels": spec.fpn_out_channels, "fpn_norm": family.get(spec.fpn_norm, spec.fpn_norm),
+            "fpn_out_channels": spec.fpn_out_channels, "fpn_norm": norm_family(spec.fpn_norm),
             "retinanet_num_convs": spec.retinanet_num_convs,
             "anchors_per_location": len(spec.anchor_sizes[0]) * len(spec.anchor_aspect_ratios[0])}
     if spec.depth >= 50:

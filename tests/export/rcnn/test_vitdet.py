@@ -67,12 +67,12 @@ def test_config_gives_detectron2s_vitdet(case):
 
 
 def test_weights_give_the_configs_vit(case):
-    """Read from the weights alone, given only what they cannot show (the LN eps), the ViT is the
-    config's: the model that matches the goldens below."""
+    """Read from the weights alone, given only what they cannot show (the LN eps; the heads' norms,
+    GN or LN), the ViT is the config's: the model that matches the goldens below."""
     raw = {k: v for k, v in read_checkpoint(FIXTURE / "model_final.pth").items() if "fed_loss" not in k}
     given = dataclasses.replace(case.spec.vit, embed_dim=0, depth=0, num_heads=0, window_size=0,
                                 pretrain_img_size=0, square_pad=0)
-    assert spec_from_weights(raw, vit=given).vit == case.spec.vit
+    assert spec_from_weights(raw, vit=given, config_norms=True).vit == case.spec.vit
 
 
 @pytest.mark.parametrize("setting", ("baseline", "cdt_g0.5"))

@@ -139,10 +139,6 @@ VARIANTS = {
                     dict(depth=101, num_groups=32, width_per_group=2, res2_out_channels=64)),
     "R152": (dict(blocks=(3, 8, 36, 3)), dict(depth=152, num_groups=1, width_per_group=8)),
     "BN": (dict(norm="BN"), dict(norm="BN")),
-    "GN_4conv1fc": (dict(norm="GN", fpn_norm="GN", box_convs=4, box_conv_dim=24, box_norm="GN", fcs=1,
-                         fc_dim=48, mask_norm="GN"),
-                    dict(norm="GN", fpn_norm="GN", box_head_num_conv=4, box_head_conv_dim=24, box_head_norm="GN",
-                         box_head_num_fc=1, box_head_fc_dim=48, mask_head_norm="GN")),
     "agnostic": (dict(agnostic_box=True, agnostic_mask=True, classes=7),
                  dict(cls_agnostic_bbox_reg=True, cls_agnostic_mask=True, num_classes=7)),
     "no_mask_pooler14": (dict(mask=False, pooler=14), dict(mask_on=False, pooler_resolution=14)),
@@ -159,6 +155,77 @@ def test_synthetic_variants(name):
     spec = spec_from_weights(make_d2_state_dict(**build))
     for field, value in expected.items():
         assert getattr(spec, field) == value, field
+
+
+GN_4CONV1FC = dict(norm="GN", fpn_norm="GN", box_convs=4, box_conv_dim=24, box_norm="GN", fcs=1, fc_dim=48,
+                   mask_norm="GN")
+
+
+def test_affine_norms_read_for_a_config():
+    """With a config to say GN or LN, affine-only norms read as that family ("GN"), the rest as ever."""
+    spec = spec_from_weights(make_d2_state_dict(**GN_4CONV1FC), config_norms=True)
+    expected = dict(norm="GN", fpn_norm="GN", box_head_num_conv=4, box_head_conv_dim=24, box_head_norm="GN",
+                    box_head_num_fc=1, box_head_fc_dim=48, mask_head_norm="GN")
+    assert {field: getattr(spec, field) for field in expected} == expected
+
+
+# where each kind of layer's affine-only norm is: detectron2's GN or LN, which save the same weights
+# (nn.GroupNorm and detectron2's layers/batch_norm.py LayerNorm: a weight and a bias of C, no buffer)
+AFFINE_NORMS = {
+    "backbone": (dict(norm="GN"), "backbone.bottom_up.stem.conv1.norm.weight"),
+    "fpn": (dict(fpn_norm="GN"), "backbone.fpn_lateral2.norm.weight"),
+    "box_head": (dict(box_convs=2, box_norm="GN"), "roi_heads.box_head.conv1.norm.weight"),
+    "mask_head": (dict(mask_norm="GN"), "roi_heads.mask_head.mask_fcn1.norm.weight"),
+}
+
+
+def _affine_norm(prefix: str, channels: int) -> dict:
+    return {f"{prefix}.weight": torch.ones(channels), f"{prefix}.bias": torch.zeros(channels)}
+
+
+def _cascade_box_norms():
+    sd = {k: v for k, v in _fixture_weights("cascade").items() if ".box_head." not in k}
+    for k in range(3):  # a conv box head per stage, as detectron2's 4conv1fc cascade configs build
+        sd[f"roi_heads.box_head.{k}.conv1.weight"] = torch.empty(16, 16, 3, 3)
+        sd.update(_affine_norm(f"roi_heads.box_head.{k}.conv1.norm", 16))
+        sd[f"roi_heads.box_head.{k}.fc1.weight"] = torch.empty(32, 16 * 7 * 7)
+    return sd
+
+
+def _regnet_affine_stem():
+    sd = {k: v for k, v in _fixture_weights("regnetx").items() if not k.startswith("backbone.bottom_up.stem.bn.")}
+    return dict(sd, **_affine_norm("backbone.bottom_up.stem.bn", 8))
+
+
+def _retinanet_fpn_norm():
+    sd = {k: v for k, v in _fixture_weights("retinanet").items() if not k.startswith("backbone.fpn_lateral3.")}
+    weight = _fixture_weights("retinanet")["backbone.fpn_lateral3.weight"]
+    return dict(sd, **{"backbone.fpn_lateral3.weight": weight}, **_affine_norm("backbone.fpn_lateral3.norm",
+                                                                              weight.shape[0]))
+
+
+FIXTURE_AFFINE_NORMS = {
+    "cascade_box_head": (_cascade_box_norms, "roi_heads.box_head.0.conv1.norm.weight"),
+    "regnet_stem": (_regnet_affine_stem, "backbone.bottom_up.stem.bn.weight"),
+    "retinanet_fpn": (_retinanet_fpn_norm, "backbone.fpn_lateral3.norm.weight"),
+}
+
+
+@pytest.mark.parametrize("name", [*AFFINE_NORMS, *FIXTURE_AFFINE_NORMS])
+def test_affine_only_norm_without_config_refused_naming_the_weight(name):
+    """GN or LN? Weights alone cannot say: refused, naming the weight and asking for the config."""
+    if name in AFFINE_NORMS:
+        build, key = AFFINE_NORMS[name]
+        sd = make_d2_state_dict(**build)
+    else:
+        make, key = FIXTURE_AFFINE_NORMS[name]
+        sd = make()
+    with pytest.raises(NorcalError) as err:
+        spec_from_weights(sd)
+    msg = str(err.value)
+    assert msg.startswith(f"weight {key}: ") and "(GN) or LayerNorm (LN)" in msg and "\n" not in msg
+    assert "pass the model's config (its config.yaml, yacs or LazyConfig)" in msg
+    assert spec_from_weights(sd, config_norms=True) is not None  # only the norm was in doubt
 
 
 def test_default_synthetic_model():
