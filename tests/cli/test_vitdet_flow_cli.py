@@ -39,26 +39,36 @@ def flow(tmp_path_factory):
     gamma = sweep["best"]["gamma"]
     assert export_main([ckpt, "--config", cfg, "--gamma", str(gamma), "--table", str(d / "counts.json"),
                         "-o", str(d / "model.onnx")]) == 0
-    assert main(["infer", str(d / "model.onnx"), images, "--image-ids", str(gt), "--batch", "3",
-                 "-o", str(d / "results.json")]) == 0
-    assert main(["eval", "--gt", str(gt), "--results", str(d / "results.json"), "--json", str(d / "eval.json")]) == 0
-    return d, sweep, gamma
+    evals = {}
+    for point in sweep["sweep"]:  # the other gammas: the exported graph re-calibrated (no network rebuilt)
+        g, model = point["gamma"], d / "model.onnx"
+        if g != gamma:
+            model = d / f"model_{g:g}.onnx"
+            assert export_main([str(d / "model.onnx"), "--gamma", str(g), "--table", str(d / "counts.json"),
+                                "-o", str(model)]) == 0
+        results = d / ("results.json" if g == gamma else f"results_{g:g}.json")
+        assert main(["infer", str(model), images, "--image-ids", str(gt), "--batch", "3", "-o", str(results)]) == 0
+        assert main(["eval", "--gt", str(gt), "--results", str(results), "--json", str(d / "eval.json")]) == 0
+        evals[g] = json.loads((d / "eval.json").read_text())["stats"]
+    return d, sweep, gamma, evals
 
 
-def test_tunes_chosen_gamma_ap_is_the_exported_models_ap(flow):
-    d, sweep, gamma = flow
+def test_tunes_ap_at_each_gamma_is_the_exported_models_ap(flow):
+    """The cached re-scoring gives at every gamma of the sweep (the chosen one exported from the
+    checkpoint, the others that graph re-calibrated) what infer + eval of that model give."""
+    _, sweep, gamma, evals = flow
     assert gamma == GAMMA  # the GT is detectron2's detections at gamma 0.5: the sweep finds it
-    point = next(p for p in sweep["sweep"] if p["gamma"] == gamma)
-    ev = json.loads((d / "eval.json").read_text())
-    for key in ("AP", "AP50", "APc", "APf"):  # the GT has no rare class (APr -1 in both)
-        assert point["stats"][key] == pytest.approx(ev["stats"][key], abs=1e-9), key
-    assert len({round(p["stats"]["AP"], 6) for p in sweep["sweep"]}) > 1  # gamma moves the AP
+    assert [p["gamma"] for p in sweep["sweep"]] == [0.0, 0.5, 1.0]
+    for point in sweep["sweep"]:
+        for key in ("AP", "AP50", "APc", "APf"):  # the GT has no rare class (APr -1 in both)
+            assert point["stats"][key] == pytest.approx(evals[point["gamma"]][key], abs=1e-9), (point["gamma"], key)
+    assert len({round(p["stats"]["AP"], 6) for p in sweep["sweep"]}) == 3  # gamma moves the AP
 
 
 def test_results_are_detectron2s_norcal_detections(flow):
     """Each image resized by the rule (img1, img2 are larger than the square) and padded to the
     square, in one batch of three: detectron2's own detections at this gamma, in image pixels."""
-    d, _, _ = flow
+    d = flow[0]
     results = json.loads((d / "results.json").read_text())
     for k in range(3):
         g = G.golden(k, FIXTURE)
@@ -71,7 +81,7 @@ def test_results_are_detectron2s_norcal_detections(flow):
 
 
 def test_norcal_node_replaces_the_sigmoid_on_the_box_classifier(flow):
-    d, _, _ = flow
+    d = flow[0]
     model = onnx.load(str(d / "model.onnx"))
     meta = {p.key: p.value for p in model.metadata_props}
     assert (meta["norcal.activation"], meta["norcal.gamma"], meta["norcal.input_size"]) == ("sigmoid", "0.5", "320")
@@ -96,7 +106,7 @@ def test_norcal_node_replaces_the_sigmoid_on_the_box_classifier(flow):
 
 
 def test_a_resize_beyond_the_square_is_refused(flow, capsys):
-    d, _, _ = flow
+    d = flow[0]
     rc = main(["infer", str(d / "model.onnx"), str(FIXTURE / "images" / "img1.png"), "--max-size", "400",
                "-o", str(d / "big.json")])
     err = capsys.readouterr().err
