@@ -90,8 +90,8 @@ def manifest_table(fixture: Path):
     return CalibrationTable(name=fixture.name, source="manifest.json", count_type="image", categories=cats)
 
 
-def gt_from_golden(fixture: Path, path: Path, images=range(3), top: int = 15) -> Path:
-    """An LVIS GT file at ``path`` made from detectron2's baseline detections of ``fixture``
+def gt_from_golden(fixture: Path, path: Path, images=range(3), top: int = 15, setting: str = "baseline") -> Path:
+    """An LVIS GT file at ``path`` made from detectron2's detections of ``fixture`` in ``setting``
     (the ``top`` best per image, original coordinates), categories from its manifest counts."""
     from PIL import Image
 
@@ -102,7 +102,7 @@ def gt_from_golden(fixture: Path, path: Path, images=range(3), top: int = 15) ->
         imgs.append({"id": k + 1, "file_name": f"img{k}.png", "height": h, "width": w,
                      "neg_category_ids": [], "not_exhaustive_category_ids": []})
         g = golden(k, fixture)
-        for box, cls in zip(g["baseline/boxes_orig"][:top], g["baseline/classes"][:top]):
+        for box, cls in zip(g[f"{setting}/boxes_orig"][:top], g[f"{setting}/classes"][:top]):
             x0, y0, x1, y1 = (float(v) for v in box)
             anns.append({"id": len(anns) + 1, "image_id": k + 1, "category_id": int(cls) + 1,
                          "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)})

@@ -25,6 +25,8 @@ def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
     """What runners need to prepare inputs (the keys of norcal.core.contract)."""
     resize = spec.convention.resize
     meta = {contract.RESIZE: resize} if resize else {}
+    if spec.vit is not None:  # the graph's input is fixed at the square every image is padded to
+        meta[contract.INPUT_SIZE] = str(spec.vit.square_pad)
     return meta | {
         contract.MIN_SIZE_TEST: str(spec.min_size_test),
         contract.MAX_SIZE_TEST: str(spec.max_size_test),

@@ -237,3 +237,20 @@ def arch_name(spec: ModelSpec) -> str:
     if spec.roi_heads_name == RES5_ROI_HEADS:
         return "C4"
     return "DC5" if spec.res5_dilation == 2 else "C5"
+
+
+def architecture_label(spec: ModelSpec) -> str:
+    """The backbone and architecture for summaries: "R50-FPN", "RegNetY-FPN", "MViTv2-Cascade",
+    "ViT (embed 768, depth 12, 12 heads) + SimpleFeaturePyramid"."""
+    name = arch_name(spec)
+    if spec.vit is not None:
+        v = spec.vit
+        return (f"ViT (embed {v.embed_dim}, depth {v.depth}, {v.num_heads} heads) + SimpleFeaturePyramid"
+                + ("" if name == "FPN" else f", {name}"))
+    if spec.mvit is not None:
+        bottom_up = "MViTv2"
+    elif spec.regnet is not None:
+        bottom_up = "RegNetY" if any(any(w) for w in spec.regnet.se_widths) else "RegNetX"
+    else:
+        bottom_up = f"R{spec.depth}"
+    return f"{bottom_up}-{name}"

@@ -73,6 +73,8 @@ RESIZE_STRETCH = "stretch"
 RESIZE_TORCHVISION = "torchvision"
 RESIZE_RULES = ("shortest_edge", "letterbox", RESIZE_STRETCH, RESIZE_TORCHVISION)  # the first is the default
 INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
+# shortest_edge with this key: the graph's input is fixed at the S x S square every resized image is
+# padded to (ViTDet's square_pad), so a max_size override above S is refused
 PAD_VALUE = "norcal.pad_value"  # letterbox: the padding's pixel value 0-255 (absent: 114)
 # "false": boxes mapped to the original image are not clipped to it (Ultralytics' RT-DETR
 # predictor leaves them as decoded); absent: clipped, as detectron2's detector_postprocess
@@ -223,7 +225,7 @@ class Preprocessing:
     input_format: str = "BGR"
     divisibility: int = 32
     resize: str = "shortest_edge"
-    input_size: int = 0  # letterbox only
+    input_size: int = 0  # letterbox / stretch: the square; shortest_edge: the fixed padded square, or 0
     pad_value: int = 0  # the padding's pixel value (shortest_edge: 0)
     clip_boxes: bool = True  # the host clips boxes to the original image (CLIP_BOXES)
 
@@ -248,6 +250,8 @@ class Preprocessing:
         else:
             meta.update({MIN_SIZE_TEST: str(self.min_size), MAX_SIZE_TEST: str(self.max_size),
                          SIZE_DIVISIBILITY: str(self.divisibility)})
+            if self.input_size:
+                meta[INPUT_SIZE] = str(self.input_size)
             if self.resize != RESIZE_RULES[0]:
                 meta[RESIZE] = self.resize
         return meta
@@ -342,9 +346,15 @@ def _input_spec(meta: dict[str, str], min_size: int | None, max_size: int | None
         input_format=fmt,
         divisibility=_int(meta, SIZE_DIVISIBILITY),
         resize=rule,
+        input_size=_int(meta, INPUT_SIZE) if INPUT_SIZE in meta else 0,
     )
     if spec.min_size <= 0 or spec.max_size <= 0:
         raise NorcalError(f"min_size and max_size must be positive, got {spec.min_size}, {spec.max_size}",
+                          param=("min_size", "max_size"))
+    if spec.input_size and spec.max_size > spec.input_size:
+        # ResizeShortestEdge's long edge reaches max_size: the image would not fit the fixed square
+        raise NorcalError(f"max_size {spec.max_size} exceeds the model's fixed {spec.input_size}x{spec.input_size} "
+                          f"input ({INPUT_SIZE}={spec.input_size}): a resized image must fit that square",
                           param=("min_size", "max_size"))
     return spec
 

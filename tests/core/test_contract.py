@@ -62,6 +62,23 @@ def test_letterbox_metadata_is_checked():
         contract.input_spec(contract.letterbox_preprocessing(64).metadata(), min_size=32)
 
 
+def test_fixed_square_shortest_edge_refuses_a_resize_beyond_its_square():
+    """A ViTDet graph's input is fixed at its square_pad: a max_size override above it would make
+    a batch the graph cannot take (ONNX Runtime's shape error, a traceback before this check)."""
+    meta = {contract.MIN_SIZE_TEST: "320", contract.MAX_SIZE_TEST: "320", contract.SIZE_DIVISIBILITY: "320",
+            contract.INPUT_SIZE: "320"}
+    spec = contract.input_spec(meta)
+    assert (spec.resize, spec.input_size, spec.square) == ("shortest_edge", 320, False)
+    assert contract.input_spec(spec.metadata()) == spec
+    assert contract.input_spec(meta, min_size=200, max_size=320).max_size == 320  # fits: allowed
+    with pytest.raises(NorcalError, match=r"^max_size 400 exceeds the model's fixed 320x320 input "
+                                          r"\(norcal.input_size=320\)"):
+        contract.input_spec(meta, min_size=400, max_size=400)
+    # without the key (every other R-CNN) an override is taken as it is
+    del meta[contract.INPUT_SIZE]
+    assert contract.input_spec(meta, max_size=400).max_size == 400
+
+
 def test_class_names_round_trip_and_placeholders_are_not_recorded():
     meta = contract.class_names_metadata(["person", "traffic light"])
     assert meta == {"norcal.class_names": '["person", "traffic light"]'}

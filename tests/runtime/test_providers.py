@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto as T, helper as h
 
 from norcal.cli import main
+from norcal.core.errors import NorcalError
 from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner, choose_provider
 
 CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
@@ -104,3 +105,21 @@ def test_infer_defaults_to_auto(monkeypatch, identity, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["infer", str(identity), str(img), "-o", str(tmp_path / "r.json")])
     assert seen == ["auto"]
+
+
+def test_a_batch_outside_the_graphs_fixed_dims_is_one_line(tmp_path):
+    """As the TensorRT runner's profile check: a graph exported with fixed H and W (--height /
+    --width, ViTDet's square) refuses a batch of another size by name, not with ONNX Runtime's
+    multi-line shape error."""
+    vi = h.make_tensor_value_info
+    graph = h.make_graph([h.make_node("Identity", ["images"], ["y"])], "g",
+                         [vi("images", T.FLOAT, ["batch", 3, 4, 4])], [vi("y", T.FLOAT, ["batch", 3, 4, 4])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, tmp_path / "fixed.onnx")
+    runner = OnnxRuntimeRunner(tmp_path / "fixed.onnx", "cpu")
+    ok = np.ones((2, 3, 4, 4), np.float32)
+    np.testing.assert_array_equal(runner.infer({"images": ok})["y"], ok)  # any batch, the fixed H, W
+    with pytest.raises(NorcalError, match=r"^fixed\.onnx: input 'images' has shape 1x3x4x8, but the model fixes "
+                                          r"it at \?x3x4x4; export it with dims"):
+        runner.infer({"images": np.ones((1, 3, 4, 8), np.float32)})

@@ -210,7 +210,7 @@ def print_summary(result) -> None:
 
     from norcal.core.onnx_io import describe_io
     from norcal.core.outputs import current_path
-    from norcal.export.rcnn.spec import arch_name
+    from norcal.export.rcnn.spec import architecture_label
     from norcal.export.trt_check.support import TENSORRT_VERSION
 
     console = Console(soft_wrap=True)
@@ -221,9 +221,10 @@ def print_summary(result) -> None:
         t.add_row("ingest", escape(result.ingest))
     spec = result.detector
     if spec is not None:
-        t.add_row("architecture", f"{spec.meta_architecture} R{spec.depth}-{arch_name(spec)}, {spec.num_classes} classes, "
+        t.add_row("architecture", f"{spec.meta_architecture} {architecture_label(spec)}, {spec.num_classes} classes, "
                                   f"{'mask' if spec.mask_on else 'box'} head")
-        t.add_row("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}, score > "
+        square = f", padded to the {spec.vit.square_pad} square" if spec.vit is not None else ""
+        t.add_row("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}{square}, score > "
                                    f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
                                    f"{spec.detections_per_image} detections")
     report = result.tensorrt

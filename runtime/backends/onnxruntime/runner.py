@@ -68,6 +68,9 @@ class OnnxRuntimeRunner(BaseRunner):
         ran = self.session.get_providers()[0]
         self.name = "onnxruntime-" + next((k for k, v in PROVIDERS.items() if v[0] == ran), provider)
         self.input_names = [i.name for i in self.session.get_inputs()]
+        # the dims the graph fixes (an int; a named or unknown dim is None), as TensorRT's profile check
+        self.input_dims = {i.name: [d if isinstance(d, int) else None for d in i.shape]
+                           for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
 
@@ -76,4 +79,17 @@ class OnnxRuntimeRunner(BaseRunner):
 
     def infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """images float32 [B,3,H,W], image_sizes int64 [B,2] -> outputs by name."""
+        for name, array in feeds.items():
+            self._check_shape(name, tuple(array.shape))
         return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+
+    def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        """One line instead of ONNX Runtime's shape error: a batch the graph's fixed dims refuse
+        (an image resized beyond a graph exported with --height / --width)."""
+        dims = self.input_dims.get(name)
+        if dims is None:
+            return
+        if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape)):
+            fixed = "x".join("?" if d is None else str(d) for d in dims)
+            raise NorcalError(f"{self.path.name}: input '{name}' has shape {'x'.join(map(str, shape))}, but the "
+                              f"model fixes it at {fixed}; export it with dims that hold the resized, padded images")

@@ -26,7 +26,7 @@ from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.rcnn.modeling.build import model_from_state, random_state_dict
 from norcal.export.rcnn.modeling.layers import PaddingMasks
 from norcal.export.rcnn.onnx_export import export_onnx
-from norcal.export.rcnn.spec import RegNetSpec, arch_name
+from norcal.export.rcnn.spec import RegNetSpec, arch_name, architecture_label
 from test_c4_dc5 import Arch, check_detections
 from test_onnx_export import run, session
 
@@ -82,6 +82,7 @@ def test_weights_give_detectron2s_regnet(kind):
     assert spec.regnet == EXPECTED[kind]
     assert (arch_name(spec), spec.norm, spec.fpn_norm, spec.box_head_norm, spec.mask_head_norm) == \
         ("FPN", "BN", "BN", "BN", "BN")  # SyncBN / NaiveSyncBatchNorm: BN at inference
+    assert architecture_label(spec) == f"RegNet{kind.upper()}-FPN"  # the export summary's, not "R50-FPN"
     assert (spec.rpn_conv_dims, spec.box_head_num_conv, spec.box_head_num_fc, spec.num_classes) == ((-1, -1), 4, 1, 8)
     config = (FIXTURE[kind] / "config.yaml").read_text()  # detectron2's LazyConfig.save
     std = re.search(r"^  pixel_std: \[(.*)\]$", config, re.M)[1]

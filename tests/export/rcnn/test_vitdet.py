@@ -20,6 +20,7 @@ from norcal.export.families.checkpoints import read_checkpoint
 from norcal.export.families.detectron2.arch_from_weights import spec_from_weights
 from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.rcnn.modeling.build import model_from_state
+from norcal.export.rcnn.spec import architecture_label
 from test_c4_dc5 import Arch, check_detections
 from test_onnx_export import run, session
 
@@ -64,6 +65,8 @@ def test_config_gives_detectron2s_vitdet(case):
     s = case.spec
     assert (s.size_divisibility, s.min_size_test, s.max_size_test, s.input_format) == (320, 320, 320, "RGB")
     assert (s.fpn_norm, s.box_head_norm, s.mask_head_norm, s.use_sigmoid_ce) == ("LN", "LN", "LN", True)
+    # the export summary names it (it said "R50-FPN": the ResNet depth field's default)
+    assert architecture_label(s) == "ViT (embed 24, depth 4, 2 heads) + SimpleFeaturePyramid"
 
 
 def test_weights_give_the_configs_vit(case):
