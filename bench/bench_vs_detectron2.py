@@ -90,16 +90,27 @@ def session(model: onnx.ModelProto, threads: int, profile_dir: str | None = None
 
 
 def proposals(model: onnx.ModelProto, feeds: dict, threads: int) -> int:
-    """Proposals the RPN hands to the ROI heads, read from the graph: the tensors made under
-    /proposal_generator/ and read under /roi_heads/ become outputs; ours has a validity mask
-    [B, P] (counted), detectron2's the boxes [N, 4] (N)."""
+    """Proposals the RPN hands to the ROI heads, read from the graph (:func:`run_counting_proposals`)."""
+    return run_counting_proposals(model, feeds, threads)[0]
+
+
+def run_counting_proposals(model: onnx.ModelProto, feeds: dict, threads: int) -> tuple[int, list]:
+    """(proposals, the graph's outputs) of one run: the tensors made under /proposal_generator/
+    and read under /roi_heads/ become outputs too; ours has a validity mask [B, P] (counted),
+    detectron2's the boxes [N, 4] (N)."""
     made = {o: n.name for n in model.graph.node for o in n.output}
     cross = sorted({i for n in model.graph.node if n.name.startswith("/roi_heads/")
                     for i in n.input if made.get(i, "").startswith("/proposal_generator/")})
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(c) for c in cross)
-    values = session(probe, threads).run(cross, feeds)
+    names = [o.name for o in model.graph.output]
+    everything = session(probe, threads).run(names + cross, feeds)
+    outputs, values = everything[:len(names)], everything[len(names):]
+    return _counted(values), outputs
+
+
+def _counted(values: list) -> int:
     flags = [v for v in values if v.dtype == bool]
     if flags:
         return int(flags[0].sum())
