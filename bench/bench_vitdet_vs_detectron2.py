@@ -13,21 +13,26 @@ proposals), the classifier peaked (foreground logits std ``--sigma``, one bias p
 relative positions random (std 0.02) rather than detectron2's zeros. The checkpoint and
 detectron2's ``LazyConfig.save`` config.yaml go to a temporary folder.
 
-- detectron2: ``LazyConfig.load`` + ``instantiate`` + ``DetectionCheckpointer`` + TracingAdapter
-  over ``model.inference(..., do_postprocess=False)`` + ``torch.onnx.export`` (opset 17),
-  traced at the one image below (detectron2's graph is fixed to it);
+- detectron2: ``LazyConfig.load`` of the source tree's .py config (detectron2 cannot load back
+  the config.yaml it saved for this config: the federated loss's class weights, a lambda, are
+  written as ``!!python/name:None.<lambda>``) + ``instantiate`` + ``DetectionCheckpointer`` +
+  TracingAdapter over ``model.inference(..., do_postprocess=False)`` + ``torch.onnx.export``
+  (TorchScript exporter, opset 17), traced at the one image below (its graph is fixed to it);
 - ours: ``export_checkpoint`` (the CLI's library call: load, export, NorCal node at gamma 0,
-  TensorRT-parser check, write) from the checkpoint and config.yaml.
+  TensorRT-parser check, write) from the checkpoint and that config.yaml.
 
 One image: img0 of tests/fixtures/d2_lvis_tiny resized by the config's ResizeShortestEdge(1024,
 1024) (detectron2's transform). ONNX Runtime on the CPU, batch 1, ``--threads`` intra-op threads;
 exports (``--export-repeats``) and runs (``--repeats``) interleaved, medians. Each graph prints
 the proposals its RPN kept (read from the graph), its detections, and how many of detectron2's
 detections ours matches (same class, IoU >= 0.99, score within 1e-3 and within 1e-4);
-``--eager`` adds detectron2's PyTorch latency (``model.inference``) in the same process.
+``--eager`` adds detectron2's PyTorch latency (``model.inference``) in the same process (also
+added when detectron2's export fails: its error is printed). Sessions run without ONNX Runtime's
+CPU memory arena (with it, two ViT-B sessions outgrew 12 GB).
 
 Runs where detectron2 (with its source tree, for the config) and timm are installed besides
-norcal-deploy; about 10 minutes on 2 cores, 6 GB of memory:
+norcal-deploy; 10-20
+minutes on 2 shared cores:
 
     python bench/bench_vitdet_vs_detectron2.py --detectron2-src PATH/TO/detectron2
         [--threads 2] [--repeats 3] [--export-repeats 1] [--eager]
@@ -36,6 +41,7 @@ norcal-deploy; about 10 minutes on 2 cores, 6 GB of memory:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import statistics
@@ -52,7 +58,7 @@ from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
-from bench_vs_detectron2 import run_counting_proposals, session, time_all, uptime  # noqa: E402
+from bench_vs_detectron2 import count_proposals, proposal_outputs, session, time_all, uptime  # noqa: E402
 from fixture_files import TESTS, fixture_dir  # noqa: E402
 from full_size_model import _bisect  # noqa: E402
 from widen_detectron2_graph import compare_detections  # noqa: E402
@@ -166,20 +172,28 @@ def time_exports(exports: dict, repeats: int, console) -> tuple[dict, dict]:
 
 def inspect_graphs(files: dict, inputs: dict, threads: int) -> tuple[dict, dict, dict]:
     """Per graph: file size, nodes, proposals, detections, matches with detectron2's graph
-    (at score tolerances 1e-3 and 1e-4); a session for timing each, and its feeds (``inputs``
-    named by the graph's inputs)."""
-    facts, outs, feeds = {}, {}, {}
+    (at score tolerances 1e-3 and 1e-4); a session for timing each, after its first run, and its
+    feeds (``inputs`` named by the graph's inputs). One session per graph, the proposals an
+    extra output that timed runs do not fetch; no CPU memory arena (a ViT-B run's arena grows to
+    many GB: with two sessions the process ran out of memory on 23 GB)."""
+    facts, outs, feeds, sessions, names = {}, {}, {}, {}, {}
     for k, f in files.items():
         graph = onnx.load(str(f))
         feeds[k] = {i.name: a for i, a in zip(graph.graph.input, inputs[k])}
-        props, outs[k] = run_counting_proposals(graph, feeds[k], threads)
+        names[k] = [o.name for o in graph.graph.output]
+        cross = proposal_outputs(graph)
+        sessions[k] = session(graph, threads, arena=False)
+        nodes = len(graph.graph.node)
+        graph = None
+        values = sessions[k].run(names[k] + cross, feeds[k])
+        outs[k], props = values[:len(names[k])], count_proposals(values[len(names[k]):])
         dets = int(outs[k][0].shape[0]) if k == "detectron2" else int(outs[k][0][0])
-        facts[k] = {"MB": f.stat().st_size / 1e6, "nodes": len(graph.graph.node),
+        facts[k] = {"MB": f.stat().st_size / 1e6, "nodes": nodes,
                     "proposals": props, "detections": dets}
     if len(outs) == 2:
         facts["ours"]["same"] = {tol: compare_detections(outs["detectron2"], outs["ours"], max_score_diff=tol)
                                  for tol in (1e-3, 1e-4)}
-    return facts, {k: session(onnx.load(str(f)), threads) for k, f in files.items()}, feeds
+    return facts, sessions, feeds, names
 
 
 def print_results(console, facts: dict, export_s: dict, med: dict, size: str, args) -> None:
@@ -249,18 +263,23 @@ def main(argv=None) -> int:
     exports = {"detectron2": lambda: d2_export(src, weights, image, files["detectron2"]),
                "ours": lambda: our_export(config, weights, files["ours"])}
     export_s, failed = time_exports(exports, args.export_repeats, console)
+    gc.collect()
     files = {k: f for k, f in files.items() if k not in failed}
     bgr = np.zeros((1, 3, SQUARE, SQUARE), np.float32)
     bgr[0, :, :h, :w] = rgb[:, :, ::-1].transpose(2, 0, 1)
     inputs = {"detectron2": [image.numpy()],  # TracingAdapter's one flattened input
               "ours": [bgr, np.array([[h, w]], np.int64)]}
     with console.status("sessions, proposals, detections"):
-        facts, sessions, feeds = inspect_graphs(files, inputs, args.threads)
-    runs = {k: (lambda s=s, f=feeds[k]: s.run(None, f)) for k, s in sessions.items()}
+        facts, sessions, feeds, names = inspect_graphs(files, inputs, args.threads)
+    runs = {k: (lambda s=s, n=names[k], f=feeds[k]: s.run(n, f)) for k, s in sessions.items()}
     if args.eager or "detectron2" in failed:
         runs["detectron2 PyTorch"] = lambda: model.inference([{"image": image}], do_postprocess=False)
+        with torch.no_grad():  # its warm-up: the graphs ran once above
+            model.inference([{"image": image}], do_postprocess=False)
+    else:
+        model = None
     with console.status("timing"), torch.no_grad():
-        med = time_all(runs, args.repeats)
+        med = time_all(runs, args.repeats, warm_up=False)
     print_results(console, facts, export_s, med, f"{h}x{w}", args)
     for k, error in failed.items():
         console.print(f"{k}'s export FAILED: {error}")
