@@ -79,10 +79,11 @@ def d2_with_threshold(model: onnx.ModelProto, thresh: float | None) -> onnx.Mode
     return model
 
 
-def session(model: onnx.ModelProto, threads: int, profile_dir: str | None = None):
+def session(model: onnx.ModelProto, threads: int, profile_dir: str | None = None, arena: bool = True):
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    so.enable_cpu_mem_arena = arena
     if profile_dir:
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(profile_dir, "ort")
@@ -90,16 +91,26 @@ def session(model: onnx.ModelProto, threads: int, profile_dir: str | None = None
 
 
 def proposals(model: onnx.ModelProto, feeds: dict, threads: int) -> int:
-    """Proposals the RPN hands to the ROI heads, read from the graph: the tensors made under
-    /proposal_generator/ and read under /roi_heads/ become outputs; ours has a validity mask
-    [B, P] (counted), detectron2's the boxes [N, 4] (N)."""
+    """Proposals the RPN hands to the ROI heads, read from the graph (:func:`proposal_outputs`)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    cross = proposal_outputs(probe)
+    return count_proposals(session(probe, threads).run(cross, feeds))
+
+
+def proposal_outputs(model: onnx.ModelProto) -> list[str]:
+    """Makes the tensors made under /proposal_generator/ and read under /roi_heads/ outputs of
+    ``model`` (in place) and returns their names; :func:`count_proposals` reads them."""
     made = {o: n.name for n in model.graph.node for o in n.output}
     cross = sorted({i for n in model.graph.node if n.name.startswith("/roi_heads/")
                     for i in n.input if made.get(i, "").startswith("/proposal_generator/")})
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(c) for c in cross)
-    values = session(probe, threads).run(cross, feeds)
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(c) for c in cross)
+    return cross
+
+
+def count_proposals(values: list) -> int:
+    """The proposals in :func:`proposal_outputs`' values: ours has a validity mask [B, P]
+    (counted), detectron2's the boxes [N, 4] (N)."""
     flags = [v for v in values if v.dtype == bool]
     if flags:
         return int(flags[0].sum())
@@ -107,10 +118,10 @@ def proposals(model: onnx.ModelProto, feeds: dict, threads: int) -> int:
     return int(boxes[0].shape[0]) if boxes else -1
 
 
-def time_all(runs: dict, repeats: int) -> dict[str, float]:
+def time_all(runs: dict, repeats: int, warm_up: bool = True) -> dict[str, float]:
     """Median seconds of each callable, runs interleaved so load on the machine hits all."""
-    for run in runs.values():
-        run()  # warm-up
+    for run in runs.values() if warm_up else ():
+        run()
     times = {k: [] for k in runs}
     for _ in range(repeats):
         for k, run in runs.items():
