@@ -53,7 +53,8 @@ def test_weights_give_the_configs_mvit(case):
     raw = {k: v for k, v in read_checkpoint(FIXTURE / "model_final.pth").items() if "fed_loss" not in k}
     given = MViTSpec(embed_dim=0, depth=0, num_heads=0, last_block_indexes=(0, 0, 0, 0), norm_eps=1e-6,
                      residual_pooling=True, square_pad=SQUARE)
-    assert spec_from_weights(raw, cascade_weights=case.spec.cascade_bbox_reg_weights, mvit=given).mvit == MVIT
+    assert spec_from_weights(raw, cascade_weights=case.spec.cascade_bbox_reg_weights, mvit=given,
+                             config_norms=True).mvit == MVIT
 
 
 @pytest.mark.parametrize("setting", ("baseline", "cdt_g0.5"))
