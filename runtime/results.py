@@ -53,6 +53,57 @@ def region_rle_counts(region: np.ndarray, y0: int, x0: int, image_hw) -> np.ndar
     return np.diff(np.concatenate(([0], where, [H * W])))
 
 
+def _mask_regions(det: ImageDetections, threshold: float, memo: dict | None):
+    """(keys, rows, regions): with a ``memo``, a key per detection naming exactly what its region
+    is computed from (the mask input and the box), the detections whose key the memo lacks, and
+    their regions; without, every detection's region."""
+    h, w = det.image_size
+    n = len(det)
+    if memo is None:
+        return None, range(n), paste_mask_regions(det.mask_probs, det.boxes, (h, w), threshold, det.mask_paste,
+                                                  det.mask_protos)
+    import hashlib
+
+    boxes = np.asarray(det.boxes, np.float32).reshape(-1, 4)
+    tail = repr((threshold, h, w)).encode()
+    if det.mask_paste == "ultralytics":
+        from norcal.runtime.proto_masks import map_regions, proto_maps, read_bytes, region_taps
+
+        # the maps of all detections in one product, as without a memo (a BLAS row may depend on the rows)
+        maps = proto_maps(det.mask_probs, det.mask_protos)
+        taps = region_taps(maps.shape[1:], boxes, (h, w))
+        read = [b"" if t is None else read_bytes(maps[i], t) for i, t in enumerate(taps)]
+    else:
+        masks = np.asarray(det.mask_probs, np.float32)
+        read = [masks[i].tobytes() for i in range(n)]
+    keys = [hashlib.blake2b(read[i] + boxes[i].tobytes() + tail, digest_size=16).digest() for i in range(n)]
+    rows = [i for i in range(n) if keys[i] not in memo]
+    if det.mask_paste == "ultralytics":
+        regions = map_regions(maps[rows], boxes[rows], (h, w), threshold, [taps[i] for i in rows])
+    else:  # each of these pastes reads its own mask and box only
+        regions = paste_mask_regions(masks[rows], boxes[rows], (h, w), threshold, det.mask_paste)
+    return keys, rows, regions
+
+
+def image_mask_rles(det: ImageDetections, threshold: float = 0.5, memo: dict | None = None) -> list[dict]:
+    """One image's masks pasted (:func:`paste_mask_regions`) and compressed-RLE encoded
+    ({'size': [H, W], 'counts': str}), in detection order. ``memo``: a dict kept across calls
+    for the same image (tune's gammas re-select the same detections): a detection whose mask
+    input and box were seen reuses that RLE instead of pasting it again."""
+    from pycocotools import mask as mask_util
+
+    h, w = det.image_size
+    keys, rows, regions = _mask_regions(det, threshold, memo)
+    uncompressed = [{"size": [h, w], "counts": region_rle_counts(region, ry, rx, (h, w)).tolist()}
+                    for _, (region, ry, rx) in zip(rows, regions)]
+    # pycocotools compresses uncompressed RLE in C, all masks of the image in one call
+    counts = [r["counts"].decode("ascii") for r in mask_util.frPyObjects(uncompressed, h, w)] if uncompressed else []
+    if memo is None:
+        return [{"size": [h, w], "counts": c} for c in counts]
+    memo.update(zip((keys[i] for i in rows), counts))
+    return [{"size": [h, w], "counts": memo[k]} for k in keys]
+
+
 def detections_to_results(image_id: int | str, det: ImageDetections, category_ids: list[int] | None,
                           with_masks: bool = True, mask_threshold: float = 0.5) -> list[dict]:
     """One image's detections -> result dicts (masks pasted one at a time, then RLE-encoded).
@@ -61,11 +112,7 @@ def detections_to_results(image_id: int | str, det: ImageDetections, category_id
     (index + 1).
     """
     out = []
-    h, w = det.image_size
     masks = with_masks and det.mask_probs is not None and len(det) > 0
-    regions = paste_mask_regions(det.mask_probs, det.boxes, (h, w), mask_threshold,
-                                 det.mask_paste, det.mask_protos) if masks else None
-    uncompressed = []
     for i in range(len(det)):
         c = int(det.classes[i])
         if category_ids is None:
@@ -76,18 +123,11 @@ def detections_to_results(image_id: int | str, det: ImageDetections, category_id
             raise NorcalError(f"class index {c} out of range: {len(category_ids)} category ids known")
         x0, y0, x1, y1 = (float(v) for v in det.boxes[i])
         wh = det.boxes[i, 2:] - det.boxes[i, :2]  # float32, as detectron2's BoxMode.convert
-        r = {"image_id": image_id, "category_id": cat,
-             "bbox": [x0, y0, float(wh[0]), float(wh[1])], "score": float(det.scores[i])}
-        if masks:
-            region, ry, rx = next(regions)
-            uncompressed.append({"size": [h, w], "counts": region_rle_counts(region, ry, rx, (h, w)).tolist()})
-        out.append(r)
+        out.append({"image_id": image_id, "category_id": cat,
+                    "bbox": [x0, y0, float(wh[0]), float(wh[1])], "score": float(det.scores[i])})
     if masks and out:
-        from pycocotools import mask as mask_util
-
-        # pycocotools compresses uncompressed RLE in C, all masks of the image in one call
-        for r, rle in zip(out, mask_util.frPyObjects(uncompressed, h, w)):
-            r["segmentation"] = {"size": [h, w], "counts": rle["counts"].decode("ascii")}
+        for r, rle in zip(out, image_mask_rles(det, mask_threshold)):
+            r["segmentation"] = rle
     return out
 
 

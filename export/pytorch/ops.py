@@ -13,6 +13,27 @@ import torchvision
 FLOAT_LOWEST = float(torch.finfo(torch.float32).min)
 
 
+def _first_kept(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float, limit: int) -> torch.Tensor:
+    """``torchvision.ops.nms(boxes, scores, iou_threshold)[:limit]``, without running the greedy
+    pass over every box: a box's fate depends only on the higher-scored kept boxes, so NMS of the
+    candidates scoring at least the m-th best score (ties included, in their index order, as the
+    full call's stable sort orders them) keeps the same first boxes; m grows until ``limit`` are
+    kept or every box is in. Thousands of candidates per class (a YOLO head at a 0.001
+    threshold) otherwise cost O(n^2) IoUs per class where a few hundred are kept."""
+    n = int(scores.numel())
+    m = 4 * max(int(limit), 1)
+    while m < n:
+        cut = scores.topk(m).values[-1]
+        idx = torch.nonzero(scores >= cut, as_tuple=True)[0]  # ascending: the original order of ties
+        if idx.numel() >= n:
+            break
+        k = torchvision.ops.nms(boxes[idx], scores[idx], iou_threshold)
+        if k.numel() >= limit:
+            return idx[k[:limit]]
+        m *= 4
+    return torchvision.ops.nms(boxes, scores, iou_threshold)[:limit]
+
+
 class _NonMaxSuppression(torch.autograd.Function):
     @staticmethod
     def forward(ctx, boxes, scores, max_per_class: int, iou_threshold: float,
@@ -35,9 +56,9 @@ class _NonMaxSuppression(torch.autograd.Function):
         # one torchvision nms per (n, c), like batched_nms' per-class path in detectron2, but
         # on contiguous slices: no O(classes x candidates) scan
         for cnt in counts.tolist():
-            k = torchvision.ops.nms(cand_boxes[start:start + cnt], cand_scores[start:start + cnt],
-                                    iou_threshold)
-            keep.append(k[:max_per_class] + start)
+            k = _first_kept(cand_boxes[start:start + cnt], cand_scores[start:start + cnt], iou_threshold,
+                            max_per_class)
+            keep.append(k + start)
             start += cnt
         keep = torch.cat(keep)
         return torch.stack((ni[keep], ci[keep], ri[keep]), dim=1)

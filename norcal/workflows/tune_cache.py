@@ -78,12 +78,15 @@ def rescore_images(detector: Detector, cache: TuneCache, index: int, prior: np.n
                          cache.mask_paste, cache.clip_boxes)
 
 
-def to_eval_detections(image_ids: Sequence, dets, category_ids: Sequence[int], masks: bool = False):
+def to_eval_detections(image_ids: Sequence, dets, category_ids: Sequence[int], masks: bool = False,
+                       mask_memo: dict | None = None):
     """Per-image detections -> :class:`norcal.evaluation.Detections` (bbox as x, y, w, h with
     w, h computed in float32, as the results JSON of ``norcal infer`` has them; with
-    ``masks``, the masks pasted and RLE-encoded as there too)."""
+    ``masks``, the masks pasted and RLE-encoded as there too). ``mask_memo``: a dict kept
+    across the gammas of the same images, so a mask seen at another gamma is not pasted again
+    (:func:`norcal.runtime.results.image_mask_rles`)."""
     from norcal.evaluation import Detections
-    from norcal.runtime.results import detections_to_results
+    from norcal.runtime.results import image_mask_rles
 
     cats = np.asarray(category_ids, dtype=np.int64)
     n = [len(d) for d in dets]
@@ -98,16 +101,18 @@ def to_eval_detections(image_ids: Sequence, dets, category_ids: Sequence[int], m
     scores = np.concatenate([d.scores for d in dets]).astype(np.float32).astype(np.float64)
     rles = None
     if masks:
-        rles = [r["segmentation"] for i, d in zip(image_ids, dets)
-                for r in detections_to_results(int(i), d, list(category_ids))]
+        rles = [r for i, d in zip(image_ids, dets) if len(d)
+                for r in image_mask_rles(d, memo=None if mask_memo is None else mask_memo.setdefault(i, {}))]
     return Detections(img, cats[classes], scores, xywh, rles)
 
 
 
 def rescore_gamma(detector: Detector, cache: TuneCache, index: int, prior, mechanism: str,
-                  batch_size: int, category_ids: Sequence[int], masks: bool = False):
+                  batch_size: int, category_ids: Sequence[int], masks: bool = False,
+                  mask_memo: dict | None = None):
     """The sweep's ``index``-th gamma (log prior ``prior``) on one cache -> its
     :class:`norcal.evaluation.Detections` (with masks when ``masks``: the cache was made
-    ``with_masks``)."""
+    ``with_masks``; ``mask_memo``: one dict across the gammas of this cache, see
+    :func:`to_eval_detections`)."""
     dets = rescore_images(detector, cache, index, prior, mechanism, batch_size)
-    return to_eval_detections(cache.image_ids, dets, category_ids, masks=masks)
+    return to_eval_detections(cache.image_ids, dets, category_ids, masks=masks, mask_memo=mask_memo)

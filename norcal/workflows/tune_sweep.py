@@ -124,10 +124,12 @@ class SweepAccumulator:
         return self.iou_type in MASK_IOU_TYPES
 
     def add(self, cache: TuneCache, on_step: Callable[[int], None] | None = None) -> None:
+        memo: dict = {}  # the cache's masks as RLE, shared by its gammas
         for k, prior in enumerate(self.priors):
             t0 = time.perf_counter()
             self.parts[k].append(rescore_gamma(self.detector, cache, k, prior, self.mechanism,
-                                               self.batch_size, self.table.category_ids, self.with_masks))
+                                               self.batch_size, self.table.category_ids, self.with_masks,
+                                               memo))
             self.seconds[k] += time.perf_counter() - t0
             if on_step:
                 on_step(len(cache))

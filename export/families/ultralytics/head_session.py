@@ -12,7 +12,7 @@ def head_session(module, head: Callable, shape: Sequence[int], output_names: Seq
     """An ONNX Runtime CPU session over ``head(module, images)`` (``images`` [B,3,H,W] float32
     -> a tuple of tensors named ``output_names``; ``module`` the torch module holding the
     weights), traced at ``shape`` with the batch dynamic, as the export traces it; intra-op
-    threads torch's (tune's thread setting)."""
+    threads torch's (tune's thread setting), not spinning between runs."""
     import onnxruntime as ort
     import torch
 
@@ -33,4 +33,6 @@ def head_session(module, head: Callable, shape: Sequence[int], output_names: Seq
                           opset_version=opset, dynamo=False, do_constant_folding=True)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
+    # tune runs host code (torch) between two runs: threads spinning for the next run would take its cores
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(buf.getvalue(), sess_options=opts, providers=["CPUExecutionProvider"])

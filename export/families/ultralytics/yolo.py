@@ -270,15 +270,16 @@ class YoloDetector(Detector):
                 head = self._head_outputs(b.images)
                 for j in range(len(chunk_ids)):
                     lg = head["cls_logits"][j]
-                    best = torch.zeros(lg.shape[0], dtype=torch.bool)
+                    best = np.zeros(lg.shape[0], dtype=bool)
                     for lp in lps or [None]:
                         p = torch.sigmoid(lg) if lp is None else calibrate(
                             lg, lp, mechanism=mechanism, activation="sigmoid", background="none")
-                        best |= (p >= thresh).any(dim=1)
-                    keep = best.nonzero()[:, 0]
-                    boxes.append(head["boxes"][j, keep].numpy())
-                    logits.append(lg[keep].numpy())
-                    coefs.append(head["coefs"][j, keep].numpy() if masks else None)
+                        # numpy: torch's threads wake for each small reduction, milliseconds per image
+                        best |= (p.numpy() >= thresh).any(axis=1)
+                    keep = np.flatnonzero(best)
+                    boxes.append(head["boxes"][j].numpy()[keep])
+                    logits.append(lg.numpy()[keep])
+                    coefs.append(head["coefs"][j].numpy()[keep] if masks else None)
                     protos.append(head["protos"][j].numpy() if masks else None)
                 sizes.append(np.asarray(b.image_sizes, np.int64).reshape(-1, 2))
                 originals.append(np.asarray(b.original_sizes, np.int64).reshape(-1, 2))
@@ -317,7 +318,7 @@ class YoloDetector(Detector):
         min(K, A) pairs)."""
         import torch
 
-        from norcal.export.pytorch.tools import join_outputs
+        from norcal.export.pytorch.tools import join_outputs, torch_threads
         from norcal.export.pytorch.runner import predictor_state
 
         if batch_size < 1:
@@ -329,15 +330,20 @@ class YoloDetector(Detector):
             for s in range(0, len(cache), batch_size):
                 sl = slice(s, s + batch_size)
                 a = max([least, *(len(x) for x in cache.boxes[sl])])
-                boxes = torch.stack([_pad(x, a, 0.0) for x in cache.boxes[sl]])
-                logits = torch.stack([_pad(x, a, -1e4) for x in cache.logits[sl]])
-                coefs = protos = None
-                if cache.coefs[s] is not None:
-                    coefs = torch.stack([_pad(x, a, 0.0) for x in cache.coefs[sl]])
-                    protos = torch.stack([torch.as_tensor(x) for x in cache.protos[sl]])
-                det = self.model.detections(boxes, self.model.probs(logits), torch.from_numpy(cache.image_sizes[sl]),
-                                            cache.input_hw, coefs, protos)
-                out.append({k: v.numpy() for k, v in det.items()})
+                # copies, the selection's NMS loop and gathers give the same values on any number of
+                # threads, and one is the fastest for these small ops; the scores keep tune's threads
+                with torch_threads(1):
+                    boxes = torch.stack([_pad(x, a, 0.0) for x in cache.boxes[sl]])
+                    logits = torch.stack([_pad(x, a, -1e4) for x in cache.logits[sl]])
+                    coefs = protos = None
+                    if cache.coefs[s] is not None:
+                        coefs = torch.stack([_pad(x, a, 0.0) for x in cache.coefs[sl]])
+                        protos = torch.stack([torch.as_tensor(x) for x in cache.protos[sl]])
+                scores = self.model.probs(logits)
+                with torch_threads(1):
+                    det = self.model.detections(boxes, scores, torch.from_numpy(cache.image_sizes[sl]),
+                                                cache.input_hw, coefs, protos)
+                    out.append({k: v.numpy() for k, v in det.items()})
         return join_outputs(out)
 
 

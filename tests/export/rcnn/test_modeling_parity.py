@@ -209,6 +209,25 @@ def test_nms_op_equals_torchvision_batched_nms():
     assert int(per.max()) == 3
 
 
+@pytest.mark.parametrize("limit", [1, 7, 40])
+def test_nms_op_cap_keeps_torchvisions_first_kept_boxes(limit):
+    # thousands of candidates per class, few kept (the cap): the op stops early, and must keep
+    # exactly the first ``limit`` of torchvision's full NMS, tied scores (quantized) included
+    gen = torch.Generator().manual_seed(1)
+    n, c, r = 2, 3, 3000
+    xy = torch.rand((n, r, 2), generator=gen) * 300
+    wh = torch.rand((n, r, 2), generator=gen) * 120 + 1
+    boxes = torch.cat([xy, xy + wh], -1)
+    scores = torch.round(torch.rand((n, c, r), generator=gen) * 40) / 40
+    sel = non_max_suppression(boxes, scores, limit, 0.45, 0.1)
+    for b in range(n):
+        for k in range(c):
+            cand = torch.nonzero(scores[b, k] > 0.1, as_tuple=True)[0]
+            want = cand[torchvision.ops.nms(boxes[b, cand], scores[b, k, cand], 0.45)[:limit]]
+            got = sel[(sel[:, 0] == b) & (sel[:, 1] == k), 2]
+            assert sorted(got.tolist()) == sorted(want.tolist())
+
+
 def test_bad_spec_is_a_clear_error():
     with pytest.raises(NorcalError, match="depth 42"):
         create_model(ModelSpec(depth=42))

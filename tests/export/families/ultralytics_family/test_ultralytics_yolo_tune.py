@@ -81,19 +81,25 @@ def test_tune_rescore_equals_the_onnx(work, kind):
 def test_tune_segm_rescoring_gives_ultralytics_masks(work):
     """Tune's segm re-scoring (cache with masks, re-scored at gamma 0.5, masks pasted and
     RLE-encoded as norcal infer writes them) gives each detection Ultralytics' predictor mask
-    (process_mask_native on its own prototypes and coefficients at our box)."""
+    (process_mask_native on its own prototypes and coefficients at our box). The sweep's memo
+    (masks pasted once per cache, shared by its gammas: here gamma 0 first) changes no RLE."""
     from pycocotools import mask as mask_utils
 
     from norcal.core.calibration import log_prior
-    from norcal.workflows.tune_cache import cache_images, to_eval_detections
+    from norcal.workflows.tune_cache import cache_images, rescore_gamma, to_eval_detections
 
     det = load_detector(work.seg)
     images = [(1, IMAGES[1])]
+    cats = list(range(1, NUM_CLASSES + 1))
     prior = log_prior(work.counts, 0.5, background="none")
-    cache = cache_images(det, images, [prior], batch_size=1, with_masks=True)
-    out = det.rescore(cache, 0, prior, "exp", 1)  # what rescore_images splits
+    cache = cache_images(det, images, [None, prior], batch_size=1, with_masks=True)
+    out = det.rescore(cache, 1, prior, "exp", 1)  # what rescore_images splits
     dets = split_outputs(out, cache.image_sizes, cache.original_sizes, cache.keep_empty_boxes, cache.mask_paste)
-    rles = to_eval_detections([1], dets, list(range(1, NUM_CLASSES + 1)), masks=True).rles
+    rles = to_eval_detections([1], dets, cats, masks=True).rles
+    memo: dict = {}
+    first = rescore_gamma(det, cache, 0, None, "exp", 1, cats, masks=True, mask_memo=memo)
+    assert rescore_gamma(det, cache, 1, prior, "exp", 1, cats, masks=True, mask_memo=memo).rles == rles
+    assert len(memo[1]) < len(first) + len(rles)  # gamma 0.5 found masks gamma 0 pasted
     arrays = [read_rgb(p) for _, p in images]
     refs, pads, _, protos = _reference(work.seg, arrays, 0.5, work.counts, True)
     start = 0
@@ -107,3 +113,4 @@ def test_tune_segm_rescoring_gives_ultralytics_masks(work):
         assert len(i) >= 0.99 * len(ref)
         theirs = ultralytics_masks(pr, ref[i, 6:], d.boxes[idx[i]], d.image_size)
         assert mask_ious(ours[idx[i]], theirs).min() >= MIN_MASK_IOU
+
