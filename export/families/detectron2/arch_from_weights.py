@@ -147,7 +147,8 @@ def weights_layout(sd: Mapping[str, Any]) -> str:
 def _layout(sd: Mapping[str, Any]) -> dict:
     """Which detectron2 layout the names show: FPN, C4 (res5 in the ROI heads), DC5 or ViTDet's."""
     if is_vit(sd):
-        return {"backbone_name": VIT_BACKBONE, "roi_heads_name": STANDARD_ROI_HEADS}
+        return {"backbone_name": VIT_BACKBONE,
+                "roi_heads_name": CASCADE_ROI_HEADS if _is_cascade(sd) else STANDARD_ROI_HEADS}
     if f"{STEM}.weight" in sd or is_regnet(sd) or is_mvit(sd):
         return {"backbone_name": FPN_BACKBONE,
                 "roi_heads_name": CASCADE_ROI_HEADS if _is_cascade(sd) else STANDARD_ROI_HEADS}
