@@ -17,11 +17,34 @@ PICTURES = 2
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from norcal.workflows.demo import run_demo
+def demo_cli(tmp_path_factory):
+    """One `norcal demo` run as users run it (the CLI: progress bars, printing, the staged output
+    folder), shared by the tests: (exit code, run_demo's result, the output folder, what it printed)."""
+    import contextlib
+    import io
 
-    out = tmp_path_factory.mktemp("demo")
-    return run_demo(None, out, gammas=GRID, batch_size=8, pictures=PICTURES)
+    import norcal.workflows.demo as workflow
+    from norcal.cli import main
+
+    out, printed, results, run_demo = tmp_path_factory.mktemp("demo") / "out", io.StringIO(), [], workflow.run_demo
+
+    def kept(*args, **kwargs):
+        results.append(run_demo(*args, **kwargs))
+        return results[-1]
+
+    workflow.run_demo = kept
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = main(["demo", "--output", str(out), "--gammas", ",".join(map(str, GRID)), "--batch", "8",
+                         "--pictures", str(PICTURES)])
+    finally:
+        workflow.run_demo = run_demo
+    return code, results[0] if results else None, out, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def demo(demo_cli):
+    return demo_cli[1]
 
 
 def test_default_data_is_the_fixture():
@@ -264,14 +287,12 @@ def test_cli_demo_output_that_is_a_file_is_refused_first(tmp_path, capsys):
     assert target.read_text() == "keep"
 
 
-def test_cli_demo_runs_end_to_end(tmp_path, capsys):
-    """`norcal demo` itself (progress bars, printing, the staged output folder)."""
-    from norcal.cli import main
-
-    out = tmp_path / "demo"
-    assert main(["demo", "--output", str(out), "--gammas", "0,1", "--pictures", "0"]) == 0
+def test_cli_demo_runs_end_to_end(demo_cli):
+    """`norcal demo` itself (progress bars, printing, the staged output folder): the run every
+    other test here reads."""
+    code, result, out, text = demo_cli
+    assert code == 0 and result.output_dir == out
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["tuned_gamma"] in (0.0, 1.0) and Path(summary["plot"]).parent == out
+    assert summary["tuned_gamma"] == GAMMA and Path(summary["plot"]).parent == out
     assert all(Path(s["model"]).is_file() for s in summary["settings"])
-    text = capsys.readouterr().out
     assert "baseline" in text and "tuned" in text
