@@ -215,3 +215,22 @@ def assert_same_first_image(alone: dict, batched: dict, masks: bool = False) -> 
         ai, bi = zip(*pairs)
         diff = np.abs(alone["masks"][0][list(ai)] - batched["masks"][0][list(bi)]).max()
         assert diff <= MASK_TOL_BATCHED, diff
+
+
+def eager_at_prior(model, images, sizes, prior, intermediates: bool, fronts: dict) -> dict:
+    """Our eager R-CNN's outputs (numpy) at one log prior (None: none). The backbone and
+    proposals do not depend on the prior: computed once per ``fronts`` dict (one per batch)."""
+    import torch
+
+    predictor = model.roi_heads.box_predictor
+    predictor.set_log_prior(prior)
+    try:
+        with torch.no_grad():
+            x, s = torch.from_numpy(np.asarray(images)), torch.from_numpy(np.asarray(sizes))
+            if "front" not in fronts:
+                fronts["front"] = model.front(x, s)
+            out = model.inference(x, s, intermediates=intermediates, front=fronts["front"])
+    finally:
+        predictor.set_log_prior(None)
+    # a cascade's per-stage intermediates are lists
+    return {k: [t.numpy() for t in v] if isinstance(v, list) else v.numpy() for k, v in out.items()}

@@ -100,13 +100,24 @@ _ARCHS: dict[str, Arch] = {}
 
 @pytest.fixture(scope="module", params=list(ARCHS))
 def arch(request) -> Arch:
-    if request.param not in _ARCHS:
-        _ARCHS[request.param] = Arch(request.param)
-    return _ARCHS[request.param]
+    return _arch(request.param)
 
 
-@pytest.mark.parametrize("gamma, mechanism, factor", VARIANTS)
-def test_rescoring_equals_exported_model(gamma, mechanism, factor, arch, tmp_path):
+def _arch(name: str) -> Arch:
+    if name not in _ARCHS:
+        _ARCHS[name] = Arch(name)
+    return _ARCHS[name]
+
+
+# C4 (the costliest export to run) at gamma 0 and 0.5 only: what is its own is the cache (res5 on
+# each pooled box), which both exercise; the logit and ENS variants re-score the cached predictor
+# inputs by the same code for every R-CNN, checked on Cascade and DC5
+RESCORING_CASES = [(name, *v) for name in ARCHS for v in VARIANTS if name != "c4" or v[1:] == ("exp", "cdt")]
+
+
+@pytest.mark.parametrize("name, gamma, mechanism, factor", RESCORING_CASES)
+def test_rescoring_equals_exported_model(name, gamma, mechanism, factor, tmp_path):
+    arch = _arch(name)
     full = arch.onnx_detections(gamma, mechanism, factor, tmp_path)
     ours = arch.rescored(gamma, mechanism, factor)
     for k, a, b in zip(IMAGES, full, ours):

@@ -28,15 +28,12 @@ class GeneralizedRCNN(nn.Module):
         self.padding_masks = True
 
     def inference(self, images: torch.Tensor, image_sizes: torch.Tensor,
-                  intermediates: bool = False) -> dict[str, torch.Tensor]:
+                  intermediates: bool = False, front: tuple | None = None) -> dict[str, torch.Tensor]:
         """Detections by name (see OUTPUT_NAMES); with ``intermediates`` also ``proposals``
         [B, P, 4], ``proposal_logits`` / ``proposal_valid`` [B, P], ``cls_logits`` [B, P, C+1]
-        and ``box_deltas`` [B, P, K*4]."""
-        masks = PaddingMasks(image_sizes, self.size_divisibility, self.padding_masks)
-        # detectron2 pads after normalising: the padded area must be 0, not -mean/std
-        x = masks.apply_image((images - self.pixel_mean) / self.pixel_std)
-        features = self.backbone(x, masks)
-        props, logits, valid = self.proposal_generator(features, image_sizes, masks)
+        and ``box_deltas`` [B, P, K*4]. ``front``: what :meth:`front` gave for these images (it
+        does not depend on the box classifier's prior, so runs at several priors may share it)."""
+        features, props, logits, valid, masks = front if front is not None else self.front(images, image_sizes)
         extra = {} if intermediates else None
         # FPN's P6 feeds only the RPN; C4 and DC5 have one map for both
         roi_features = features[:self.roi_heads.num_levels]
@@ -44,6 +41,15 @@ class GeneralizedRCNN(nn.Module):
         if intermediates:
             out.update(extra, proposals=props, proposal_logits=logits, proposal_valid=valid)
         return out
+
+    def front(self, images: torch.Tensor, image_sizes: torch.Tensor) -> tuple:
+        """The backbone's features and the RPN's proposals: (features, proposals, proposal
+        logits, proposal valid, the batch's PaddingMasks)."""
+        masks = PaddingMasks(image_sizes, self.size_divisibility, self.padding_masks)
+        # detectron2 pads after normalising: the padded area must be 0, not -mean/std
+        x = masks.apply_image((images - self.pixel_mean) / self.pixel_std)
+        features = self.backbone(x, masks)
+        return (features, *self.proposal_generator(features, image_sizes, masks), masks)
 
     def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False):
         """The outputs in OUTPUT_NAMES order; ``with_cls_logits`` appends the box classifier's

@@ -50,6 +50,7 @@ class Arch:
         self.model = model_from_state(self.spec, state)
         self.images, self.sizes = G.batch(IMAGES, fixture=self.fixture)
         self.eager: dict[str, dict] = {}
+        self._fronts: dict = {}  # the backbone and proposals, shared by the settings
         self.ort: dict[str, dict] = {}
         self._onnx = None
 
@@ -62,18 +63,9 @@ class Arch:
     def eager_outputs(self, setting: str) -> dict:
         if setting not in self.eager:
             factor, gamma = G.GAMMAS[setting]
-            counts = manifest_table(self.fixture).counts()
-            predictor = self.model.roi_heads.box_predictor
-            predictor.set_log_prior(None if gamma == 0 else log_prior(counts, gamma, factor))
-            try:
-                with torch.no_grad():
-                    out = self.model.inference(torch.from_numpy(self.images), torch.from_numpy(self.sizes),
-                                               intermediates=setting == "baseline")
-            finally:
-                predictor.set_log_prior(None)
-            # a cascade's per-stage intermediates are lists
-            self.eager[setting] = {k: [t.numpy() for t in v] if isinstance(v, list) else v.numpy()
-                                   for k, v in out.items()}
+            prior = None if gamma == 0 else log_prior(manifest_table(self.fixture).counts(), gamma, factor)
+            self.eager[setting] = G.eager_at_prior(self.model, self.images, self.sizes, prior,
+                                                   setting == "baseline", self._fronts)
         return self.eager[setting]
 
     def calibrated(self, setting: str) -> onnx.ModelProto:
