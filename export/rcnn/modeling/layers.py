@@ -191,3 +191,15 @@ class PaddingMasks:
         rows = torch.arange(h, device=x.device)[None, :] < self.image_sizes[:, 0:1]
         cols = torch.arange(w, device=x.device)[None, :] < self.image_sizes[:, 1:2]
         return x * (rows[:, None, :, None] & cols[:, None, None, :]).to(x.dtype)
+
+
+class Mlp(nn.Module):
+    """timm's Mlp as detectron2's ViT and MViT build it: fc1, exact GELU, fc2."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from norcal.core.errors import NorcalError
 
 from ..spec import MViTSpec
-from .layers import PaddingMasks
+from .layers import Mlp, PaddingMasks
 
 STAGES = 4  # scale2..scale5, the FPN's inputs
 
@@ -157,18 +157,6 @@ class MultiScaleAttention(nn.Module):
         ho, wo = q_full
         x = x.reshape(-1, self.num_heads, ho, wo, self.head_dim).permute(0, 2, 3, 1, 4)
         return self.proj(x.reshape(-1, ho, wo, self.num_heads * self.head_dim))
-
-
-class Mlp(nn.Module):
-    """timm's Mlp as detectron2 builds it: fc1, exact GELU, fc2."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class MultiScaleBlock(nn.Module):

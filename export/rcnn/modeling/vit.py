@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from norcal.core.errors import NorcalError
 
 from ..spec import ViTSpec
-from .layers import Conv2d, LayerNorm, PaddingMasks
+from .layers import Conv2d, LayerNorm, Mlp, PaddingMasks
 
 SCALE_FACTORS = (4.0, 2.0, 1.0, 0.5)  # detectron2's ViTDet configs: P2-P5 at strides 4-32 from patch 16
 
@@ -93,18 +93,6 @@ class Attention(nn.Module):
         rel_w = (r_q.transpose(1, 2) @ rw.transpose(1, 2)).transpose(1, 2)  # [n, h, w, w']
         attn = attn.view(n, h, w, h, w) + rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]
         return attn.view(n, h * w, h * w)
-
-
-class Mlp(nn.Module):
-    """timm's Mlp as ViT builds it: fc1, GELU (exact), fc2."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class ResBottleneckBlock(nn.Module):
