@@ -27,14 +27,9 @@ SQUARE = 256  # the FPN's square_pad and ResizeShortestEdge(256, 256)
 # make_mvit_cascade_tiny.MVIT with the config's LayerNorm eps and residual pooling
 MVIT = MViTSpec(embed_dim=4, depth=8, num_heads=1, last_block_indexes=(1, 4, 6, 7), mlp_ratio=2.0, norm_eps=1e-6,
                 residual_pooling=True, square_pad=SQUARE)
-_CASE: list[Case] = []
-
-
 @pytest.fixture(scope="module")
 def case() -> Case:
-    if not _CASE:
-        _CASE.append(Case(FIXTURE, SQUARE))
-    return _CASE[0]
+    return Case(FIXTURE, SQUARE)
 
 
 def test_config_gives_detectron2s_mvit_cascade(case):

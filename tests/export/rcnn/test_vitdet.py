@@ -48,14 +48,9 @@ class Case(Arch):
         self.eager, self.ort, self._onnx = {}, {}, None
 
 
-_CASE: list[Case] = []
-
-
 @pytest.fixture(scope="module")
 def case() -> Case:
-    if not _CASE:
-        _CASE.append(Case())
-    return _CASE[0]
+    return Case()
 
 
 def test_config_gives_detectron2s_vitdet(case):

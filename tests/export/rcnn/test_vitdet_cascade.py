@@ -18,14 +18,9 @@ from norcal.export.rcnn.spec import CASCADE_ROI_HEADS
 
 FIXTURE = FIXTURES / "d2_vitdet_cascade_tiny"
 SQUARE = 320  # make_vitdet_tiny.SQUARE: the ViT's square_pad and ResizeShortestEdge(320, 320)
-_CASE: list[Case] = []
-
-
 @pytest.fixture(scope="module")
 def case() -> Case:
-    if not _CASE:
-        _CASE.append(Case(FIXTURE, SQUARE))
-    return _CASE[0]
+    return Case(FIXTURE, SQUARE)
 
 
 def test_config_gives_detectron2s_vitdet_cascade(case):
