@@ -15,16 +15,16 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from norcal.core.errors import NorcalError
-from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
+from norcal.core.yaml_io import PYTHON_NAME
 
 from .resnet_weights import BOTTOM_UP, count, shape
+from .vit_lazy_config import LAYER_NORM, layer_norm_eps
 from .vit_weights import PASS_CONFIG
 from norcal.export.rcnn.spec import MViTSpec
 
 MVIT_PATCH = f"{BOTTOM_UP}.patch_embed.proj"
 MVIT_TARGET = "detectron2.modeling.MViT"
 GELU = "torch.nn.modules.activation.GELU"
-LAYER_NORM = "torch.nn.modules.normalization.LayerNorm"
 # the MViT's arguments no weight shows: the config's (``given``) or none
 FROM_CONFIG = ("norm_eps", "residual_pooling", "square_pad")
 # the LazyConfig arguments read into the spec; others (drop_path_rate, use_act_checkpoint,
@@ -142,16 +142,15 @@ def mvit_fields(sd: Mapping[str, Any], given: MViTSpec | None) -> dict:
 
 def _partial_eps(node: Any, where: str) -> float:
     """The eps of ``partial(nn.LayerNorm, eps=...)`` as LazyConfig.save writes it (inert data)."""
-    target = node.get(PYTHON_APPLY) if isinstance(node, dict) else None
-    state = node.get("state") if target == "functools.partial" else None
-    func = state[0] if isinstance(state, list) and len(state) == 4 else None
-    if not (isinstance(func, dict) and func.get(PYTHON_NAME) == LAYER_NORM
-            and state[1] == [] and isinstance(state[2], dict) and set(state[2]) <= {"eps"}):
-        raise NorcalError(f"{where}.norm_layer: only partial(nn.LayerNorm, eps=...) (or nn.LayerNorm) is supported")
-    eps = state[2].get("eps", 1e-5)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-        raise NorcalError(f"{where}.norm_layer: eps {eps!r} must be a positive number")
-    return float(eps)
+    try:
+        if node is None:
+            raise TypeError(node)
+        return layer_norm_eps(node)
+    except TypeError:
+        raise NorcalError(f"{where}.norm_layer: only partial(nn.LayerNorm, eps=...) (or nn.LayerNorm) "
+                          "is supported") from None
+    except ValueError as e:
+        raise NorcalError(f"{where}.norm_layer: eps {e.args[0]!r} must be a positive number") from None
 
 
 def mvit_from_lazy(node: Mapping[str, Any], where: str = "model.backbone.bottom_up") -> MViTSpec:
@@ -170,8 +169,7 @@ def mvit_from_lazy(node: Mapping[str, Any], where: str = "model.backbone.bottom_
     outs = node.get("out_features", ["scale2", "scale3", "scale4", "scale5"])
     if list(outs) != ["scale2", "scale3", "scale4", "scale5"]:
         raise NorcalError(f"{where}.out_features {outs!r}: an FPN over scale2..scale5 is supported")
-    norm = node.get("norm_layer", {PYTHON_NAME: LAYER_NORM})
-    eps = 1e-5 if norm == {PYTHON_NAME: LAYER_NORM} else _partial_eps(norm, where)  # nn.LayerNorm's own eps
+    eps = _partial_eps(node.get("norm_layer", {PYTHON_NAME: LAYER_NORM}), where)
     args = {k: node[k] for k in _LAZY_FIELDS if k in node}
     for k, v in args.items():
         if k in _BOOLS:

@@ -27,22 +27,32 @@ TRAINING_ONLY = {"drop_path_rate", "rel_pos_zero_init", "use_act_checkpoint", "o
 SCALE_FACTORS = [4.0, 2.0, 1.0, 0.5]
 
 
-def _layer_norm_eps(lz, path: str) -> float:
-    """The eps of ``norm_layer``: nn.LayerNorm (1e-5) or a functools.partial of it with ``eps``."""
-    value = lz.get(path, None)
-    if value is None:
-        return 1e-5
-    if isinstance(value, dict) and value.get(PYTHON_NAME) == LAYER_NORM:
-        return 1e-5
+def layer_norm_eps(value: Any) -> float:
+    """The eps of a LazyConfig ``norm_layer`` read inertly (None: absent): nn.LayerNorm or a
+    functools.partial of it with ``eps``. Raises TypeError for another layer, ValueError(eps) for
+    an eps that is not a positive number."""
+    if value is None or (isinstance(value, dict) and value.get(PYTHON_NAME) == LAYER_NORM):
+        return 1e-5  # nn.LayerNorm's own
     state = value.get("state") if isinstance(value, dict) else None
     if not (isinstance(value, dict) and value.get(PYTHON_APPLY) == "functools.partial" and isinstance(state, list)
             and len(state) == 4 and isinstance(state[0], dict) and state[0].get(PYTHON_NAME) == LAYER_NORM
             and not state[1] and isinstance(state[2], dict) and set(state[2]) <= {"eps"}):
-        raise lz.bad(path, f"{_short(value)}: only nn.LayerNorm or functools.partial(nn.LayerNorm, eps=...) is read")
+        raise TypeError(value)
     eps = state[2].get("eps", 1e-5)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
-        raise lz.bad(path, f"eps {shown(eps)} is not a positive number")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(eps)
     return float(eps)
+
+
+def _layer_norm_eps(lz, path: str) -> float:
+    value = lz.get(path, None)
+    try:
+        return layer_norm_eps(value)
+    except TypeError:
+        raise lz.bad(path, f"{_short(value)}: only nn.LayerNorm or functools.partial(nn.LayerNorm, eps=...) "
+                           "is read") from None
+    except ValueError as e:
+        raise lz.bad(path, f"eps {shown(e.args[0])} is not a positive number") from None
 
 
 def _short(value: Any) -> str:
