@@ -137,11 +137,20 @@ def _cascade_heads(sd: Mapping[str, Any], channels: int, given=None, config_norm
 
 
 def weights_layout(sd: Mapping[str, Any]) -> str:
-    """"FPN", "C4", "DC5" or "RetinaNet": the layout a supported detectron2 state dict's names show."""
+    """The :func:`layout_label` a supported detectron2 state dict's names show."""
     if is_retinanet(sd):
         return RETINANET
     _check_supported(sd)
-    return arch_name(ModelSpec(**_layout(sd)))
+    return layout_label(ModelSpec(**_layout(sd)))
+
+
+def layout_label(spec: ModelSpec) -> str:
+    """"FPN", "C4", "DC5", "Cascade", "RetinaNet", "ViTDet" or "ViTDet Cascade": what a config
+    and a checkpoint's names must agree on (a ViT's SimpleFeaturePyramid is no ResNet FPN)."""
+    name = arch_name(spec)
+    if spec.backbone_name != VIT_BACKBONE:
+        return name
+    return "ViTDet" if name == "FPN" else f"ViTDet {name}"
 
 
 def _layout(sd: Mapping[str, Any]) -> dict:

@@ -10,8 +10,8 @@ from norcal.core.errors import NorcalError
 from norcal.export.families.checkpoints import clean_state_dict, read_checkpoint
 from .config import load_config
 from .arch_from_weights import (ACTIVATION_UNREADABLE, FED_LOSS_IMPLIES_SIGMOID, architecture, cascade_stages,
-                                spec_from_weights, weights_layout)
-from norcal.export.rcnn.spec import RETINANET, ModelSpec, arch_name
+                                layout_label, spec_from_weights, weights_layout)
+from norcal.export.rcnn.spec import RETINANET, ModelSpec
 
 # what each architecture field is called in a detectron2 config, for error messages
 _CONFIG_KEYS = {
@@ -130,7 +130,7 @@ def load_detector_spec(weights, config=None, classifier: ClassifierActivation | 
     fed_loss = {k: raw.pop(k) for k in [k for k in raw if _FED_LOSS.fullmatch(k)]}
     spec = load_config(config) if config is not None else None
     if spec is not None:
-        want, have = arch_name(spec), weights_layout(raw)
+        want, have = layout_label(spec), weights_layout(raw)
         # said first: the anchor and shape checks below would only show its symptoms; weights
         # cannot tell a dilated res5 (DC5) from an undilated one (C5)
         if want != have and (want, have) != ("C5", "DC5"):

@@ -497,6 +497,18 @@ def test_loader_c4_and_dc5_with_and_without_config():
         load_detector_spec(FIXTURES / "d2_dc5_tiny" / "model_final.pth", FIXTURES / "d2_lvis_tiny" / "config.yaml")
 
 
+@pytest.mark.parametrize("weights, config, message", [
+    ("d2_vitdet_tiny", "d2_vitdet_cascade_tiny", "describes a ViTDet Cascade model but .* holds a ViTDet model's"),
+    ("d2_vitdet_cascade_tiny", "d2_vitdet_tiny", "describes a ViTDet model but .* holds a ViTDet Cascade model's"),
+    ("d2_vitdet_tiny", "d2_lvis_tiny", "describes a FPN model but .* holds a ViTDet model's"),
+    ("d2_lvis_tiny", "d2_vitdet_tiny", "describes a ViTDet model but .* holds a FPN model's"),
+])
+def test_loader_names_a_vit_layout_the_config_and_weights_disagree_on(weights, config, message):
+    # a ViT's SimpleFeaturePyramid is no ResNet FPN: the refusal says which side holds the ViT
+    with pytest.raises(NorcalError, match=message):
+        load_detector_spec(FIXTURES / weights / "model_final.pth", FIXTURES / config / "config.yaml")
+
+
 def test_loader_undilated_res5_config_wins_over_the_dc5_assumption(tmp_path):
     cfg = yaml.safe_load((FIXTURES / "d2_dc5_tiny" / "config.yaml").read_text())
     cfg["MODEL"]["RESNETS"]["RES5_DILATION"] = 1
