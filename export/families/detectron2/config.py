@@ -331,9 +331,10 @@ def load_config(path) -> ModelSpec:
     if Path(str(path)).suffix == ".py":
         # a LazyConfig is a program: reading it means running it (and importing detectron2)
         raise NorcalError(f"{path}: Python (LazyConfig) configs are not read, as they would have to be "
-                          "executed; pass the equivalent YAML config (detectron2's configs/*.yaml, or "
-                          "cfg.dump() of the trained model), or no config to infer the architecture "
-                          "from the weights")
+                          "executed; pass its YAML: the config.yaml that tools/lazyconfig_train_net.py "
+                          "saved beside the trained model, or LazyConfig.save(LazyConfig.load(this file), "
+                          "'config.yaml'); or no config to infer the architecture from the weights "
+                          "(not enough for a ViT or MViT, whose LayerNorm eps only the config holds)")
     lazy = load_lazy_cfg_dict(path)
     if lazy is not None:
         spec = spec_from_cfg(lazy[0], source=f"LazyConfig {path}")

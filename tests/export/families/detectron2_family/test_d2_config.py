@@ -551,6 +551,8 @@ def test_lazyconfig_python_file_gets_one_line(tmp_path):
     assert "\n" not in msg and str(path) in msg
     assert "Python (LazyConfig) configs are not read" in msg and "executed" in msg
     assert "YAML" in msg and "no config" in msg
+    # the YAML that LazyConfig itself writes, which norcal reads (tests/fixtures/make_vitdet_tiny.py)
+    assert "LazyConfig.save(LazyConfig.load(this file), 'config.yaml')" in msg
 
 
 def test_broken_chains_and_files(tmp_path):
