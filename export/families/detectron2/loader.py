@@ -32,10 +32,42 @@ _CONFIG_KEYS = {
     "rpn_conv_widths": "MODEL.RPN.CONV_DIMS", "vit.square_pad": "model.backbone.square_pad",
     "mvit.square_pad": "model.backbone.square_pad", "mvit": "model.backbone.bottom_up (MViT)",
 }
+# the same for a LazyConfig (config.yaml saved by LazyConfig.save): its own keys, not the yacs ones
+_BOTTOM_UP, _BOX_HEAD, _MASK_HEAD = "model.backbone.bottom_up", "model.roi_heads.box_head", "model.roi_heads.mask_head"
+_LAZY_CONFIG_KEYS = {
+    "backbone_name": "model.backbone", "roi_heads_name": "model.roi_heads", "regnet": f"{_BOTTOM_UP} (RegNet)",
+    "backbone_out_feature": "model.backbone.in_features", "depth": f"{_BOTTOM_UP}.stages.depth",
+    "norm": f"{_BOTTOM_UP}.stages.norm", "stem_out_channels": f"{_BOTTOM_UP}.stem.out_channels",
+    "num_groups": f"{_BOTTOM_UP}.stages.num_groups", "fpn_out_channels": "model.backbone.out_channels",
+    "fpn_norm": "model.backbone.norm", "num_classes": "model.roi_heads.num_classes",
+    "cls_agnostic_bbox_reg": "model.roi_heads.box_predictor.cls_agnostic_bbox_reg",
+    "box_head_num_conv": f"{_BOX_HEAD}.conv_dims", "box_head_num_fc": f"{_BOX_HEAD}.fc_dims",
+    "box_head_conv_dim": f"{_BOX_HEAD}.conv_dims", "box_head_fc_dim": f"{_BOX_HEAD}.fc_dims",
+    "box_head_norm": f"{_BOX_HEAD}.conv_norm", "pooler_resolution": "model.roi_heads.box_pooler.output_size",
+    "mask_on": "model.roi_heads.mask_head", "mask_head_num_conv": f"{_MASK_HEAD}.conv_dims",
+    "mask_head_conv_dim": f"{_MASK_HEAD}.conv_dims", "mask_head_norm": f"{_MASK_HEAD}.conv_norm",
+    "cls_agnostic_mask": f"{_MASK_HEAD}.num_classes",
+    "anchors_per_location": "model.proposal_generator.anchor_generator.sizes x aspect_ratios",
+    "rpn_conv_widths": "model.proposal_generator.head.conv_dims", "vit": "model.backbone.net",
+    "vit.square_pad": "model.backbone.square_pad", "mvit.square_pad": "model.backbone.square_pad",
+    "mvit": _BOTTOM_UP,
+}
+
+
+def _config_key(field: str, lazy: bool) -> str:
+    """A ModelSpec field's name in the user's config: ``vit.depth`` -> model.backbone.net.depth."""
+    keys = _LAZY_CONFIG_KEYS if lazy else _CONFIG_KEYS
+    if field in keys:
+        return keys[field]
+    head, _, rest = field.partition(".")
+    if lazy and head in ("vit", "mvit") and rest:
+        return f"{keys[head]}.{rest}"
+    return keys.get(head, field)
 
 
 def _check_consistent(config_spec: ModelSpec, weights_spec: ModelSpec, config, weights) -> None:
     want, have = architecture(config_spec), architecture(weights_spec)
+    lazy = str(config_spec.provenance.get("source", "")).startswith("LazyConfig")
     if want.get("regnet") is not None and have.get("regnet") is not None:  # name the RegNet's first differing field
         for arch in (want, have):
             arch.update({f"regnet.{k}": v for k, v in vars(arch.pop("regnet")).items()})
@@ -44,12 +76,11 @@ def _check_consistent(config_spec: ModelSpec, weights_spec: ModelSpec, config, w
         if config_spec.meta_architecture == RETINANET:  # a sigmoid head: no background row
             raise NorcalError(f"{config} sets MODEL.RETINANET.NUM_CLASSES = {want['num_classes']} but {weights} "
                               f"has head.cls_score for {n} classes")
-        raise NorcalError(f"{config} sets MODEL.ROI_HEADS.NUM_CLASSES = {want['num_classes']} but {weights} has "
+        raise NorcalError(f"{config} sets {_config_key('num_classes', lazy)} = {want['num_classes']} but {weights} has "
                           f"roi_heads.box_predictor.cls_score with {n + 1} rows ({n} classes + background)")
     for field in [*want, *(k for k in have if k not in want)]:  # stable order: the first cause first
         if want.get(field) != have.get(field):
-            raise NorcalError(f"{config} and {weights} disagree on {field} "
-                              f"({_CONFIG_KEYS.get(field, _CONFIG_KEYS.get(field.split('.')[0], field))}): "
+            raise NorcalError(f"{config} and {weights} disagree on {field} ({_config_key(field, lazy)}): "
                               f"config {want.get(field)!r}, weights {have.get(field)!r}")
 
 

@@ -116,6 +116,17 @@ def test_square_pad_disagreeing_with_weights_is_refused(tmp_path):
         load_detector_spec(FIXTURE / "model_final.pth", cfg)
 
 
+@pytest.mark.parametrize("old, new, key", [
+    ("      depth: 4\n", "      depth: 3\n", r"vit\.depth \(model\.backbone\.net\.depth\): config 3, weights 4"),
+    ("    out_channels: 16\n", "    out_channels: 15\n",
+     r"fpn_out_channels \(model\.backbone\.out_channels\): config 15, weights 16"),
+])
+def test_a_disagreement_names_the_lazyconfig_key(tmp_path, old, new, key):
+    # the user's LazyConfig keys, not the yacs ones (MODEL.FPN.OUT_CHANNELS) it was mapped to
+    with pytest.raises(NorcalError, match="disagree on " + key):
+        load_detector_spec(FIXTURE / "model_final.pth", _config_with(tmp_path, old, new))
+
+
 def test_unknown_target_is_refused_by_name(tmp_path):
     cfg = _config_with(tmp_path, "_target_: detectron2.modeling.ViT\n", "_target_: detectron2.modeling.MViT\n")
     with pytest.raises(NorcalError, match=r"model\.backbone\.net\._target_: detectron2\.modeling\.MViT is not "
