@@ -116,6 +116,17 @@ def fp32_nodes(model: onnx.ModelProto, where: str = "model") -> set[str]:
     return keep | mask_only_layers(model)
 
 
+def weightless_products(model: onnx.ModelProto) -> set[str]:
+    """Names of the MatMuls that are no layer with weights: two computed values (a transformer's
+    attention: q by k, the weights by v, q by relative positions gathered at run time) or two
+    constants (a relative-position table resampled to the input's grid, which TensorRT folds).
+    int8 would round a value that no weight scale covers, or a constant once more: they stay fp32."""
+    producer = {t: n for n in model.graph.node for t in n.output}
+    constants = {t.name for t in model.graph.initializer}
+    return {n.name for n in model.graph.node if n.op_type == "MatMul"
+            and sum(_is_constant(t, producer, constants) for t in n.input) != 1}
+
+
 def _is_constant(t: str, producer: dict[str, onnx.NodeProto], constants: set[str]) -> bool:
     """Whether ``t`` is an initializer, a Constant's output or an Identity copy of either."""
     while t not in constants:

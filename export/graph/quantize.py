@@ -2,7 +2,9 @@
 
 int8 comes in two Q/DQ forms (:data:`norcal.core.contract.INT8_FORMS`, recorded as
 ``norcal.int8_form``). The ``tensorrt`` form is written the way TensorRT 10 consumes explicit quantization: QuantizeLinear /
-DequantizeLinear pairs on the inputs of the convolutions and fully connected layers, signed
+DequantizeLinear pairs on the inputs of the convolutions and fully connected layers (a MatMul
+that is no layer with weights, such as attention's q by k, stays fp32:
+:func:`norcal.export.graph.fp32_region.weightless_products`), signed
 int8, zero point 0 (symmetric), weights per output channel (the DequantizeLinear ``axis``),
 activations per tensor, biases left in float (TensorRT has no int32 Q/DQ), no Q/DQ on the
 layers' outputs (TensorRT fuses the pair into the next layer). The activation ranges come from
@@ -36,7 +38,8 @@ import onnx
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.export.graph.fp32_region import COMPUTE_OPS, fp32_nodes, mask_only_layers, name_nodes
+from norcal.export.graph.fp32_region import (COMPUTE_OPS, fp32_nodes, mask_only_layers, name_nodes,
+                                             weightless_products)
 
 CalibrationMethod = Literal["minmax", "entropy", "percentile"]
 Int8Form = Literal["tensorrt", "ort"]
@@ -178,7 +181,8 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
     name_nodes(work)
     if form == "ort":
         _own_bias_initializers(work)
-    keep = fp32_nodes(work, where)
+    products = weightless_products(work)
+    keep = fp32_nodes(work, where) | products
     int8_masks = mask_only_layers(work) & keep if mask_head else set()
     keep -= int8_masks
     if form == "ort":
@@ -223,7 +227,8 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
         contract.PRECISION: "int8",
         contract.INT8_FORM: form,
         contract.QUANTIZATION: (f"onnxruntime {onnxruntime.__version__} quantize_static ({form} form): {how}, "
-                                f"{method} calibration; {len(keep)} nodes kept fp32 ({kept})"),
+                                f"{method} calibration; {len(keep)} nodes kept fp32 ({kept})"
+                                + (f"; {len(products)} MatMuls without weights fp32 (attention and the like)" if products else "")),
         contract.CALIBRATION_IMAGES: str(count[0]),
     })
     return quantized, count[0]

@@ -20,8 +20,8 @@ from detection_agreement import agreement
 from yolo_models import IMAGES, RTDETR_IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
 from test_yolo_quantize_eval_build import (  # noqa: E402
-    CALIBRATION, VAL, _quantized_layers, _run, assert_check_and_build,
-    assert_int8_keeps_the_fp32_region, eval_against_own_detections)
+    CALIBRATION, VAL, _dequantized_inputs, _quantized_layers, _run, assert_check_and_build,
+    assert_int8_keeps_the_fp32_region, eval_against_own_detections, weightless_products)
 
 pytestmark = pytest.mark.slow
 
@@ -84,16 +84,22 @@ def test_quantize_rtdetr_both_forms_keep_the_class_head_fp32_and_detect_as_fp32(
         assert len(heads) == 1 and heads[0].endswith(f"/{score_head}/MatMul"), heads
         fp32_layers = {n for n in layers if f"/{score_head}/" in n or f"/{box_layer}/" in n}
         assert len(fp32_layers) == 2 and not any(layers[n] for n in fp32_layers), fp32_layers
+        # attention's products (AIFI's and each decoder layer's self-attention: q by k, weights
+        # by v) have no weights: fp32, no Q/DQ on them
+        attention = weightless_products(fp32)
+        assert not _dequantized_inputs(q, attention), _dequantized_inputs(q, attention)
         if form == "tensorrt":  # every other layer int8: backbone, AIFI, encoder and decoder layers
-            assert {n for n, v in layers.items() if not v} == fp32_layers
+            assert {n for n, v in layers.items() if not v} == fp32_layers | attention
         else:  # layers whose result goes straight to float arithmetic (Softmax, LayerNorm) stay float
-            assert sum(layers.values()) >= 0.6 * len(layers), (sum(layers.values()), len(layers))
+            weighted = [v for n, v in layers.items() if n not in attention]
+            assert sum(weighted) >= 0.6 * len(weighted), (sum(weighted), len(weighted))  # measured 54 of 86
 
         # its detections are the fp32 graph's. Measured on these 4 images (457 fp32 detections
-        # >= 0.05, random-init model; 8 calibration images): 98.9 % (452) in both forms. Bound
-        # 0.98: four detections fewer (448), room for other CPUs' int8 kernels; 0.9 let 46 go
+        # >= 0.05, random-init model; 8 calibration images): 98.7 % (451) tensorrt form, 98.2 %
+        # (449) ort form. Bound 0.972: four detections fewer than the worst (445), room for other
+        # CPUs' int8 kernels; 0.9 let 46 go
         agree, total, _ = agreement(want, _run(path, images))
-        assert total >= 300 and agree >= 0.98, (form, agree, total)
+        assert total >= 300 and agree >= 0.972, (form, agree, total)
         assert main(["check", str(path), "--quiet"]) == (0 if form == "tensorrt" else 1)
 
 

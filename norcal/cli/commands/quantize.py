@@ -11,7 +11,8 @@ HELP = "write an int8 (explicit Q/DQ, calibrated on images) or fp16 variant of a
 DESCRIPTION = """Write a lower-precision variant of a detector exported by norcal export.
 
 int8: QuantizeLinear/DequantizeLinear pairs on the inputs of the backbone's, FPN's, RPN's and
-box head's convolutions and fully connected layers, the way TensorRT 10 builds explicitly
+box head's convolutions and fully connected layers (a transformer's too; attention's products of
+two activations, which have no weights, stay fp32), the way TensorRT 10 builds explicitly
 quantized engines (signed int8, zero point 0, weights per output channel, activations per
 tensor): `norcal build --int8` takes the result, ONNX Runtime runs it on CPU. Activation
 ranges come from the images in --images, read and prepared as the runners prepare them (the
