@@ -117,7 +117,10 @@ class _Lazy:
         return value
 
 
-def _same(lz: _Lazy, path: str, values: list, what: str) -> int:
+def _same(lz: _Lazy, path: str, values: Any, what: str) -> int:
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                               for v in values):
+        raise lz.bad(path, f"{shown(values)}: expected a list of the {what}' widths (whole numbers > 0)")
     if len(set(values)) > 1:
         raise lz.bad(path, f"{what} of different widths {values} are not supported")
     return values[0] if values else 0
@@ -207,7 +210,8 @@ def _rpn(lz: _Lazy, cfg: dict) -> None:
     cfg["MODEL"].update(
         PROPOSAL_GENERATOR={"NAME": "RPN", "MIN_SIZE": lz.get(f"{p}.min_box_size", 0.0)},
         ANCHOR_GENERATOR={"SIZES": lz.get(f"{p}.anchor_generator.sizes"),
-                          "ASPECT_RATIOS": ratios if ratios and isinstance(ratios[0], list) else [ratios],
+                          "ASPECT_RATIOS": ratios if isinstance(ratios, list) and ratios and isinstance(ratios[0], list)
+                          else [ratios],
                           "OFFSET": lz.get(f"{p}.anchor_generator.offset", 0.0)},
         RPN={"IN_FEATURES": lz.get(f"{p}.in_features"), "NMS_THRESH": lz.get(f"{p}.nms_thresh"),
              "PRE_NMS_TOPK_TEST": pre[1], "POST_NMS_TOPK_TEST": post[1],
@@ -241,8 +245,9 @@ def _box_head(lz: _Lazy, path: str, prov: dict) -> dict:
     lz.expect(path, ("FastRCNNConvFCHead",), "the box head")
     lz.only(path, {"conv_dims", "fc_dims", "conv_norm"})
     convs, fcs = lz.get(f"{path}.conv_dims", []), lz.get(f"{path}.fc_dims", [])
-    return {"NUM_CONV": len(convs), "CONV_DIM": _same(lz, f"{path}.conv_dims", convs, "box-head convs") or 256,
-            "NUM_FC": len(fcs), "FC_DIM": _same(lz, f"{path}.fc_dims", fcs, "box-head fcs") or 1024,
+    conv_dim = _same(lz, f"{path}.conv_dims", convs, "box-head convs") or 256
+    fc_dim = _same(lz, f"{path}.fc_dims", fcs, "box-head fcs") or 1024
+    return {"NUM_CONV": len(convs), "CONV_DIM": conv_dim, "NUM_FC": len(fcs), "FC_DIM": fc_dim,
             "NORM": lz.norm(f"{path}.conv_norm", prov, "box_head_norm")}
 
 
@@ -280,9 +285,12 @@ def _roi_heads(lz: _Lazy, cfg: dict, prov: dict) -> None:
     dims, classes = lz.get(f"{m}.conv_dims"), lz.get(f"{m}.num_classes")
     if classes not in (1, num_classes):
         raise lz.bad(f"{m}.num_classes", f"expected {num_classes} or 1 (class-agnostic)")
+    conv_dim = _same(lz, f"{m}.conv_dims", dims, "mask-head convs")
+    if not dims:  # its last entry is the deconvolution's width
+        raise lz.bad(f"{m}.conv_dims", "expected the convs' and the deconvolution's widths, got []")
     cfg["MODEL"].update(MASK_ON=True, ROI_MASK_HEAD={
         "NAME": "MaskRCNNConvUpsampleHead", **_pooler(lz, f"{p}.mask_pooler"), "NUM_CONV": len(dims) - 1,
-        "CONV_DIM": _same(lz, f"{m}.conv_dims", dims, "mask-head convs"), "CLS_AGNOSTIC_MASK": classes == 1,
+        "CONV_DIM": conv_dim, "CLS_AGNOSTIC_MASK": classes == 1,
         "NORM": lz.norm(f"{m}.conv_norm", prov, "mask_head_norm")})
 
 
@@ -297,7 +305,7 @@ def _test_input(lz: _Lazy, cfg: dict) -> None:
     lz.only(f"{path}.0", {"short_edge_length", "max_size", "sample_style", "interp"})
     short = lz.get(f"{path}.0.short_edge_length")
     if isinstance(short, list):
-        if len(set(short)) != 1:
+        if not short or any(s != short[0] for s in short):
             raise lz.bad(f"{path}.0.short_edge_length", f"{short}: a random size at test time is not supported")
         short = short[0]
     fmt = lz.get("dataloader.test.mapper.image_format", lz.get("model.input_format", "BGR"))

@@ -167,7 +167,7 @@ def mvit_from_lazy(node: Mapping[str, Any], where: str = "model.backbone.bottom_
     if node.get("act_layer", {PYTHON_NAME: GELU}) != {PYTHON_NAME: GELU}:
         raise NorcalError(f"{where}.act_layer: only nn.GELU is supported")
     outs = node.get("out_features", ["scale2", "scale3", "scale4", "scale5"])
-    if list(outs) != ["scale2", "scale3", "scale4", "scale5"]:
+    if not isinstance(outs, (list, tuple)) or list(outs) != ["scale2", "scale3", "scale4", "scale5"]:
         raise NorcalError(f"{where}.out_features {outs!r}: an FPN over scale2..scale5 is supported")
     eps = _partial_eps(node.get("norm_layer", {PYTHON_NAME: LAYER_NORM}), where)
     args = {k: node[k] for k in _LAZY_FIELDS if k in node}

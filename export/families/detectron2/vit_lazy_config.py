@@ -61,6 +61,32 @@ def _short(value: Any) -> str:
     return shown(value)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_vit_values(lz, net: str, v: dict) -> None:
+    """Each ViT argument of the type its default has (a whole number > 0, window_size >= 0, a
+    ratio > 0, a boolean, block indexes within the depth), named by its key when not."""
+    for k, value in v.items():
+        default, why = VIT_DEFAULTS[k], None
+        if isinstance(default, bool):
+            why = None if isinstance(value, bool) else "not true or false"
+        elif isinstance(default, list):
+            ok = isinstance(value, list) and all(_is_int(i) for i in value)
+            depth = v["depth"] if _is_int(v["depth"]) else 0
+            why = None if ok and all(0 <= i < depth for i in value) else \
+                f"not a list of block indexes (0 .. depth - 1 = {depth - 1})"
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            why = None if ok else "not a number > 0"
+        else:
+            least = 0 if k == "window_size" else 1
+            why = None if _is_int(value) and value >= least else f"not a whole number >= {least}"
+        if why:
+            raise lz.bad(f"{net}.{k}", f"{shown(value)}: {why}")
+
+
 def vit_backbone(lz, cfg: dict) -> None:
     """Set ``cfg``'s backbone keys from ``model.backbone`` (a SimpleFeaturePyramid over a ViT)."""
     p, net = "model.backbone", "model.backbone.net"
@@ -68,14 +94,17 @@ def vit_backbone(lz, cfg: dict) -> None:
     lz.expect(net, ("ViT",), "a ViT under the SimpleFeaturePyramid")
     lz.expect(f"{p}.top_block", ("LastLevelMaxPool",), "P6 by max pooling")
     lz.only(net, set(VIT_DEFAULTS) | TRAINING_ONLY | {"norm_layer", "act_layer"})
-    if [float(s) for s in lz.get(f"{p}.scale_factors")] != SCALE_FACTORS:
-        raise lz.bad(f"{p}.scale_factors", f"{shown(lz.get(f'{p}.scale_factors'))}: only ViTDet's {SCALE_FACTORS}")
+    factors = lz.get(f"{p}.scale_factors")
+    if not isinstance(factors, list) or not all(isinstance(f, (int, float)) and not isinstance(f, bool)
+                                                for f in factors) or [float(f) for f in factors] != SCALE_FACTORS:
+        raise lz.bad(f"{p}.scale_factors", f"{shown(factors)}: only ViTDet's {SCALE_FACTORS}")
     if lz.get(f"{p}.in_feature") != lz.get(f"{net}.out_feature", "last_feat"):
         raise lz.bad(f"{p}.in_feature", "must be the ViT's out_feature")
     act = lz.get(f"{net}.act_layer", {PYTHON_NAME: GELU})
     if not (isinstance(act, dict) and act.get(PYTHON_NAME) == GELU):
         raise lz.bad(f"{net}.act_layer", f"{_short(act)}: only nn.GELU")
     v = {k: lz.get(f"{net}.{k}", d) for k, d in VIT_DEFAULTS.items()}
+    _check_vit_values(lz, net, v)
     if v.pop("in_chans") != 3:
         raise lz.bad(f"{net}.in_chans", "images have 3 channels")
     square = lz.get(f"{p}.square_pad", 0)

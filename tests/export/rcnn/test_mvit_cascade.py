@@ -96,3 +96,9 @@ def test_weights_alone_refuse_what_they_cannot_show():
     with pytest.raises(NorcalError, match=r"^backbone\.bottom_up: the MViT's LayerNorm eps, residual pooling and its "
                                           r"FPN's square_pad are not in its weights .*; pass the model's config\.yaml$"):
         load_detector_spec(FIXTURE / "model_final.pth")
+
+
+def test_out_features_not_a_list_is_named_in_one_line(tmp_path):
+    cfg = _config_with(tmp_path, "out_features: [scale2, scale3, scale4, scale5]", "out_features: 7", FIXTURE)
+    with pytest.raises(NorcalError, match=r"model\.backbone\.bottom_up\.out_features 7: an FPN over scale2\.\.scale5"):
+        load_detector_spec(FIXTURE / "model_final.pth", cfg)  # was a traceback (iterating an int)

@@ -127,6 +127,26 @@ def test_a_disagreement_names_the_lazyconfig_key(tmp_path, old, new, key):
         load_detector_spec(FIXTURE / "model_final.pth", _config_with(tmp_path, old, new))
 
 
+@pytest.mark.parametrize("old, new, message", [
+    ("      depth: 4\n", "      depth: 4.5\n", r"model\.backbone\.net\.depth: 4\.5: not a whole number >= 1"),
+    ("window_block_indexes: [0, 2]", "window_block_indexes: [0, 4]",
+     r"model\.backbone\.net\.window_block_indexes: \[0, 4\]: not a list of block indexes \(0 \.\. depth - 1 = 3\)"),
+    ("      use_rel_pos: true\n", "      use_rel_pos: 1\n", r"model\.backbone\.net\.use_rel_pos: 1: not true or false"),
+    ("scale_factors: [4.0, 2.0, 1.0, 0.5]", "scale_factors: [a, 2.0, 1.0, 0.5]",
+     r"model\.backbone\.scale_factors: \['a', 2\.0, 1\.0, 0\.5\]: only ViTDet's"),
+    ("      fc_dims: [16]\n", "      fc_dims: -1\n",
+     r"model\.roi_heads\.box_head\.fc_dims: -1: expected a list of the box-head fcs' widths"),
+    ("      conv_dims: [16, 16, 16, 16, 16]\n", "      conv_dims: []\n",
+     r"model\.roi_heads\.mask_head\.conv_dims: expected the convs' and the deconvolution's widths"),
+])
+def test_a_value_of_the_wrong_kind_is_named_in_one_line(tmp_path, old, new, message):
+    # before: taken for a disagreement with the weights, a 1 for true, or a traceback (float() of a
+    # string, len() of a number)
+    with pytest.raises(NorcalError, match=message) as e:
+        load_detector_spec(FIXTURE / "model_final.pth", _config_with(tmp_path, old, new))
+    assert "\n" not in str(e.value)
+
+
 def test_unknown_target_is_refused_by_name(tmp_path):
     cfg = _config_with(tmp_path, "_target_: detectron2.modeling.ViT\n", "_target_: detectron2.modeling.MViT\n")
     with pytest.raises(NorcalError, match=r"model\.backbone\.net\._target_: detectron2\.modeling\.MViT is not "
