@@ -140,7 +140,7 @@ def test_a_disagreement_names_the_lazyconfig_key(tmp_path, old, new, key):
      r"model\.roi_heads\.mask_head\.conv_dims: expected the convs' and the deconvolution's widths"),
 ])
 def test_a_value_of_the_wrong_kind_is_named_in_one_line(tmp_path, old, new, message):
-    # before: taken for a disagreement with the weights, a 1 for true, or a traceback (float() of a
+    # before: answered only as a disagreement with the weights, or a traceback (float() of a
     # string, len() of a number)
     with pytest.raises(NorcalError, match=message) as e:
         load_detector_spec(FIXTURE / "model_final.pth", _config_with(tmp_path, old, new))
