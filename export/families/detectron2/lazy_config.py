@@ -21,7 +21,7 @@ from .lazy_cascade import CASCADE, STAGE_LISTS, cascade_heads
 from .lazy_regnet import FPN_IN_FEATURES as REGNET_AS_RES, STAGES as REGNET_STAGES, regnet_bottom_up
 from .mvit_weights import mvit_from_lazy
 
-from .vit_lazy_config import vit_backbone
+from .vit_lazy_config import is_whole, vit_backbone
 
 TARGET = "_target_"
 # detectron2's defaults of the arguments a LazyConfig may leave out (their signatures)
@@ -118,8 +118,7 @@ class _Lazy:
 
 
 def _same(lz: _Lazy, path: str, values: Any, what: str) -> int:
-    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                               for v in values):
+    if not isinstance(values, list) or not all(is_whole(v) and v > 0 for v in values):
         raise lz.bad(path, f"{shown(values)}: expected a list of the {what}' widths (whole numbers > 0)")
     if len(set(values)) > 1:
         raise lz.bad(path, f"{what} of different widths {values} are not supported")

@@ -18,7 +18,7 @@ from norcal.core.errors import NorcalError
 from norcal.core.yaml_io import PYTHON_NAME
 
 from .resnet_weights import BOTTOM_UP, count, shape
-from .vit_lazy_config import LAYER_NORM, layer_norm_eps
+from .vit_lazy_config import LAYER_NORM, is_number, is_whole, layer_norm_eps
 from .vit_weights import PASS_CONFIG
 from norcal.export.rcnn.spec import MViTSpec
 
@@ -175,10 +175,10 @@ def mvit_from_lazy(node: Mapping[str, Any], where: str = "model.backbone.bottom_
         if k in _BOOLS:
             ok = isinstance(v, bool)
         elif k in _TUPLES:
-            ok = isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+            ok = isinstance(v, list) and all(is_whole(x) and x >= 0 for x in v)
             args[k] = tuple(v) if ok else v
         else:
-            ok = isinstance(v, (int, float) if k == "mlp_ratio" else int) and not isinstance(v, bool) and v > 0
+            ok = (is_number(v) if k == "mlp_ratio" else is_whole(v)) and v > 0
         if not ok:
             raise NorcalError(f"{where}.{k}: {v!r} is not a valid value for detectron2's MViT")
     defaults = dict(embed_dim=96, depth=16, num_heads=1, last_block_indexes=(0, 2, 11, 15))  # MViT's own

@@ -61,8 +61,14 @@ def _short(value: Any) -> str:
     return shown(value)
 
 
-def _is_int(x: Any) -> bool:
+def is_whole(x: Any) -> bool:
+    """An int read from YAML, true / false excluded (Python's bool is an int)."""
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_number(x: Any) -> bool:
+    """An int or float read from YAML, true / false excluded."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _check_vit_values(lz, net: str, v: dict) -> None:
@@ -73,16 +79,16 @@ def _check_vit_values(lz, net: str, v: dict) -> None:
         if isinstance(default, bool):
             why = None if isinstance(value, bool) else "not true or false"
         elif isinstance(default, list):
-            ok = isinstance(value, list) and all(_is_int(i) for i in value)
-            depth = v["depth"] if _is_int(v["depth"]) else 0
+            ok = isinstance(value, list) and all(is_whole(i) for i in value)
+            depth = v["depth"] if is_whole(v["depth"]) else 0
             why = None if ok and all(0 <= i < depth for i in value) else \
                 f"not a list of block indexes (0 .. depth - 1 = {depth - 1})"
         elif isinstance(default, float):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            ok = is_number(value) and value > 0
             why = None if ok else "not a number > 0"
         else:
             least = 0 if k == "window_size" else 1
-            why = None if _is_int(value) and value >= least else f"not a whole number >= {least}"
+            why = None if is_whole(value) and value >= least else f"not a whole number >= {least}"
         if why:
             raise lz.bad(f"{net}.{k}", f"{shown(value)}: {why}")
 
@@ -95,8 +101,8 @@ def vit_backbone(lz, cfg: dict) -> None:
     lz.expect(f"{p}.top_block", ("LastLevelMaxPool",), "P6 by max pooling")
     lz.only(net, set(VIT_DEFAULTS) | TRAINING_ONLY | {"norm_layer", "act_layer"})
     factors = lz.get(f"{p}.scale_factors")
-    if not isinstance(factors, list) or not all(isinstance(f, (int, float)) and not isinstance(f, bool)
-                                                for f in factors) or [float(f) for f in factors] != SCALE_FACTORS:
+    if not isinstance(factors, list) or not all(map(is_number, factors)) or \
+            [float(f) for f in factors] != SCALE_FACTORS:
         raise lz.bad(f"{p}.scale_factors", f"{shown(factors)}: only ViTDet's {SCALE_FACTORS}")
     if lz.get(f"{p}.in_feature") != lz.get(f"{net}.out_feature", "last_feat"):
         raise lz.bad(f"{p}.in_feature", "must be the ViT's out_feature")
