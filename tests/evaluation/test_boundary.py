@@ -264,9 +264,17 @@ def test_tune_sweep_on_boundary_ap_is_the_exported_models_boundary_ap(tmp_path):
     assert result.best.gamma == max(result.points, key=lambda p: p.stats["AP"]).gamma
 
 
-def test_tune_on_masks_needs_a_mask_model_and_no_ray(tmp_path, capsys):
+@pytest.mark.parametrize("ray_installed", [True, False])
+def test_tune_on_masks_needs_a_mask_model_and_no_ray(tmp_path, capsys, monkeypatch, ray_installed):
     from conftest import FIXTURES
     from norcal.cli import main
+    import norcal.runtime.ray_inference as ray_inference
+
+    if not ray_installed:  # the flag conflict is the user's: said before the missing extra
+        def missing():
+            raise NorcalError("running on Ray needs the optional package ray[data], which is not installed")
+
+        monkeypatch.setattr(ray_inference, "require_ray", missing)
 
     retina = FIXTURES / "d2_retinanet_tiny"
     args = ["tune", str(retina / "model_final.pth"), "--config", str(retina / "config.yaml"),

@@ -139,9 +139,10 @@ def run(args) -> int:
         raise NorcalError(f"--max-cache-gb must be a finite number > 0 and <= {MAX_CACHE_BYTES / 2**30:g}, "
                           f"got {args.max_cache_gb:g}")
     gammas = parse_valid_gammas(args.gammas, args.factor)
-    ray = ray_options(args)
-    if ray is not None and args.iou_type != "bbox":
+    # the user's flags before the environment: a conflict is reported whether Ray is installed or not
+    if (args.ray or args.ray_address is not None) and args.iou_type != "bbox":
         raise NorcalError(f"--iou-type {args.iou_type} runs without --ray (the Ray sweep evaluates bbox)")
+    ray = ray_options(args)
     check_outputs([src, args.config, args.gt, args.table, args.images],
                   files={"--json": args.json, "--plot": args.plot})
     table = args.table  # None: tune picks the built-in table matching the model's class count
