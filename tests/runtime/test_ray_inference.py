@@ -65,8 +65,9 @@ def single(synth_onnx, tmp_path_factory):
 
 class FaultyRunner:
     """An ONNX Runtime runner that misbehaves on purpose, once over all workers (a marker file
-    says it happened): ``mode`` 'raise' raises, 'die' kills the worker process, 'slow' sleeps,
-    on the batch whose images sum to ``target``; every call is logged (end time, sum)."""
+    says it happened): ``mode`` 'raise' raises, 'die' kills the worker process, 'slow' holds
+    it until another worker has logged a batch, on the batch whose images sum to ``target``;
+    every call is logged (end time, sum)."""
 
     def __init__(self, model, folder, mode, target, always=False):
         self.runner = open_runner(model, "cpu", 1)
@@ -80,11 +81,22 @@ class FaultyRunner:
                 raise RuntimeError("injected fault")
             if self.mode == "die":
                 os._exit(1)
-            time.sleep(3)
+            self._wait_for_another()
         out = self.runner.infer(feeds)
         with open(self.folder / "calls.log", "a") as f:
             f.write(f"{time.time()} {key}\n")
         return out
+
+    def _wait_for_another(self, limit_s: float = 300.0):
+        """Hold this batch until a later one is done (the order forced, not left to timing);
+        past ``limit_s`` it goes on, and the test's check of the log fails."""
+        log = self.folder / "calls.log"
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            lines = log.read_text().split("\n")[:-1] if log.exists() else []  # whole lines only
+            if any(float(line.split()[1]) != self.target for line in lines):
+                return
+            time.sleep(0.05)
 
     def _first(self):
         try:
@@ -127,7 +139,7 @@ def test_order_is_input_order_when_the_first_batch_finishes_last(local_ray, synt
     run_faulty(synth_onnx, tmp_path, "slow", 0, tmp_path / "ray.json")
     log = [line.split() for line in (tmp_path / "calls.log").read_text().splitlines()]
     first = {float(key): float(t) for t, key in log}[batch_key(0, synth_onnx)]
-    assert any(float(t) < first for t, _ in log)  # a later batch did arrive first
+    assert any(float(t) < first for t, _ in log)  # a later batch did arrive first (forced)
     assert (tmp_path / "ray.json").read_bytes() == single.read_bytes()
 
 

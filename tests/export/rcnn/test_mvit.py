@@ -120,7 +120,9 @@ def test_perturbed_rel_pos_moves_past_the_bound(weights, golden, pixels):
     with torch.no_grad():
         out = {k: v.numpy() for k, v in _mvit(sd)(pixels).items()}
     diffs = _max_diff(out, golden)
-    assert diffs["scale2"] == 0.0 and diffs["scale3"] > 10 * BOUND, diffs
+    # scale2 comes before block 4: within the bound as unperturbed (bitwise equal only where
+    # the float kernels run the same way; 1.26e-5 was seen on a loaded machine)
+    assert diffs["scale2"] < BOUND and diffs["scale3"] > 10 * BOUND, diffs
 
 
 @pytest.mark.parametrize("key, dims, shown", [
