@@ -24,12 +24,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     Inside :func:`norcal.core.outputs.output_run` the rename waits for the whole run to succeed.
     """
-    from norcal.core.outputs import active_run
+    from norcal.core.outputs import active_run, naming_write_errors
 
     path = Path(path)
     run = active_run()
     if run is not None and not run.inside_staged_dir(path):
-        yield run.stage_file(path)
+        with naming_write_errors(path):
+            yield run.stage_file(path)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -39,7 +40,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
     try:
-        yield tmp
+        with naming_write_errors(path):
+            yield tmp
         os.replace(tmp, path)
     finally:
         if tmp.exists():

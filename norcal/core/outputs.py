@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import os
 import shutil
 import signal
@@ -38,6 +39,23 @@ _ACTIVE: contextvars.ContextVar["OutputRun | None"] = contextvars.ContextVar("no
 def _os_error(path: Path, e: OSError) -> NorcalError:
     reason = e.strerror or str(e)
     return NorcalError(f"cannot write {path}: {reason}")
+
+
+# errors a write meets for want of room; the OS gives them no file name (a write has none)
+_NO_ROOM = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG") if hasattr(errno, n))
+
+
+@contextlib.contextmanager
+def naming_write_errors(path: str | os.PathLike) -> Iterator[None]:
+    """A full disk or quota met while the block writes ``path``'s content becomes one line
+    naming ``path``; every other error passes as it is (it names its own file, or is not the
+    write's)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno in _NO_ROOM:
+            raise _os_error(Path(path), e) from None
+        raise
 
 
 def _existing_ancestor(path: Path) -> Path:
