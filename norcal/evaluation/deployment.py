@@ -36,11 +36,16 @@ class DeploymentMetrics:
         return {"score_thresh": self.score_thresh, "iou": MATCH_IOU, "groups": self.rows}
 
 
+def check_score_thresh(score_thresh: float) -> None:
+    """A score threshold lies in [0, 1), as a model's conf does (scores are probabilities)."""
+    if not (isinstance(score_thresh, (int, float)) and 0 <= score_thresh < 1):
+        raise NorcalError(f"score_thresh must be a number in [0, 1), got {score_thresh!r}", param="score_thresh")
+
+
 def deployment_metrics(result, score_thresh: float) -> DeploymentMetrics:
     """Precision and recall at ``score_thresh`` of an :class:`norcal.evaluation.EvalResult`
     (its rules, caps and IoU type; all areas, IoU >= 0.5)."""
-    if not np.isfinite(score_thresh):
-        raise NorcalError(f"score_thresh must be a finite number, got {score_thresh}", param="score_thresh")
+    check_score_thresh(score_thresh)
     m = result.matched
     if m is None:
         raise NorcalError("the evaluation kept no matches (evaluate() keeps them)")

@@ -69,7 +69,9 @@ def test_coco_rules_equal_pycocotools_per_image_matches(iou_type, thresh):
         assert rows[g]["precision"] == tp / (tp + fp) and rows[g]["recall"] == tp / n
 
 
-def test_threshold_must_be_finite():
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.1, 1.0, 1.5])
+def test_threshold_must_lie_in_0_1(value):
     gt, res = _two_boxes(federated=False)
-    with pytest.raises(NorcalError, match="score_thresh must be a finite number"):
-        deployment_metrics(evaluate(gt, res), float("nan"))
+    with pytest.raises(NorcalError, match=r"^score_thresh must be a number in \[0, 1\), got ") as e:
+        deployment_metrics(evaluate(gt, res), value)
+    assert e.value.param == "score_thresh"
