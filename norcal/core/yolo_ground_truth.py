@@ -145,6 +145,15 @@ def split_pairs(data_yaml: str | os.PathLike, split: str = "val",
     return pairs
 
 
+def check_labels_folder(data_yaml: str | os.PathLike, split: str = "val") -> None:
+    """Refuse a split none of whose label folders exists: scored, its images would all count
+    as images without objects."""
+    images = _read_split(Path(data_yaml), split)[2]
+    if images and not any(label_path(image).parent.is_dir() for image in images):
+        raise NorcalError(f"{data_yaml}: split {split!r} has no labels folder: {label_path(images[0]).parent} "
+                          f"(where Ultralytics reads the labels of {images[0].name}) does not exist")
+
+
 def dataset_ground_truth(data_yaml: str | os.PathLike, split: str = "val") -> dict[str, Any]:
     """COCO-format ground truth (images, annotations, categories) of a data.yaml's ``split``."""
     p = Path(data_yaml)

@@ -14,7 +14,8 @@ import numpy as np
 from norcal.core.errors import NorcalError
 from norcal.core.rle_counts import check_rle_counts
 from norcal.core.schemas import GROUND_TRUTH, boxes_of, check_refs, column, ids_of, record_error
-from norcal.core.yolo_ground_truth import read_annotations
+from norcal.core.ultralytics_dataset import is_dataset_description
+from norcal.core.yolo_ground_truth import check_labels_folder, read_annotations
 
 FREQUENCIES = ("r", "c", "f")
 
@@ -163,6 +164,8 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
         return gt
     if isinstance(gt, (str, Path)):
         where = str(gt)
+        if is_dataset_description(gt):
+            check_labels_folder(gt, split)
         data = read_annotations(gt, "GT", GROUND_TRUTH, split)
     elif isinstance(gt, dict):
         where = where or "GT"
@@ -188,7 +191,8 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
         image_count.append(float(n) if n is not None else np.nan)
 
     img_ids = ids_of(where, "images", data["images"])
-    imgs = [data["images"][i] for i in np.argsort(img_ids, kind="stable")]
+    img_order = np.argsort(img_ids, kind="stable")
+    imgs = [data["images"][i] for i in img_order]
     img_ids = np.sort(img_ids)
     img_hw = np.array([[im["height"], im["width"]] for im in imgs], dtype=np.int64)
     k = len(cat_ids)
@@ -207,12 +211,12 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
     cat_pos = {int(c): i for i, c in enumerate(cat_ids)}
     neg, nel = [], []
     for ii, im in enumerate(imgs):
-        for c in im.get("neg_category_ids", []) or []:
-            if c in cat_pos:
-                neg.append((ii, cat_pos[c]))
-        for c in im.get("not_exhaustive_category_ids", []) or []:
-            if c in cat_pos:
-                nel.append((ii, cat_pos[c]))
+        for name, keys in (("neg_category_ids", neg), ("not_exhaustive_category_ids", nel)):
+            for c in im.get(name, []) or []:
+                if c not in cat_pos:  # as an annotation's unknown category_id is
+                    raise record_error(where, "images", int(img_order[ii]), im, name,
+                                       f"{c} is not the id of any entry in categories")
+                keys.append((ii, cat_pos[c]))
     pos_keys = np.unique(ann_img * k + ann_cat) if n else np.zeros(0, dtype=np.int64)
     ann_crowd = np.fromiter((bool(a.get("iscrowd", 0)) for a in anns), bool, n)
     federated = tuple(f for f in ("neg_category_ids", "not_exhaustive_category_ids")

@@ -73,6 +73,7 @@ def add_arguments(p):
     p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json|data.yaml",
                    help="LVIS- or COCO-format ground truth, or an Ultralytics data.yaml (see --split)")
     add_split_argument(p, "--gt")
+    p.set_defaults(split=None)  # None: not given (val); refused with a JSON --gt, which has no splits
     p.add_argument("--results", required=True, metavar="RESULTS.json",
                    help="LVIS/COCO result list: image_id, category_id, score, bbox [x,y,w,h] "
                         "and/or segmentation (RLE)")
@@ -104,7 +105,8 @@ def run(args) -> int:
     from norcal.core.errors import NorcalError
     from norcal.evaluation import evaluate, evaluate_fixed, from_results, prepare_gt
     from norcal.evaluation import report
-    from norcal.evaluation.deployment import deployment_metrics
+    from norcal.core.ultralytics_dataset import is_dataset_description
+    from norcal.evaluation.deployment import check_score_thresh, deployment_metrics
     from norcal.evaluation.rules import choose_rules
 
     from norcal.cli.options import check_outputs
@@ -113,6 +115,12 @@ def run(args) -> int:
         raise NorcalError("--max-dets must be positive (or negative for no cap)")
     if not args.no_fixed and args.fixed_per_class < 1:
         raise NorcalError(f"--fixed-per-class must be >= 1, got {args.fixed_per_class}")
+    if args.score_thresh is not None:
+        check_score_thresh(args.score_thresh)
+    if args.split is not None and not is_dataset_description(args.gt):
+        raise NorcalError(f"--split {args.split} applies to an Ultralytics data.yaml; {args.gt} is an "
+                          "annotation file with no splits (leave --split out)")
+    split = args.split or "val"
     check_outputs([args.gt, args.results, args.table],
                   files={"--json": args.json, "--per-class-csv": args.per_class_csv},
                   folders={"--plots": args.plots})
@@ -122,14 +130,24 @@ def run(args) -> int:
         from norcal.core.tables import load_table
 
         table = load_table(args.table)
+    groups_from = None
+    if table is None and is_dataset_description(args.gt):
+        # a data.yaml's own training split gives N_c, as `norcal-export --table data.yaml` counts it
+        from norcal.core.tables import table_from_dataset
+
+        with console.status("counting the training split's labels"):
+            table = table_from_dataset(args.gt)
+        groups_from = f"frequency groups (APr/APc/APf) and N_c from {args.gt}'s train split"
     with console.status("loading ground truth and results"):
-        gt = prepare_gt(args.gt, table, split=args.split)
+        gt = prepare_gt(args.gt, table, split=split)
         if table is not None:
             from norcal.evaluation.ground_truth import check_table_matches
 
             check_table_matches(table, gt)
         choice = choose_rules(gt, args.rules)
     console.print(choice.line, highlight=False, markup=False)
+    if groups_from is not None:
+        console.print(groups_from, highlight=False, markup=False)
     with console.status("loading results"):
         dets = from_results(args.results)
     with console.status(f"evaluating {len(dets)} detections ({args.iou_type})"):
