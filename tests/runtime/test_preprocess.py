@@ -94,6 +94,21 @@ def test_batch_layout_bgr_and_zero_padding():
     np.testing.assert_array_equal(rgb.images[0, 0], a[:, :, 0])
 
 
+@pytest.mark.parametrize("fmt", ["BGR", "RGB"])
+def test_stretch_batch_channel_order(fmt):
+    from norcal.runtime.preprocess import prepare_stretch_batch
+
+    # solid colours keep their value through any resize: each channel holds one known number
+    colours = [(200, 30, 5), (0, 90, 250)]
+    images = [np.broadcast_to(np.array(c, np.uint8), (h, w, 3)).copy() for c, (h, w) in zip(colours, [(20, 50), (64, 30)])]
+    batch = prepare_stretch_batch(images, 40, 48, fmt)
+    assert batch.images.shape == (2, 3, 40, 48) and batch.image_sizes.tolist() == [[40, 48]] * 2
+    for b, c in enumerate(colours):
+        want = c[::-1] if fmt == "BGR" else c
+        for ch in range(3):
+            np.testing.assert_array_equal(batch.images[b, ch], np.full((40, 48), want[ch], np.float32))
+
+
 def test_bad_inputs_raise_norcal_error():
     with pytest.raises(NorcalError, match="image 0"):
         prepare_batch([np.zeros((4, 4), np.uint8)], 32, 64)
