@@ -171,6 +171,23 @@ def test_eager_detections_match_golden(retina, setting):
     check_detections(retina.eager_outputs(setting), setting, FIXTURE)
 
 
+def test_cached_rescoring_matches_golden_at_every_setting(retina):
+    """tune's re-scoring: one pass caches each prior's candidates, NMS over them at each
+    setting gives detectron2's NorCal detections (each prior selects its own candidates)."""
+    from types import SimpleNamespace
+
+    from norcal.export.rcnn.retinanet_detector import cache_candidates, rescore_candidates
+
+    priors = []
+    for setting in G.SETTINGS:
+        factor, gamma = G.GAMMAS[setting]
+        priors.append(None if gamma == 0 else log_prior(retina.table.counts(), gamma, factor, background="none"))
+    b = SimpleNamespace(images=retina.images, image_sizes=retina.sizes, original_sizes=retina.sizes)
+    cache = cache_candidates(retina.model, [(list(IMAGES), b)], priors, "exp")
+    for index, setting in enumerate(G.SETTINGS):
+        check_detections(rescore_candidates(retina.model, cache, index, batch_size=2), setting, FIXTURE)
+
+
 # ---------------------------------------------------------------- ONNX
 
 def test_graph_contract_and_tensorrt_check(retina):
