@@ -33,7 +33,8 @@ Metrics (printed in %, written as fractions in [0, 1]; -1 where undefined):
   AP AP50 AP75        AP over IoU 0.50:0.95, at 0.50, at 0.75 (top --max-dets per image)
   APs APm APl         small / medium / large GTs
   APr APc APf         rare / common / frequent categories (the GT's `frequency` field, or
-                      --table's groups when the GT lacks it; under coco rules only then)
+                      --table's groups when the GT lacks it, or a data.yaml --gt's own
+                      train split's counts; under coco rules only then)
   AR ARs ARm ARl      recall at --max-dets (lvis-api's AR@300 ...; coco: AR@100 ...);
                       ARr ARc ARf per group
   fixed.*             AP^Fixed (Dave et al. 2021): no per-image cap, the top --fixed-per-class
