@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from norcal.core.errors import NorcalError, shown
+from norcal.core.ranges import MAX_EXPORT_SIDE
 from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
 
 from .lazy_cascade import CASCADE, STAGE_LISTS, cascade_heads
@@ -39,9 +40,14 @@ UNNAMED_NORM = "BN"  # a lambda norm: provisional, the weights' norm layers must
 _INTERPOLATION = re.compile(r"^\$\{(\.*)([A-Za-z0-9_.]+)\}$")
 
 
+# top-level keys of what LazyConfig.save writes; yaml-era configs have none of them (theirs are upper case)
+LAZY_KEYS = ("model", "dataloader", "train", "optimizer", "lr_multiplier")
+
+
 def is_lazy_config(data: dict) -> bool:
-    """A LazyConfig dump: a top-level ``model`` mapping with a ``_target_``."""
-    return isinstance(data.get("model"), dict) and TARGET in data["model"]
+    """A LazyConfig dump: any of its top-level keys (a ``model`` that is null or missing is then
+    refused by :func:`lazy_to_cfg`, not read as a yaml-era config of detectron2's defaults)."""
+    return any(k in data for k in LAZY_KEYS)
 
 
 class _Lazy:
@@ -310,7 +316,14 @@ def _test_input(lz: _Lazy, cfg: dict) -> None:
     fmt = lz.get("dataloader.test.mapper.image_format", lz.get("model.input_format", "BGR"))
     if fmt != lz.get("model.input_format", "BGR"):
         raise lz.bad("dataloader.test.mapper.image_format", f"{fmt} differs from model.input_format")
-    cfg["INPUT"] = {"MIN_SIZE_TEST": short, "MAX_SIZE_TEST": lz.get(f"{path}.0.max_size", 10 ** 9), "FORMAT": fmt}
+    # without max_size ResizeShortestEdge caps nothing; no image resized past the export's largest
+    # side can enter the graph, so that side is the cap
+    longest = lz.get(f"{path}.0.max_size", MAX_EXPORT_SIDE)
+    for key, v in (("short_edge_length", short), ("max_size", longest)):
+        if not is_whole(v) or not 1 <= v <= MAX_EXPORT_SIDE:
+            raise lz.bad(f"{path}.0.{key}", f"{shown(v)}: expected a whole number in 1 .. {MAX_EXPORT_SIDE} "
+                                            "(the export's largest input side)")
+    cfg["INPUT"] = {"MIN_SIZE_TEST": short, "MAX_SIZE_TEST": longest, "FORMAT": fmt}
 
 
 def roi_heads_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
@@ -326,6 +339,10 @@ def lazy_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
     """(the yaml-era config keys ``data`` sets, provenance notes) for a LazyConfig dump.
     Raises :class:`NorcalError` naming the key path for a target or argument not read."""
     lz, prov = _Lazy(data, source), {}
+    if data.get("model") is None:
+        raise lz.bad("model", "missing (a LazyConfig's model: holds the detector)")
+    if not isinstance(data["model"], dict):
+        raise lz.bad("model", f"{shown(data['model'])}: expected a mapping with a {TARGET}")
     lz.expect("model", ("GeneralizedRCNN",), "meta architecture")
     lz.only("model", {"backbone", "proposal_generator", "roi_heads", "pixel_mean", "pixel_std", "input_format"})
     cfg: dict = {SPEC_FIELDS: {}, "MODEL": {"META_ARCHITECTURE": "GeneralizedRCNN", "PIXEL_MEAN": lz.get("model.pixel_mean"),
