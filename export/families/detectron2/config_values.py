@@ -15,6 +15,11 @@ _NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naive
 _LAYER_NORM = {"LN": "LN"}
 
 
+# a top-level key of a mapped LazyConfig: {yaml-era key: the key path in the file it came from},
+# so that a value refused by its yaml-era key is named as the file spells it
+KEY_PATHS = "KEY_PATHS"
+
+
 class ConfigValues:
     """A merged config (nested dict) read key by key (``MODEL.RPN.NMS_THRESH``); ``source`` names it in errors."""
 
@@ -30,7 +35,9 @@ class ConfigValues:
         return node
 
     def bad(self, key: str, why: str) -> NorcalError:
-        return NorcalError(f"{self.source}: {key}: {shown(self.get(key))}: {why}")
+        paths = self.data.get(KEY_PATHS)
+        named = paths.get(key, key) if isinstance(paths, dict) else key
+        return NorcalError(f"{self.source}: {named}: {shown(self.get(key))}: {why}")
 
     def int(self, key: str, minimum: int | None = None, maximum: int | None = None, why: str = "") -> int:
         """A whole number in [minimum, maximum] where they are given; ``why`` says where the

@@ -20,6 +20,7 @@ from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
 
 from .lazy_cascade import CASCADE, STAGE_LISTS, cascade_heads
 from .lazy_regnet import FPN_IN_FEATURES as REGNET_AS_RES, STAGES as REGNET_STAGES, regnet_bottom_up
+from .config_values import KEY_PATHS
 from .mvit_weights import mvit_from_lazy
 
 from .vit_lazy_config import is_whole, vit_backbone
@@ -123,6 +124,11 @@ class _Lazy:
         return value
 
 
+def _came_from(cfg: dict, **paths: str) -> None:
+    """Note the file's key path of each yaml-era key (``MODEL__RPN__X``: ``MODEL.RPN.X``) set from it."""
+    cfg.setdefault(KEY_PATHS, {}).update({k.replace("__", "."): v for k, v in paths.items()})
+
+
 def _same(lz: _Lazy, path: str, values: Any, what: str) -> int:
     if not isinstance(values, list) or not all(is_whole(v) and v > 0 for v in values):
         raise lz.bad(path, f"{shown(values)}: expected a list of the {what}' widths (whole numbers > 0)")
@@ -212,6 +218,10 @@ def _rpn(lz: _Lazy, cfg: dict) -> None:
     if lz.get(f"{p}.anchor_generator.strides") != [4, 8, 16, 32, 64]:
         raise lz.bad(f"{p}.anchor_generator.strides", "expected FPN's [4, 8, 16, 32, 64]")
     ratios = lz.get(f"{p}.anchor_generator.aspect_ratios")
+    _came_from(cfg, MODEL__RPN__PRE_NMS_TOPK_TEST=f"{p}.pre_nms_topk.1",
+               MODEL__RPN__POST_NMS_TOPK_TEST=f"{p}.post_nms_topk.1",
+               MODEL__ANCHOR_GENERATOR__SIZES=f"{p}.anchor_generator.sizes",
+               MODEL__ANCHOR_GENERATOR__ASPECT_RATIOS=f"{p}.anchor_generator.aspect_ratios")
     cfg["MODEL"].update(
         PROPOSAL_GENERATOR={"NAME": "RPN", "MIN_SIZE": lz.get(f"{p}.min_box_size", 0.0)},
         ANCHOR_GENERATOR={"SIZES": lz.get(f"{p}.anchor_generator.sizes"),
@@ -272,6 +282,9 @@ def _roi_heads(lz: _Lazy, cfg: dict, prov: dict) -> None:
            "BBOX_REG_WEIGHTS": lz.get(f"{pred_path}.box2box_transform.weights"),
            "CLS_AGNOSTIC_BBOX_REG": pred["cls_agnostic_bbox_reg"], "USE_SIGMOID_CE": pred["use_sigmoid_ce"]}
     num_classes = lz.get(f"{p}.num_classes")
+    _came_from(cfg, MODEL__ROI_BOX_HEAD__POOLER_RESOLUTION=f"{p}.box_pooler.output_size",
+               MODEL__ROI_BOX_HEAD__POOLER_SAMPLING_RATIO=f"{p}.box_pooler.sampling_ratio",
+               TEST__DETECTIONS_PER_IMAGE=f"{pred_path}.test_topk_per_image")
     if pred["num_classes"] != num_classes:
         raise lz.bad(f"{pred_path}.num_classes", f"differs from {p}.num_classes ({num_classes})")
     cfg["MODEL"].update(ROI_HEADS={"NAME": name, "NUM_CLASSES": num_classes,
@@ -293,6 +306,8 @@ def _roi_heads(lz: _Lazy, cfg: dict, prov: dict) -> None:
     conv_dim = _same(lz, f"{m}.conv_dims", dims, "mask-head convs")
     if not dims:  # its last entry is the deconvolution's width
         raise lz.bad(f"{m}.conv_dims", "expected the convs' and the deconvolution's widths, got []")
+    _came_from(cfg, MODEL__ROI_MASK_HEAD__POOLER_RESOLUTION=f"{p}.mask_pooler.output_size",
+               MODEL__ROI_MASK_HEAD__POOLER_SAMPLING_RATIO=f"{p}.mask_pooler.sampling_ratio")
     cfg["MODEL"].update(MASK_ON=True, ROI_MASK_HEAD={
         "NAME": "MaskRCNNConvUpsampleHead", **_pooler(lz, f"{p}.mask_pooler"), "NUM_CONV": len(dims) - 1,
         "CONV_DIM": conv_dim, "CLS_AGNOSTIC_MASK": classes == 1,

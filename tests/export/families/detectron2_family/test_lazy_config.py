@@ -210,3 +210,21 @@ def test_regnet_depth_is_bounded_before_its_stages_are_planned(tmp_path, depth, 
     with pytest.raises(NorcalError) as e:
         load_config(path)
     assert f"{path}: model.backbone.bottom_up.depth: {shown}" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("old, new, shown", [
+    ("post_nms_topk: [1000, 1000]", "post_nms_topk: [1000, 1000000000]",
+     "model.proposal_generator.post_nms_topk.1: 1000000000: must be <= 3839 (TensorRT's TopK limit)"),
+    ("pre_nms_topk: [2000, 1000]", "pre_nms_topk: [2000, 1000000000]",
+     "model.proposal_generator.pre_nms_topk.1: 1000000000: must be <= 61424"),
+    ("      output_size: 14", "      output_size: 100000",
+     "model.roi_heads.mask_pooler.output_size: 100000: must be <= 256"),
+    ("      sampling_ratio: 0\n", "      sampling_ratio: 1000000\n",
+     "model.roi_heads.box_pooler.sampling_ratio: 1000000: must be <= 64"),
+])
+def test_values_that_size_memory_are_named_by_the_files_key_path(tmp_path, old, new, shown):
+    """Refused by the bounds of the yaml-era keys they map to, named as the LazyConfig spells them."""
+    path = _variant(tmp_path, old, new)
+    with pytest.raises(NorcalError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"LazyConfig {path}: {shown}") and "\n" not in str(e.value)
