@@ -23,7 +23,7 @@ import warnings
 
 import norcal.cli.commands
 from norcal.core.version import __version__
-from norcal.core.errors import NorcalError
+from norcal.core.errors import NorcalError, printable
 from norcal.cli.options import COMMON_FLAGS, error_line
 from norcal.core import stop_signals
 from norcal.core.outputs import output_run
@@ -62,7 +62,7 @@ class ArgumentParser(argparse.ArgumentParser):
         self.register("type", float, _finite)
 
     def error(self, message: str):
-        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, printable(f"error: {self.prog}: {message} (see {self.prog} --help)") + "\n")
 
 
 def _command_modules():
@@ -96,11 +96,17 @@ _EXTRAS = {"torch": "torch", "torchvision": "torch", "lvis": "eval", "tritonclie
 _OR = {"onnxruntime": " (or 'norcal-deploy[gpu]' with CUDA)"}  # extras that are alternatives
 
 
+def say(line: str) -> None:
+    """One line on stderr, every character a terminal would act on escaped: errors and warnings
+    echo text read from files (a ``_target_``, a file name), which must not drive the terminal."""
+    print(printable(line), file=sys.stderr, flush=True)
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """Warnings as one line each, like errors (the library warns; only the CLI prints)."""
     params = getattr(message, "params", ())
     text = error_line(NorcalError(str(message), param=params), COMMON_FLAGS) if params else message
-    print(f"warning: {text}", file=sys.stderr, flush=True)
+    say(f"warning: {text}")
 
 
 class Terminated(KeyboardInterrupt):
@@ -167,7 +173,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 raise
             raise stop from None
     except NorcalError as e:
-        print(f"error: {error_line(e, getattr(args, '_flags', None))}", file=sys.stderr)
+        say(f"error: {error_line(e, getattr(args, '_flags', None))}")
         return 2
     except ModuleNotFoundError as e:
         top = (e.name or "").split(".")[0]
@@ -178,7 +184,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 2
     except OSError as e:  # a disk, permission or path problem met while writing or reading
         where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        say(f"error: {where}{e.strerror or e}")
         return 2
     except KeyboardInterrupt as e:
         # a signal held during the commit arrives after it: then the outputs are in place

@@ -46,8 +46,13 @@ def decoding_option(args):
     """The :class:`norcal.core.decoding.Decoding` the flags give, or None when none is given."""
     from norcal.core.decoding import MULTI_LABEL, Decoding
 
-    if args.decoding is None and not args.agnostic_nms and args.conf is None:
+    given = [flag for name, flag in DECODING_FLAGS.items() if getattr(args, name) not in (None, False)]
+    if not given:
         return None
+    if "--decoding" not in given:
+        # a refusal of "the decoding" (a family that takes none) names the flags the user gave,
+        # not --decoding, which they did not
+        args._flags = {**(getattr(args, "_flags", None) or {}), "decoding": f"decoding ({', '.join(given)})"}
     return Decoding(args.decoding or MULTI_LABEL, args.agnostic_nms, args.conf)
 
 

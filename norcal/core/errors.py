@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 
@@ -37,3 +38,15 @@ def shown(value, limit: int = 60) -> str:
     r.maxstring = r.maxlong = r.maxother = limit
     text = r.repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+# what a terminal would act on rather than show: C0 / C1 controls and DEL (escape sequences that
+# clear the screen or set the window title), lone surrogates (undecodable file names), line
+# and paragraph separators, and the bidirectional overrides that reorder what is shown
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each character a terminal would act on written as its Python escape
+    (``\\x1b``, ``\\n``, ``\\u202e``): one line, shown as it is, whatever a file put in it."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)

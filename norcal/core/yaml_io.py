@@ -15,6 +15,10 @@ from norcal.core.fileio import readable_file
 # a config or dataset description is a few hundred to a few thousand values: far beyond this is
 # a crafted file ("billion laughs" aliases), which would expand to gigabytes once walked or printed
 MAX_YAML_VALUES = 100_000
+# ... and a few to a few hundred kilobytes (an LVIS data.yaml naming 1203 classes: about 30 KB).
+# The parser is pure Python: a 63 MB file still parsed after two minutes, so the size is bounded
+# before any of it is parsed
+MAX_YAML_BYTES = 4 * 2 ** 20
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -92,7 +96,12 @@ def read_yaml_mapping(path: Path, what: str, inert_python: bool = False) -> dict
     path = readable_file(path)
     a = "an" if what[:1].lower() in "aeiou" else "a"
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)  # the file may grow after a size check: read no further
+        if len(raw) > MAX_YAML_BYTES:
+            raise NorcalError(f"{path}: not {a} {what}: larger than {MAX_YAML_BYTES // 2 ** 20} MiB "
+                              "(a config or dataset description is a few kilobytes)")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise NorcalError(f"{path}: not {a} {what} file (not UTF-8 text)") from None
     except OSError as e:

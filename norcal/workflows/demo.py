@@ -210,6 +210,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     # the validation GT is checked before the long work that comes before its use
     gt_data = read_json(d / "val.json", "GT")
     gt = prepare_gt(gt_data, table, where=str(d / "val.json"))
+    gt.rles()  # segm and boundary AP need every GT mask: one missing is named now, not after tuning
     pairs = images_from_gt(gt_data, d / "val", str(d / "val.json"))
 
     # gamma is chosen on training images, exactly as `norcal tune` chooses it

@@ -67,6 +67,17 @@ case("export-onnx-with-opset")(lambda w, t: (
     _export(w, t, "--gamma", "0.5", "--table", str(w / "two.json"), "--opset", "18", model="cls.onnx"),
     "--opset apply to checkpoints, not ONNX input", [t / "o.onnx"]))
 
+# decoding flags on a checkpoint that decodes as its own post-processing: the refusal named
+# --decoding, which was not given; it names the flags that were
+case("export-d2-conf")(lambda w, t: (
+    _export(w, t, "--config", str(w / "config.yaml"), "--gamma", "0.5", "--conf", "0.3"),
+    "detectron2 checkpoints decode as their own post-processing: they take no decoding (--conf) option",
+    [t / "o.onnx"]))
+case("export-d2-decoding-and-conf")(lambda w, t: (
+    _export(w, t, "--config", str(w / "config.yaml"), "--gamma", "0.5", "--decoding", "best-class",
+            "--agnostic-nms", "--conf", "0.3"),
+    "they take no --decoding option", [t / "o.onnx"]))
+
 
 def _yaml(t, name, text):
     p = t / name

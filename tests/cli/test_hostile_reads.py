@@ -47,6 +47,45 @@ READERS = {
     "eval-gt": _as(lambda w, p, o: ["eval", "--gt", p, "--results", str(w / "results.json")]),
     "infer-image": _as(lambda w, p, o: ["infer", str(w / "cls.onnx"), p, "-o", str(o)], "r.json"),
 }
+
+
+def _special_named(t, kind, name):
+    """:func:`special`'s path under another name (a model's suffix picks its runtime)."""
+    p, words = special(t, kind)
+    if isinstance(p, str):  # the device, through a link with the name
+        named = t.parent / f"{t.name}-special" / name
+        named.symlink_to(p)
+        return named, words
+    named = p.parent / name
+    os.rename(p, named) if kind != "loop" else named.symlink_to(named)
+    return named, words
+
+
+def _base_config(w, t, kind):
+    """A config whose _BASE_ is not a regular file: it was "not found"."""
+    p, words = special(t, kind)
+    (t / "child.yaml").write_text(f'_BASE_: "{p}"\n')
+    argv = ["export", str(w / "model_final.pth"), "--config", str(t / "child.yaml"), "--gamma", "0.5",
+            "-o", str(t / "o.onnx")]
+    return argv, f"child.yaml: _BASE_ file {p}: {words}", [t / "o.onnx"]
+
+
+def _model(argv_of, name, out_name):
+    """A model (ONNX, engine) that is not a regular file: a FIFO was "no such model file"."""
+    def build(w, t, kind):
+        p, words = _special_named(t, kind, name)
+        return argv_of(w, str(p), t / out_name), f"{p}: {words}", [t / out_name]
+    return build
+
+
+READERS.update({
+    "infer-model": _model(lambda w, p, o: ["infer", p, str(w / "images"), "-o", str(o)], "m.onnx", "r.json"),
+    "export-onnx-model": _model(lambda w, p, o: ["export", p, "--gamma", "0.5", "--table", str(w / "two.json"),
+                                                 "-o", str(o)], "m.onnx", "o.onnx"),
+})
+for kind in ("fifo", "loop", "folder", "device"):
+    case(f"export-config-base-{kind}")(functools.partial(_base_config, kind=kind))
+
 for reader, build in READERS.items():
     for kind in ("fifo", "loop", "folder", "device"):
         if reader == "infer-image" and kind == "folder":

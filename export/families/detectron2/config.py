@@ -12,7 +12,7 @@ from pathlib import Path
 
 from norcal.core.calibration_spec import Calibration
 from norcal.core.errors import NorcalError
-from norcal.core.ranges import MAX_TOPK
+from norcal.core.ranges import MAX_EXPORT_SIDE, MAX_TOPK
 
 from .config_file import load_cfg_dict, load_lazy_cfg_dict
 from .config_values import ConfigValues
@@ -34,6 +34,18 @@ SINGLE_FEATURES = ("res4", "res5")  # build_resnet_backbone's one output: C4 (re
 # calibrates its scores with TEST.CALIBRATION.*; nothing else differs at inference
 NORCAL_ROI_HEADS = "CalibrationROIHeads"
 NORCAL_CALIBRATION = {"METHOD": "gamma", "WITH": "exps", "GAMMA": 0.0, "RENORM": True}  # add_norcal_config
+
+
+# bounds of the values that size the graph's memory or time (detectron2 takes any number)
+_SIDE = (MAX_EXPORT_SIDE, "the export's largest input side")
+_POST_TOPK = (MAX_TOPK, "TensorRT's TopK limit")
+# pre-NMS / RetinaNet candidates per level are taken in TopKs of at most MAX_TOPK each, one after
+# the other; past 16 of them the graph grows for anchors no detector config keeps (C4's 6000 is 2)
+_CANDIDATES = (16 * MAX_TOPK, f"taken in at most 16 TopKs of {MAX_TOPK}, TensorRT's TopK limit")
+_POOLER_RESOLUTION = (256, "pooled bins per side; the heads' tensors grow with its square")
+_SAMPLING_RATIO = (64, "ROIAlign's sampling points per bin side; its cost grows with the square")
+_ANCHOR_SIZE = MAX_EXPORT_SIDE  # an anchor wider than any input side matches nothing
+_ANCHOR_RATIO = 1024.0  # past 1:1024 a 32-pixel anchor is less than a pixel wide
 
 
 def _check_supported(c: ConfigValues) -> None:
@@ -148,9 +160,20 @@ def _calibration(c: ConfigValues, provenance: dict) -> Calibration | None:
     return result
 
 
-def _anchors(c: ConfigValues) -> tuple[tuple, tuple]:
+def _anchor_lists(c: ConfigValues) -> tuple[tuple, tuple]:
+    """(sizes, aspect ratios) of DefaultAnchorGenerator, each within what an input can hold."""
     sizes = c.float_lists("MODEL.ANCHOR_GENERATOR.SIZES")
     ratios = c.float_lists("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS")
+    if max(x for r in sizes for x in r) > _ANCHOR_SIZE:
+        raise c.bad("MODEL.ANCHOR_GENERATOR.SIZES", f"must be <= {_ANCHOR_SIZE} (the export's largest input side)")
+    if not all(1 / _ANCHOR_RATIO <= x <= _ANCHOR_RATIO for r in ratios for x in r):
+        raise c.bad("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS",
+                    f"expected 1/{_ANCHOR_RATIO:g} <= ratio <= {_ANCHOR_RATIO:g} (beyond, an anchor is under a pixel wide)")
+    return sizes, ratios
+
+
+def _anchors(c: ConfigValues) -> tuple[tuple, tuple]:
+    sizes, ratios = _anchor_lists(c)
     levels = len(c.seq("MODEL.RPN.IN_FEATURES"))
     for key, v in (("MODEL.ANCHOR_GENERATOR.SIZES", sizes), ("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS", ratios)):
         if len(v) not in (1, levels):
@@ -177,9 +200,11 @@ def _min_size_test(c: ConfigValues) -> int:
     v = c.int("INPUT.MIN_SIZE_TEST")
     if v == 0:  # detectron2's ResizeShortestEdge: no resizing at test time
         raise c.bad("INPUT.MIN_SIZE_TEST", "0 (no resizing at test time) is not supported; give the shorter side")
-    if v < 0:
-        raise c.bad("INPUT.MIN_SIZE_TEST", "must be >= 1")
-    return v
+    return c.int("INPUT.MIN_SIZE_TEST", 1, *_SIDE)
+
+
+def _max_size_test(c: ConfigValues) -> int:
+    return c.int("INPUT.MAX_SIZE_TEST", 1, *_SIDE)
 
 
 # ROIAlignV2: aligned (detectron2's default); ROIAlign: unaligned, as Detectron1 pooled (its
@@ -220,7 +245,7 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         pixel_std=c.floats("MODEL.PIXEL_STD", 3, positive=True, why_positive="the input is divided by them"),
         input_format=c.str("INPUT.FORMAT"),
         min_size_test=_min_size_test(c),
-        max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
+        max_size_test=_max_size_test(c),
         # the host's batch padding (detectron2's own: FPN 32, C4/DC5 none, ViTDet its square)
         size_divisibility=vit.square_pad if vit else 32, vit=vit,
         depth=c.int("MODEL.RESNETS.DEPTH"),
@@ -239,14 +264,14 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         anchor_offset=c.float("MODEL.ANCHOR_GENERATOR.OFFSET", 0.0, 1.0, hi_open=True),
         rpn_conv_dims=tuple(conv_dims),
         rpn_bbox_reg_weights=c.floats("MODEL.RPN.BBOX_REG_WEIGHTS", 4, positive=True, why_positive=_DIVIDES),
-        rpn_pre_nms_topk_test=c.int("MODEL.RPN.PRE_NMS_TOPK_TEST", 1),
-        rpn_post_nms_topk_test=c.int("MODEL.RPN.POST_NMS_TOPK_TEST", 1),
+        rpn_pre_nms_topk_test=c.int("MODEL.RPN.PRE_NMS_TOPK_TEST", 1, *_CANDIDATES),
+        rpn_post_nms_topk_test=c.int("MODEL.RPN.POST_NMS_TOPK_TEST", 1, *_POST_TOPK),
         rpn_nms_thresh=c.float("MODEL.RPN.NMS_THRESH", 0.0, 1.0),
         rpn_min_size=c.float("MODEL.PROPOSAL_GENERATOR.MIN_SIZE"),
         num_classes=c.int("MODEL.ROI_HEADS.NUM_CLASSES", 1),
         pooler_type=c.str("MODEL.ROI_BOX_HEAD.POOLER_TYPE"),
-        pooler_resolution=c.int("MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", 1),
-        pooler_sampling_ratio=c.int("MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO", 0),
+        pooler_resolution=c.int("MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", 1, *_POOLER_RESOLUTION),
+        pooler_sampling_ratio=c.int("MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO", 0, *_SAMPLING_RATIO),
         box_head_num_conv=c.int("MODEL.ROI_BOX_HEAD.NUM_CONV", 0),
         box_head_conv_dim=c.int("MODEL.ROI_BOX_HEAD.CONV_DIM", 1),
         box_head_num_fc=c.int("MODEL.ROI_BOX_HEAD.NUM_FC", 0),
@@ -258,14 +283,14 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         score_thresh_test=c.float("MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0, 1.0, hi_open=True),
         nms_thresh_test=c.float("MODEL.ROI_HEADS.NMS_THRESH_TEST", 0.0, 1.0),
         detections_per_image=_detections_per_image(
-            c, c.int("MODEL.RPN.POST_NMS_TOPK_TEST", 1) * c.int("MODEL.ROI_HEADS.NUM_CLASSES", 1),
+            c, c.int("MODEL.RPN.POST_NMS_TOPK_TEST", 1, *_POST_TOPK) * c.int("MODEL.ROI_HEADS.NUM_CLASSES", 1),
             "MODEL.RPN.POST_NMS_TOPK_TEST x MODEL.ROI_HEADS.NUM_CLASSES"),
         mask_on=mask_on,
         mask_head_num_conv=c.int("MODEL.ROI_MASK_HEAD.NUM_CONV", 0),
         mask_head_conv_dim=c.int("MODEL.ROI_MASK_HEAD.CONV_DIM", 1),
         mask_head_norm=c.norm("MODEL.ROI_MASK_HEAD.NORM", layer_norm=True),
-        mask_pooler_resolution=c.int(mask_pooler[0], 1),
-        mask_pooler_sampling_ratio=c.int(mask_pooler[1], 0),
+        mask_pooler_resolution=c.int(mask_pooler[0], 1, *_POOLER_RESOLUTION),
+        mask_pooler_sampling_ratio=c.int(mask_pooler[1], 0, *_SAMPLING_RATIO),
         mask_pooler_type=c.str(mask_pooler_type),
         cls_agnostic_mask=c.bool("MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK"),
         provenance=provenance,
@@ -290,8 +315,7 @@ def retinanet_spec_from_cfg(c: ConfigValues) -> ModelSpec:
     c.require("INPUT.FORMAT", ("BGR", "RGB"))
     if any(bool(x) for x in c.seq("MODEL.RESNETS.DEFORM_ON_PER_STAGE")):
         raise c.bad("MODEL.RESNETS.DEFORM_ON_PER_STAGE", f"deformable convolutions are not supported; {SUPPORTED}")
-    sizes = c.float_lists("MODEL.ANCHOR_GENERATOR.SIZES")
-    ratios = c.float_lists("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS")
+    sizes, ratios = _anchor_lists(c)
     for key, v in (("MODEL.ANCHOR_GENERATOR.SIZES", sizes), ("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS", ratios)):
         if len(v) not in (1, 5):
             raise c.bad(key, "needs 1 entry or one per level (p3-p7)")
@@ -302,7 +326,7 @@ def retinanet_spec_from_cfg(c: ConfigValues) -> ModelSpec:
         pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
         pixel_std=c.floats("MODEL.PIXEL_STD", 3, positive=True, why_positive="the input is divided by them"),
         input_format=c.str("INPUT.FORMAT"), min_size_test=_min_size_test(c),
-        max_size_test=c.int("INPUT.MAX_SIZE_TEST", 1),
+        max_size_test=_max_size_test(c),
         depth=c.int("MODEL.RESNETS.DEPTH"), norm=c.norm("MODEL.RESNETS.NORM"),
         stem_out_channels=c.int("MODEL.RESNETS.STEM_OUT_CHANNELS", 1),
         res2_out_channels=c.int("MODEL.RESNETS.RES2_OUT_CHANNELS", 1),
@@ -318,10 +342,10 @@ def retinanet_spec_from_cfg(c: ConfigValues) -> ModelSpec:
         score_thresh_test=c.float("MODEL.RETINANET.SCORE_THRESH_TEST", 0.0, 1.0, hi_open=True),
         nms_thresh_test=c.float("MODEL.RETINANET.NMS_THRESH_TEST", 0.0, 1.0),
         detections_per_image=_detections_per_image(
-            c, 5 * c.int("MODEL.RETINANET.TOPK_CANDIDATES_TEST", 1) * c.int("MODEL.RETINANET.NUM_CLASSES", 1),
+            c, 5 * c.int("MODEL.RETINANET.TOPK_CANDIDATES_TEST", 1, *_CANDIDATES) * c.int("MODEL.RETINANET.NUM_CLASSES", 1),
             "5 levels x MODEL.RETINANET.TOPK_CANDIDATES_TEST x MODEL.RETINANET.NUM_CLASSES"),
         retinanet_num_convs=c.int("MODEL.RETINANET.NUM_CONVS", 0),
-        retinanet_topk_candidates=c.int("MODEL.RETINANET.TOPK_CANDIDATES_TEST", 1),
+        retinanet_topk_candidates=c.int("MODEL.RETINANET.TOPK_CANDIDATES_TEST", 1, *_CANDIDATES),
         provenance={"source": c.source},
     )
 

@@ -78,8 +78,12 @@ def load_yaml_with_base(path, _chain: tuple[Path, ...] = ()) -> dict:
         base_path = Path(os.path.expanduser(name))
         if not base_path.is_absolute():
             base_path = path.parent / base_path  # relative to the file that names it
-        if not base_path.is_file():
+        if not os.path.lexists(base_path):
             raise NorcalError(f"{path}: _BASE_ file {name} not found (looked for {base_path})")
+        try:  # a folder, a FIFO, a device (/dev/zero), a loop or a broken link said as such
+            readable_file(base_path)
+        except NorcalError as e:
+            raise NorcalError(f"{path}: _BASE_ file {name}: {str(e).removeprefix(f'{base_path}: ')}") from None
         if base_path.suffix == ".py":  # detectron2 runs a Python base as a program
             raise NorcalError(f"{path}: _BASE_ {name} is a Python config, which would have to be executed; "
                               "name a YAML base")

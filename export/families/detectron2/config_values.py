@@ -15,6 +15,11 @@ _NORMS = {"": "", "FrozenBN": "FrozenBN", "BN": "BN", "SyncBN": "SyncBN", "naive
 _LAYER_NORM = {"LN": "LN"}
 
 
+# a top-level key of a mapped LazyConfig: {yaml-era key: the key path in the file it came from},
+# so that a value refused by its yaml-era key is named as the file spells it
+KEY_PATHS = "KEY_PATHS"
+
+
 class ConfigValues:
     """A merged config (nested dict) read key by key (``MODEL.RPN.NMS_THRESH``); ``source`` names it in errors."""
 
@@ -30,9 +35,13 @@ class ConfigValues:
         return node
 
     def bad(self, key: str, why: str) -> NorcalError:
-        return NorcalError(f"{self.source}: {key}: {shown(self.get(key))}: {why}")
+        paths = self.data.get(KEY_PATHS)
+        named = paths.get(key, key) if isinstance(paths, dict) else key
+        return NorcalError(f"{self.source}: {named}: {shown(self.get(key))}: {why}")
 
-    def int(self, key: str, minimum: int | None = None) -> int:
+    def int(self, key: str, minimum: int | None = None, maximum: int | None = None, why: str = "") -> int:
+        """A whole number in [minimum, maximum] where they are given; ``why`` says where the
+        maximum comes from (a value that sizes memory or time is bounded, not only typed)."""
         v = self.get(key)
         if isinstance(v, bool) or not isinstance(v, int):
             if isinstance(v, float) and v.is_integer():
@@ -41,6 +50,8 @@ class ConfigValues:
                 raise self.bad(key, "expected an integer")
         if minimum is not None and v < minimum:
             raise self.bad(key, f"must be >= {minimum}")
+        if maximum is not None and v > maximum:
+            raise self.bad(key, f"must be <= {maximum}{f' ({why})' if why else ''}")
         return v
 
     def float(self, key: str, lo: float | None = None, hi: float | None = None,

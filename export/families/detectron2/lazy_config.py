@@ -15,10 +15,12 @@ import re
 from typing import Any
 
 from norcal.core.errors import NorcalError, shown
+from norcal.core.ranges import MAX_EXPORT_SIDE
 from norcal.core.yaml_io import PYTHON_APPLY, PYTHON_NAME
 
 from .lazy_cascade import CASCADE, STAGE_LISTS, cascade_heads
 from .lazy_regnet import FPN_IN_FEATURES as REGNET_AS_RES, STAGES as REGNET_STAGES, regnet_bottom_up
+from .config_values import KEY_PATHS
 from .mvit_weights import mvit_from_lazy
 
 from .vit_lazy_config import is_whole, vit_backbone
@@ -39,9 +41,14 @@ UNNAMED_NORM = "BN"  # a lambda norm: provisional, the weights' norm layers must
 _INTERPOLATION = re.compile(r"^\$\{(\.*)([A-Za-z0-9_.]+)\}$")
 
 
+# top-level keys of what LazyConfig.save writes; yaml-era configs have none of them (theirs are upper case)
+LAZY_KEYS = ("model", "dataloader", "train", "optimizer", "lr_multiplier")
+
+
 def is_lazy_config(data: dict) -> bool:
-    """A LazyConfig dump: a top-level ``model`` mapping with a ``_target_``."""
-    return isinstance(data.get("model"), dict) and TARGET in data["model"]
+    """A LazyConfig dump: any of its top-level keys (a ``model`` that is null or missing is then
+    refused by :func:`lazy_to_cfg`, not read as a yaml-era config of detectron2's defaults)."""
+    return any(k in data for k in LAZY_KEYS)
 
 
 class _Lazy:
@@ -115,6 +122,11 @@ class _Lazy:
         if not isinstance(value, str):
             raise self.bad(path, f"expected a norm name, got {shown(value)}")
         return value
+
+
+def _came_from(cfg: dict, **paths: str) -> None:
+    """Note the file's key path of each yaml-era key (``MODEL__RPN__X``: ``MODEL.RPN.X``) set from it."""
+    cfg.setdefault(KEY_PATHS, {}).update({k.replace("__", "."): v for k, v in paths.items()})
 
 
 def _same(lz: _Lazy, path: str, values: Any, what: str) -> int:
@@ -206,6 +218,10 @@ def _rpn(lz: _Lazy, cfg: dict) -> None:
     if lz.get(f"{p}.anchor_generator.strides") != [4, 8, 16, 32, 64]:
         raise lz.bad(f"{p}.anchor_generator.strides", "expected FPN's [4, 8, 16, 32, 64]")
     ratios = lz.get(f"{p}.anchor_generator.aspect_ratios")
+    _came_from(cfg, MODEL__RPN__PRE_NMS_TOPK_TEST=f"{p}.pre_nms_topk.1",
+               MODEL__RPN__POST_NMS_TOPK_TEST=f"{p}.post_nms_topk.1",
+               MODEL__ANCHOR_GENERATOR__SIZES=f"{p}.anchor_generator.sizes",
+               MODEL__ANCHOR_GENERATOR__ASPECT_RATIOS=f"{p}.anchor_generator.aspect_ratios")
     cfg["MODEL"].update(
         PROPOSAL_GENERATOR={"NAME": "RPN", "MIN_SIZE": lz.get(f"{p}.min_box_size", 0.0)},
         ANCHOR_GENERATOR={"SIZES": lz.get(f"{p}.anchor_generator.sizes"),
@@ -266,6 +282,9 @@ def _roi_heads(lz: _Lazy, cfg: dict, prov: dict) -> None:
            "BBOX_REG_WEIGHTS": lz.get(f"{pred_path}.box2box_transform.weights"),
            "CLS_AGNOSTIC_BBOX_REG": pred["cls_agnostic_bbox_reg"], "USE_SIGMOID_CE": pred["use_sigmoid_ce"]}
     num_classes = lz.get(f"{p}.num_classes")
+    _came_from(cfg, MODEL__ROI_BOX_HEAD__POOLER_RESOLUTION=f"{p}.box_pooler.output_size",
+               MODEL__ROI_BOX_HEAD__POOLER_SAMPLING_RATIO=f"{p}.box_pooler.sampling_ratio",
+               TEST__DETECTIONS_PER_IMAGE=f"{pred_path}.test_topk_per_image")
     if pred["num_classes"] != num_classes:
         raise lz.bad(f"{pred_path}.num_classes", f"differs from {p}.num_classes ({num_classes})")
     cfg["MODEL"].update(ROI_HEADS={"NAME": name, "NUM_CLASSES": num_classes,
@@ -287,6 +306,8 @@ def _roi_heads(lz: _Lazy, cfg: dict, prov: dict) -> None:
     conv_dim = _same(lz, f"{m}.conv_dims", dims, "mask-head convs")
     if not dims:  # its last entry is the deconvolution's width
         raise lz.bad(f"{m}.conv_dims", "expected the convs' and the deconvolution's widths, got []")
+    _came_from(cfg, MODEL__ROI_MASK_HEAD__POOLER_RESOLUTION=f"{p}.mask_pooler.output_size",
+               MODEL__ROI_MASK_HEAD__POOLER_SAMPLING_RATIO=f"{p}.mask_pooler.sampling_ratio")
     cfg["MODEL"].update(MASK_ON=True, ROI_MASK_HEAD={
         "NAME": "MaskRCNNConvUpsampleHead", **_pooler(lz, f"{p}.mask_pooler"), "NUM_CONV": len(dims) - 1,
         "CONV_DIM": conv_dim, "CLS_AGNOSTIC_MASK": classes == 1,
@@ -310,7 +331,14 @@ def _test_input(lz: _Lazy, cfg: dict) -> None:
     fmt = lz.get("dataloader.test.mapper.image_format", lz.get("model.input_format", "BGR"))
     if fmt != lz.get("model.input_format", "BGR"):
         raise lz.bad("dataloader.test.mapper.image_format", f"{fmt} differs from model.input_format")
-    cfg["INPUT"] = {"MIN_SIZE_TEST": short, "MAX_SIZE_TEST": lz.get(f"{path}.0.max_size", 10 ** 9), "FORMAT": fmt}
+    # without max_size ResizeShortestEdge caps nothing; no image resized past the export's largest
+    # side can enter the graph, so that side is the cap
+    longest = lz.get(f"{path}.0.max_size", MAX_EXPORT_SIDE)
+    for key, v in (("short_edge_length", short), ("max_size", longest)):
+        if not is_whole(v) or not 1 <= v <= MAX_EXPORT_SIDE:
+            raise lz.bad(f"{path}.0.{key}", f"{shown(v)}: expected a whole number in 1 .. {MAX_EXPORT_SIDE} "
+                                            "(the export's largest input side)")
+    cfg["INPUT"] = {"MIN_SIZE_TEST": short, "MAX_SIZE_TEST": longest, "FORMAT": fmt}
 
 
 def roi_heads_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
@@ -326,6 +354,10 @@ def lazy_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
     """(the yaml-era config keys ``data`` sets, provenance notes) for a LazyConfig dump.
     Raises :class:`NorcalError` naming the key path for a target or argument not read."""
     lz, prov = _Lazy(data, source), {}
+    if data.get("model") is None:
+        raise lz.bad("model", "missing (a LazyConfig's model: holds the detector)")
+    if not isinstance(data["model"], dict):
+        raise lz.bad("model", f"{shown(data['model'])}: expected a mapping with a {TARGET}")
     lz.expect("model", ("GeneralizedRCNN",), "meta architecture")
     lz.only("model", {"backbone", "proposal_generator", "roi_heads", "pixel_mean", "pixel_std", "input_format"})
     cfg: dict = {SPEC_FIELDS: {}, "MODEL": {"META_ARCHITECTURE": "GeneralizedRCNN", "PIXEL_MEAN": lz.get("model.pixel_mean"),

@@ -19,6 +19,9 @@ STAGES = ["s1", "s2", "s3", "s4"]  # what the FPN reads (P2-P5), as the weights 
 # the yaml-era names of the same four maps (stride 4 to 32) that the FPN keys check
 FPN_IN_FEATURES = ["res2", "res3", "res4", "res5"]
 _QUANTUM = 8  # RegNet's width quantum (generate_regnet_parameters' q)
+# blocks in all four stages: the published RegNets have at most 28; the stage plan and the spec
+# grow with it, so it is bounded before either is built (the loader then matches the weights)
+MAX_DEPTH = 256
 
 
 def _number(lz, path: str, default=..., integer: bool = False) -> float:
@@ -65,6 +68,9 @@ def regnet_spec(lz, path: str) -> RegNetSpec:
     ratio, se_ratio = _number(lz, f"{path}.bottleneck_ratio", 1.0), _number(lz, f"{path}.se_ratio", 0.0)
     stem = _number(lz, f"{path}.stem_width", integer=True)
     # detectron2 asserts these before it computes the widths
+    if depth > MAX_DEPTH:
+        raise lz.bad(f"{path}.depth", f"{shown(depth)}: must be <= {MAX_DEPTH} (blocks in the four stages; "
+                                      "published RegNets have at most 28)")
     for key, ok in (("depth", depth >= 1), ("w_a", w_a >= 0), ("w_0", w_0 > 0 and w_0 % _QUANTUM == 0),
                     ("w_m", w_m > 1), ("group_width", group_width > 0), ("stem_width", stem > 0),
                     ("bottleneck_ratio", ratio > 0 and (ratio <= 1 or ratio == int(ratio))),

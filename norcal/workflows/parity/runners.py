@@ -20,6 +20,7 @@ from typing import Any, Callable, ContextManager
 from norcal.core import contract
 from norcal.core.classifier_option import ClassifierActivation, check_classifier
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 from norcal.core.runner import Runner
 from norcal.runtime.backends.base import Backend
 from norcal.workflows.parity.tolerances import PRESETS, Tolerances, runner_precision
@@ -63,8 +64,7 @@ class ParityRequest:
 
     def check(self) -> None:
         """The request on its own: the model exists, and there is something to compare it with."""
-        if not Path(self.model).is_file():
-            raise NorcalError(f"{self.model}: no such file")
+        readable_file(self.model)  # missing, or a folder, a FIFO, a device: said as such
         if self.batch_size < 1:
             raise NorcalError(f"batch_size must be >= 1, got {self.batch_size}", param="batch_size")
         if self.config and not self.checkpoint:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 from norcal.core.ranges import MAX_THREADS, check_range
 from norcal.core.runner import BaseRunner
 
@@ -43,6 +44,8 @@ class OnnxRuntimeRunner(BaseRunner):
 
         path = Path(path)
         if not path.is_file():
+            if os.path.lexists(path):
+                readable_file(path)  # says what it is: a folder, a FIFO, a device, a link loop
             raise NorcalError(f"{path}: no such model file")
         available = ort.get_available_providers()
         provider = choose_provider(provider, available)

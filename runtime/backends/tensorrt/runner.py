@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core.errors import NorcalError
+from norcal.core.fileio import readable_file
 from norcal.core.runner import BaseRunner
 from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
 
@@ -61,8 +62,7 @@ class TensorRTRunner(BaseRunner):
         torch = _torch_cuda()
         self._trt, self._torch = trt, torch
         self.engine_path = Path(engine_path)
-        if not self.engine_path.is_file():
-            raise NorcalError(f"{self.engine_path}: no such file")
+        readable_file(self.engine_path)  # missing, or a folder, a FIFO, a device: said as such
         self.sidecar, self.metadata = engine_metadata(self.engine_path)
         self.device = torch.device("cuda", device)
         torch.cuda.set_device(self.device)

@@ -202,3 +202,56 @@ def test_min_size_test_zero_says_what_detectron2_means_by_it(tmp_path):
         load_config(_child(tmp_path, "INPUT:\n  MIN_SIZE_TEST: 0\n"))
     with pytest.raises(NorcalError, match=r"INPUT\.MIN_SIZE_TEST: -5: must be >= 1"):
         load_config(_child(tmp_path, "INPUT:\n  MIN_SIZE_TEST: -5\n"))
+
+
+# Values that size the graph's memory or time: detectron2 takes any number, and each of these
+# loaded without a word before (an input side of 10^7, 10^9 proposals, a 10^6 sampling ratio)
+RETINANET_CONFIG = Path(__file__).parents[3] / "fixtures" / "d2_retinanet_tiny" / "config.yaml"
+SIZING = [
+    ("INPUT:\n  MIN_SIZE_TEST: 10000000\n", "INPUT.MIN_SIZE_TEST", "10000000", "<= 8192"),
+    ("INPUT:\n  MAX_SIZE_TEST: 10000000\n", "INPUT.MAX_SIZE_TEST", "10000000", "<= 8192"),
+    ("MODEL:\n  RPN:\n    PRE_NMS_TOPK_TEST: 1000000000\n", "MODEL.RPN.PRE_NMS_TOPK_TEST", "1000000000", "<= 61424"),
+    ("MODEL:\n  RPN:\n    POST_NMS_TOPK_TEST: 1000000000\n", "MODEL.RPN.POST_NMS_TOPK_TEST", "1000000000",
+     "<= 3839 (TensorRT's TopK limit)"),
+    ("MODEL:\n  RPN:\n    POST_NMS_TOPK_TEST: 3840\n", "MODEL.RPN.POST_NMS_TOPK_TEST", "3840", "<= 3839"),
+    ("MODEL:\n  ROI_BOX_HEAD:\n    POOLER_SAMPLING_RATIO: 1000000\n", "MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO",
+     "1000000", "<= 64"),
+    ("MODEL:\n  ROI_MASK_HEAD:\n    POOLER_SAMPLING_RATIO: 1000000\n", "MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO",
+     "1000000", "<= 64"),
+    ("MODEL:\n  ROI_MASK_HEAD:\n    POOLER_RESOLUTION: 100000\n", "MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION",
+     "100000", "<= 256"),
+    ("MODEL:\n  ANCHOR_GENERATOR:\n    SIZES: [[1000000000]]\n", "MODEL.ANCHOR_GENERATOR.SIZES", "1000000000",
+     "<= 8192"),
+    ("MODEL:\n  ANCHOR_GENERATOR:\n    ASPECT_RATIOS: [[0.5, 1.0, 1.0e+9]]\n", "MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS",
+     "1000000000.0", "ratio <= 1024"),
+    ("MODEL:\n  ANCHOR_GENERATOR:\n    ASPECT_RATIOS: [[1.0e-9, 1.0, 2.0]]\n", "MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS",
+     "1e-09", "1/1024 <="),
+]
+
+
+@pytest.mark.parametrize("snippet,key,value,bound", SIZING, ids=[f"{k}={v}" for _, k, v, _ in SIZING])
+def test_values_that_size_memory_are_bounded_by_key(tmp_path, snippet, key, value, bound):
+    path = _child(tmp_path, snippet)
+    msg = _refusal(path)
+    assert "\n" not in msg and str(path) in msg and f"{key}: " in msg and value in msg and bound in msg
+
+
+def test_retinanet_candidates_are_bounded_by_key(tmp_path):
+    path = tmp_path / "child.yaml"
+    path.write_text(f'_BASE_: "{RETINANET_CONFIG}"\nMODEL:\n  RETINANET:\n    TOPK_CANDIDATES_TEST: 1000000000\n')
+    msg = _refusal(path)
+    assert "\n" not in msg and str(path) in msg and "MODEL.RETINANET.TOPK_CANDIDATES_TEST: 1000000000" in msg
+    assert "<= 61424" in msg
+
+
+@pytest.mark.parametrize("snippet,field,want", [
+    ("INPUT:\n  MIN_SIZE_TEST: 8192\n  MAX_SIZE_TEST: 8192\n", "max_size_test", 8192),
+    ("MODEL:\n  RPN:\n    POST_NMS_TOPK_TEST: 3839\n", "rpn_post_nms_topk_test", 3839),
+    ("MODEL:\n  RPN:\n    PRE_NMS_TOPK_TEST: 61424\n", "rpn_pre_nms_topk_test", 61424),  # 16 TopKs of 3839
+    ("MODEL:\n  ROI_BOX_HEAD:\n    POOLER_SAMPLING_RATIO: 64\n", "pooler_sampling_ratio", 64),
+    ("MODEL:\n  ROI_MASK_HEAD:\n    POOLER_RESOLUTION: 256\n", "mask_pooler_resolution", 256),
+    ("MODEL:\n  ANCHOR_GENERATOR:\n    ASPECT_RATIOS: [[0.0009765625, 1.0, 1024]]\n", "anchor_aspect_ratios",
+     ((1 / 1024, 1.0, 1024.0),)),
+])
+def test_values_at_their_bound_are_kept(tmp_path, snippet, field, want):
+    assert getattr(load_config(_child(tmp_path, snippet)), field) == want

@@ -155,3 +155,76 @@ def test_python_calls_are_read_as_data_never_made(tmp_path):
         load_config(path)
     assert "model.roi_heads.box_head.conv_norm: a call of functools.partial" in str(e.value)
     assert not marker.exists()
+
+
+RESIZE = "{_target_: detectron2.data.transforms.ResizeShortestEdge, max_size: 1333, short_edge_length: 800}"
+AUGMENTATION = "dataloader.test.mapper.augmentations.0"
+
+
+@pytest.mark.parametrize("resize, key, value", [
+    ("max_size: 1333, short_edge_length: 10000000", "short_edge_length", "10000000"),
+    ("max_size: 10000000, short_edge_length: 800", "max_size", "10000000"),
+    ("max_size: 1333, short_edge_length: [10000000]", "short_edge_length", "10000000"),
+    ("max_size: 1333.5, short_edge_length: 800", "max_size", "1333.5"),
+])
+def test_test_resize_is_bounded_by_the_export_side(tmp_path, resize, key, value):
+    """A short edge of 10^7 was refused only by the optimization profile, naming neither file nor key."""
+    path = _variant(tmp_path, RESIZE, "{_target_: detectron2.data.transforms.ResizeShortestEdge, " + resize + "}")
+    with pytest.raises(NorcalError) as e:
+        load_config(path)
+    assert str(e.value) == (f"{path}: {AUGMENTATION}.{key}: {value}: expected a whole number in 1 .. 8192 "
+                            "(the export's largest input side)")
+
+
+def test_test_resize_without_max_size_is_capped_at_the_export_side(tmp_path):
+    path = _variant(tmp_path, RESIZE, "{_target_: detectron2.data.transforms.ResizeShortestEdge, "
+                                      "short_edge_length: 8192}")
+    spec = load_config(path)
+    assert (spec.min_size_test, spec.max_size_test) == (8192, 8192)
+
+
+@pytest.mark.parametrize("model", ["model:", "model: null", "model: 3", None])
+def test_a_null_or_missing_model_is_named(tmp_path, model):
+    """Read before as a yaml-era config of detectron2's defaults (a C4 model)."""
+    text = CONFIG.read_text()
+    head, tail = text.split("\nmodel:\n", 1)
+    rest = tail[tail.index("\noptimizer:"):]
+    path = tmp_path / "config.yaml"
+    path.write_text(head + ("\n" + model if model else "") + rest)
+    with pytest.raises(NorcalError) as e:
+        load_config(path)
+    want = "3: expected a mapping with a _target_" if model == "model: 3" else \
+        "missing (a LazyConfig's model: holds the detector)"
+    assert str(e.value) == f"{path}: model: {want}"
+
+
+@pytest.mark.parametrize("depth, shown", [
+    ("1000000000", "1000000000: must be <= 256 (blocks in the four stages; published RegNets have at most 28)"),
+    ("257", "257: must be <= 256"),
+])
+def test_regnet_depth_is_bounded_before_its_stages_are_planned(tmp_path, depth, shown):
+    """A depth of 10^9 grew the export to 12.9 GB until the kernel killed it."""
+    text = REGNET_Y.read_text()
+    path = tmp_path / "config.yaml"
+    path.write_text(text.replace("depth: 5", f"depth: {depth}", 1))
+    with pytest.raises(NorcalError) as e:
+        load_config(path)
+    assert f"{path}: model.backbone.bottom_up.depth: {shown}" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("old, new, shown", [
+    ("post_nms_topk: [1000, 1000]", "post_nms_topk: [1000, 1000000000]",
+     "model.proposal_generator.post_nms_topk.1: 1000000000: must be <= 3839 (TensorRT's TopK limit)"),
+    ("pre_nms_topk: [2000, 1000]", "pre_nms_topk: [2000, 1000000000]",
+     "model.proposal_generator.pre_nms_topk.1: 1000000000: must be <= 61424"),
+    ("      output_size: 14", "      output_size: 100000",
+     "model.roi_heads.mask_pooler.output_size: 100000: must be <= 256"),
+    ("      sampling_ratio: 0\n", "      sampling_ratio: 1000000\n",
+     "model.roi_heads.box_pooler.sampling_ratio: 1000000: must be <= 64"),
+])
+def test_values_that_size_memory_are_named_by_the_files_key_path(tmp_path, old, new, shown):
+    """Refused by the bounds of the yaml-era keys they map to, named as the LazyConfig spells them."""
+    path = _variant(tmp_path, old, new)
+    with pytest.raises(NorcalError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"LazyConfig {path}: {shown}") and "\n" not in str(e.value)
