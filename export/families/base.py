@@ -14,6 +14,8 @@ methods, never through ``isinstance`` / ``hasattr`` checks on the model:
 - the PyTorch reference for parity (:meth:`Detector.torch_runner`);
 - which ONNX graphs are the family's own export and how they become ours
   (:meth:`Family.claims_graph`, :meth:`Family.ingest_graph`);
+- the rows the export summary prints about it (:meth:`Detector.describe`), so that no caller
+  reads a family's own description of its model;
 - what ``norcal tune`` caches from one network pass and re-runs per gamma
   (:meth:`Detector.cache_bytes`, :meth:`Detector.cache`, :meth:`Detector.rescore`).
 
@@ -127,6 +129,14 @@ class Detector(ABC):
     @property
     def has_masks(self) -> bool:
         return False
+
+    @abstractmethod
+    def describe(self) -> list[tuple[str, str]]:
+        """What the export summary prints about this model, as (label, value) rows: its
+        architecture, how the host prepares its input, and the post-processing baked into its
+        graph (decoding, score threshold, NMS IoU, detections per image), as the graph's
+        ``norcal.detector`` metadata records them; called after :meth:`export` (which may set
+        the input size)."""
 
     def recorded_calibration(self):
         """The NorCal settings the checkpoint's config records (gamma, factor, mechanism,

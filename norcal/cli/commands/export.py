@@ -210,7 +210,6 @@ def print_summary(result) -> None:
 
     from norcal.core.onnx_io import describe_io
     from norcal.core.outputs import current_path
-    from norcal.export.rcnn.spec import architecture_label
     from norcal.export.trt_check.support import TENSORRT_VERSION
 
     console = Console(soft_wrap=True)
@@ -219,24 +218,13 @@ def print_summary(result) -> None:
     t.add_row("source", str(result.source))
     if result.ingest:
         t.add_row("ingest", escape(result.ingest))
-    spec = result.detector
-    if spec is not None:
-        t.add_row("architecture", f"{spec.meta_architecture} {architecture_label(spec)}, {spec.num_classes} classes, "
-                                  f"{'mask' if spec.mask_on else 'box'} head")
-        square = f", padded to the {spec.vit.square_pad} square" if spec.vit is not None else ""
-        t.add_row("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}{square}, score > "
-                                   f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
-                                   f"{spec.detections_per_image} detections")
+    for label, value in result.description:  # the loaded detector's own rows (Detector.describe)
+        t.add_row(escape(label), escape(value))
     report = result.tensorrt
     verdict = "compatible" if report.compatible else f"NOT compatible ({len(report.errors)} errors)"
     t.add_row(f"TensorRT {TENSORRT_VERSION} parser",
               f"{verdict}, {len(report.warnings)} warnings with the default profile "
               f"(details: norcal check {result.output})")
-    if spec is not None:
-        # where the spec's values came from, e.g. what a config-less export had to assume
-        for key, value in spec.provenance.items():
-            if key != "weights":
-                t.add_row(f"({key})", value)
     if meta:
         t.add_row("classes", meta.get(contract.NUM_CLASSES, "?"))
         t.add_row("table", f"{meta.get(contract.TABLE)} (sha256 {meta.get(contract.TABLE_SHA256, '')[:16]}…)")
