@@ -199,6 +199,7 @@ class Family(ABC):
     has an ONNX export of its own, which graphs are its own and how they become ours."""
 
     name: ClassVar[str]
+    reads: ClassVar[str] = ""  # what files it reads and how their images are prepared (help texts)
     reads_checkpoints: ClassVar[bool] = True  # False: a family of ONNX graphs only (claims no file)
     # the label rules (norcal.core.decoding) its load takes as ``decoding=``; none: it takes no decoding
     decodings: ClassVar[tuple[str, ...]] = ()

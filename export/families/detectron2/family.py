@@ -72,6 +72,9 @@ class Detectron2Family(Family):
     (``weights_only`` / an allow-list unpickler), with an optional config.yaml."""
 
     name = FAMILY
+    reads = ("(Mask / Cascade) R-CNN and RetinaNet checkpoints (.pth, model-zoo .pkl) with their config "
+             "(--config, _BASE_ chains and LazyConfigs followed): ResNet, RegNet, ViTDet, MViTv2 backbones; "
+             "BGR input, ResizeShortestEdge + padding")
     takes_classifier = True
 
     def claims(self, path: Path, config: Path | None) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from norcal.cli.options import add_ray_arguments, add_split_argument, ray_options
+from norcal.cli.options import add_ray_arguments, add_split_argument, ray_options, table_help
 
 HELP = "run a model (.onnx or TensorRT engine) on images; write LVIS/COCO results JSON"
 DESCRIPTION = """Run an exported detector on images, batched, and write results JSON that lvis-api
@@ -81,7 +81,7 @@ def add_arguments(p):
                    help="COCO/LVIS annotations giving image ids (by file name) and category ids, or an "
                         "Ultralytics data.yaml (see --split)")
     add_split_argument(p, "--image-ids")
-    p.add_argument("--table", help="calibration table (built-in name or JSON) giving category ids")
+    p.add_argument("--table", help=table_help("its category ids"))
     p.add_argument("--no-masks", action="store_true", help="write boxes only, even for mask models")
     p.add_argument("--draw", metavar="DIR", help="also draw the first images' detections into DIR "
                                                  "(beside the baseline for a NorCal model)")

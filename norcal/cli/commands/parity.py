@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from norcal.cli.options import CLASSIFIER_FLAGS, add_classifier_option, add_split_argument
+from norcal.cli.options import CLASSIFIER_FLAGS, add_classifier_option, add_split_argument, checkpoint_help
 from norcal.core.errors import NorcalError
 
 HELP = "check that ONNX Runtime / TensorRT give the same detections as the PyTorch model"
@@ -54,9 +54,8 @@ def add_arguments(p):
     p.add_argument("model", help="the ONNX model (run with ONNX Runtime)")
     p.add_argument("images", nargs="*", metavar="IMAGES_OR_DIRS",
                    help="images and/or folders (default: synthetic images, see --synthetic)")
-    p.add_argument("--checkpoint", metavar="MODEL.pth", help="the checkpoint the ONNX was exported from: "
-                                                             "detectron2 .pth/.pkl or Ultralytics .pt "
-                                                             "(adds PyTorch, the reference)")
+    p.add_argument("--checkpoint", metavar="MODEL.pth", help=checkpoint_help("the checkpoint the ONNX was exported from")
+                                                        + " (adds PyTorch, the reference)")
     p.add_argument("--config", help="its detectron2 config yaml (default: inferred, as norcal export does)")
     add_classifier_option(p)
     p.add_argument("--engine", help="a TensorRT engine built from MODEL.onnx (norcal build)")
