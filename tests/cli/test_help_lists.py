@@ -53,3 +53,27 @@ def test_every_help_formats():
     """argparse formats each help (no stray % in a generated text)."""
     for name, parser in subcommands().items():
         parser.format_help()
+
+
+def provider_choices_of(command: str) -> tuple:
+    return tuple(next(a for a in subcommands()[command]._actions if "--provider" in a.option_strings).choices)
+
+
+def test_provider_choices_are_the_backends():
+    """ONNX Runtime's providers (auto, cpu, cuda, tensorrt) and the TensorRT engine's, as the backends
+    take them; a provider a backend gains is offered without a CLI change."""
+    import dataclasses
+
+    from norcal.runtime import backends
+
+    assert provider_choices_of("infer") == ("auto", "cpu", "cuda", "tensorrt")
+    assert provider_choices_of("parity") == ("auto", "cpu", "cuda", "tensorrt")
+    ort = backends.ONNXRUNTIME
+    wider = dataclasses.replace(ort, providers=(*ort.providers, "rocm"))
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(backends, "BACKENDS", [wider, backends.TENSORRT])
+        mp.setattr(backends, "ONNXRUNTIME", wider)
+        assert provider_choices_of("infer")[-1] == "rocm" and provider_choices_of("parity")[-1] == "rocm"
+    finally:
+        mp.undo()

@@ -62,7 +62,9 @@ def add_arguments(p):
     p.add_argument("--engine-precision", choices=("fp32", "tf32", "fp16", "int8"),
                    help="tolerance preset for the engine (default: int8 engines int8, fp16 engines fp16, "
                         "others tf32)")
-    p.add_argument("--provider", choices=("cpu", "cuda", "tensorrt"), default="cpu",
+    from norcal.runtime.backends import ONNXRUNTIME, provider_choices
+
+    p.add_argument("--provider", choices=provider_choices(ONNXRUNTIME), default="cpu",
                    help="ONNX Runtime execution provider (default cpu)")
     p.add_argument("--gt", metavar="ANNOTATIONS.json|data.yaml",
                    help="COCO/LVIS annotations of the images (matched by file name), or an Ultralytics "
