@@ -1,6 +1,6 @@
 """The detectron2 family: ``model_final.pth`` (torch.save of ``{"model": state dict}``) and
-model-zoo ``.pkl`` checkpoints, as R-CNNs (:mod:`.detectron2_rcnn`) or RetinaNets
-(:mod:`.detectron2_retinanet`)."""
+model-zoo ``.pkl`` checkpoints, loaded as the shared R-CNN's detectors named as this family's
+(:mod:`.detector`: ``Detectron2RCNN``, ``Detectron2RetinaNet``)."""
 
 from __future__ import annotations
 
