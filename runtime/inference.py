@@ -54,13 +54,6 @@ def detect(runner: Runner, batch: Batch) -> list[ImageDetections]:
                          batch.keep_empty_boxes, paste, batch.clip_boxes)
 
 
-def run_arrays(runner: Runner, images_rgb: list[np.ndarray], batch_size: int = 1,
-               spec: InputSpec | None = None) -> list[ImageDetections]:
-    """RGB uint8 [H,W,3] images -> one :class:`ImageDetections` each (original coordinates)."""
-    spec = spec or input_spec(runner_metadata(runner))
-    return [d for batch in prepared_batches(images_rgb, spec, batch_size) for d in detect(runner, batch)]
-
-
 def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int = 1,
                spec: InputSpec | None = None, failed: list[tuple[Path, str]] | None = None,
                on_done: Callable[[int], None] | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Iterator, TextIO
 
 import numpy as np
 
@@ -19,15 +19,6 @@ from norcal.core.fileio import atomic_path
 from norcal.core.schemas import ANNOTATIONS, ids_of, record_error
 from norcal.core.yolo_ground_truth import read_annotations
 from norcal.runtime.postprocess import ImageDetections, paste_mask_regions
-
-
-def encode_rle(mask: np.ndarray) -> dict[str, Any]:
-    """bool/uint8 [H,W] -> compressed RLE {'size': [H, W], 'counts': str}."""
-    from pycocotools import mask as mask_util
-
-    rle = mask_util.encode(np.asfortranarray(mask, dtype=np.uint8))
-    rle["counts"] = rle["counts"].decode("ascii")
-    return rle
 
 
 def region_rle_counts(region: np.ndarray, y0: int, x0: int, image_hw) -> np.ndarray:

@@ -14,6 +14,8 @@ methods, never through ``isinstance`` / ``hasattr`` checks on the model:
 - the PyTorch reference for parity (:meth:`Detector.torch_runner`);
 - which ONNX graphs are the family's own export and how they become ours
   (:meth:`Family.claims_graph`, :meth:`Family.ingest_graph`);
+- the rows the export summary prints about it (:meth:`Detector.describe`), so that no caller
+  reads a family's own description of its model;
 - what ``norcal tune`` caches from one network pass and re-runs per gamma
   (:meth:`Detector.cache_bytes`, :meth:`Detector.cache`, :meth:`Detector.rescore`).
 
@@ -128,6 +130,14 @@ class Detector(ABC):
     def has_masks(self) -> bool:
         return False
 
+    @abstractmethod
+    def describe(self) -> list[tuple[str, str]]:
+        """What the export summary prints about this model, as (label, value) rows: its
+        architecture, how the host prepares its input, and the post-processing baked into its
+        graph (decoding, score threshold, NMS IoU, detections per image), as the graph's
+        ``norcal.detector`` metadata records them; called after :meth:`export` (which may set
+        the input size)."""
+
     def recorded_calibration(self):
         """The NorCal settings the checkpoint's config records (gamma, factor, mechanism,
         renormalize), used when the caller gives no gamma; None where it records none."""
@@ -189,6 +199,7 @@ class Family(ABC):
     has an ONNX export of its own, which graphs are its own and how they become ours."""
 
     name: ClassVar[str]
+    reads: ClassVar[str] = ""  # what files it reads and how their images are prepared (help texts)
     reads_checkpoints: ClassVar[bool] = True  # False: a family of ONNX graphs only (claims no file)
     # the label rules (norcal.core.decoding) its load takes as ``decoding=``; none: it takes no decoding
     decodings: ClassVar[tuple[str, ...]] = ()

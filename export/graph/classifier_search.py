@@ -2,7 +2,7 @@
 
 The classifier: the tensor ``logits`` names; else the one a checkpoint export recorded
 (``norcal.classifier_logits``; a cascade records one per stage, and each gets a node); else,
-for foreign ONNX, the one Softmax/Sigmoid that :func:`find_classifiers` finds: fed by a
+for foreign ONNX, the one Softmax/Sigmoid that :meth:`ClassifierView.search` finds: fed by a
 Gemm/MatMul with weights (attention's Q K^T is not), as wide as the calibration (classes, +1
 with a background slot) on its class axis and on no other axis. None, or several, is an error
 naming what was found (tensors and shapes); the caller then names the tensor as ``logits``.
@@ -241,16 +241,6 @@ class ClassifierView(ModelView):
         raise NorcalError(f"found no box classifier (a Softmax or Sigmoid fed by a Gemm/MatMul with "
                           f"weights{wide}){seen}; name the classifier's input tensor as logits",
                           param="logits")
-
-
-def find_classifiers(model: onnx.ModelProto, num_classes: int | None = None,
-                     background: str = "last") -> list[Candidate]:
-    """The Softmax / Sigmoid nodes that look like a foreign model's box classifier: fed by a
-    Gemm/MatMul with weights (not attention's), and, given ``num_classes``, with one axis of the
-    calibration's width (classes, +1 unless ``background`` is none) (the heuristic; a checkpoint
-    export names its classifier instead)."""
-    want = None if num_classes is None else _expected_width(num_classes, background)
-    return [c for c in ClassifierView(model).search(want) if not c.problem]
 
 
 def classifier_candidates(model: onnx.ModelProto) -> list[Candidate]:

@@ -32,6 +32,21 @@ class SpecDetector(Detector):
         self.spec, self.model = spec, model
         self.num_classes = int(spec.num_classes)
 
+    def describe(self) -> list[tuple[str, str]]:
+        """The architecture, the test settings (resize, ViT square padding, score threshold, NMS
+        IoU, detections per image), and where the spec's values came from (what a config-less
+        export had to assume), one "(key)" row each."""
+        from norcal.export.rcnn.spec import architecture_label
+
+        s = self.spec
+        square = f", padded to the {s.vit.square_pad} square" if s.vit is not None else ""
+        rows = [("architecture", f"{s.meta_architecture} {architecture_label(s)}, {s.num_classes} classes, "
+                                 f"{'mask' if s.mask_on else 'box'} head"),
+                ("test settings", f"short edge {s.min_size_test}, max {s.max_size_test}{square}, score > "
+                                  f"{s.score_thresh_test:g}, NMS {s.nms_thresh_test}, "
+                                  f"{s.detections_per_image} detections")]
+        return rows + [(f"({key})", value) for key, value in s.provenance.items() if key != "weights"]
+
     def recorded_calibration(self):
         """The NorCal settings the spec's source recorded (``ModelSpec.calibration``), or None."""
         return self.spec.calibration

@@ -1,12 +1,16 @@
-"""ModelSpec: everything about a detectron2 R-CNN that changes inference, in one place.
+"""ModelSpec: everything about an R-CNN or RetinaNet (detectron2's, or torchvision's in its
+convention) that changes inference, in one place.
 
-Four detectron2 layouts (``arch_name``): FPN (``build_resnet_fpn_backbone`` + StandardROIHeads
+Bottom-ups: a ResNet (``depth``), a RegNet (:class:`RegNetSpec`), ViTDet's plain ViT with a
+simple feature pyramid (:class:`ViTSpec`) or an MViTv2 (:class:`MViTSpec`). Layouts
+(``arch_name``): FPN (``build_resnet_fpn_backbone`` + StandardROIHeads
 over P2-P5), C4 (``build_resnet_backbone`` up to res4 + ``Res5ROIHeads``, which runs res5 on
 each pooled box), DC5 (``build_resnet_backbone`` with a dilated, stride-16 res5 +
 StandardROIHeads on it), Cascade (FPN + ``CascadeROIHeads``: a box head and predictor per
 stage, ``cascade_bbox_reg_weights``) and RetinaNet (``meta_architecture`` RETINANET: FPN P3-P7,
 a sigmoid head, no ROI heads). Built from a detectron2 config (``norcal.export.families.detectron2.config``) or
-inferred from a checkpoint's weights (``norcal.export.families.detectron2.arch_from_weights``); consumed by
+inferred from a checkpoint's weights (``norcal.export.families.detectron2.arch_from_weights``), or from a
+torchvision state dict (``norcal.export.families.torchvision.state_dict``); consumed by
 ``norcal.export.rcnn.modeling``.
 Field defaults are detectron2's (``detectron2/config/defaults.py``) except the test-time
 settings, which follow detectron2's LVIS configs (score 1e-4, 300 detections).

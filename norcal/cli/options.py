@@ -10,15 +10,48 @@ from collections.abc import Mapping
 from norcal.core.errors import NorcalError
 
 
+def family_lines(indent: str = "  ") -> str:
+    """One line per registered family (norcal.export.families.FAMILIES, in the order their claims
+    are tried): its name and what it reads."""
+    import textwrap
+
+    from norcal.export.families import FAMILIES
+
+    return "\n".join(textwrap.fill(f"{indent}- {f.name}: {f.reads}", 96, subsequent_indent=indent + "  ")
+                     for f in FAMILIES)
+
+
+def family_names(which=lambda family: True) -> str:
+    """The registered families' names for which ``which(family)`` holds, "a, b or c"."""
+    from norcal.export.families import FAMILIES
+
+    names = [f.name for f in FAMILIES if which(f)]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def checkpoint_help(what: str = "checkpoint") -> str:
+    """``what`` and the families whose checkpoints it may be."""
+    return f"{what} of a {family_names(lambda f: f.reads_checkpoints)} model (see norcal export --help)"
+
+
+def table_help(use: str) -> str:
+    """A --table help: what the table gives (``use``), then every source norcal.core.tables
+    accepts (argparse help: % escaped)."""
+    from norcal.core.tables import table_sources
+
+    return f"calibration table ({use}): {table_sources()}".replace("%", "%%")
+
+
 # the decoding's parameters (norcal.core.decoding.Decoding) -> their flags
 DECODING_FLAGS = {"decoding": "--decoding", "agnostic_nms": "--agnostic-nms", "conf": "--conf"}
 
 
 def add_decoding_options(p) -> None:
-    """--decoding, --agnostic-nms, --conf: how scores become detections (Ultralytics models)."""
+    """--decoding, --agnostic-nms, --conf: how scores become detections (families with decodings)."""
     from norcal.core.decoding import LABEL_RULES
 
-    g = p.add_argument_group("decoding (Ultralytics models and ONNX exports; recorded in the model's metadata)")
+    g = p.add_argument_group(f"decoding ({family_names(lambda f: bool(f.decodings))} models and their ONNX exports; "
+                             "recorded in the model's metadata)")
     g.add_argument("--decoding", choices=LABEL_RULES, default=None,
                    help="multi-label (default: every box x class above --conf, Ultralytics' validator; "
                         "RT-DETR: the top K of queries x classes) or best-class (one label per box, its best "
@@ -37,9 +70,9 @@ def add_classifier_option(p) -> None:
     from norcal.core.classifier_option import ACTIVATIONS
 
     p.add_argument("--classifier", choices=ACTIVATIONS, default=None,
-                   help="detectron2 R-CNN without --config: its box head's activation (MODEL.ROI_BOX_HEAD."
-                        "USE_SIGMOID_CE), which its weights cannot tell; refused where the config or the "
-                        "weights say otherwise, and by other families")
+                   help=f"{family_names(lambda f: f.takes_classifier)} R-CNN without --config: its box head's "
+                        "activation (MODEL.ROI_BOX_HEAD.USE_SIGMOID_CE), which its weights cannot tell; refused "
+                        "where the config or the weights say otherwise, and by other families")
 
 
 def decoding_option(args):

@@ -150,8 +150,10 @@ def load_table(name_or_path: str | Path) -> CalibrationTable:
     return _from_json(data, str(p))
 
 
-TABLE_TAKES = ("table takes a built-in name ({}), a JSON of class counts, COCO/LVIS training annotations, "
-               "or an Ultralytics data.yaml")
+def table_sources() -> str:
+    """What :func:`load_table` accepts, in one phrase (help texts and errors say it alike)."""
+    return (f"a built-in name ({', '.join(builtin_names())}), a JSON of class counts, COCO/LVIS training "
+            "annotations, or an Ultralytics data.yaml")
 
 
 def _check_dataset_table(p: Path) -> None:
@@ -160,7 +162,7 @@ def _check_dataset_table(p: Path) -> None:
     data = read_yaml_mapping(p, DATASET)
     if data.get("names") is not None:
         return
-    takes = TABLE_TAKES.format(", ".join(builtin_names()))
+    takes = f"table takes {table_sources()}"
     if "MODEL" in data or "_BASE_" in data:
         raise NorcalError(f"{p}: a detectron2 config, not class counts: {takes}", param="table")
     raise NorcalError(f"{p}: field 'names' missing (not an Ultralytics data.yaml): {takes}", param="table")

@@ -74,11 +74,6 @@ class EvalResult:
     rules_reason: str = ""
     matched: Matched | None = field(default=None, repr=False)
 
-    @property
-    def rules_line(self) -> str:
-        """``rules: ... (why)``, the first line of eval and tune output."""
-        return RuleChoice(self.rules, self.rules_reason).line
-
     def stat_keys(self) -> tuple[str, ...]:
         """The stats reported: LVIS all of :data:`STAT_KEYS`; COCO :data:`COCO_STAT_KEYS`
         without the frequency groups where the categories have none."""

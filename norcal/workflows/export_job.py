@@ -33,7 +33,6 @@ from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norca
 
 if TYPE_CHECKING:
     from norcal.export.families import Classifier, Detector
-    from norcal.export.rcnn.spec import ModelSpec
     from norcal.export.trt_check import Report
     from norcal.workflows.verify import VerifyResult
 
@@ -81,7 +80,8 @@ class ExportResult:
     model: onnx.ModelProto
     seconds: float
     tensorrt: Report  # the static TensorRT ONNX-parser check, default profile
-    detector: ModelSpec | None = None  # checkpoint exports: the rebuilt detector's settings
+    # checkpoint exports: the loaded detector's (label, value) rows (Detector.describe)
+    description: tuple[tuple[str, str], ...] = ()
     verification: VerifyResult | None = None  # checkpoint exports with ``verify`` images
     triton_dir: Path | None = None  # the Triton model folder, when one was written
     calibration_from_config: str = ""  # the config's NorCal settings, when they were used
@@ -304,7 +304,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     with output_run():  # the model, its verification and the Triton folder: all, or nothing written
         step("checking and writing")
         report = _finish(graph, out)
-        result = ExportResult(src, out, graph, time.perf_counter() - t0, report, detector=detector.spec,
+        result = ExportResult(src, out, graph, time.perf_counter() - t0, report, description=tuple(detector.describe()),
                               calibration_from_config=from_config)
         if verify:
             from norcal.workflows.verify import verify_detector

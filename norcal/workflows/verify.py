@@ -15,7 +15,7 @@ from norcal.workflows.parity import ParityRun
 
 @dataclass
 class VerifyResult:
-    """What :func:`verify_images` found: the parity run (one comparison, fp32 tolerances),
+    """What :func:`verify_detector` found: the parity run (one comparison, fp32 tolerances),
     the calibration both sides ran with, and whether a failed fp32 check still passed fp16."""
 
     run: ParityRun
@@ -49,30 +49,16 @@ def check_images(image_paths, skip_unreadable: bool = False) -> tuple[list, list
     return images, skipped
 
 
-def verify_images(torch_model, onnx_path, image_paths, spec,
-                  skip_unreadable: bool = False) -> VerifyResult:
-    """Run ``onnx_path`` (ONNX Runtime, CPU) and ``torch_model`` (our detectron2 PyTorch model,
-    described by ``spec``, a ModelSpec) on ``image_paths`` (files or folders) and return the
-    comparison. An unreadable image is an error, or with ``skip_unreadable`` left out
-    (``result.skipped``); no readable image at all is an error.
+def verify_detector(detector, onnx_path, image_paths, skip_unreadable: bool = False) -> VerifyResult:
+    """Run ``onnx_path`` (ONNX Runtime, CPU) and a loaded detector of any family
+    (:class:`norcal.export.families.Detector`: its PyTorch runner) on ``image_paths`` (files or
+    folders), images prepared per the detector's preprocessing, score threshold as the file
+    records it, and return the comparison. An unreadable image is an error, or with
+    ``skip_unreadable`` left out (``result.skipped``); no readable image at all is an error.
 
     The calibration is read from the written file itself (what was really baked in).
     Judged with fp32 tolerances; a model that fails even the loose fp16 ones (detections that
-    do not pair up, scores off by > 2e-2) raises NorcalError with the numbers.
-    """
-    from norcal.core.contract import InputSpec
-    from norcal.export.pytorch.runner import TorchRunner
-
-    return _verify(lambda cal: TorchRunner(torch_model, calibration=cal), onnx_path, image_paths,
-                   InputSpec(spec.min_size_test, spec.max_size_test, "BGR", spec.size_divisibility),
-                   spec.score_thresh_test, skip_unreadable)
-
-
-def verify_detector(detector, onnx_path, image_paths, skip_unreadable: bool = False) -> VerifyResult:
-    """:func:`verify_images` for a loaded detector of any family
-    (:class:`norcal.export.families.Detector`): its PyTorch runner against the ONNX file,
-    images prepared per the detector's preprocessing (ResizeShortestEdge or letterbox), score
-    threshold as the file records it."""
+    do not pair up, scores off by > 2e-2) raises NorcalError with the numbers."""
     from norcal.runtime.backends import ONNXRUNTIME
     from norcal.workflows.parity import model_score_thresh
 

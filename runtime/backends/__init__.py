@@ -34,6 +34,15 @@ def expected_files() -> str:
     return kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " or " + kinds[-1]
 
 
+def provider_choices(*backends: Backend) -> tuple[str, ...]:
+    """The ``provider`` values ``backends`` take (default: every registered one), each once, in
+    registry order; None, a backend's default, left out (the CLI's --provider choices)."""
+    found: dict[str, None] = {}
+    for b in backends or BACKENDS:
+        found.update((p, None) for p in b.providers if p is not None)
+    return tuple(found)
+
+
 def needs_gpu(path: str | os.PathLike, provider: str | None) -> bool:
     """Whether running the model at ``path`` with ``provider`` takes a CUDA GPU (False for a
     file no backend opens: opening it fails first)."""
@@ -42,4 +51,4 @@ def needs_gpu(path: str | os.PathLike, provider: str | None) -> bool:
 
 
 __all__ = ["BACKENDS", "Backend", "ONNXRUNTIME", "TENSORRT", "backend_for", "backend_named", "expected_files",
-           "needs_gpu"]
+           "needs_gpu", "provider_choices"]

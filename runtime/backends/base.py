@@ -7,7 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from norcal.core.runner import Runner
+import numpy as np
+
+from norcal.core.errors import NorcalError
+from norcal.core.runner import BaseRunner, Runner
+
+Dims = tuple[int | None, ...]  # an input's dims, None where any size goes
 
 
 def _always_available() -> str | None:
@@ -56,3 +61,36 @@ class Backend:
     def open(self, path: str | os.PathLike, provider: str | None = None, threads: int | None = None) -> Runner:
         """The model at ``path`` loaded by this backend (whatever its suffix)."""
         return self.opener(Path(path), provider, threads)
+
+
+class BackendRunner(BaseRunner):
+    """A backend's runner: before the backend runs a batch, each input is checked against the dims
+    the model takes (:meth:`input_bounds`), and one outside them refused in one line
+    (:meth:`shape_refusal`) instead of the backend's own error; then :meth:`run` runs it."""
+
+    def infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name, array in feeds.items():
+            bounds = self.input_bounds(name)
+            shape = tuple(int(d) for d in np.shape(array))
+            if bounds is not None and not fits(shape, *bounds):
+                raise NorcalError(self.shape_refusal(name, shape, *bounds))
+        return self.run(feeds)
+
+    def input_bounds(self, name: str) -> tuple[Dims, Dims] | None:
+        """(lowest, highest) dims input ``name`` takes (equal where the model fixes them), or None
+        where it takes any shape. Default: any."""
+        return None
+
+    def shape_refusal(self, name: str, shape: tuple[int, ...], lo: Dims, hi: Dims) -> str:
+        """The line refusing input ``name`` of ``shape`` outside ``lo`` .. ``hi``."""
+        return f"input '{name}' has shape {shape}, outside {lo} .. {hi}"
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The backend's run of one batch whose inputs fit :meth:`input_bounds`."""
+        raise NotImplementedError
+
+
+def fits(shape: tuple[int, ...], lo: Dims, hi: Dims) -> bool:
+    """Whether ``shape`` has ``lo``'s rank and every dim within ``lo`` .. ``hi`` (None: unbounded)."""
+    return len(shape) == len(lo) == len(hi) and all(
+        (a is None or a <= s) and (b is None or s <= b) for a, s, b in zip(lo, shape, hi))

@@ -166,7 +166,10 @@ def test_the_two_box_example_by_hand():
     r = evaluate(gt, res)
     assert r.rules == "coco" and r.stats["AP"] == pytest.approx(0.75, abs=1e-12)
     assert pycocotools_eval(gt, res, "bbox").stats[0] == pytest.approx(0.75, abs=1e-12)
-    assert "no neg_category_ids" in r.rules_line and r.rules_line.startswith("rules: COCO (")
+    from norcal.evaluation.rules import RuleChoice
+
+    line = RuleChoice(r.rules, r.rules_reason).line  # the first line of eval and tune output
+    assert "no neg_category_ids" in line and line.startswith("rules: COCO (")
     # federated: B is neither annotated nor negative on image 1, so the false B is dropped
     fed_gt, _ = _two_boxes(federated=True)
     fed = evaluate(fed_gt, res)

@@ -113,3 +113,29 @@ def test_removing_a_backend_stops_its_files(monkeypatch, tmp_path):
     with pytest.raises(NorcalError) as e:
         open_runner(tmp_path / "m.engine")
     assert str(e.value) == f"{tmp_path / 'm.engine'}: unknown model type '.engine'; expected .onnx"
+
+
+def test_backend_runner_refuses_a_feed_outside_its_bounds_before_running():
+    """The base checks every input against the backend's (lo, hi) dims; the backend never runs
+    a batch outside them, and one within them (free dims any size) runs."""
+    from norcal.core.errors import NorcalError
+    from norcal.runtime.backends.base import BackendRunner
+
+    class Bounded(BackendRunner):
+        name, input_names, output_names = "bounded", ["images", "image_sizes"], ["n"]
+        ran = 0
+
+        def input_bounds(self, name):
+            return ((1, 3, 32, None), (4, 3, 64, None)) if name == "images" else None
+
+        def run(self, feeds):
+            self.ran += 1
+            return {"n": np.array(len(feeds["images"]))}
+
+    r = Bounded()
+    sizes = np.zeros((2, 2), np.int64)
+    assert int(r.infer({"images": np.zeros((2, 3, 64, 999), np.float32), "image_sizes": sizes})["n"]) == 2
+    for bad in ((5, 3, 32, 32), (1, 3, 31, 32), (1, 3, 65, 32), (1, 3, 32)):
+        with pytest.raises(NorcalError, match=r"input 'images' has shape .* outside"):
+            r.infer({"images": np.zeros(bad, np.float32), "image_sizes": sizes})
+    assert r.ran == 1

@@ -434,8 +434,12 @@ def test_pytorch_side_equals_detectron2_with_the_onnx_prior(tiny):
     assert not compare(ref, {k: plain[k] for k in keys}, "fp16", score_thresh=1e-4).passed
 
 
-def test_verify_images(tiny):
-    from norcal.workflows.verify import verify_images
+def test_verify_detector(tiny):
+    from norcal.export.families.detectron2.detector import Detectron2RCNN
+    from norcal.workflows.verify import verify_detector
+
+    def verify_images(model, onnx_path, images, spec):
+        return verify_detector(Detectron2RCNN(spec, model), onnx_path, images)
 
     # img3 holds a real near-tie: RPN p2's 1000th/1001st logits differ by 1.2e-7, so ONNX Runtime
     # keeps the other anchor and 1 of 300 detections differs; fp32 parity allows that (99%)

@@ -1,6 +1,6 @@
 """The detectron2 family: ``model_final.pth`` (torch.save of ``{"model": state dict}``) and
-model-zoo ``.pkl`` checkpoints, as R-CNNs (:mod:`.detectron2_rcnn`) or RetinaNets
-(:mod:`.detectron2_retinanet`)."""
+model-zoo ``.pkl`` checkpoints, loaded as the shared R-CNN's detectors named as this family's
+(:mod:`.detector`: ``Detectron2RCNN``, ``Detectron2RetinaNet``)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,9 @@ class Detectron2Family(Family):
     (``weights_only`` / an allow-list unpickler), with an optional config.yaml."""
 
     name = FAMILY
+    reads = ("(Mask / Cascade) R-CNN and RetinaNet checkpoints (.pth, model-zoo .pkl) with their config "
+             "(--config, _BASE_ chains and LazyConfigs followed): ResNet, RegNet, ViTDet, MViTv2 backbones; "
+             "BGR input, ResizeShortestEdge + padding")
     takes_classifier = True
 
     def claims(self, path: Path, config: Path | None) -> bool:

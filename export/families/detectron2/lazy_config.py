@@ -341,15 +341,6 @@ def _test_input(lz: _Lazy, cfg: dict) -> None:
     cfg["INPUT"] = {"MIN_SIZE_TEST": short, "MAX_SIZE_TEST": longest, "FORMAT": fmt}
 
 
-def roi_heads_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
-    """(the yaml-era keys, provenance notes) of ``model.roi_heads`` alone, whatever the backbone:
-    the ROI heads (standard or cascade) and their test settings."""
-    lz, prov = _Lazy(data, source), {}
-    cfg: dict = {"MODEL": {}}
-    _roi_heads(lz, cfg, prov)
-    return cfg, prov
-
-
 def lazy_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
     """(the yaml-era config keys ``data`` sets, provenance notes) for a LazyConfig dump.
     Raises :class:`NorcalError` naming the key path for a target or argument not read."""

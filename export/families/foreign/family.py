@@ -14,6 +14,8 @@ class ForeignFamily(Family):
     """Claims every ONNX graph (it is tried last) and no checkpoint."""
 
     name = "foreign"
+    reads = ("any other ONNX detector: its box classifier (a Softmax over the last axis, or a Sigmoid fed by "
+             "a Gemm/MatMul) is found and replaced by the NorCal node")
     reads_checkpoints = False
 
     def claims(self, path: Path, config: Path | None) -> bool:

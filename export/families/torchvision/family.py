@@ -31,6 +31,7 @@ class TorchvisionFamily(Family):
     ``torch.load(weights_only=True)``."""
 
     name = FAMILY
+    reads = "Faster / Mask R-CNN and RetinaNet state dicts (.pth); RGB input, resized as GeneralizedRCNNTransform"
 
     def claims(self, path: Path, config: Path | None) -> bool:
         return is_torchvision_checkpoint(path)  # a config given with it: load refuses it

@@ -229,6 +229,15 @@ class RtdetrDetector(Detector):
                 "topk": self.topk, "score_thresh_test": self.score_thresh, "imgsz": self.height,
                 "names": self.names, **self.decoding.record()}
 
+    def describe(self) -> list[tuple[str, str]]:
+        """The decoder, the stretched input, and the decoding :meth:`settings` records (rule,
+        score threshold, max_det; an RT-DETR has no NMS)."""
+        s = self.settings()
+        return [("architecture", f"RT-DETR ({s['num_queries']} queries), {self.num_classes} classes, box head"),
+                ("input rule", f"{self.preprocessing.input_format} stretched to {s['imgsz']} x {s['imgsz']}"),
+                ("decoding", f"{s.get('decoding', 'multi-label')}, no NMS, conf > {s['score_thresh_test']:g}, "
+                             f"max_det {s['topk']}")]
+
     def metadata(self) -> dict[str, str]:
         """The runtime and graph keys of the plain export."""
         return {**self.preprocessing.metadata(),

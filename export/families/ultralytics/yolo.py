@@ -151,6 +151,23 @@ class YoloDetector(Detector):
             out |= {"multi_label": not self.decoding.best_class, **self.decoding.record()}
         return out
 
+    def describe(self) -> list[tuple[str, str]]:
+        """The head, the letterbox input, and the decoding :meth:`settings` records (rule,
+        score threshold, NMS IoU, max_det; an end-to-end head's top-k selection has no NMS)."""
+        s, p = self.settings(), self.preprocessing
+        head = "end-to-end (one-to-one) " if "selection" in s else ""
+        rows = [("architecture", f"YOLO {s['task']} {head}(stride {self.stride}), {self.num_classes} classes, "
+                                 f"{'mask' if self.has_masks else 'box'} head"),
+                ("input rule", f"{p.input_format} letterboxed to {s['input_size']} x {s['input_size']} "
+                          f"(padding {p.pad_value})")]
+        if "selection" in s:
+            rule = f"{s['selection']}, no NMS"
+        else:
+            rule = (f"{s.get('decoding', 'multi-label')}{', class-agnostic' if s.get('agnostic_nms') else ''} "
+                    f"NMS IoU {s['nms_thresh_test']:g}")
+        return rows + [("decoding", f"{rule}, conf > {s['score_thresh_test']:g}, "
+                                    f"max_det {s['detections_per_image']}")]
+
     def runtime_metadata(self) -> dict[str, str]:
         meta = self.preprocessing.metadata()
         meta[contract.NUM_CLASSES] = str(self.num_classes)

@@ -57,10 +57,6 @@ class CascadeROIHeads(StandardROIHeads):
         if any(p.num_reg_classes != 1 for p in box_predictors):
             raise NorcalError("cascade stages regress class-agnostic boxes (cls_agnostic_bbox_reg)")
 
-    @property
-    def num_stages(self) -> int:
-        return len(self.box_predictor)
-
     def forward(self, features, proposals, valid, image_sizes, masks=None,
                 intermediates: dict | None = None):
         """As ``StandardROIHeads.forward``; ``intermediates`` also gets each stage's

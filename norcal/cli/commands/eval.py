@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from norcal.cli.options import add_split_argument
+from norcal.cli.options import add_split_argument, table_help
 
 HELP = "LVIS/COCO evaluation: AP, AP_r/c/f, AR and AP^Fixed of a detection result file"
 DESCRIPTION = """Evaluate LVIS/COCO-format detections against LVIS- or COCO-format ground truth.
@@ -90,8 +90,7 @@ def add_arguments(p):
                    help="also report precision / recall of the detections with score >= T "
                         "(matched at IoU >= 0.5), overall and per frequency group")
     p.add_argument("--table", metavar="NAME|PATH",
-                   help="calibration table (lvis_v1, lvis_v0_5 or a JSON path) giving frequency groups "
-                        "and N_c when the GT's categories lack them")
+                   help=table_help("the frequency groups and N_c when the GT's categories lack them"))
     p.add_argument("--no-fixed", action="store_true", help="skip AP^Fixed")
     p.add_argument("--fixed-per-class", type=int, default=10000,
                    help="AP^Fixed's detections kept per category (default 10000)")

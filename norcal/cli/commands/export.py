@@ -1,32 +1,27 @@
-"""norcal export / norcal-export: a checkpoint of a supported family (detectron2, Ultralytics) or
-any ONNX detector -> ONNX with NorCal."""
+"""norcal export / norcal-export: a checkpoint of a registered detector family or any ONNX
+detector -> ONNX with NorCal."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from norcal.cli.options import (CLASSIFIER_FLAGS, DECODING_FLAGS, add_calibration_options, add_classifier_option,
-                                add_decoding_options, decoding_option, min_count_line)
+                                add_decoding_options, checkpoint_help, decoding_option, family_lines,
+                                family_names, min_count_line, table_help)
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
 
 HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
-DESCRIPTION = """Bake NorCal calibration into a detector's graph.
+DESCRIPTION = f"""Bake NorCal calibration into a detector's graph.
 
-MODEL is either
-  * a checkpoint of a supported detector family, loaded safely (nothing in the file runs) and
-    exported to a batched ONNX graph (inputs images [B,3,H,W] 0-255 prepared as the model's
-    metadata says, image_sizes [B,2]; outputs num_detections, boxes, scores, classes, masks):
-    - detectron2 (.pth, or a model-zoo .pkl) [+ --config config.yaml]: rebuilt as an
-      export-friendly Mask/Faster R-CNN or RetinaNet; BGR input, ResizeShortestEdge + padding;
-      an R-CNN without its config needs --classifier softmax|sigmoid (its weights cannot tell),
-      unless it holds the federated-loss buffer (sigmoid);
-    - Ultralytics YOLOv8 / YOLO11 detect or segment (best.pt, last.pt): RGB input letterboxed
-      to its trained imgsz (--height = --width changes it); NorCal replaces its class sigmoid;
-    or
-  * an ONNX detector (any framework): the box classifier (a Softmax over the last axis or a
-    Sigmoid fed by a Gemm/MatMul) is found and replaced by the NorCal node.
+MODEL is a checkpoint or an ONNX graph of one of these families, tried in this order:
+{family_lines()}
+A checkpoint is loaded safely (nothing in the file runs) and exported to a batched ONNX graph
+(inputs images [B,3,H,W] 0-255 prepared as the model's metadata says, image_sizes [B,2]; outputs
+num_detections, boxes, scores, classes, masks); a square-input model's --height = --width changes
+its input size. A {family_names(lambda f: f.takes_classifier)} R-CNN without its config needs
+--classifier softmax|sigmoid (its weights cannot tell), unless it holds the federated-loss buffer.
 Running it on a model that already has NorCal replaces the node (a new gamma); --strip removes it.
 
 NorCal: p(c) = softmax(logits - log a)_c with a_c = N_c^gamma (--factor cdt) or
@@ -59,12 +54,10 @@ CALIBRATION_FLAGS = (("--gamma", "gamma"), ("--table", "table"), ("--factor", "f
 
 
 def add_arguments(p):
-    p.add_argument("model", help="checkpoint (detectron2 .pth/.pkl, Ultralytics .pt) or ONNX detector (.onnx)")
+    p.add_argument("model", help=checkpoint_help() + ", or an ONNX detector (.onnx)")
     p.add_argument("-o", "--output", help="output ONNX path (default: MODEL with .norcal.onnx)")
     p.add_argument("--gamma", type=float, help="NorCal gamma (>= 0; ENS: in [0, 1)); 0 = plain softmax")
-    p.add_argument("--table", help="calibration table: built-in name (lvis_v1, lvis_v0_5), a table JSON, "
-                                   "or the training annotation file itself (default: the built-in "
-                                   "table matching the class count)")
+    p.add_argument("--table", help=table_help("N_c; default: the built-in table matching the class count"))
     add_calibration_options(p)
     p.add_argument("--no-renormalize", dest="renormalize", action="store_false",
                    help="do not renormalise over the classes after scaling")
@@ -80,7 +73,7 @@ def add_arguments(p):
     p.add_argument("--logits", help="ONNX input only: the classifier logits tensor, if not found automatically")
     p.add_argument("--inline", action="store_true", help="write plain ops instead of the NorCal function node")
     p.add_argument("--strip", action="store_true", help="remove the NorCal node instead of adding one")
-    g = p.add_argument_group("checkpoints (detectron2, Ultralytics)")
+    g = p.add_argument_group(f"checkpoints ({family_names(lambda f: f.reads_checkpoints)})")
     g.add_argument("--config", help="detectron2 only: its config yaml (_BASE_ chains followed); default: "
                                     "inferred from the weights with detectron2's LVIS test settings")
     add_classifier_option(g)
@@ -210,7 +203,6 @@ def print_summary(result) -> None:
 
     from norcal.core.onnx_io import describe_io
     from norcal.core.outputs import current_path
-    from norcal.export.rcnn.spec import architecture_label
     from norcal.export.trt_check.support import TENSORRT_VERSION
 
     console = Console(soft_wrap=True)
@@ -219,24 +211,13 @@ def print_summary(result) -> None:
     t.add_row("source", str(result.source))
     if result.ingest:
         t.add_row("ingest", escape(result.ingest))
-    spec = result.detector
-    if spec is not None:
-        t.add_row("architecture", f"{spec.meta_architecture} {architecture_label(spec)}, {spec.num_classes} classes, "
-                                  f"{'mask' if spec.mask_on else 'box'} head")
-        square = f", padded to the {spec.vit.square_pad} square" if spec.vit is not None else ""
-        t.add_row("test settings", f"short edge {spec.min_size_test}, max {spec.max_size_test}{square}, score > "
-                                   f"{spec.score_thresh_test:g}, NMS {spec.nms_thresh_test}, "
-                                   f"{spec.detections_per_image} detections")
+    for label, value in result.description:  # the loaded detector's own rows (Detector.describe)
+        t.add_row(escape(label), escape(value))
     report = result.tensorrt
     verdict = "compatible" if report.compatible else f"NOT compatible ({len(report.errors)} errors)"
     t.add_row(f"TensorRT {TENSORRT_VERSION} parser",
               f"{verdict}, {len(report.warnings)} warnings with the default profile "
               f"(details: norcal check {result.output})")
-    if spec is not None:
-        # where the spec's values came from, e.g. what a config-less export had to assume
-        for key, value in spec.provenance.items():
-            if key != "weights":
-                t.add_row(f"({key})", value)
     if meta:
         t.add_row("classes", meta.get(contract.NUM_CLASSES, "?"))
         t.add_row("table", f"{meta.get(contract.TABLE)} (sha256 {meta.get(contract.TABLE_SHA256, '')[:16]}…)")

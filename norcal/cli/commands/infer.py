@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from norcal.cli.options import add_ray_arguments, add_split_argument, ray_options
+from norcal.cli.options import add_ray_arguments, add_split_argument, ray_options, table_help
 
 HELP = "run a model (.onnx or TensorRT engine) on images; write LVIS/COCO results JSON"
 DESCRIPTION = """Run an exported detector on images, batched, and write results JSON that lvis-api
@@ -72,7 +72,9 @@ def add_arguments(p):
                         "split's images)")
     p.add_argument("-o", "--output", required=True, help="results JSON to write")
     p.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
-    p.add_argument("--provider", choices=("auto", "cpu", "cuda", "tensorrt"), default="auto",
+    from norcal.runtime.backends import provider_choices
+
+    p.add_argument("--provider", choices=provider_choices(), default="auto",
                    help="ONNX Runtime execution provider for .onnx models (default auto: cuda where "
                         "the installed onnxruntime has it, else cpu)")
     p.add_argument("--min-size", type=int, help="override the resize short edge (norcal.min_size_test)")
@@ -81,7 +83,7 @@ def add_arguments(p):
                    help="COCO/LVIS annotations giving image ids (by file name) and category ids, or an "
                         "Ultralytics data.yaml (see --split)")
     add_split_argument(p, "--image-ids")
-    p.add_argument("--table", help="calibration table (built-in name or JSON) giving category ids")
+    p.add_argument("--table", help=table_help("its category ids"))
     p.add_argument("--no-masks", action="store_true", help="write boxes only, even for mask models")
     p.add_argument("--draw", metavar="DIR", help="also draw the first images' detections into DIR "
                                                  "(beside the baseline for a NorCal model)")
@@ -104,7 +106,7 @@ def run(args) -> int:
     from rich.text import Text
 
     from norcal.cli.options import check_outputs
-    from norcal.runtime.backends import needs_gpu
+    from norcal.runtime.backends import backend_for, needs_gpu
     from norcal.workflows.infer import InferOptions, prepare_infer, run_infer, skipped_path
 
     console = Console(stderr=True, soft_wrap=True)
@@ -116,8 +118,9 @@ def run(args) -> int:
     options = replace(options, ray=ray_options(args, needs_gpu(args.model, args.provider)))
     if options.ray is not None and options.ray.gpus_per_worker and args.gpus_per_worker is None:
         # the GPUs each worker asks for come from the provider or the engine, not a flag
-        why = f"--provider {args.provider}" if args.provider in ("cuda", "tensorrt") else \
-            f"the TensorRT engine {args.model}"
+        backend = backend_for(args.model)  # a GPU backend without a CPU provider: its file asks for the GPU
+        why = (f"--provider {args.provider}" if backend.cpu_provider is not None
+               else f"the {backend.title} {backend.file_noun} {args.model}")
         args._flags = {**FLAGS, "gpus_per_worker": why}
 
     def outputs(paths):  # before any file is read; the errors name the flags

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from norcal.cli.options import CLASSIFIER_FLAGS, add_classifier_option, add_split_argument
+from norcal.cli.options import CLASSIFIER_FLAGS, add_classifier_option, add_split_argument, checkpoint_help
 from norcal.core.errors import NorcalError
 
 HELP = "check that ONNX Runtime / TensorRT give the same detections as the PyTorch model"
@@ -54,16 +54,17 @@ def add_arguments(p):
     p.add_argument("model", help="the ONNX model (run with ONNX Runtime)")
     p.add_argument("images", nargs="*", metavar="IMAGES_OR_DIRS",
                    help="images and/or folders (default: synthetic images, see --synthetic)")
-    p.add_argument("--checkpoint", metavar="MODEL.pth", help="the checkpoint the ONNX was exported from: "
-                                                             "detectron2 .pth/.pkl or Ultralytics .pt "
-                                                             "(adds PyTorch, the reference)")
+    p.add_argument("--checkpoint", metavar="MODEL.pth", help=checkpoint_help("the checkpoint the ONNX was exported from")
+                                                        + " (adds PyTorch, the reference)")
     p.add_argument("--config", help="its detectron2 config yaml (default: inferred, as norcal export does)")
     add_classifier_option(p)
     p.add_argument("--engine", help="a TensorRT engine built from MODEL.onnx (norcal build)")
     p.add_argument("--engine-precision", choices=("fp32", "tf32", "fp16", "int8"),
                    help="tolerance preset for the engine (default: int8 engines int8, fp16 engines fp16, "
                         "others tf32)")
-    p.add_argument("--provider", choices=("cpu", "cuda", "tensorrt"), default="cpu",
+    from norcal.runtime.backends import ONNXRUNTIME, provider_choices
+
+    p.add_argument("--provider", choices=provider_choices(ONNXRUNTIME), default="cpu",
                    help="ONNX Runtime execution provider (default cpu)")
     p.add_argument("--gt", metavar="ANNOTATIONS.json|data.yaml",
                    help="COCO/LVIS annotations of the images (matched by file name), or an Ultralytics "

@@ -33,7 +33,9 @@ def add_arguments(p):
                    help="CDT gammas, a comma list or start:stop:step; 0 is the baseline "
                         "(default 0,0.25,...,1.25)")
     p.add_argument("--seed", type=int, default=0, help="random seed (the train split uses seed+1000)")
-    p.add_argument("--table", default="lvis_v1", help="calibration table giving classes and N_c (default lvis_v1)")
+    from norcal.cli.options import table_help
+
+    p.add_argument("--table", default="lvis_v1", help=table_help("the classes and N_c; default lvis_v1"))
     p.add_argument("--proposals", type=int, default=64, help="proposals per image (default 64)")
     p.add_argument("--bias", type=float, default=1.0, help="long-tail logit bias per unit log N_c (default 1.0)")
     p.add_argument("--json", metavar="FILE", help="write the sweep as JSON")

@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 
 from norcal.cli.options import (CLASSIFIER_FLAGS, DECODING_FLAGS, add_calibration_options, add_classifier_option,
-                                add_decoding_options, add_ray_arguments, add_split_argument, decoding_option,
-                                min_count_line, ray_options)
+                                add_decoding_options, add_ray_arguments, add_split_argument, checkpoint_help,
+                                decoding_option, min_count_line, ray_options, table_help)
 from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
 from norcal.core.errors import NorcalError
 
@@ -34,7 +34,7 @@ A RetinaNet caches each gamma's per-level candidates and re-runs NMS; an Ultraly
 anchors that pass the score threshold at some gamma (boxes, class logits, mask coefficients)
 and re-runs its class-wise NMS 0.7 and top 300.
 
-MODEL must be a checkpoint (detectron2 .pth/.pkl, Ultralytics .pt): ONNX models are not
+MODEL must be a checkpoint (norcal export --help lists the families): ONNX models are not
 accepted, because tuning needs the pre-NMS head outputs, which an exported graph does not
 expose (it ends in NMS), and re-running a whole graph per gamma is what the cache avoids. Export the chosen
 gamma afterwards with `norcal-export MODEL --gamma G`.
@@ -52,8 +52,8 @@ COCO rules (exhaustive labels: every detection counts, iscrowd as pycocotools) o
 or coco forces them. The first output line says which and why; --json records it.
 An Ultralytics data.yaml as --gt: the images of its --split (default val) with their YOLO
 labels; --images may be left out (if given, it must hold every image of the split).
---table: N_c, the training counts (built-in lvis_v1 / lvis_v0_5, a table JSON, or the
-training annotation file itself); default: the built-in table with the model's class count.
+--table: N_c, the training counts (see --table below); default: the built-in table with the
+model's class count.
 A tie (APs within 1e-12, e.g. every gamma 0) recommends the smallest gamma.
 The rows print in %; --json writes {"rules", "rules_reason", "factor", "mechanism", "table", "iou_type", "num_images",
 "network_seconds", "cache_bytes", "best": {"gamma", "AP"}, "sweep": [{"gamma",
@@ -86,8 +86,7 @@ def _budget(text: str) -> float:
 
 
 def add_arguments(p):
-    p.add_argument("model", metavar="MODEL", help="checkpoint: detectron2 .pth/.pkl or Ultralytics .pt; "
-                                                  "not ONNX (see above)")
+    p.add_argument("model", metavar="MODEL", help=checkpoint_help() + "; not ONNX (see above)")
     p.add_argument("--config", help="detectron2 only: its config yaml (default: inferred from the weights)")
     add_classifier_option(p)
     p.add_argument("--gt", required=True, metavar="ANNOTATIONS.json|data.yaml",
@@ -98,8 +97,7 @@ def add_arguments(p):
                                                    "default its split's images; a DIR must hold them all)")
     p.add_argument("--gammas", default="0:1.5:0.1",
                    help="start:stop:step (stop included) or a comma list (default 0:1.5:0.1)")
-    p.add_argument("--table", help="N_c: built-in name, table JSON or training annotation file "
-                                   "(default: the built-in table matching the class count)")
+    p.add_argument("--table", help=table_help("N_c; default: the built-in table matching the class count"))
     add_calibration_options(p)
     add_decoding_options(p)
     p.add_argument("--iou-type", choices=("bbox", "segm", "boundary"), default="bbox",
@@ -127,7 +125,7 @@ def run(args) -> int:
 
     src = Path(args.model)
     if src.suffix.lower() == ".onnx":
-        raise NorcalError(f"{src}: tune needs a checkpoint (detectron2 .pth/.pkl, Ultralytics .pt), not ONNX: an "
+        raise NorcalError(f"{src}: tune needs a checkpoint, not ONNX: an "
                           "exported graph ends in NMS and hides the pre-NMS head outputs the sweep "
                           "re-scores (see `norcal tune --help`)")
     if src.suffix.lower() not in CHECKPOINT_SUFFIXES:

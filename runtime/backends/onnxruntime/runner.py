@@ -11,7 +11,7 @@ import numpy as np
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import readable_file
 from norcal.core.ranges import MAX_THREADS, check_range
-from norcal.core.runner import BaseRunner
+from norcal.runtime.backends.base import BackendRunner
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -31,7 +31,7 @@ def choose_provider(requested: str, available: Sequence[str]) -> str:
     return "cuda" if PROVIDERS["cuda"][0] in available else "cpu"
 
 
-class OnnxRuntimeRunner(BaseRunner):
+class OnnxRuntimeRunner(BackendRunner):
     """An ONNX model in an ``onnxruntime.InferenceSession``.
 
     provider: 'cpu', 'cuda' or 'tensorrt' (ONNX Runtime's execution provider, with the usual
@@ -80,19 +80,17 @@ class OnnxRuntimeRunner(BaseRunner):
     def missing_inputs(self, missing: list[str]) -> str:
         return f"{self.path.name}: missing inputs {', '.join(missing)}"
 
-    def infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """images float32 [B,3,H,W], image_sizes int64 [B,2] -> outputs by name."""
-        for name, array in feeds.items():
-            self._check_shape(name, tuple(array.shape))
         return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
 
-    def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
-        """One line instead of ONNX Runtime's shape error: a batch the graph's fixed dims refuse
-        (an image resized beyond a graph exported with --height / --width)."""
+    def input_bounds(self, name: str):
+        """The dims the graph fixes (an image resized beyond a graph exported with --height / --width
+        is refused before ONNX Runtime's own shape error)."""
         dims = self.input_dims.get(name)
-        if dims is None:
-            return
-        if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape)):
-            fixed = "x".join("?" if d is None else str(d) for d in dims)
-            raise NorcalError(f"{self.path.name}: input '{name}' has shape {'x'.join(map(str, shape))}, but the "
-                              f"model fixes it at {fixed}; export it with dims that hold the resized, padded images")
+        return None if dims is None else (tuple(dims), tuple(dims))
+
+    def shape_refusal(self, name: str, shape: tuple[int, ...], lo, hi) -> str:
+        fixed = "x".join("?" if d is None else str(d) for d in lo)
+        return (f"{self.path.name}: input '{name}' has shape {'x'.join(map(str, shape))}, but the "
+                f"model fixes it at {fixed}; export it with dims that hold the resized, padded images")

@@ -14,7 +14,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.fileio import readable_file
-from norcal.core.runner import BaseRunner
+from norcal.runtime.backends.base import BackendRunner
 from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
 
 
@@ -51,7 +51,7 @@ def engine_metadata(engine_path) -> tuple[dict, dict[str, str]]:
     return sidecar, dict(sidecar.get("metadata", {}))
 
 
-class TensorRTRunner(BaseRunner):
+class TensorRTRunner(BackendRunner):
     """Run a TensorRT engine: ``infer({"images": [B,3,H,W] f32, "image_sizes": [B,2] i64})``."""
 
     def __init__(self, engine_path, device: int = 0):
@@ -93,20 +93,22 @@ class TensorRTRunner(BaseRunner):
             raise NorcalError(f"engine tensor '{name}' has type {dtype}, which the runner cannot hold")
         return table[dtype]
 
-    def _check_shape(self, name: str, shape: tuple[int, ...]) -> None:
-        fixed = tuple(self.engine.get_tensor_shape(name))
+    def input_bounds(self, name: str):
+        """The engine's static dims, or its optimization profile's min .. max."""
+        fixed = tuple(int(d) for d in self.engine.get_tensor_shape(name))
         if all(d >= 0 for d in fixed):
-            lo = hi = fixed  # a static input: no profile to consult
-        else:
-            lo, _, hi = (tuple(d) for d in self.engine.get_tensor_profile_shape(name, 0))
-        if len(shape) != len(lo) or any(not a <= s <= b for a, s, b in zip(lo, shape, hi)):
-            raise NorcalError(f"input '{name}' has shape {shape}, outside the engine's profile "
-                              f"{lo} .. {hi}; rebuild the engine with a profile that covers it (batch, image sizes)")
+            return fixed, fixed  # a static input: no profile to consult
+        lo, _, hi = (tuple(int(x) for x in d) for d in self.engine.get_tensor_profile_shape(name, 0))
+        return lo, hi
+
+    def shape_refusal(self, name: str, shape: tuple[int, ...], lo, hi) -> str:
+        return (f"input '{name}' has shape {shape}, outside the engine's profile {lo} .. {hi}; rebuild the "
+                "engine with a profile that covers it (batch, image sizes)")
 
     def missing_inputs(self, missing: list[str]) -> str:
         return f"missing inputs {missing} (the engine takes {self.input_names})"
 
-    def infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch on the GPU; returns host arrays by output name."""
         torch = self._torch
         keep = []  # device tensors must outlive the launch
@@ -114,7 +116,6 @@ class TensorRTRunner(BaseRunner):
             for name in self.input_names:
                 dtype = self._torch_dtype(name)
                 host = torch.from_numpy(np.ascontiguousarray(feeds[name])).to(dtype)
-                self._check_shape(name, tuple(host.shape))
                 dev = host.to(self.device, non_blocking=False).contiguous()
                 keep.append(dev)
                 self.context.set_input_shape(name, tuple(dev.shape))

@@ -10,7 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
 from norcal.export.graph.calibrate import calibrate_graph
-from norcal.export.graph.classifier_search import ClassifierView, background_in_graph, find_classifiers
+from classifier_lookup import find_classifiers
+from norcal.export.graph.classifier_search import ClassifierView, background_in_graph
 
 CLASSES = 3
 INT64_MAX = 2**63 - 1

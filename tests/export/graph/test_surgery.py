@@ -11,7 +11,8 @@ from norcal.export.graph.calibrate import calibrate_graph
 from norcal.core import contract
 from norcal.core.contract import NODE_DOMAIN as DOMAIN, PRIOR_NAME
 from norcal.core.calibration_spec import Calibration
-from norcal.export.graph.classifier_search import classifier_candidates, find_classifiers
+from classifier_lookup import find_classifiers
+from norcal.export.graph.classifier_search import classifier_candidates
 from norcal.export.graph.surgery import has_norcal, insert_norcal, norcal_metadata, strip_norcal
 
 from onnx_graphs import classifier_graph, gemm_weights

@@ -13,7 +13,7 @@ import torchvision
 
 from norcal.core.calibration import calibrate, log_prior
 from norcal.cli import export_main
-from norcal.export.graph.classifier_search import find_classifiers
+from classifier_lookup import find_classifiers
 from norcal.export.graph.surgery import norcal_metadata
 
 pytestmark = pytest.mark.slow  # runs torchvision's Faster R-CNN

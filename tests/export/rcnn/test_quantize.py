@@ -163,7 +163,7 @@ def test_fp16_keeps_the_fp32_region_and_io(fp16):
 def test_detections_agree_with_the_fp32_model(fp32, int8, fp16, tmp_path):
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.images import read_rgb
-    from norcal.runtime.inference import run_arrays
+    from host_inference import run_arrays
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     images = [read_rgb(p) for p in VAL]

@@ -268,7 +268,8 @@ def test_checkpoint_export_job_records_the_calibrated_tensor(tmp_path):
     out = tmp_path / "retina.onnx"
     result = export_checkpoint(WEIGHTS, out, NorCal(gamma=0.5, table=manifest_table(FIXTURE)),
                                CheckpointExport(config=CONFIG))
-    assert result.tensorrt.compatible and arch_name(result.detector) == "RetinaNet"
+    assert result.tensorrt.compatible
+    assert dict(result.description)["architecture"].startswith("RetinaNet R50-RetinaNet, ")
     meta = {p.key: p.value for p in onnx.load(out).metadata_props}
     assert meta[contract.CLASSIFIER_LOGITS] == meta[contract.LOGITS] == contract.CLS_LOGITS_TENSOR
     assert (meta[contract.ACTIVATION], meta[contract.BACKGROUND]) == ("sigmoid", "none")

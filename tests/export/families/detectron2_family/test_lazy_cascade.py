@@ -16,8 +16,18 @@ from norcal.core.errors import NorcalError
 from norcal.core.yaml_io import read_yaml_mapping
 from norcal.export.families.detectron2.config import load_config
 from norcal.export.families.detectron2.config_file import load_cfg_dict
-from norcal.export.families.detectron2.lazy_config import roi_heads_to_cfg
+from norcal.export.families.detectron2.lazy_config import _Lazy, _roi_heads
 from norcal.export.rcnn.spec import CASCADE_ROI_HEADS
+
+
+def roi_heads_to_cfg(data: dict, source: str) -> tuple[dict, dict]:
+    """(the yaml-era keys, provenance notes) the LazyConfig reader makes of ``model.roi_heads``
+    alone, whatever the backbone."""
+    lz, prov = _Lazy(data, source), {}
+    cfg: dict = {"MODEL": {}}
+    _roi_heads(lz, cfg, prov)
+    return cfg, prov
+
 
 FIXTURES = Path(__file__).parents[3] / "fixtures"
 LSJ = FIXTURES / "lazy_lsj"
