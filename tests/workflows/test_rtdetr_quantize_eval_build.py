@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import pytest
 
+from cpu_kernels import INT8_SATURATES
 from detection_agreement import agreement
 from yolo_models import IMAGES, RTDETR_IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
 
@@ -97,9 +98,11 @@ def test_quantize_rtdetr_both_forms_keep_the_class_head_fp32_and_detect_as_fp32(
         # its detections are the fp32 graph's. Measured on these 4 images (457 fp32 detections
         # >= 0.05, random-init model; 8 calibration images): 98.7 % (451) tensorrt form, 98.2 %
         # (449) ort form. Bound 0.972: four detections fewer than the worst (445), room for other
-        # CPUs' int8 kernels; 0.9 let 46 go
+        # CPUs' int8 kernels; 0.9 let 46 go. On a CPU without VNNI (AVX2 only) the ort form
+        # measured 92.3 % (422 of 457): bound 0.91 there
         agree, total, _ = agreement(want, _run(path, images))
-        assert total >= 300 and agree >= 0.972, (form, agree, total)
+        bound = 0.91 if form == "ort" and INT8_SATURATES else 0.972
+        assert total >= 300 and agree >= bound, (form, agree, total)
         assert main(["check", str(path), "--quiet"]) == (0 if form == "tensorrt" else 1)
 
 
@@ -142,4 +145,6 @@ def test_eval_on_rtdetr_results(rtdetr, tmp_path, capsys):
     graph, quantized = rtdetr
     stats = eval_against_own_detections(graph, quantized("tensorrt"), 0.05, ("bbox",), tmp_path, capsys,
                                         min_classes=2)["bbox"]
-    assert 0.5 < stats["int8"]["AP"] < 1.0 and stats["int8"]["AP50"] > 0.7, stats["int8"]
+    # on a CPU without VNNI (AVX2 only) measured AP 0.52, AP50 0.685
+    low_ap, low_ap50 = (0.45, 0.65) if INT8_SATURATES else (0.5, 0.7)
+    assert low_ap < stats["int8"]["AP"] < 1.0 and stats["int8"]["AP50"] > low_ap50, stats["int8"]

@@ -19,6 +19,7 @@ import onnx
 import pytest
 
 from conftest import SYNTH
+from cpu_kernels import INT8_SATURATES
 from detection_agreement import agreement
 
 from yolo_models import IMAGES, IMGSZ  # sets YOLO_OFFLINE / YOLO_CONFIG_DIR
@@ -144,7 +145,8 @@ def assert_int8_keeps_the_fp32_region(fp32, q, form, kept, resize):
 # the ort form at 90.8 % (seg, 228 of 251, before the attention products stayed fp32: the int8
 # kernels' choice differs with the machine's load and threads). Bounds: four detections fewer
 # than the worst seen of each form (217 and 224 of 251); the old 0.85 let 37 go
-MIN_AGREEMENT = {"tensorrt": 0.864, "ort": 0.89}
+# the ort form on a CPU without VNNI (AVX2 only): measured 0.793 (199 of 251) for det and seg
+MIN_AGREEMENT = {"tensorrt": 0.864, "ort": 0.78 if INT8_SATURATES else 0.89}
 
 
 @pytest.mark.parametrize("kind", ["det", "ul_seg"])  # seg from its .pt: in the eval test

