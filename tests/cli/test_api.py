@@ -52,7 +52,7 @@ def test_calibrate_onnx_and_export_onnx_file_without_argparse(tmp_path):
     src = tmp_path / "det.onnx"
     onnx.save(classifier_graph(num_classes=4), str(src))
     result = norcal.export_onnx_file(src, tmp_path / "out.onnx", norcal.NorCal(gamma=1.0, table=table, inline=True))
-    assert result.output.is_file() and result.detector is None
+    assert result.output.is_file() and result.description == ()
     assert "Sub" in result.tensorrt.op_types  # checked as written: the inlined NorCal ops
     assert result.norcal["norcal.gamma"] == "1.0" and result.norcal["norcal.inline"] == "true"
     assert norcal_metadata(onnx.load(str(result.output))) == result.norcal
@@ -77,8 +77,9 @@ def test_export_checkpoint_returns_data_and_reports_its_steps(tmp_path, capsys):
                                       triton_repo=tmp_path / "triton", progress=steps.append)
     assert steps == ["loading checkpoint", "exporting to ONNX", "inserting the NorCal node", "checking and writing"]
     # the fixture's config: LVIS classes, short edge 320, long edge 512, a mask head
-    spec = result.detector
-    assert (spec.num_classes, spec.min_size_test, spec.max_size_test, spec.mask_on) == (1203, 320, 512, True)
+    rows = dict(result.description)
+    assert rows["architecture"].endswith("1203 classes, mask head"), rows
+    assert rows["test settings"].startswith("short edge 320, max 512,"), rows
     assert result.tensorrt.compatible and result.verification is None
     assert result.triton_dir == tmp_path / "triton" / "tiny" and (result.triton_dir / "config.pbtxt").is_file()
     written = onnx.load(str(result.output))

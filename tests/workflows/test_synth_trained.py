@@ -47,7 +47,7 @@ def images():
 def run_onnx(model, images, tmp_path, name, batch_size=4):
     """ONNX Runtime on the images, ``batch_size`` per padded batch -> per-image Detections."""
     from norcal.core.onnx_io import save_onnx
-    from norcal.runtime.inference import run_arrays
+    from host_inference import run_arrays
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     path = tmp_path / f"{name}.onnx"

@@ -75,7 +75,7 @@ def quantized(graphs, tmp_path_factory):
 
 
 def _run(path, images):
-    from norcal.runtime.inference import run_arrays
+    from host_inference import run_arrays
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     return run_arrays(OnnxRuntimeRunner(path), images, 4)

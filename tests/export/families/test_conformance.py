@@ -261,7 +261,7 @@ def test_norcal_node_is_where_the_search_found_it(exported, gamma):
     in the slot the case gave (torchvision's first)."""
     from onnx import numpy_helper
 
-    from norcal.export.graph.classifier_search import find_classifiers
+    from classifier_lookup import find_classifiers
 
     meta, model = exported.meta(gamma), exported.results[gamma].model
     (found,) = find_classifiers(onnx.load(exported.ckpt.path))

@@ -277,7 +277,7 @@ def test_ort_form_detections_agree_and_parity_passes_at_the_int8_preset(fp32, in
     from norcal.cli import main
     from norcal.core.onnx_io import save_onnx
     from norcal.runtime.images import read_rgb
-    from norcal.runtime.inference import run_arrays
+    from host_inference import run_arrays
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     images = [read_rgb(p) for p in VAL[:4]]
