@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from norcal.core.contract import Preprocessing
 from norcal.core import contract
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +82,7 @@ def inputs(spec, full: bool):
         img = np.asarray(img)
     else:
         img = read_rgb(FIXTURE / "images" / "img1.png")  # 333x500 -> 320x480
-    return prepare_batch([img], spec.min_size_test, spec.max_size_test).feeds()
+    return prepare_batch([img], Preprocessing(spec.min_size_test, spec.max_size_test)).feeds()
 
 
 def session(path: Path, threads: int, profile: bool = False):

@@ -38,7 +38,7 @@ def export_fixture(out: Path) -> Path:
 
 
 def bench(model: Path, image_paths: list[Path], batches: list[int], rounds: int, threads: int | None):
-    from norcal.core.contract import input_spec
+    from norcal.core.contract import Preprocessing, input_spec
     from norcal.runtime.images import read_rgb
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
     from norcal.runtime.postprocess import split_outputs
@@ -54,15 +54,14 @@ def bench(model: Path, image_paths: list[Path], batches: list[int], rounds: int,
         n = max(bs, len(images)) * rounds
         n = -(-n // bs) * bs  # whole batches only
         pool = [images[i % len(images)] for i in range(n)]
-        warm = prepare_batch(pool[:bs], spec.min_size, spec.max_size, spec.input_format, spec.divisibility)
+        warm = prepare_batch(pool[:bs], Preprocessing(spec.min_size, spec.max_size, spec.input_format, spec.divisibility))
         runner.infer(warm.feeds())  # first-run allocations are not steady state
         t_pre = t_inf = t_post = 0.0
         dets = 0
         t0 = time.perf_counter()
         for s in range(0, n, bs):
             a = time.perf_counter()
-            batch = prepare_batch(pool[s:s + bs], spec.min_size, spec.max_size, spec.input_format,
-                                  spec.divisibility)
+            batch = prepare_batch(pool[s:s + bs], Preprocessing(spec.min_size, spec.max_size, spec.input_format, spec.divisibility))
             b = time.perf_counter()
             outputs = runner.infer(batch.feeds())
             c = time.perf_counter()

@@ -154,11 +154,11 @@ def _check(key, name, args, dev, table, console, tmp) -> int:
 
 def _outputs(runner, images, spec, batch_size: int) -> dict[str, np.ndarray]:
     """The runner's outputs for every image, in batches of ``batch_size``, concatenated."""
-    from norcal.core.contract import InputSpec
+    from norcal.core.contract import Preprocessing
     from norcal.runtime.inference import prepared_batches
 
     chunks = []
-    for batch in prepared_batches(images, InputSpec(spec.min_size_test, spec.max_size_test, spec.input_format,
+    for batch in prepared_batches(images, Preprocessing(spec.min_size_test, spec.max_size_test, spec.input_format,
                                                     spec.size_divisibility), batch_size):
         out = runner.infer(batch.feeds())
         chunks.append({k: np.asarray(v)[: len(batch)] for k, v in out.items()})

@@ -11,7 +11,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
-from norcal.core.contract import MASK_PASTE, InputSpec, input_spec, mask_paste
+from norcal.core.contract import MASK_PASTE, Preprocessing, input_spec, mask_paste
 from norcal.runtime.images import UNREADABLE, read_for_model, reason, unreadable_error
 from norcal.runtime.postprocess import ImageDetections, split_outputs
 from norcal.runtime.preprocess import Batch, prepare_batch
@@ -21,12 +21,12 @@ def runner_metadata(runner: Runner) -> dict[str, str]:
     return dict(getattr(runner, "metadata", None) or {})
 
 
-def prepare(images_rgb: list[np.ndarray], spec: InputSpec) -> Batch:
+def prepare(images_rgb: list[np.ndarray], spec: Preprocessing) -> Batch:
     """One model input batch of these images, prepared per ``spec``."""
     return prepare_batch(images_rgb, spec)
 
 
-def prepared_batches(images_rgb: Iterable[np.ndarray], spec: InputSpec,
+def prepared_batches(images_rgb: Iterable[np.ndarray], spec: Preprocessing,
                      batch_size: int = 1) -> Iterator[Batch]:
     """RGB uint8 [H,W,3] images -> model input batches of ``batch_size`` (the last may be
     shorter), each resized, channel-ordered and padded per ``spec``. Images are taken from the
@@ -55,7 +55,7 @@ def detect(runner: Runner, batch: Batch) -> list[ImageDetections]:
 
 
 def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int = 1,
-               spec: InputSpec | None = None, failed: list[tuple[Path, str]] | None = None,
+               spec: Preprocessing | None = None, failed: list[tuple[Path, str]] | None = None,
                on_done: Callable[[int], None] | None = None,
                skip_unreadable: bool = True) -> Iterator[tuple[Path, ImageDetections]]:
     """Yield (path, detections) per readable image, in input order, ``batch_size`` at a time.

@@ -126,14 +126,11 @@ def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold
     "ultralytics": ``masks`` [N, nm] are coefficients over ``protos`` [nm, h, w]
     (:func:`norcal.runtime.proto_masks.proto_mask_regions`).
     """
-    if rule == "torchvision":
-        yield from _torchvision_regions(masks, boxes, image_hw, threshold)
-        return
-    if rule == "ultralytics":
-        from norcal.runtime.proto_masks import proto_mask_regions
+    yield from _REGIONS_OF[rule](masks, boxes, image_hw, threshold, protos)
 
-        yield from proto_mask_regions(masks, protos, boxes, image_hw, threshold)
-        return
+
+def _detectron2_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float):
+    """detectron2's ``paste_masks_in_image`` (grid_sample of each mask over its box's region)."""
     img_h, img_w = int(image_hw[0]), int(image_hw[1])
     n, m = len(masks), masks.shape[-1]
     b = np.asarray(boxes, np.float32).reshape(-1, 4)
@@ -160,6 +157,20 @@ def paste_mask_regions(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold
         rows = wy0[:, None] * mk[a0] + wy1[:, None] * mk[a1]
         probs = rows[:, b0] * wx0 + rows[:, b1] * wx1
         yield probs >= threshold, int(ys[i]), int(xs[i])
+
+
+def _ultralytics_regions(coefs, boxes, image_hw, threshold, protos):
+    from norcal.runtime.proto_masks import proto_mask_regions
+
+    return proto_mask_regions(coefs, protos, boxes, image_hw, threshold)
+
+
+# each norcal.core.contract.MASK_PASTES value's paste
+_REGIONS_OF = {
+    "detectron2": lambda masks, boxes, hw, threshold, _protos: _detectron2_regions(masks, boxes, hw, threshold),
+    "torchvision": lambda masks, boxes, hw, threshold, _protos: _torchvision_regions(masks, boxes, hw, threshold),
+    "ultralytics": _ultralytics_regions,
+}
 
 
 def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float = 0.5,

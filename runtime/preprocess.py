@@ -80,8 +80,7 @@ def resize_bilinear_float(image: np.ndarray, new_h: int, new_w: int) -> np.ndarr
 def resize_problem(h: int, w: int, min_size: int, max_size: int, rule: str = "shortest_edge") -> str | None:
     """Why an h x w image cannot be resized for the model (a side would round to 0 pixels:
     a 10000x1 strip at max_size 1333), or None."""
-    size_of = torchvision_size if rule == RESIZE_TORCHVISION else resized_size
-    nh, nw = size_of(h, w, min_size, max_size)
+    nh, nw = _SIZE_OF[rule](h, w, min_size, max_size)
     if nh >= 1 and nw >= 1:
         return None
     return (f"{w}x{h} pixels would resize to {nw}x{nh} (short edge {min_size}, long edge at most "
@@ -136,58 +135,45 @@ def _check_image(i: int, image: np.ndarray) -> None:
         raise NorcalError(f"image {i}: empty ({image.shape[0]}x{image.shape[1]})")
 
 
-def prepare_batch(images_rgb: list[np.ndarray], min_size: int | Preprocessing, max_size: int | None = None,
-                  fmt: str = "BGR", divisibility: int = 32) -> Batch:
-    """RGB uint8 [H,W,3] images -> one padded float32 batch per the ONNX contract.
-
-    Given a :class:`Preprocessing` (in place of ``min_size``), its rule and settings apply;
-    given sizes, "shortest_edge": each image is resized (ResizeShortestEdge(min_size,
-    max_size)), put in ``fmt`` channel order, and zero-padded at the bottom/right to the batch's
-    largest size rounded up to a multiple of ``divisibility``, as detectron2's
-    ``ImageList.from_tensors``.
-    """
-    if isinstance(min_size, Preprocessing):
-        spec = min_size
-        if spec.letterbox:
-            return letterbox_batch(images_rgb, spec.input_size, spec.input_format, spec.pad_value)
-        if spec.resize == RESIZE_STRETCH:
-            batch = prepare_stretch_batch(images_rgb, spec.input_size, spec.input_size, spec.input_format)
-            batch.clip_boxes = spec.clip_boxes
-            return batch
-        min_size, max_size, fmt, divisibility = spec.min_size, spec.max_size, spec.input_format, spec.divisibility
-        rule = spec.resize
-    else:
-        rule = "shortest_edge"
+def prepare_batch(images_rgb: list[np.ndarray], spec: Preprocessing) -> Batch:
+    """RGB uint8 [H,W,3] images -> one float32 batch per the ONNX contract, as the model's
+    resize rule (``spec.resize``) prepares them; the batch carries what maps its outputs back
+    (the rule's empty-box and mask-paste defaults, the model's box clipping)."""
     if not images_rgb:
         raise NorcalError("prepare_batch needs at least one image")
-    if fmt not in ("BGR", "RGB"):
-        raise NorcalError(f"channel format must be BGR or RGB, got {fmt!r}")
-    resized = []
+    if spec.input_format not in ("BGR", "RGB"):
+        raise NorcalError(f"channel format must be BGR or RGB, got {spec.input_format!r}")
     for i, img in enumerate(images_rgb):
         _check_image(i, img)
-        problem = resize_problem(img.shape[0], img.shape[1], min_size, max_size, rule)
+    batch = _BATCH_OF[spec.resize](images_rgb, spec)
+    rule = spec.rule
+    batch.keep_empty_boxes, batch.mask_paste, batch.clip_boxes = rule.keeps_empty_boxes, rule.mask_paste, spec.clip_boxes
+    return batch
+
+
+def _padded_batch(images_rgb: list[np.ndarray], spec: Preprocessing) -> Batch:
+    """The edge rules ("shortest_edge", "torchvision"): each image resized by its rule, put in
+    the spec's channel order, and zero-padded at the bottom/right to the batch's largest size
+    rounded up to a multiple of the divisibility, as detectron2's ``ImageList.from_tensors``."""
+    size_of, resize = _SIZE_OF[spec.resize], _RESIZE_OF[spec.resize]
+    resized = []
+    for i, img in enumerate(images_rgb):
+        problem = resize_problem(img.shape[0], img.shape[1], spec.min_size, spec.max_size, spec.resize)
         if problem:
             raise NorcalError(f"image {i}: {problem}")
-        if rule == RESIZE_TORCHVISION:
-            nh, nw = torchvision_size(img.shape[0], img.shape[1], min_size, max_size)
-            resized.append(resize_bilinear_float(img, nh, nw))
-        else:
-            nh, nw = resized_size(img.shape[0], img.shape[1], min_size, max_size)
-            resized.append(resize_uint8(img, nh, nw))
-    d = max(int(divisibility), 1)
+        resized.append(resize(img, *size_of(img.shape[0], img.shape[1], spec.min_size, spec.max_size)))
+    d = max(int(spec.divisibility), 1)
     H = -(-max(r.shape[0] for r in resized) // d) * d
     W = -(-max(r.shape[1] for r in resized) // d) * d
     out = np.zeros((len(resized), 3, H, W), np.float32)
     for b, r in enumerate(resized):
         chw = r.transpose(2, 0, 1)
-        out[b, :, : r.shape[0], : r.shape[1]] = chw[::-1] if fmt == "BGR" else chw
+        out[b, :, : r.shape[0], : r.shape[1]] = chw[::-1] if spec.input_format == "BGR" else chw
     return Batch(
         images=out,
         image_sizes=np.array([r.shape[:2] for r in resized], np.int64).reshape(-1, 2),
         original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
-        mask_paste="torchvision" if rule == RESIZE_TORCHVISION else "detectron2",
     )
-
 
 
 def letterbox_batch(images_rgb: list[np.ndarray], size: int, fmt: str = "RGB", pad_value: int = 114) -> Batch:
@@ -227,3 +213,22 @@ def prepare_stretch_batch(images_rgb: list[np.ndarray], height: int, width: int,
         original_sizes=np.array([im.shape[:2] for im in images_rgb], np.int64).reshape(-1, 2),
         keep_empty_boxes=True,
     )
+
+
+# Each rule's host resize (its contract facts: norcal.core.contract.RESIZE_RULE_TABLE). The new
+# (h, w) of an h x w image given (min_size, max_size); a square rule's sizes are its square's.
+_SIZE_OF = {
+    "shortest_edge": resized_size,
+    "letterbox": lambda h, w, size, _max: letterbox_size(h, w, size),
+    RESIZE_STRETCH: lambda h, w, size, _max: (size, size),
+    RESIZE_TORCHVISION: torchvision_size,
+}
+# the edge rules' pixel resize: detectron2's PIL uint8 bilinear; torchvision's float bilinear
+_RESIZE_OF = {"shortest_edge": resize_uint8, RESIZE_TORCHVISION: resize_bilinear_float}
+_BATCH_OF = {
+    "shortest_edge": _padded_batch,
+    "letterbox": lambda images, spec: letterbox_batch(images, spec.input_size, spec.input_format, spec.pad_value),
+    RESIZE_STRETCH: lambda images, spec: prepare_stretch_batch(images, spec.input_size, spec.input_size,
+                                                               spec.input_format),
+    RESIZE_TORCHVISION: _padded_batch,
+}

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from norcal.core.contract import InputSpec
+from norcal.core.contract import Preprocessing
 from norcal.core.errors import NorcalError, shown
 from norcal.core.ranges import MAX_THREADS, check_range
 from norcal.core.runner import Runner
@@ -157,7 +157,7 @@ class BatchFailed(RuntimeError):
 # ----------------------------------------------------------------------------- the pipeline
 # Functions and classes below run in Ray workers: module level, so they pickle by reference.
 
-def _read_and_prepare(row: dict, spec: InputSpec) -> dict:
+def _read_and_prepare(row: dict, spec: Preprocessing) -> dict:
     """One planned batch: read its images, prepare them as one model input batch. Images that
     cannot be decoded are listed in ``skipped`` (file, reason), not raised: a damaged file
     fails the same way on every retry."""
@@ -182,8 +182,8 @@ def _read_and_prepare(row: dict, spec: InputSpec) -> dict:
         sizes = originals = np.zeros((0, 2), np.int64)
     return {"batch": row["batch"], "paths": json.dumps(kept_paths), "ids": json.dumps(kept_ids),
             "skipped": json.dumps(skipped), "images": images, "image_sizes": sizes,
-            "original_sizes": originals, "keep_empty_boxes": bool(spec.square), "clip_boxes": bool(spec.clip_boxes),
-            "mask_paste": "torchvision" if spec.resize == "torchvision" else "detectron2"}
+            "original_sizes": originals, "keep_empty_boxes": spec.rule.keeps_empty_boxes, "clip_boxes": bool(spec.clip_boxes),
+            "mask_paste": spec.mask_paste}
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ def plan_batches(paths: Sequence[os.PathLike | str], image_ids: Sequence, batch_
 
 
 def run_images_ray(make_runner: Callable[[], Runner], paths: Sequence[os.PathLike | str],
-                   image_ids: Sequence, spec: InputSpec, fmt: ResultsFormat, batch_size: int = 1,
+                   image_ids: Sequence, spec: Preprocessing, fmt: ResultsFormat, batch_size: int = 1,
                    options: RayOptions = RayOptions(), *,
                    failed: list[tuple[Path, str]] | None = None,
                    on_done: Callable[[int], None] | None = None) -> Iterator[ImageResults]:

@@ -64,7 +64,7 @@ class SpecDetector(Detector):
     @property
     def preprocessing(self):
         """ResizeShortestEdge to the spec's min/max test size, BGR, zero padding to the size
-        divisibility (:class:`norcal.core.contract.InputSpec`, read from the runtime metadata
+        divisibility (:class:`norcal.core.contract.Preprocessing`, read from the runtime metadata
         the export writes)."""
         from norcal.core.contract import input_spec
         from norcal.export.rcnn.export import runtime_metadata

@@ -71,7 +71,37 @@ RESIZE_STRETCH = "stretch"
 # (floor(h*r), floor(w*r)) by bilinear interpolation (half-pixel centres, no antialiasing) of the
 # float pixels (not rounded to uint8), zero padding at the bottom/right as shortest_edge.
 RESIZE_TORCHVISION = "torchvision"
-RESIZE_RULES = ("shortest_edge", "letterbox", RESIZE_STRETCH, RESIZE_TORCHVISION)  # the first is the default
+
+
+@dataclass(frozen=True)
+class ResizeRule:
+    """What one resize rule (:data:`RESIZE`) means outside its host resize (which
+    ``norcal.runtime.preprocess`` keeps per rule): read once from the rule's name."""
+
+    name: str
+    square: bool = False  # every image becomes the one INPUT_SIZE square: no min/max size override
+    pads: bool = False  # the square is padded around the resized image with PAD_VALUE (letterbox)
+    keeps_empty_boxes: bool = False  # a box clipped to no area is kept (Ultralytics keeps it)
+    mask_paste: str = "detectron2"  # how masks are pasted when MASK_PASTE is absent
+
+
+RESIZE_RULE_TABLE = {rule.name: rule for rule in (  # the first is the default
+    ResizeRule("shortest_edge"),
+    ResizeRule("letterbox", square=True, pads=True, keeps_empty_boxes=True),
+    ResizeRule(RESIZE_STRETCH, square=True, keeps_empty_boxes=True),
+    ResizeRule(RESIZE_TORCHVISION, mask_paste="torchvision"),
+)}
+RESIZE_RULES = tuple(RESIZE_RULE_TABLE)
+
+
+def resize_rule(name: str | None) -> ResizeRule:
+    """The rule a model's ``norcal.resize`` names (absent: the default), or a one-line refusal."""
+    rule = RESIZE_RULE_TABLE.get(name or RESIZE_RULES[0])
+    if rule is None:
+        raise NorcalError(f"model metadata {RESIZE}={name!r} is not one of {', '.join(RESIZE_RULES)}")
+    return rule
+
+
 INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
 # shortest_edge with this key: the graph's input is fixed at the S x S square every resized image is
 # padded to (ViTDet's square_pad), so a max_size override above S is refused
@@ -107,7 +137,7 @@ GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND, MASK_HEAD_ROIS
 
 def mask_paste(meta: dict[str, str]) -> str:
     """How the host turns a graph's masks output into image masks (:data:`MASK_PASTE`)."""
-    value = meta.get(MASK_PASTE) or MASK_PASTES[int(meta.get(RESIZE) == RESIZE_TORCHVISION)]
+    value = meta.get(MASK_PASTE) or resize_rule(meta.get(RESIZE)).mask_paste
     if value not in MASK_PASTES:
         raise NorcalError(f"model metadata {MASK_PASTE}={value!r} is not one of {', '.join(MASK_PASTES)}")
     return value
@@ -214,7 +244,7 @@ LETTERBOX_PAD_VALUE = 114  # Ultralytics' LetterBox default
 
 @dataclass
 class Preprocessing:
-    """How host code prepares images for one model (see :data:`RESIZE` for the two rules).
+    """How host code prepares images for one model (see :data:`RESIZE` for the rules).
 
     The host feeds float32 0-255 pixels in ``input_format`` order; the graph normalises.
     Letterbox: ``min_size`` = ``max_size`` = ``input_size`` (the same scale as ResizeShortestEdge
@@ -230,13 +260,18 @@ class Preprocessing:
     clip_boxes: bool = True  # the host clips boxes to the original image (CLIP_BOXES)
 
     @property
-    def letterbox(self) -> bool:
-        return self.resize == "letterbox"
+    def rule(self) -> ResizeRule:
+        return resize_rule(self.resize)
 
     @property
     def square(self) -> bool:
-        """Letterbox or stretch: every image becomes the one input_size square."""
-        return self.resize in ("letterbox", RESIZE_STRETCH)
+        """Every image becomes the one input_size square (letterbox, stretch)."""
+        return self.rule.square
+
+    @property
+    def mask_paste(self) -> str:
+        """How masks are pasted when the model's metadata does not say (:data:`MASK_PASTE`)."""
+        return self.rule.mask_paste
 
     def metadata(self) -> dict[str, str]:
         """The runtime keys that record this preprocessing in a graph's metadata."""
@@ -245,7 +280,7 @@ class Preprocessing:
             meta.update({RESIZE: self.resize, INPUT_SIZE: str(self.input_size),
                          MIN_SIZE_TEST: str(self.input_size), MAX_SIZE_TEST: str(self.input_size),
                          SIZE_DIVISIBILITY: str(self.input_size)})
-            if self.letterbox:
+            if self.rule.pads:
                 meta[PAD_VALUE] = str(self.pad_value)
         else:
             meta.update({MIN_SIZE_TEST: str(self.min_size), MAX_SIZE_TEST: str(self.max_size),
@@ -257,20 +292,24 @@ class Preprocessing:
         return meta
 
 
+def square_preprocessing(rule: str, input_size: int, input_format: str = "RGB", pad_value: int = 0,
+                         clip_boxes: bool = True) -> Preprocessing:
+    """A square rule's preprocessing: every image to the ``input_size`` square (``min_size`` =
+    ``max_size`` = ``divisibility`` = ``input_size``)."""
+    return Preprocessing(min_size=input_size, max_size=input_size, input_format=input_format,
+                         divisibility=input_size, resize=rule, input_size=input_size, pad_value=pad_value,
+                         clip_boxes=clip_boxes)
+
+
 def letterbox_preprocessing(input_size: int, input_format: str = "RGB",
                             pad_value: int = LETTERBOX_PAD_VALUE) -> Preprocessing:
     """Ultralytics' LetterBox to an ``input_size`` square (centred, ``pad_value`` padding)."""
-    return Preprocessing(min_size=input_size, max_size=input_size, input_format=input_format,
-                         divisibility=input_size, resize="letterbox", input_size=input_size, pad_value=pad_value)
+    return square_preprocessing("letterbox", input_size, input_format, pad_value)
 
 
 def stretch_preprocessing(input_size: int, input_format: str = "RGB", clip_boxes: bool = True) -> Preprocessing:
     """Every image resized to the ``input_size`` square, aspect not kept (Ultralytics' RT-DETR)."""
-    return Preprocessing(min_size=input_size, max_size=input_size, input_format=input_format,
-                         divisibility=input_size, resize=RESIZE_STRETCH, input_size=input_size, clip_boxes=clip_boxes)
-
-
-InputSpec = Preprocessing  # the name the runtime used before letterbox existed
+    return square_preprocessing(RESIZE_STRETCH, input_size, input_format, clip_boxes=clip_boxes)
 
 
 def check_detector(where: str, inputs: Sequence[str], outputs: Sequence[str],
@@ -320,32 +359,21 @@ def input_spec(meta: dict[str, str], min_size: int | None = None, max_size: int 
 
 
 def _input_spec(meta: dict[str, str], min_size: int | None, max_size: int | None, fmt: str) -> Preprocessing:
-    rule = meta.get(RESIZE) or RESIZE_RULES[0]
-    if rule not in RESIZE_RULES:
-        raise NorcalError(f"model metadata {RESIZE}={rule!r} is not one of {', '.join(RESIZE_RULES)}")
-    if rule in ("letterbox", RESIZE_STRETCH):
+    rule = resize_rule(meta.get(RESIZE))
+    if rule.square:
         if min_size is not None or max_size is not None:
-            raise NorcalError(f"min_size and max_size cannot change a {rule} model's input "
-                              f"({RESIZE}={rule}, {INPUT_SIZE}={meta.get(INPUT_SIZE)!r})",
+            raise NorcalError(f"min_size and max_size cannot change a {rule.name} model's input "
+                              f"({RESIZE}={rule.name}, {INPUT_SIZE}={meta.get(INPUT_SIZE)!r})",
                               param=("min_size", "max_size"))
         if INPUT_SIZE not in meta:
-            raise NorcalError(f"model metadata {RESIZE}={rule} needs {INPUT_SIZE}")
-        if rule == RESIZE_STRETCH:
-            return stretch_preprocessing(_int(meta, INPUT_SIZE), fmt)
-        pad = meta.get(PAD_VALUE, str(LETTERBOX_PAD_VALUE))
-        try:
-            pad_value = int(pad)
-        except ValueError:
-            pad_value = -1
-        if not 0 <= pad_value <= 255:
-            raise NorcalError(f"model metadata {PAD_VALUE}={pad!r} is not an integer 0-255")
-        return letterbox_preprocessing(_int(meta, INPUT_SIZE), fmt, pad_value)
-    spec = InputSpec(
+            raise NorcalError(f"model metadata {RESIZE}={rule.name} needs {INPUT_SIZE}")
+        return square_preprocessing(rule.name, _int(meta, INPUT_SIZE), fmt, _pad_value(meta) if rule.pads else 0)
+    spec = Preprocessing(
         min_size=int(min_size) if min_size is not None else _int(meta, MIN_SIZE_TEST),
         max_size=int(max_size) if max_size is not None else _int(meta, MAX_SIZE_TEST),
         input_format=fmt,
         divisibility=_int(meta, SIZE_DIVISIBILITY),
-        resize=rule,
+        resize=rule.name,
         input_size=_int(meta, INPUT_SIZE) if INPUT_SIZE in meta else 0,
     )
     if spec.min_size <= 0 or spec.max_size <= 0:
@@ -357,6 +385,17 @@ def _input_spec(meta: dict[str, str], min_size: int | None, max_size: int | None
                           f"input ({INPUT_SIZE}={spec.input_size}): a resized image must fit that square",
                           param=("min_size", "max_size"))
     return spec
+
+
+def _pad_value(meta: dict[str, str]) -> int:
+    pad = meta.get(PAD_VALUE, str(LETTERBOX_PAD_VALUE))
+    try:
+        pad_value = int(pad)
+    except ValueError:
+        pad_value = -1
+    if not 0 <= pad_value <= 255:
+        raise NorcalError(f"model metadata {PAD_VALUE}={pad!r} is not an integer 0-255")
+    return pad_value
 
 
 def metadata_category_ids(meta: dict[str, str]) -> list[int] | None:

@@ -93,7 +93,7 @@ class InferJob:
     image_ids: list[Any]
     runner: Any
     runner_name: str
-    spec: Any  # norcal.core.contract.InputSpec
+    spec: Any  # norcal.core.contract.Preprocessing
     category_ids: list[int] | None
     category_source: str
     with_masks: bool

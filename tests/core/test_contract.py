@@ -44,7 +44,7 @@ def test_letterbox_preprocessing_round_trips_through_metadata():
     meta = spec.metadata()
     assert meta[contract.RESIZE] == "letterbox" and meta[contract.INPUT_SIZE] == "160"
     back = contract.input_spec(meta)
-    assert back == spec and back.letterbox and (back.pad_value, back.input_format) == (114, "RGB")
+    assert back == spec and back.resize == "letterbox" and (back.pad_value, back.input_format) == (114, "RGB")
     # the size checks see ResizeShortestEdge at S/S: the same scale as a letterbox to S
     assert (back.min_size, back.max_size, back.divisibility) == (160, 160, 160)
     # no key: today's rule, byte for byte

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from norcal.core.contract import InputSpec
+from norcal.core.contract import Preprocessing
 from norcal.core.errors import NorcalError
 from norcal.runtime.images import iter_images, read_images
 from norcal.runtime.inference import prepared_batches
 from norcal.runtime.preprocess import prepare_batch
 
-SPEC = InputSpec(min_size=32, max_size=64, input_format="RGB", divisibility=16)
+SPEC = Preprocessing(min_size=32, max_size=64, input_format="RGB", divisibility=16)
 
 
 def _images(n):
@@ -23,7 +23,7 @@ def test_batches_equal_prepare_batch_on_each_chunk():
     batches = list(prepared_batches(imgs, SPEC, 2))
     assert [len(b) for b in batches] == [2, 2, 1]
     for b, chunk in zip(batches, (imgs[0:2], imgs[2:4], imgs[4:])):
-        ref = prepare_batch(chunk, 32, 64, "RGB", 16)
+        ref = prepare_batch(chunk, Preprocessing(32, 64, "RGB", 16))
         np.testing.assert_array_equal(b.images, ref.images)
         np.testing.assert_array_equal(b.image_sizes, ref.image_sizes)
         np.testing.assert_array_equal(b.original_sizes, ref.original_sizes)

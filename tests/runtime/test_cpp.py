@@ -11,6 +11,7 @@ import numpy as np
 import PIL
 import pytest
 
+from norcal.core.contract import Preprocessing
 from norcal.core.contract import (DETECTOR, INPUT_FORMAT, MAX_SIZE_TEST, MIN_SIZE_TEST, SIZE_DIVISIBILITY,
                                   input_spec)
 from norcal.runtime.images import read_rgb
@@ -192,7 +193,7 @@ def test_batch_matches_python(build, tmp_path):
         paths.append(tmp_path / f"im{i}.npy")
         np.save(paths[-1], im)
     host(build, "batch", tmp_path / "b", 320, 512, "BGR", 32, *paths)
-    ref = prepare_batch(imgs, 320, 512, "BGR", 32)
+    ref = prepare_batch(imgs, Preprocessing(320, 512, "BGR", 32))
     ours = np.load(tmp_path / "b_images.npy")
     assert ours.shape == ref.images.shape == (4, 3, 448, 480)
     np.testing.assert_array_equal(np.load(tmp_path / "b_sizes.npy"), ref.image_sizes)

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from norcal.core.contract import Preprocessing
 from norcal.core.errors import NorcalError
 from norcal.runtime.images import read_rgb
 from norcal.runtime.preprocess import prepare_batch, resize_uint8, resized_size
@@ -39,7 +40,7 @@ def test_resized_size_hand_computed():
 @pytest.mark.parametrize("name", IMAGES)
 def test_padded_shape_matches_detectron2(name):
     img = read_rgb(TINY / "images" / f"{name}.png")
-    batch = prepare_batch([img], MIN_SIZE, MAX_SIZE)
+    batch = prepare_batch([img], Preprocessing(MIN_SIZE, MAX_SIZE))
     g = golden(name)
     assert batch.images.shape == tuple(g["padded_shape"])
     assert batch.image_sizes.tolist() == [list(g["resized_chw"][1:])]
@@ -80,7 +81,7 @@ def test_batch_layout_bgr_and_zero_padding():
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, (32, 48, 3), dtype=np.uint8)  # no resize: 32 -> 32 short edge
     b = rng.integers(0, 256, (40, 32, 3), dtype=np.uint8)
-    batch = prepare_batch([a, b], 32, 1000, fmt="BGR")
+    batch = prepare_batch([a, b], Preprocessing(32, 1000, input_format="BGR"))
     assert batch.images.dtype == np.float32 and batch.image_sizes.dtype == np.int64
     assert batch.image_sizes.tolist() == [[32, 48], [40, 32]]
     assert batch.images.shape == (2, 3, 64, 64)  # max(32,40)->64, max(48,32)->64
@@ -89,7 +90,7 @@ def test_batch_layout_bgr_and_zero_padding():
     np.testing.assert_array_equal(batch.images[1, :, :40, :32], b.transpose(2, 0, 1)[::-1])
     assert not batch.images[0, :, 32:].any() and not batch.images[0, :, :, 48:].any()
     assert not batch.images[1, :, 40:].any() and not batch.images[1, :, :, 32:].any()
-    rgb = prepare_batch([a], 32, 1000, fmt="RGB", divisibility=1)
+    rgb = prepare_batch([a], Preprocessing(32, 1000, input_format="RGB", divisibility=1))
     assert rgb.images.shape == (1, 3, 32, 48)
     np.testing.assert_array_equal(rgb.images[0, 0], a[:, :, 0])
 
@@ -111,13 +112,13 @@ def test_stretch_batch_channel_order(fmt):
 
 def test_bad_inputs_raise_norcal_error():
     with pytest.raises(NorcalError, match="image 0"):
-        prepare_batch([np.zeros((4, 4), np.uint8)], 32, 64)
+        prepare_batch([np.zeros((4, 4), np.uint8)], Preprocessing(32, 64))
     with pytest.raises(NorcalError, match="image 0"):
-        prepare_batch([np.zeros((4, 4, 3), np.float32)], 32, 64)
+        prepare_batch([np.zeros((4, 4, 3), np.float32)], Preprocessing(32, 64))
     with pytest.raises(NorcalError, match="at least one"):
-        prepare_batch([], 32, 64)
+        prepare_batch([], Preprocessing(32, 64))
     with pytest.raises(NorcalError, match="BGR or RGB"):
-        prepare_batch([np.zeros((4, 4, 3), np.uint8)], 32, 64, fmt="YUV")
+        prepare_batch([np.zeros((4, 4, 3), np.uint8)], Preprocessing(32, 64, input_format="YUV"))
 
 
 def test_fixture_manifest_sizes_agree_with_reader():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from norcal.cli import main
-from norcal.core.contract import InputSpec
+from norcal.core.contract import Preprocessing
 from norcal.core.errors import NorcalError
 from norcal.runtime.ray_inference import (RayOptions, ResultsFormat, check_cluster_address, check_reachable,
                                           run_images_ray, worker_error)
@@ -90,7 +90,7 @@ def test_run_images_ray_reports_a_worker_norcal_error_in_one_line(local_ray):
     """A NorcalError raised in a Ray Data task (here: a spec no image can be prepared with)
     leaves run_images_ray as one line, not Ray's remote traceback."""
     with pytest.raises(NorcalError) as e:
-        list(run_images_ray(lambda: None, [IMAGE], [1], InputSpec(800, 1333, "XYZ"),
+        list(run_images_ray(lambda: None, [IMAGE], [1], Preprocessing(800, 1333, "XYZ"),
                             ResultsFormat(None, False), 1, RayOptions()))
     assert "\n" not in str(e.value), str(e.value)
     assert "channel format must be BGR or RGB" in str(e.value)
@@ -125,7 +125,7 @@ def test_workers_asking_for_more_than_the_cluster_has_are_refused(local_ray):
                                                              "the cluster has 2")):
         t0 = time.perf_counter()
         with pytest.raises(NorcalError) as e:
-            list(run_images_ray(lambda: None, [IMAGE], [1], InputSpec(800, 1333, "BGR"),
+            list(run_images_ray(lambda: None, [IMAGE], [1], Preprocessing(800, 1333, "BGR"),
                                 ResultsFormat(None, False), 1, options))
         assert str(e.value) == message
         assert time.perf_counter() - t0 < 30

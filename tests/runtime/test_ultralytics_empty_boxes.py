@@ -65,7 +65,7 @@ def test_stretch_keeps_boxes_outside_the_image_hand_computed():
 
 def test_shortest_edge_still_drops_empty_boxes_as_detectron2():
     image = np.zeros((40, 40, 3), np.uint8)
-    batch = prepare_batch([image], 40, 40, "BGR", 32)
+    batch = prepare_batch([image], Preprocessing(40, 40, "BGR", 32))
     dets = detect(_Fixed(_outputs([[-9.0, 3.0, -1.0, 9.0], [1.0, 1.0, 5.0, 5.0]])), batch)[0]
     np.testing.assert_allclose(dets.boxes, [[1, 1, 5, 5]])
 

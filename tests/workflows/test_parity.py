@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from norcal.core.contract import Preprocessing
 from norcal.core.calibration import log_prior
 from norcal.cli import main
 from norcal.core.errors import NorcalError
@@ -425,7 +426,7 @@ def test_pytorch_side_equals_detectron2_with_the_onnx_prior(tiny):
     ref = contract([list(zip(golden["cdt_g0.5/boxes"], golden["cdt_g0.5/scores"], golden["cdt_g0.5/classes"]))],
                    k=300, masks=False)
     assert ref["num_detections"][0] == n
-    batch = prepare_batch([read_rgb(TINY / "images" / "img3.png")], 320, 512)
+    batch = prepare_batch([read_rgb(TINY / "images" / "img3.png")], Preprocessing(320, 512))
     keys = ("num_detections", "boxes", "scores", "classes")
     with_prior = TorchRunner(tiny.model, calibration=onnx_calibration(tiny.dir / "g05.onnx")).infer(batch.feeds())
     rep = compare(ref, {k: with_prior[k] for k in keys}, "fp32", score_thresh=1e-4)

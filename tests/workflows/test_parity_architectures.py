@@ -49,11 +49,11 @@ def test_cli_parity_pytorch_vs_onnxruntime(name, tmp_path, capsys):
     # differ beyond fp16 tolerance, so the pass above depends on that transfer
     from norcal.export.pytorch.runner import TorchRunner, onnx_calibration
     from norcal.runtime.images import read_rgb
+    from norcal.core.contract import Preprocessing
     from norcal.runtime.preprocess import prepare_batch
     from norcal.workflows.parity.compare import compare
 
-    batch = prepare_batch([read_rgb(images[0])], spec.min_size_test, spec.max_size_test, "BGR",
-                          spec.size_divisibility)
+    batch = prepare_batch([read_rgb(images[0])], Preprocessing(spec.min_size_test, spec.max_size_test, "BGR", spec.size_divisibility))
     keys = ("num_detections", "boxes", "scores", "classes")
     with_prior = TorchRunner(model, calibration=onnx_calibration(path)).infer(batch.feeds())
     plain = TorchRunner(model).infer(batch.feeds())

@@ -44,9 +44,10 @@ def fp32():
 def int8(fp32):
     from norcal.export.graph.quantize import quantize_int8
     from norcal.runtime.images import read_rgb
+    from norcal.core.contract import Preprocessing
     from norcal.runtime.preprocess import prepare_batch
 
-    model, _ = quantize_int8(fp32, (prepare_batch([read_rgb(p)], 256, 400).feeds() for p in CALIBRATION))
+    model, _ = quantize_int8(fp32, (prepare_batch([read_rgb(p)], Preprocessing(256, 400)).feeds() for p in CALIBRATION))
     return model
 
 
@@ -82,14 +83,14 @@ def reference(fp32, int8, images, tmp_path_factory):
 def _judge(model, reference, images, tmp_path):
     """``model`` run by ONNX Runtime on the parity batches and judged by the preset that
     `norcal parity` picks for it (from its norcal.precision) -> (preset, report)."""
-    from norcal.core.contract import InputSpec
+    from norcal.core.contract import Preprocessing
     from norcal.runtime.inference import prepared_batches
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
     save_onnx(model, tmp_path / "model.onnx")
     runner = OnnxRuntimeRunner(tmp_path / "model.onnx")
     chunks = []
-    for batch in prepared_batches(images, InputSpec(256, 400, "BGR", 32), 4):  # as run_parity feeds
+    for batch in prepared_batches(images, Preprocessing(256, 400, "BGR", 32), 4):  # as run_parity feeds
         out = runner.infer(batch.feeds())
         chunks.append({k: np.asarray(out[k])[:len(batch)] for k in KEYS})
     cand = {k: np.concatenate([c[k] for c in chunks]) for k in KEYS}

@@ -24,7 +24,7 @@ def test_parity_yolo_checkpoint_against_its_export_passes_fp32(yolo_work, tmp_pa
     assert export_main([str(best), "--gamma", "0.5", "--table", str(yolo_work.table), "-o", str(onnx_path)]) == 0
     runners = build_runners(ParityRequest(onnx_path, checkpoint=best, batch_size=2))
     assert [r.name for r in runners.runners] == ["pytorch", "onnxruntime-cpu"]
-    assert runners.spec.letterbox and runners.calibration is not None  # the ONNX's NorCal, given to PyTorch
+    assert runners.spec.resize == "letterbox" and runners.calibration is not None  # the ONNX's NorCal, given to PyTorch
     assert runners.reference.output_names == runners.onnx.output_names
     # the library's own loader goes through the family as well: the letterbox model's runner
     runner = checkpoint_runner(best)

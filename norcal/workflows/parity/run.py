@@ -168,7 +168,7 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     candidates are judged again with their score and box tolerances widened to the measured
     floor (:mod:`norcal.workflows.parity.floor`).
     """
-    from norcal.core.contract import InputSpec
+    from norcal.core.contract import Preprocessing
     from norcal.runtime.inference import prepared_batches
 
     if len(runners) < 2:
@@ -179,7 +179,7 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     if spec is None:
         if min_size is None or max_size is None:
             raise NorcalError("parity needs min_size and max_size, or spec", param=("min_size", "max_size"))
-        spec = InputSpec(min_size, max_size, input_format, divisibility)
+        spec = Preprocessing(min_size, max_size, input_format, divisibility)
     prepared_batches(images_rgb, spec, batch_size)  # refuses a bad batch_size now
     if fixed_shape and fixed_shape[0]:  # the model's fixed batch wins
         batch_size = int(fixed_shape[0])

@@ -101,7 +101,7 @@ class ParityRunners:
     runners: list[Runner]
     onnx: Runner
     tolerances: dict[str, Tolerances]
-    spec: Any  # norcal.core.contract.InputSpec
+    spec: Any  # norcal.core.contract.Preprocessing
     score_thresh: float
     fixed_shape: Any
     batch_size: int

@@ -14,6 +14,7 @@ from onnx import TensorProto, numpy_helper
 
 from conftest import SYNTH, assert_tensorrt_compatible
 from detection_agreement import agreement
+from norcal.core.contract import Preprocessing
 from norcal.core import contract
 from norcal.core.errors import NorcalError
 
@@ -40,7 +41,7 @@ def _feeds(paths):
     from norcal.runtime.preprocess import prepare_batch
 
     for p in paths:  # one image a batch, at the model's resize (256 / 400)
-        yield prepare_batch([read_rgb(p)], 256, 400).feeds()
+        yield prepare_batch([read_rgb(p)], Preprocessing(256, 400)).feeds()
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ def test_model_save_checkpoints_load_and_are_claimed(work, tmp_path):
         assert det.classifier == load_detector(path).classifier
         assert det.classifier.background == "none" and det.classifier.activation == "sigmoid"
         # the size the model records (its args' imgsz), else the yaml default 640
-        assert det.preprocessing.letterbox and det.preprocessing.input_size == size
+        assert det.preprocessing.resize == "letterbox" and det.preprocessing.input_size == size
     # not ours: a plain state dict, a detectron2 pickle, a non-zip file
     torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "d2.pth")
     (tmp_path / "junk.pt").write_bytes(b"not a zip")
