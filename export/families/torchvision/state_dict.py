@@ -11,6 +11,7 @@ from norcal.core.errors import NorcalError
 from norcal.export.families.checkpoints import TORCH_SUFFIXES
 from norcal.export.families.torchvision.convention import TORCHVISION
 from norcal.export.families.pickle_scan import scan_torch_zip
+from norcal.export.rcnn.resnet_weights import resnet_fields, resnet_renames
 
 # keys only a torchvision GeneralizedRCNN state dict has (detectron2 says bottom_up, rpn_head)
 _MARKERS = ("backbone.body.", "rpn.head.", "roi_heads.box_predictor.cls_score.weight")
@@ -33,16 +34,11 @@ _VARIANTS = (
 )
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # GeneralizedRCNNTransform's defaults, RGB 0-1
 IMAGENET_STD = (0.229, 0.224, 0.225)
-BLOCKS = {(2, 2, 2, 2): 18, (3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
+_BODY = "backbone.body."  # where the ResNet is (norcal.export.rcnn.resnet_weights' names)
+_WHAT = "a torchvision Faster / Mask R-CNN or RetinaNet state dict"
 
-# torchvision name -> ours (the patterns match the old names of torchvision < 0.13 too)
+# torchvision name -> ours, past the ResNet's (the patterns match the names of torchvision < 0.13 too)
 _RENAMES = [
-    (r"backbone\.body\.conv1\.", "backbone.bottom_up.stem.conv1."),
-    (r"backbone\.body\.bn1\.", "backbone.bottom_up.stem.conv1.norm."),
-    (r"backbone\.body\.layer(\d)\.(\d+)\.conv(\d)\.", lambda m, first: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.conv{m[3]}."),
-    (r"backbone\.body\.layer(\d)\.(\d+)\.bn(\d)\.", lambda m, first: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.conv{m[3]}.norm."),
-    (r"backbone\.body\.layer(\d)\.(\d+)\.downsample\.0\.", lambda m, first: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.shortcut."),
-    (r"backbone\.body\.layer(\d)\.(\d+)\.downsample\.1\.", lambda m, first: f"backbone.bottom_up.res{int(m[1]) + 1}.{m[2]}.shortcut.norm."),
     # FPN levels from 2 (R-CNN: res2-res5) or 3 (RetinaNet: res3-res5): FIRST is set per file
     (r"backbone\.fpn\.inner_blocks\.(\d)\.(0\.)?", lambda m, first: f"backbone.fpn_lateral{int(m[1]) + first}."),
     (r"backbone\.fpn\.layer_blocks\.(\d)\.(0\.)?", lambda m, first: f"backbone.fpn_output{int(m[1]) + first}."),
@@ -62,7 +58,8 @@ _RENAMES = [
     (r"roi_heads\.mask_predictor\.conv5_mask\.", "roi_heads.mask_head.deconv."),
     (r"roi_heads\.mask_predictor\.mask_fcn_logits\.", "roi_heads.mask_head.predictor."),
 ]
-_RENAMES = [(re.compile(p), r) for p, r in _RENAMES]
+_RENAMES = [(pattern, (lambda m, first, r=r: r(m)) if callable(r) else r) for pattern, r in resnet_renames(_BODY)] + \
+    [(re.compile(p), r) for p, r in _RENAMES]
 
 
 def saved_keys(path: Path) -> set[str]:
@@ -117,33 +114,19 @@ def rename_state_dict(state: dict, path: Path) -> dict:
 
 def _shape(state: dict, key: str, path: Path) -> tuple[int, ...]:
     if key not in state:
-        raise NorcalError(f"{path}: no weight {key!r}: not a torchvision Faster / Mask R-CNN or RetinaNet "
-                          "state dict")
+        raise NorcalError(f"{path}: no weight {key!r}: not {_WHAT}")
     return tuple(state[key].shape)
 
 
 def _resnet(state: dict, path: Path) -> dict:
-    """The ResNet's ModelSpec fields from torchvision's ``backbone.body`` shapes."""
-    blocks = []
-    for stage in range(1, 5):
-        ids = {int(m[1]) for k in state if (m := re.match(rf"backbone\.body\.layer{stage}\.(\d+)\.", k))}
-        blocks.append(len(ids))
-    depth = BLOCKS.get(tuple(blocks))
-    if depth is None:
-        raise NorcalError(f"{path}: a ResNet with {blocks} blocks per stage is not one of ResNet-18/50/101/152")
-    conv1 = _shape(state, "backbone.body.layer1.0.conv1.weight", path)
-    bottleneck = depth >= 50
-    groups = conv1[0] // _shape(state, "backbone.body.layer1.0.conv2.weight", path)[1] if bottleneck else 1
-    res2 = _shape(state, "backbone.body.layer1.0.conv3.weight" if bottleneck
-                  else "backbone.body.layer1.0.conv2.weight", path)[0]
+    """The ResNet-FPN's ModelSpec fields: the ResNet's from ``backbone.body`` shapes, the FPN's
+    width, torchvision's test-time defaults."""
     fpn = "backbone.fpn.layer_blocks.0.0.weight"
     fpn = _shape(state, fpn if fpn in state else "backbone.fpn.layer_blocks.0.weight", path)[0]
     return dict(convention=TORCHVISION, input_format="RGB",
                 pixel_mean=tuple(255.0 * m for m in IMAGENET_MEAN), pixel_std=tuple(255.0 * s for s in IMAGENET_STD),
-                min_size_test=800, max_size_test=1333, size_divisibility=32,
-                depth=depth, norm="FrozenBN", stem_out_channels=_shape(state, "backbone.body.conv1.weight", path)[0],
-                res2_out_channels=res2, num_groups=groups, width_per_group=conv1[0] // groups,
-                stride_in_1x1=False, fpn_out_channels=fpn)
+                min_size_test=800, max_size_test=1333, size_divisibility=32, norm="FrozenBN",
+                stride_in_1x1=False, fpn_out_channels=fpn, **resnet_fields(state, _BODY, path, _WHAT))
 
 
 # retinanet_resnet50_fpn's anchors: three octave scales per level, ratios 0.5, 1, 2 (A = 9)
