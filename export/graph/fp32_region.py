@@ -22,6 +22,7 @@ import onnx
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
+from norcal.export.graph.onnx_helpers import GraphIndex
 
 COMPUTE_OPS = ("Conv", "Gemm", "MatMul")  # the ops int8 quantizes
 # ops that only move or reshape values: walking back from the logits through them reaches the
@@ -67,14 +68,8 @@ def fp32_nodes(model: onnx.ModelProto, where: str = "model") -> set[str]:
     an R-CNN's mask head runs after NMS and is downstream anyway, a YOLO's prototype and mask
     coefficient convolutions run before it). Nodes must be named (:func:`name_nodes`)."""
     logits = classifier_logits(model, where)
-    nodes = list(model.graph.node)
-    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    producer: dict[str, onnx.NodeProto] = {}
-    for n in nodes:
-        for t in n.input:
-            consumers[t].append(n)
-        for t in n.output:
-            producer[t] = n
+    index = GraphIndex.of(model.graph)
+    consumers, producer = defaultdict(list, index.consumers), index.producer
     constants = {t.name for t in model.graph.initializer}
     keep: set[str] = set()
 
@@ -121,7 +116,7 @@ def weightless_products(model: onnx.ModelProto) -> set[str]:
     attention: q by k, the weights by v, q by relative positions gathered at run time) or two
     constants (a relative-position table resampled to the input's grid, which TensorRT folds).
     int8 would round a value that no weight scale covers, or a constant once more: they stay fp32."""
-    producer = {t: n for n in model.graph.node for t in n.output}
+    producer = GraphIndex.of(model.graph).producer
     constants = {t.name for t in model.graph.initializer}
     return {n.name for n in model.graph.node if n.op_type == "MatMul"
             and sum(_is_constant(t, producer, constants) for t in n.input) != 1}
@@ -167,7 +162,7 @@ def mask_only_layers(model: onnx.ModelProto, mask_outputs: Sequence[str] = ("mas
     masks = frozenset(mask_outputs) & outputs
     if not masks:
         return set()
-    producer = {o: n for n in model.graph.node for o in n.output}
+    producer = GraphIndex.of(model.graph).producer
     constants = {t.name for t in model.graph.initializer}
     # which graph outputs each tensor reaches, walking the (topologically sorted) nodes backwards
     reach: dict[str, frozenset[str]] = {t: frozenset({t}) for t in outputs}

@@ -5,6 +5,7 @@ the quantizer read the same)."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -73,3 +74,27 @@ def tensor_sizes(tp: onnx.TypeProto | None) -> list[int | None] | None:
     rank is unknown."""
     found = tensor_dims(tp)
     return None if found is None else [d if isinstance(d, int) else None for d in found]
+
+
+@dataclass(frozen=True)
+class GraphIndex:
+    """Who computes and who reads each tensor of one graph's nodes (not its subgraphs'), built
+    in one pass: ``producer[t]`` the node writing ``t``, ``position[t]`` that node's index,
+    ``consumers[t]`` the nodes reading ``t`` in graph order (each once per input it is)."""
+
+    producer: dict[str, onnx.NodeProto] = field(default_factory=dict)
+    position: dict[str, int] = field(default_factory=dict)
+    consumers: dict[str, list[onnx.NodeProto]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, graph: onnx.GraphProto) -> "GraphIndex":
+        index = cls()
+        for i, node in enumerate(graph.node):
+            for t in node.input:
+                index.consumers.setdefault(t, []).append(node)
+            for t in node.output:
+                index.producer[t], index.position[t] = node, i
+        return index
+
+    def readers(self, tensor: str) -> list[onnx.NodeProto]:
+        return self.consumers.get(tensor, [])

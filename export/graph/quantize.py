@@ -38,6 +38,7 @@ import onnx
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
+from norcal.export.graph.onnx_helpers import GraphIndex
 from norcal.export.graph.fp32_region import (COMPUTE_OPS, fp32_nodes, mask_only_layers, name_nodes,
                                              weightless_products)
 
@@ -111,10 +112,7 @@ def final_layers(model: onnx.ModelProto, quantized: set[str]) -> set[str]:
     decodes boxes or computes the classifier's logits, so the ort form keeps them float: a
     per-tensor uint8 rounding of an objectness map or of the box predictor's features costs
     AP; their inputs are still int8-rounded, as in the tensorrt form."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for t in n.input:
-            consumers.setdefault(t, []).append(n)
+    consumers = GraphIndex.of(model.graph).consumers
     final = set()
     for n in model.graph.node:
         if n.name not in quantized:
@@ -293,10 +291,7 @@ def convert_fp16(model: onnx.ModelProto, where: str = "model") -> onnx.ModelProt
     g = work.graph
     half = fp16_nodes(work, fp32_nodes(work, where))
     inits = {t.name: t for t in g.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n)
+    readers = GraphIndex.of(g).consumers
     half_out = {o for n in g.node if n.name in half for o in n.output if o}
     graph_outputs = {o.name for o in g.output}
     finfo = np.finfo(np.float16)

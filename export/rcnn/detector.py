@@ -5,9 +5,9 @@ runner. The family that reads the checkpoint subclasses them and names itself.""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import ClassVar
 
 from norcal.export.families.base import Detector
+from norcal.export.pytorch.onnx_trace import MIN_OPSET
 
 @dataclass(frozen=True)
 class GraphOptions:
@@ -17,7 +17,7 @@ class GraphOptions:
     batch: int | None = None
     height: int | None = None
     width: int | None = None
-    opset: int = 17
+    opset: int = MIN_OPSET
     mask_head_rois: str = "valid"
     padding_masks: bool | None = None
     check: bool = True

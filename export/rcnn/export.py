@@ -6,9 +6,9 @@ import json
 
 import onnx
 
+from norcal.export.pytorch.onnx_trace import MIN_OPSET
 from norcal.export.rcnn.spec import ModelSpec
 from norcal.core import contract
-from norcal.core.errors import NorcalError
 
 
 def max_detections(spec: ModelSpec) -> int:
@@ -41,7 +41,7 @@ def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
 
 
 def export_detector(model, spec: ModelSpec, *, batch: int | None = None, height: int | None = None,
-                    width: int | None = None, opset: int = 17, mask_head_rois: str = "valid",
+                    width: int | None = None, opset: int = MIN_OPSET, mask_head_rois: str = "valid",
                     padding_masks: bool | None = None, padding_switch: bool = False,
                     check: bool = True) -> onnx.ModelProto:
     """The batched ONNX graph (plain softmax classifier) with runtime metadata set; the

@@ -12,7 +12,6 @@ stages' logits are ``cls_logits_stage1``, ... and the metadata lists them all.
 
 from __future__ import annotations
 
-import io
 import warnings
 from contextlib import contextmanager, nullcontext
 
@@ -22,21 +21,12 @@ import torch
 from norcal.core.contract import INPUT_NAMES, MASK_HEAD_ROIS, OUTPUT_NAMES, PADDING_MASKS, classifier_metadata
 from norcal.core.errors import NorcalError
 
+from norcal.export.pytorch.onnx_trace import MIN_OPSET, drop_outputs, require_opset, trace_onnx
+
 from .modeling.folding import frozen_bn_folded
 from .padding_switch import join_branches, placeholder_backbone, switchable, trace_branches
 from .modeling.roi_heads import MASK_ROIS, MASK_ROIS_STATIC, MASK_ROIS_VALID
 from .spec import RETINANET, ModelSpec, box_classifier
-
-MIN_OPSET = 17  # RoiAlign-16 (half_pixel) and Softmax-13 on the last axis
-
-
-def max_opset() -> int:
-    """The newest opset torch's TorchScript exporter writes (23 in torch 2.14); a newer one
-    ends in torch's own error after the model was traced."""
-    from torch.onnx import _constants
-
-    return int(getattr(_constants, "ONNX_MAX_OPSET", 23))
-
 
 def _dummy_size(value: int | None, default: int, div: int) -> int:
     v = default if value is None else int(value)
@@ -57,13 +47,6 @@ def _fix_detection_dim(proto: onnx.ModelProto, k: int, batch: int | None = None)
         if out.name != "num_detections" and len(dims) >= 2:
             dims[1].Clear()
             dims[1].dim_value = k
-
-
-def _drop_output(proto: onnx.ModelProto, name: str) -> None:
-    """Make graph output ``name`` an ordinary tensor (its producer and readers stay)."""
-    kept = [o for o in proto.graph.output if o.name != name]
-    del proto.graph.output[:]
-    proto.graph.output.extend(kept)
 
 
 def needs_padding_masks(batch: int | None, height: int | None, width: int | None,
@@ -106,7 +89,7 @@ def _graph_choices(model: torch.nn.Module, padding_masks: bool, mask_head_rois: 
 
 def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = None,
                 height: int | None = None, width: int | None = None,
-                opset: int = 17, mask_head_rois: str = MASK_ROIS_VALID,
+                opset: int = MIN_OPSET, mask_head_rois: str = MASK_ROIS_VALID,
                 padding_masks: bool | None = None, padding_switch: bool = False,
                 check: bool = True) -> onnx.ModelProto:
     """Trace ``model`` (from ``modeling.model_from_state``) to an ONNX model in memory.
@@ -124,8 +107,7 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     the final graph anyway, like the export job, passes False: a full check of a full-size
     model costs a second).
     """
-    if opset < MIN_OPSET:
-        raise NorcalError(f"opset {opset} is too old: the export needs opset >= {MIN_OPSET}")
+    require_opset(opset)
     if mask_head_rois not in MASK_ROIS:
         raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, "
                           f"got {mask_head_rois!r}")
@@ -163,29 +145,19 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     names = [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on]
     classifier = box_classifier(spec)  # its logits become named outputs, then internal again
     logits = list(classifier.logits)
-    buf = io.BytesIO()
     switch = padding_masks and padding_switch and switchable(model)
     with torch.no_grad(), warnings.catch_warnings(), frozen_bn_folded(model), \
             _graph_choices(model, padding_masks, mask_head_rois):
         warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
         branches = trace_branches(model, images, sizes, dynamic, opset) if switch else None
         with placeholder_backbone(model) if switch else nullcontext():
-            torch.onnx.export(
-                # the logits as one more output get their name; _drop_output makes them
-                # internal again
-                model, (images, sizes, {"with_cls_logits": True}), buf,
-                input_names=list(INPUT_NAMES), output_names=[*names, *logits],
-                dynamic_axes={k: v for k, v in dynamic.items()
-                              if v and (k in INPUT_NAMES or k in names)},
-                opset_version=opset, dynamo=False, do_constant_folding=True,
-                autograd_inlining=False,
-            )
-    proto = onnx.load_from_string(buf.getvalue())
+            # the logits as more outputs get their name; dropped as outputs once the branches are in
+            proto = trace_onnx(model, (images, sizes, {"with_cls_logits": True}), INPUT_NAMES, [*names, *logits],
+                               opset, {k: v for k, v in dynamic.items() if v and (k in INPUT_NAMES or k in names)},
+                               autograd_inlining=False)
     if switch:
         join_branches(proto, *branches, model.size_divisibility)
-    proto.producer_name = "norcal-deploy"
-    for name in logits:
-        _drop_output(proto, name)
+    drop_outputs(proto, logits)
     props = classifier_metadata(classifier)
     if spec.meta_architecture != RETINANET:  # RetinaNet always masks padding, has no mask head
         props[PADDING_MASKS] = "true" if padding_masks else "false"

@@ -19,8 +19,6 @@ main graph, so the classifier logits and everything surgery looks for stay where
 
 from __future__ import annotations
 
-import io
-import warnings
 from contextlib import contextmanager
 
 import numpy as np
@@ -124,13 +122,10 @@ def _trace_backbone(model: nn.Module, masked: bool, images: torch.Tensor, sizes:
     x = (images - model.pixel_mean) / model.pixel_std
     outputs = [f"feature{i}" for i in range(n)]
     axes = {"x": dynamic.get("images", {}), "image_sizes": dynamic.get("image_sizes", {})}
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x, sizes), buf, input_names=["x", "image_sizes"],
-                          output_names=outputs, dynamic_axes={k: v for k, v in axes.items() if v},
-                          opset_version=opset, dynamo=False, do_constant_folding=True)
-    return onnx.load_from_string(buf.getvalue()).graph
+    from norcal.export.pytorch.onnx_trace import trace_onnx
+
+    return trace_onnx(module, (x, sizes), ["x", "image_sizes"], outputs, opset,
+                      {k: v for k, v in axes.items() if v}).graph
 
 
 def _as_branch(g: onnx.GraphProto, prefix: str, x_name: str, sizes_name: str) -> onnx.GraphProto:

@@ -30,6 +30,7 @@ from norcal.core.classifier_option import ClassifierActivation
 from norcal.core.decoding import Decoding
 from norcal.export.graph.calibrate import calibrate_graph as _insert_norcal
 from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
+from norcal.export.pytorch.onnx_trace import MIN_OPSET, max_opset
 
 if TYPE_CHECKING:
     from norcal.export.families import Classifier, Detector
@@ -64,7 +65,7 @@ class CheckpointExport:
     batch: int | None = None
     height: int | None = None
     width: int | None = None
-    opset: int = 17
+    opset: int = MIN_OPSET
     detections_per_image: int | None = None
     mask_head_rois: str | None = None
     decoding: Decoding | None = None
@@ -263,7 +264,6 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
                           param="logits")
     src, out = Path(src), Path(out)
     cfg = None if options.config is None else Path(options.config)
-    from norcal.export.rcnn.onnx_export import MIN_OPSET, max_opset
 
     # every family's graph needs MIN_OPSET; torch writes none newer than max_opset
     check_range("opset", options.opset, MIN_OPSET, max_opset(), integer=True,

@@ -11,12 +11,12 @@ import onnx
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.export.graph.onnx_helpers import default_opset
+from norcal.export.graph.onnx_helpers import GraphIndex, default_opset
+from norcal.export.pytorch.onnx_trace import MIN_OPSET
 
 AUTHOR = "Ultralytics"
 POST_PREFIX = "norcal_post/"  # names of the appended post-processing's inner nodes and tensors
 SCALED = "norcal_ingest/images_01"  # the Div's output: Ultralytics' graph wants pixels in 0-1
-MIN_OPSET = 17  # RoiAlign half_pixel needs 16; our exports use 17
 
 
 def graph_metadata(model: onnx.ModelProto) -> dict[str, str]:
@@ -101,7 +101,7 @@ def cut_network(model: onnx.ModelProto, wanted: list[str]) -> onnx.GraphProto:
     """Ultralytics' nodes that the ``wanted`` tensors need (its NMS and score Concat dropped),
     with the image input scaled 0-255 -> 0-1 in front."""
     g = model.graph
-    producer = {o: i for i, n in enumerate(g.node) for o in n.output}
+    producer = GraphIndex.of(g).position
     keep, stack = set(), list(wanted)
     while stack:
         t = stack.pop()

@@ -16,9 +16,7 @@ Anything else is refused in one line naming what was found.
 
 from __future__ import annotations
 
-import io
 import json
-import warnings
 from dataclasses import dataclass, replace
 
 import onnx
@@ -27,7 +25,8 @@ from norcal.core import contract
 from norcal.core.errors import NorcalError
 from norcal.export.families.ultralytics.onnx_common import (assemble, at_least_opset, class_names, cut_network,
                                                             graph_metadata, square_imgsz, static_input)
-from norcal.export.graph.onnx_helpers import inferred_types, tensor_sizes
+from norcal.export.graph.onnx_helpers import GraphIndex, inferred_types, tensor_sizes
+from norcal.export.pytorch.onnx_trace import trace_onnx
 
 HEAD = "RTDETRDecoder"  # the metadata's ``head`` of an Ultralytics RT-DETR export
 LOGITS_NODE = "norcal_ingest/cls_logits"
@@ -49,11 +48,8 @@ class RtdetrHead:
 
 
 def _graph_maps(g: onnx.GraphProto) -> tuple[dict, dict]:
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    return consumers, {o: n for n in g.node for o in n.output}
+    index = GraphIndex.of(g)
+    return index.consumers, index.producer
 
 
 def _attr(node, name: str, default=None):
@@ -234,13 +230,7 @@ def _post_graph(detector, opset: int) -> onnx.ModelProto:
             torch.tensor([[detector.height, detector.width]], dtype=torch.int64))
     inputs = ["ul_boxes", contract.CLS_LOGITS_TENSOR, "image_sizes"]
     outputs = list(contract.OUTPUT_NAMES[:4])
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
-        torch.onnx.export(Post().eval(), args, buf, input_names=inputs, output_names=outputs,
-                          dynamic_axes={n: {0: "batch"} for n in (*inputs, *outputs)}, opset_version=opset,
-                          dynamo=False, do_constant_folding=True)
-    return onnx.load_from_string(buf.getvalue())
+    return trace_onnx(Post().eval(), args, inputs, outputs, opset, {n: {0: "batch"} for n in (*inputs, *outputs)})
 
 
 def _integer_clips(body: onnx.GraphProto, model: onnx.ModelProto, imgsz: int, where: str) -> int:

@@ -23,9 +23,7 @@ such a head) appended instead of the NMS.
 
 from __future__ import annotations
 
-import io
 import json
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,7 +37,8 @@ from norcal.export.families.ultralytics.onnx_common import (assemble, at_least_o
                                                             graph_metadata, metadata_literal, square_imgsz,
                                                             static_input)
 from norcal.export.families.ultralytics.yolo import DETECTIONS, NMS_THRESH, SCORE_THRESH
-from norcal.export.graph.onnx_helpers import inferred_types, tensor_sizes
+from norcal.export.graph.onnx_helpers import GraphIndex, inferred_types, tensor_sizes
+from norcal.export.pytorch.onnx_trace import trace_onnx
 
 if TYPE_CHECKING:
     from norcal.export.families.ultralytics.onnx_rtdetr import RtdetrHead
@@ -84,11 +83,8 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
     args = metadata_literal(meta, "args", where) if "args" in meta else {}
     nms = bool(args.get("nms")) if isinstance(args, dict) else False
     g = model.graph
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    producer = {o: n for n in g.node for o in n.output}
+    index = GraphIndex.of(g)
+    consumers, producer = index.consumers, index.producer
 
     def axis(node) -> int | None:
         a = next((x for x in node.attribute if x.name == "axis"), None)
@@ -200,12 +196,7 @@ def _post_graph(head: HeadTensors, opset: int, score_thresh: float, nms_thresh: 
     outputs = output_names(bool(head.coefs))
     logits = contract.CLS_LOGITS_TENSOR
     dynamic = {n: {0: "batch"} for n in (*inputs, *outputs)}
-    buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
-        torch.onnx.export(post.eval(), tuple(args), buf, input_names=inputs, output_names=[*outputs, logits],
-                          dynamic_axes=dynamic, opset_version=opset, dynamo=False, do_constant_folding=True)
-    return onnx.load_from_string(buf.getvalue())
+    return trace_onnx(post.eval(), tuple(args), inputs, [*outputs, logits], opset, dynamic)
 
 
 def _post_module_class():

@@ -17,10 +17,8 @@ scale_fill=True)); the graph takes RGB 0-255 and divides by 255. The metadata sa
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Sequence
@@ -32,11 +30,11 @@ from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.export.families.ultralytics.checkpoint import fused, ordered_names
 from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
+from norcal.export.pytorch.onnx_trace import MIN_OPSET, require_opset, trace_onnx
 
 ARCHITECTURE = "rtdetr"
 DEFAULT_SCORE_THRESH = 0.001  # Ultralytics' validation conf: AP is measured over low scores too
 DEFAULT_TOPK = 300  # Ultralytics' max_det
-MIN_OPSET = 17
 
 
 @dataclass
@@ -45,7 +43,7 @@ class RtdetrExportOptions:
     the square input side (None: the detector's imgsz)."""
 
     batch: int | None = None
-    opset: int = 17
+    opset: int = MIN_OPSET
     check: bool = True
     size: int | None = None
 
@@ -272,9 +270,7 @@ class RtdetrDetector(Detector):
         import torch
 
         o = options or RtdetrExportOptions()
-        if o.opset < MIN_OPSET:
-            raise NorcalError(f"opset {o.opset} is too old: the export needs opset >= {MIN_OPSET}",
-                              param="opset")
+        require_opset(o.opset)
         if o.batch is not None and o.batch < 1:
             raise NorcalError(f"export batch must be positive, got {o.batch}", param="batch")
         if o.size is not None:  # checked by export_options; the metadata then says this size
@@ -285,19 +281,9 @@ class RtdetrDetector(Detector):
         sizes = torch.tensor([[self.height, self.width]] * b, dtype=torch.int64)
         names = list(contract.OUTPUT_NAMES[:4])
         dynamic = {} if o.batch else {n: {0: "batch"} for n in (*contract.INPUT_NAMES, *names)}
-        buf = io.BytesIO()
-        module = self.graph_module()
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
-            torch.onnx.export(module, (images, sizes, {"with_cls_logits": True}), buf,
-                              input_names=list(contract.INPUT_NAMES),
-                              output_names=[*names, contract.CLS_LOGITS_TENSOR], dynamic_axes=dynamic,
-                              opset_version=o.opset, dynamo=False, do_constant_folding=True)
-        proto = onnx.load_from_string(buf.getvalue())
-        proto.producer_name = "norcal-deploy"
-        kept = [v for v in proto.graph.output if v.name != contract.CLS_LOGITS_TENSOR]
-        del proto.graph.output[:]
-        proto.graph.output.extend(kept)
+        proto = trace_onnx(self.graph_module(), (images, sizes, {"with_cls_logits": True}), contract.INPUT_NAMES,
+                           [*names, contract.CLS_LOGITS_TENSOR], o.opset, dynamic,
+                           internal=[contract.CLS_LOGITS_TENSOR])  # the logits named
         _check_classifier(proto)
         for out in proto.graph.output:  # padded to K, like EfficientNMS: say so in the shapes
             dims = out.type.tensor_type.shape.dim

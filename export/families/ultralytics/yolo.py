@@ -6,10 +6,8 @@ instead, as Ultralytics predicts it), box-relative masks for segment models."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -22,6 +20,7 @@ from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_EXPORT_SIDE, check_range
 from norcal.export.families.base import Classifier, Detector, TuneCache, sigmoid_classifier, square_size
 from norcal.export.families.ultralytics.checkpoint import ordered_names
+from norcal.export.pytorch.onnx_trace import trace_onnx
 
 # Ultralytics' validation settings (DetectionValidator: conf 0.001, iou 0.7, max_det 300):
 # the AP-measuring defaults, as detectron2's LVIS configs keep every detection above 1e-4
@@ -216,18 +215,8 @@ class YoloDetector(Detector):
         names = output_names(self.has_masks)
         (logits,) = self.classifier.logits
         dynamic = {n: {0: "batch"} for n in (*contract.INPUT_NAMES, *names)} if batch is None else None
-        buf = io.BytesIO()
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
-            torch.onnx.export(self.model.eval(), (images, sizes, {"with_cls_logits": True}), buf,
-                              input_names=list(contract.INPUT_NAMES), output_names=[*names, logits],
-                              dynamic_axes=dynamic, opset_version=opset, dynamo=False,
-                              do_constant_folding=True)
-        proto = onnx.load_from_string(buf.getvalue())
-        proto.producer_name = "norcal-deploy"
-        kept = [o for o in proto.graph.output if o.name != logits]
-        del proto.graph.output[:]
-        proto.graph.output.extend(kept)
+        proto = trace_onnx(self.model.eval(), (images, sizes, {"with_cls_logits": True}), contract.INPUT_NAMES,
+                           [*names, logits], opset, dynamic, internal=[logits])  # the logits named
         for out in proto.graph.output:  # padded to K like EfficientNMS: say so in the shapes
             dims = out.type.tensor_type.shape.dim
             if batch is not None and dims:
