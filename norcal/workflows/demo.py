@@ -178,22 +178,10 @@ def _stages(progress, prefix: str):
     return lambda stage, n, total: progress(f"{prefix}: {stage}", n, total)
 
 
-def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> DemoResult:
+def _demo_grid(gammas, batch_size: int, pictures: int) -> list[float]:
+    """The gammas to tune over, the arguments checked."""
     from norcal.core.calibration import check_gamma
-    from norcal.core.fileio import read_json, write_json
-    from norcal.core.onnx_io import save_onnx
-    from norcal.core.tables import build_table
-    from norcal.evaluation import evaluate, evaluate_fixed, prepare_gt
-    from norcal.export.graph.calibrate import calibrate_graph
-    from norcal.export.families import load_detector
-    from norcal.runtime.images import read_rgb
-    from norcal.runtime.inference import run_images
-    from norcal.runtime.backends import ONNXRUNTIME
-    from norcal.runtime.results import detections_to_results
-    from norcal.workflows.pictures import gt_caption, gt_objects, pick_images, write_pictures
-    from norcal.workflows.tune import images_from_gt, tune, write_sweep_plot
 
-    say = log or (lambda msg: None)
     grid = sorted({check_gamma(g) for g in gammas})
     if not any(grid):
         raise NorcalError("give at least one NorCal gamma > 0 to tune over (the baseline is always run)")
@@ -201,6 +189,17 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
         raise NorcalError(f"batch size must be >= 1, got {batch_size}")
     if pictures < 0:
         raise NorcalError(f"the number of pictures must be >= 0, got {pictures}")
+    return grid
+
+
+def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> DemoResult:
+    from norcal.core.fileio import read_json
+    from norcal.core.tables import build_table
+    from norcal.evaluation import prepare_gt
+    from norcal.workflows.tune import images_from_gt, tune, write_sweep_plot
+
+    say = log or (lambda msg: None)
+    grid = _demo_grid(gammas, batch_size, pictures)
     d = check_data_dir(data, progress)
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
@@ -227,40 +226,18 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     seconds["validation_sweep"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    detector = load_detector(weights, config)
-    plain = detector.export(None)  # the family's default graph (dynamic batch, checked)
     wanted = [None] + sorted({g for g in (tuning.best.gamma, validation.best.gamma) if g})
-    paths = {}
-    for g in wanted:
-        paths[g] = out / f"model_{_name(g)}.onnx"
-        save_onnx(plain if g is None else calibrate_graph(plain, g, table), paths[g])
+    detector, paths = _export_models(weights, config, wanted, table, out)
     seconds["export"] = time.perf_counter() - t0
     say(f"exported the {detector.num_classes}-class Mask R-CNN and inserted NorCal at gamma "
         f"{', '.join(f'{g:g}' for g in wanted[1:])} in {seconds['export']:.1f} s")
 
     t0 = time.perf_counter()
-    ids = {str(p): i for i, p in pairs}
     settings: dict[float | None, Setting] = {}
     kept: dict[float | None, dict] = {}  # detections per image id, for the pictures
     for g in wanted:
-        label = "baseline" if g is None else f"NorCal γ={g:g}"
-        t1 = time.perf_counter()
-        runner = ONNXRUNTIME.open(paths[g])
-        step = (lambda n, label=label: progress(label, n, len(pairs))) if progress is not None else None
-        results, kept[g] = [], {}
-        for img_path, det in run_images(runner, [p for _, p in pairs], batch_size, on_done=step):
-            kept[g][ids[str(img_path)]] = det
-            results.extend(detections_to_results(ids[str(img_path)], det, table.category_ids))
-        infer_s = time.perf_counter() - t1
-        res_path = out / f"results_{_name(g)}.json"
-        write_json(res_path, results, indent=None)
-        if not results:
-            raise NorcalError(f"{label}: no detections on any image")
-        bbox = evaluate(gt, results, "bbox", detector.topk)
-        segm = evaluate(gt, results, "segm", detector.topk)
-        boundary = evaluate_fixed(gt, results, "boundary")
-        settings[g] = Setting(label, g, paths[g], res_path, dict(bbox.stats), dict(segm.stats),
-                              len(results), infer_s, dict(boundary.stats))
+        settings[g], kept[g] = _infer_and_eval(g, paths[g], pairs, gt, table, detector.topk, batch_size, out,
+                                               progress)
     seconds["infer_and_eval"] = time.perf_counter() - t0
 
     tuned_g = tuning.best.gamma or None
@@ -273,15 +250,68 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
                      title=f"{FIXTURE_NAME} box AP ({tuning.num_images} / {len(pairs)} images)")
     if pictures and tuned_g is not None:
         t0 = time.perf_counter()
-        objects = gt_objects(gt_data, table)
-        chosen = pick_images(objects, table, kept[None], kept[tuned_g], pictures, DRAW)
-        path_of = {i: p for i, p in pairs}
-        result.pictures = write_pictures(
-            out / "pictures", [(str(i), read_rgb(path_of[i])) for i in chosen],
-            [[("baseline", kept[None][i]), (f"NorCal γ={tuned_g:g}", kept[tuned_g][i])] for i in chosen],
-            table, DRAW, [gt_caption(objects[i], table) for i in chosen])
+        result.pictures = _draw_pictures(gt_data, table, pairs, kept[None], kept[tuned_g], tuned_g, pictures,
+                                         out / "pictures")
         seconds["pictures"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - t_start
     result.seconds = seconds
     return result
+
+
+def _export_models(weights: Path, config: Path, wanted: list, table, out: Path):
+    """The detector and one ONNX per setting (None: no NorCal), as out/model_<setting>.onnx."""
+    from norcal.core.onnx_io import save_onnx
+    from norcal.export.families import load_detector
+    from norcal.export.graph.calibrate import calibrate_graph
+
+    detector = load_detector(weights, config)
+    plain = detector.export(None)  # the family's default graph (dynamic batch, checked)
+    paths = {}
+    for g in wanted:
+        paths[g] = out / f"model_{_name(g)}.onnx"
+        save_onnx(plain if g is None else calibrate_graph(plain, g, table), paths[g])
+    return detector, paths
+
+
+def _infer_and_eval(g, model: Path, pairs, gt, table, topk: int, batch_size: int, out: Path, progress):
+    """One setting's model run over the validation images (results written), scored for box,
+    mask and boundary AP; with its detections per image id."""
+    from norcal.core.fileio import write_json
+    from norcal.evaluation import evaluate, evaluate_fixed
+    from norcal.runtime.backends import ONNXRUNTIME
+    from norcal.runtime.inference import run_images
+    from norcal.runtime.results import detections_to_results
+
+    label = "baseline" if g is None else f"NorCal γ={g:g}"
+    ids = {str(p): i for i, p in pairs}
+    t1 = time.perf_counter()
+    runner = ONNXRUNTIME.open(model)
+    step = (lambda n: progress(label, n, len(pairs))) if progress is not None else None
+    results, kept = [], {}
+    for img_path, det in run_images(runner, [p for _, p in pairs], batch_size, on_done=step):
+        kept[ids[str(img_path)]] = det
+        results.extend(detections_to_results(ids[str(img_path)], det, table.category_ids))
+    infer_s = time.perf_counter() - t1
+    res_path = out / f"results_{_name(g)}.json"
+    write_json(res_path, results, indent=None)
+    if not results:
+        raise NorcalError(f"{label}: no detections on any image")
+    bbox = evaluate(gt, results, "bbox", topk)
+    segm = evaluate(gt, results, "segm", topk)
+    boundary = evaluate_fixed(gt, results, "boundary")
+    return Setting(label, g, model, res_path, dict(bbox.stats), dict(segm.stats), len(results), infer_s,
+                   dict(boundary.stats)), kept
+
+
+def _draw_pictures(gt_data, table, pairs, baseline: dict, tuned: dict, gamma: float, count: int, folder: Path):
+    """Side-by-side pictures (baseline, NorCal at ``gamma``) of the images that show the change best."""
+    from norcal.runtime.images import read_rgb
+    from norcal.workflows.pictures import gt_caption, gt_objects, pick_images, write_pictures
+
+    objects = gt_objects(gt_data, table)
+    chosen = pick_images(objects, table, baseline, tuned, count, DRAW)
+    path_of = {i: p for i, p in pairs}
+    return write_pictures(folder, [(str(i), read_rgb(path_of[i])) for i in chosen],
+                          [[("baseline", baseline[i]), (f"NorCal γ={gamma:g}", tuned[i])] for i in chosen],
+                          table, DRAW, [gt_caption(objects[i], table) for i in chosen])
 

@@ -180,67 +180,20 @@ def _quantile_failures(score_d: np.ndarray, bounds: dict[float, float]) -> list[
 
 
 def _compare_detections(ref: dict, cand: dict, tol: Tolerances, score_thresh: float):
-    failures: list[str] = []
     rn = np.asarray(ref["num_detections"]).reshape(-1).astype(np.int64)
     cn = np.asarray(cand["num_detections"]).reshape(-1).astype(np.int64)
     if rn.shape != cn.shape:
         return None, [], [f"batch sizes differ: {rn.size} vs {cn.size} images"]
-    for side, out, counts in (("reference", ref, rn), ("candidate", cand, cn)):
-        bad = sum(int(np.sum(~np.isfinite(np.asarray(out[k][b, :counts[b]], np.float64))))
-                  for k in ("boxes", "scores") for b in range(counts.size))
-        if bad:  # NaN pairs with nothing and hides from max(): say so outright
-            failures.append(f"{side}: {bad} non-finite box/score values among its detections")
-    cap_r, cap_c = ref["scores"].shape[1], cand["scores"].shape[1]
-    has_masks = "masks" in ref and "masks" in cand
-    if has_masks and ref["masks"].shape[2:] != cand["masks"].shape[2:]:  # e.g. another architecture's checkpoint
-        size = {n: "x".join(map(str, o["masks"].shape[2:])) for n, o in (("ref", ref), ("cand", cand))}
-        failures.append(f"masks: {size['ref']} per detection in reference, {size['cand']} in candidate: "
-                        "not the same model's mask head")
-        has_masks = False
-    pairs = {k: ([], []) for k in ("boxes", "scores", "masks")}
-    totals = dict(matched=0, unm_r=0, unm_c=0, reordered=0)
-    ious: list[np.ndarray] = []
-    bad_images: list[int] = []
-    excused = np.zeros(rn.size, np.int64)
-    for b in range(rn.size):
-        nr, nc = int(rn[b]), int(cn[b])
-        rb, rs, rc = ref["boxes"][b, :nr], ref["scores"][b, :nr], ref["classes"][b, :nr]
-        cb, cs, cc = cand["boxes"][b, :nc], cand["scores"][b, :nc], cand["classes"][b, :nc]
-        ri, ci, iou = match_detections(rb, rs, rc, cb, cs, cc, tol.match_iou)
-        ious.append(iou)
-        totals["matched"] += len(ri)
-        totals["reordered"] += int(np.sum(ri != ci))
-        # a detection missing on the other side is excused when it sits on that side's boundary
-        lone_r = np.setdiff1d(np.arange(nr), ri)
-        lone_c = np.setdiff1d(np.arange(nc), ci)
-        edge_c = _boundary(cand["scores"][b], nc, cap_c, score_thresh)
-        edge_r = _boundary(ref["scores"][b], nr, cap_r, score_thresh)
-        ok_r = rs[lone_r] <= edge_c + tol.score_atol
-        ok_c = cs[lone_c] <= edge_r + tol.score_atol
-        # one boundary detection usually swaps for another: count the pair once
-        excused[b] = max(int(ok_r.sum()), int(ok_c.sum()))
-        totals["unm_r"] += int((~ok_r).sum())
-        totals["unm_c"] += int((~ok_c).sum())
-        if (~ok_r).any() or (~ok_c).any():
-            bad_images.append(b)
-        pairs["boxes"][0].append(rb[ri])
-        pairs["boxes"][1].append(cb[ci])
-        pairs["scores"][0].append(rs[ri])
-        pairs["scores"][1].append(cs[ci])
-        if has_masks:
-            pairs["masks"][0].append(ref["masks"][b, ri])
-            pairs["masks"][1].append(cand["masks"][b, ci])
-    cat = {k: (np.concatenate(v[0]) if v[0] else np.zeros(0), np.concatenate(v[1]) if v[1] else np.zeros(0))
-           for k, v in pairs.items()}
-    all_iou = np.concatenate(ious) if ious else np.zeros(0)
-    score_d = np.abs(cat["scores"][0].astype(np.float64) - cat["scores"][1])
-    box_d = np.abs(cat["boxes"][0].astype(np.float64) - cat["boxes"][1])
+    failures, has_masks = _input_failures(ref, cand, rn, cn)
+    m = _match_images(ref, cand, rn, cn, tol, score_thresh, has_masks)
+    score_d = np.abs(m.pairs["scores"][0].astype(np.float64) - m.pairs["scores"][1])
+    box_d = np.abs(m.pairs["boxes"][0].astype(np.float64) - m.pairs["boxes"][1])
     dd = DetectionDiff(
         images=int(rn.size), reference_count=int(rn.sum()), candidate_count=int(cn.sum()),
-        matched=totals["matched"], excused=int(excused.sum()), unmatched_reference=totals["unm_r"],
-        unmatched_candidate=totals["unm_c"], reordered=totals["reordered"],
-        min_iou=float(all_iou.min()) if all_iou.size else 1.0,
-        mean_iou=float(all_iou.mean()) if all_iou.size else 1.0,
+        matched=m.matched, excused=int(m.excused.sum()), unmatched_reference=m.unmatched_reference,
+        unmatched_candidate=m.unmatched_candidate, reordered=m.reordered,
+        min_iou=float(m.ious.min()) if m.ious.size else 1.0,
+        mean_iou=float(m.ious.mean()) if m.ious.size else 1.0,
         max_score_diff=float(score_d.max()) if score_d.size else 0.0,
         mean_score_diff=float(score_d.mean()) if score_d.size else 0.0,
         max_box_diff=float(box_d.max()) if box_d.size else 0.0,
@@ -251,39 +204,113 @@ def _compare_detections(ref: dict, cand: dict, tol: Tolerances, score_thresh: fl
         failures.append(f"detections: {dd.matched_fraction:.1%} matched (IoU >= {tol.match_iou:g}, same class), "
                         f"need {tol.min_matched:.0%}: {dd.unmatched_reference} reference and "
                         f"{dd.unmatched_candidate} candidate detections unpaired"
-                        + (f" in images {', '.join(map(str, bad_images[:8]))}" if bad_images else ""))
+                        + (f" in images {', '.join(map(str, m.bad_images[:8]))}" if m.bad_images else ""))
     if tol.score_quantiles and not tol.elementwise:
         failures.extend(_quantile_failures(score_d, tol.score_quantiles))
     elif dd.max_score_diff > tol.score_atol and not tol.elementwise:  # else the scores row says it
         failures.append(f"detections: matched scores differ by up to {dd.max_score_diff:.3g} "
                         f"> {tol.score_atol:g}")
-    # per-output rows on the matched pairs (the element-level view, robust to reordering)
-    tensors = []
+    tensors = _tensor_rows(ref, cand, rn, cn, m, tol, dd.matched, has_masks)
+    failures.extend(_tensor_failure(d) for d in tensors if d.gating and not d.passed)
+    return dd, tensors, failures
+
+
+def _input_failures(ref: dict, cand: dict, rn: np.ndarray, cn: np.ndarray) -> tuple[list[str], bool]:
+    """What is wrong before any matching (non-finite values, mask heads of different sizes),
+    and whether both sides' masks can be compared."""
+    failures = []
+    for side, out, counts in (("reference", ref, rn), ("candidate", cand, cn)):
+        bad = sum(int(np.sum(~np.isfinite(np.asarray(out[k][b, :counts[b]], np.float64))))
+                  for k in ("boxes", "scores") for b in range(counts.size))
+        if bad:  # NaN pairs with nothing and hides from max(): say so outright
+            failures.append(f"{side}: {bad} non-finite box/score values among its detections")
+    has_masks = "masks" in ref and "masks" in cand
+    if has_masks and ref["masks"].shape[2:] != cand["masks"].shape[2:]:  # e.g. another architecture's checkpoint
+        size = {n: "x".join(map(str, o["masks"].shape[2:])) for n, o in (("ref", ref), ("cand", cand))}
+        failures.append(f"masks: {size['ref']} per detection in reference, {size['cand']} in candidate: "
+                        "not the same model's mask head")
+        has_masks = False
+    return failures, has_masks
+
+
+@dataclass
+class _Matching:
+    """The detections of every image paired (:func:`match_detections`), the pairs' values
+    concatenated over images (reference, candidate) per output."""
+
+    pairs: dict[str, tuple[np.ndarray, np.ndarray]]
+    ious: np.ndarray
+    excused: np.ndarray  # per image: unpaired detections explained by the other side's boundary
+    bad_images: list[int]
+    matched: int = 0
+    unmatched_reference: int = 0
+    unmatched_candidate: int = 0
+    reordered: int = 0
+
+
+def _match_images(ref: dict, cand: dict, rn: np.ndarray, cn: np.ndarray, tol: Tolerances, score_thresh: float,
+                  has_masks: bool) -> _Matching:
+    cap_r, cap_c = ref["scores"].shape[1], cand["scores"].shape[1]
+    pairs = {k: ([], []) for k in ("boxes", "scores", "masks")}
+    ious: list[np.ndarray] = []
+    m = _Matching({}, np.zeros(0), np.zeros(rn.size, np.int64), [])
+    for b in range(rn.size):
+        nr, nc = int(rn[b]), int(cn[b])
+        rb, rs, rc = ref["boxes"][b, :nr], ref["scores"][b, :nr], ref["classes"][b, :nr]
+        cb, cs, cc = cand["boxes"][b, :nc], cand["scores"][b, :nc], cand["classes"][b, :nc]
+        ri, ci, iou = match_detections(rb, rs, rc, cb, cs, cc, tol.match_iou)
+        ious.append(iou)
+        m.matched += len(ri)
+        m.reordered += int(np.sum(ri != ci))
+        # a detection missing on the other side is excused when it sits on that side's boundary
+        lone_r = np.setdiff1d(np.arange(nr), ri)
+        lone_c = np.setdiff1d(np.arange(nc), ci)
+        edge_c = _boundary(cand["scores"][b], nc, cap_c, score_thresh)
+        edge_r = _boundary(ref["scores"][b], nr, cap_r, score_thresh)
+        ok_r = rs[lone_r] <= edge_c + tol.score_atol
+        ok_c = cs[lone_c] <= edge_r + tol.score_atol
+        # one boundary detection usually swaps for another: count the pair once
+        m.excused[b] = max(int(ok_r.sum()), int(ok_c.sum()))
+        m.unmatched_reference += int((~ok_r).sum())
+        m.unmatched_candidate += int((~ok_c).sum())
+        if (~ok_r).any() or (~ok_c).any():
+            m.bad_images.append(b)
+        for name, r_value, c_value in (("boxes", rb[ri], cb[ci]), ("scores", rs[ri], cs[ci])):
+            pairs[name][0].append(r_value)
+            pairs[name][1].append(c_value)
+        if has_masks:
+            pairs["masks"][0].append(ref["masks"][b, ri])
+            pairs["masks"][1].append(cand["masks"][b, ci])
+    m.pairs = {k: (np.concatenate(v[0]) if v[0] else np.zeros(0), np.concatenate(v[1]) if v[1] else np.zeros(0))
+               for k, v in pairs.items()}
+    m.ious = np.concatenate(ious) if ious else np.zeros(0)
+    return m
+
+
+def _tensor_rows(ref: dict, cand: dict, rn: np.ndarray, cn: np.ndarray, m: _Matching, tol: Tolerances,
+                 matched: int, has_masks: bool) -> list[TensorDiff]:
+    """Per-output rows on the matched pairs (the element-level view, robust to reordering)."""
     count_diff = np.abs(rn - cn)
     # shown, not judged: a count differs exactly by the unpaired detections, which the matched
-    # fraction above already judges ("ok" when boundary detections explain the difference)
-    explained = count_diff <= excused
-    tensors.append(TensorDiff("num_detections", tuple(np.shape(ref["num_detections"])),
-                              float(count_diff.max(initial=0)), float(count_diff.mean()), 0.0, 0.0, 0.0,
-                              bool(explained.all()), False,
-                              raw_max_abs=float(count_diff.max(initial=0)), count=int(rn.size)))
-    names = ["boxes", "scores", "classes"] + (["masks"] if has_masks else [])
-    for name in names:
+    # fraction already judges ("ok" when boundary detections explain the difference)
+    explained = count_diff <= m.excused
+    tensors = [TensorDiff("num_detections", tuple(np.shape(ref["num_detections"])),
+                          float(count_diff.max(initial=0)), float(count_diff.mean()), 0.0, 0.0, 0.0,
+                          bool(explained.all()), False,
+                          raw_max_abs=float(count_diff.max(initial=0)), count=int(rn.size))]
+    for name in ["boxes", "scores", "classes"] + (["masks"] if has_masks else []):
         raw = None
         if ref[name].shape == cand[name].shape:
             raw = float(np.abs(np.asarray(ref[name], np.float64) - cand[name]).max(initial=0))
         if name == "classes":  # equal by construction of the matching; unmatched are counted above
             tensors.append(TensorDiff(name, tuple(ref[name].shape), 0.0, 0.0, 0.0, 0.0, 0.0, True,
-                                      False, aligned=True, raw_max_abs=raw, count=dd.matched))
+                                      False, aligned=True, raw_max_abs=raw, count=matched))
             continue
-        r, c = cat[name]
+        r, c = m.pairs[name]
         atol = tol.atol.get(name, tol.default_atol)
         mx, mean, rel = _diff_stats(r, c)
         tensors.append(TensorDiff(name, tuple(ref[name].shape), mx, mean, rel, atol, tol.rtol,
                                   _within(r, c, atol, tol.rtol), tol.elementwise, aligned=True,
                                   raw_max_abs=raw, count=int(r.size)))
-    for d in tensors:
-        if d.gating and not d.passed:
-            failures.append(_tensor_failure(d))
-    return dd, tensors, failures
+    return tensors
 
