@@ -82,35 +82,9 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
     names, imgsz = class_names(meta, where), square_imgsz(meta, where)
     args = metadata_literal(meta, "args", where) if "args" in meta else {}
     nms = bool(args.get("nms")) if isinstance(args, dict) else False
-    g = model.graph
-    index = GraphIndex.of(g)
-    consumers, producer = index.consumers, index.producer
-
-    def axis(node) -> int | None:
-        a = next((x for x in node.attribute if x.name == "axis"), None)
-        return None if a is None else a.i
-
-    heads = [(s, c) for s in g.node if s.op_type == "Sigmoid"
-             for c in consumers.get(s.output[0], []) if c.op_type == "Concat"]
-    if len(heads) != 1:
-        raise NorcalError(f"{where}: an Ultralytics graph with {len(heads)} Sigmoid outputs concatenated into the "
-                          "head's output (expected 1: the class scores); structure not recognised, refused")
-    sig, cat = heads[0]
-    if axis(cat) not in (1, -2) or list(cat.input).index(sig.output[0]) != 1 or len(cat.input) not in (2, 3):
-        raise NorcalError(f"{where}: the Ultralytics head concat {cat.name!r} joins {len(cat.input)} tensors on "
-                          f"axis {axis(cat)} with the class scores at input {list(cat.input).index(sig.output[0])}; "
-                          "expected boxes, scores(, mask coefficients) on axis 1")
-    boxes = cat.input[0]
-    coefs = cat.input[2] if len(cat.input) == 3 else None
-    if coefs is None:  # older Ultralytics: Segment concatenates the coefficients to Detect's output
-        outer = [c for c in consumers.get(cat.output[0], []) if c.op_type == "Concat"]
-        if len(outer) == 1 and axis(outer[0]) in (1, -2) and len(outer[0].input) == 2 \
-                and outer[0].input[0] == cat.output[0]:
-            coefs = outer[0].input[1]
-    if (coefs is not None) != (task == "segment"):
-        raise NorcalError(f"{where}: an Ultralytics {task} model whose head "
-                          f"{'has' if coefs is not None else 'has no'} mask coefficients")
-    xyxy = _box_format(boxes, producer, where)
+    index = GraphIndex.of(model.graph)
+    sig, boxes, coefs = _head_concat(model.graph, index, task, where)
+    xyxy = _box_format(boxes, index.producer, where)
     if end2end and not xyxy:
         raise NorcalError(f"{where}: an end-to-end Ultralytics head whose boxes are decoded to centre and size "
                           "(Ultralytics decodes an end-to-end head to corners); structure not recognised, refused")
@@ -119,9 +93,47 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
                           f"but its metadata says nms={nms} (Ultralytics decodes to corners exactly when it "
                           "exports its NMS or an end-to-end head); structure not recognised, refused")
     types = inferred_types(static_input(model, imgsz, where, batch=1))
-    want = {"boxes": (boxes, 4), "class logits": (sig.input[0], len(names))}
+    anchors = _anchors(types, boxes, sig.input[0], len(names), where)
+    protos, nm, hw = _prototypes(model.graph, index, types, coefs, anchors, where) if coefs else (None, 0, ())
+    return HeadTensors(task=task, names=names, imgsz=imgsz, nms=nms, end2end=end2end, boxes=boxes, xyxy=xyxy,
+                       logits=sig.input[0], sigmoid=sig.name, coefs=coefs, protos=protos, anchors=anchors,
+                       num_masks=nm, proto_hw=hw)
+
+
+def _axis(node) -> int | None:
+    a = next((x for x in node.attribute if x.name == "axis"), None)
+    return None if a is None else a.i
+
+
+def _head_concat(g: onnx.GraphProto, index: GraphIndex, task: str, where: str):
+    """(the class scores' Sigmoid, the boxes tensor, the mask coefficients or None) of the one
+    Concat that joins the head's outputs."""
+    heads = [(s, c) for s in g.node if s.op_type == "Sigmoid"
+             for c in index.readers(s.output[0]) if c.op_type == "Concat"]
+    if len(heads) != 1:
+        raise NorcalError(f"{where}: an Ultralytics graph with {len(heads)} Sigmoid outputs concatenated into the "
+                          "head's output (expected 1: the class scores); structure not recognised, refused")
+    sig, cat = heads[0]
+    if _axis(cat) not in (1, -2) or list(cat.input).index(sig.output[0]) != 1 or len(cat.input) not in (2, 3):
+        raise NorcalError(f"{where}: the Ultralytics head concat {cat.name!r} joins {len(cat.input)} tensors on "
+                          f"axis {_axis(cat)} with the class scores at input {list(cat.input).index(sig.output[0])}; "
+                          "expected boxes, scores(, mask coefficients) on axis 1")
+    coefs = cat.input[2] if len(cat.input) == 3 else None
+    if coefs is None:  # older Ultralytics: Segment concatenates the coefficients to Detect's output
+        outer = [c for c in index.readers(cat.output[0]) if c.op_type == "Concat"]
+        if len(outer) == 1 and _axis(outer[0]) in (1, -2) and len(outer[0].input) == 2 \
+                and outer[0].input[0] == cat.output[0]:
+            coefs = outer[0].input[1]
+    if (coefs is not None) != (task == "segment"):
+        raise NorcalError(f"{where}: an Ultralytics {task} model whose head "
+                          f"{'has' if coefs is not None else 'has no'} mask coefficients")
+    return sig, cat.input[0], coefs
+
+
+def _anchors(types: dict, boxes: str, logits: str, classes: int, where: str) -> int:
+    """The anchors both the boxes [batch, 4, A] and the class logits [batch, C, A] cover."""
     found = {}
-    for what, (name, width) in want.items():
+    for what, (name, width) in {"boxes": (boxes, 4), "class logits": (logits, classes)}.items():
         d = tensor_sizes(types.get(name))
         if d is None or len(d) != 3 or d[1] is None or d[2] is None:
             raise NorcalError(f"{where}: the Ultralytics head's {what} {name!r} have shape {d}, expected "
@@ -134,26 +146,26 @@ def find_head(model: onnx.ModelProto, where: str = "model") -> HeadTensors:
     if found["class logits"][2] != anchors:
         raise NorcalError(f"{where}: the Ultralytics head's boxes cover {anchors} anchors, its class logits "
                           f"{found['class logits'][2]}")
-    protos, nm, hw = None, 0, ()
-    if coefs is not None:
-        d = tensor_sizes(types.get(coefs))
-        if d is None or len(d) != 3 or d[1] is None or d[2] != anchors:
-            raise NorcalError(f"{where}: the Ultralytics head's mask coefficients {coefs!r} have shape {d}, "
-                              f"expected [batch, nm, {anchors}]")
-        nm = d[1]
-        cands = [o.name for o in g.output
-                 if (pd := tensor_sizes(types.get(o.name))) is not None and len(pd) == 4 and pd[1] == nm
-                 and pd[2] is not None and pd[3] is not None]
-        if len(cands) != 1:
-            raise NorcalError(f"{where}: an Ultralytics segment graph with {len(cands)} prototype outputs "
-                              f"[batch, {nm}, h, w] (expected 1)")
-        protos = cands[0]
-        pd = tensor_sizes(types.get(protos))
-        hw = (pd[2], pd[3])
-        if producer.get(protos) is None:
-            raise NorcalError(f"{where}: the prototypes {protos!r} are not computed by the graph")
-    return HeadTensors(task=task, names=names, imgsz=imgsz, nms=nms, end2end=end2end, boxes=boxes, xyxy=xyxy, logits=sig.input[0],
-                       sigmoid=sig.name, coefs=coefs, protos=protos, anchors=anchors, num_masks=nm, proto_hw=hw)
+    return anchors
+
+
+def _prototypes(g: onnx.GraphProto, index: GraphIndex, types: dict, coefs: str, anchors: int, where: str):
+    """(the prototypes output, nm, its (h, w)) of a segment head with coefficients [batch, nm, A]."""
+    d = tensor_sizes(types.get(coefs))
+    if d is None or len(d) != 3 or d[1] is None or d[2] != anchors:
+        raise NorcalError(f"{where}: the Ultralytics head's mask coefficients {coefs!r} have shape {d}, "
+                          f"expected [batch, nm, {anchors}]")
+    nm = d[1]
+    cands = [o.name for o in g.output
+             if (pd := tensor_sizes(types.get(o.name))) is not None and len(pd) == 4 and pd[1] == nm
+             and pd[2] is not None and pd[3] is not None]
+    if len(cands) != 1:
+        raise NorcalError(f"{where}: an Ultralytics segment graph with {len(cands)} prototype outputs "
+                          f"[batch, {nm}, h, w] (expected 1)")
+    pd = tensor_sizes(types.get(cands[0]))
+    if index.producer.get(cands[0]) is None:
+        raise NorcalError(f"{where}: the prototypes {cands[0]!r} are not computed by the graph")
+    return cands[0], nm, (pd[2], pd[3])
 
 
 def _box_format(boxes: str, producer: dict, where: str) -> bool:
