@@ -33,6 +33,12 @@ def family_of(path, config=None) -> Family:
     raise NorcalError(f"{p}: not a checkpoint of a known detector family ({names})")
 
 
+def checkpoint_suffixes() -> tuple[str, ...]:
+    """The file suffixes of every family's checkpoints, in registry order: a model file with one
+    is read as a checkpoint, any other as ONNX."""
+    return tuple(dict.fromkeys(s for f in FAMILIES for s in f.suffixes))
+
+
 def graph_family(model) -> Family:
     """The family whose ONNX export ``model`` (onnx.ModelProto) is: the first that claims it
     (the foreign family, last, claims any graph)."""
@@ -87,5 +93,5 @@ def checkpoint_runner(weights, config=None, name: str = "pytorch", calibration=N
     return runner
 
 
-__all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "family_of",
+__all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "family_of", "checkpoint_suffixes",
            "graph_family", "load_detector", "check_decoding", "check_classifier_option", "checkpoint_runner"]

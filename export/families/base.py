@@ -201,6 +201,7 @@ class Family(ABC):
     name: ClassVar[str]
     reads: ClassVar[str] = ""  # what files it reads and how their images are prepared (help texts)
     reads_checkpoints: ClassVar[bool] = True  # False: a family of ONNX graphs only (claims no file)
+    suffixes: ClassVar[tuple[str, ...]] = ()  # its checkpoints' file suffixes, lower case (".pth")
     # the label rules (norcal.core.decoding) its load takes as ``decoding=``; none: it takes no decoding
     decodings: ClassVar[tuple[str, ...]] = ()
     # whether its load takes ``classifier=`` (norcal.core.classifier_option): a family whose weights can

@@ -76,6 +76,7 @@ class Detectron2Family(Family):
              "(--config, _BASE_ chains and LazyConfigs followed): ResNet, RegNet, ViTDet, MViTv2 backbones; "
              "BGR input, ResizeShortestEdge + padding")
     takes_classifier = True
+    suffixes = TORCH_SUFFIXES + PICKLE_SUFFIXES
 
     def claims(self, path: Path, config: Path | None) -> bool:
         return is_detectron2_checkpoint(path)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Family
+from norcal.export.families.checkpoints import TORCH_SUFFIXES
 from norcal.export.families.torchvision.detector import (FAMILY, TorchvisionDetector, TorchvisionRetinaNet,
                                                          detector_from_state)
 from norcal.export.families.torchvision.state_dict import (check_variant, is_torchvision_checkpoint,
@@ -31,6 +32,7 @@ class TorchvisionFamily(Family):
     ``torch.load(weights_only=True)``."""
 
     name = FAMILY
+    suffixes = TORCH_SUFFIXES
     reads = "Faster / Mask R-CNN and RetinaNet state dicts (.pth); RGB input, resized as GeneralizedRCNNTransform"
 
     def claims(self, path: Path, config: Path | None) -> bool:

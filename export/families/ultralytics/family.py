@@ -45,6 +45,7 @@ class UltralyticsFamily(Family):
     name = "ultralytics"
     reads = ("YOLOv8 / YOLO11 / YOLO26 detect or segment and RT-DETR checkpoints (best.pt, last.pt) and their "
              "ONNX exports; RGB input, letterboxed (RT-DETR: stretched) to the trained imgsz")
+    suffixes = SUFFIXES
     decodings = LABEL_RULES  # YOLO: the validator's multi-label NMS or the predictor's; RT-DETR: pairs or queries
 
     def claims(self, path: Path, config: Path | None) -> bool:

@@ -10,7 +10,7 @@ from norcal.cli.options import (CLASSIFIER_FLAGS, DECODING_FLAGS, add_calibratio
                                 family_names, min_count_line, table_help)
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
+from norcal.core.fileio import readable_file
 
 HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
 DESCRIPTION = f"""Bake NorCal calibration into a detector's graph.
@@ -101,8 +101,10 @@ def add_arguments(p):
 
 
 def default_output(model: Path) -> Path:
+    from norcal.export.families import checkpoint_suffixes
+
     name = model.name
-    for suffix in (".onnx", *CHECKPOINT_SUFFIXES):
+    for suffix in (".onnx", *checkpoint_suffixes()):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
@@ -123,7 +125,9 @@ def run(args) -> int:
                  if (getattr(args, dest) if dest == "inline" else getattr(args, dest) is not None)]
         if given:
             raise NorcalError(f"--strip removes NorCal; it takes no {', '.join(given)}")
-    is_checkpoint = src.suffix.lower() in CHECKPOINT_SUFFIXES
+    from norcal.export.families import checkpoint_suffixes
+
+    is_checkpoint = src.suffix.lower() in checkpoint_suffixes()
     if not is_checkpoint and src.suffix.lower() != ".onnx":
         from norcal.core.onnx_io import not_onnx_checkpoint
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from norcal.cli.options import (CLASSIFIER_FLAGS, DECODING_FLAGS, add_calibration_options, add_classifier_option,
                                 add_decoding_options, add_ray_arguments, add_split_argument, checkpoint_help,
                                 decoding_option, min_count_line, ray_options, table_help)
-from norcal.core.fileio import CHECKPOINT_SUFFIXES, readable_file
+from norcal.core.fileio import readable_file
 from norcal.core.errors import NorcalError
 
 HELP = "sweep NorCal's gamma on (a subset of) training images and recommend the best"
@@ -128,8 +128,10 @@ def run(args) -> int:
         raise NorcalError(f"{src}: tune needs a checkpoint, not ONNX: an "
                           "exported graph ends in NMS and hides the pre-NMS head outputs the sweep "
                           "re-scores (see `norcal tune --help`)")
-    if src.suffix.lower() not in CHECKPOINT_SUFFIXES:
-        raise NorcalError(f"{src}: expected a checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")
+    from norcal.export.families import checkpoint_suffixes
+
+    if src.suffix.lower() not in checkpoint_suffixes():
+        raise NorcalError(f"{src}: expected a checkpoint ({', '.join(checkpoint_suffixes())})")
     readable_file(src)
     if args.batch < 1:
         raise NorcalError(f"--batch must be >= 1, got {args.batch}")
