@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from norcal.core.errors import NorcalError
+# the resize rules are part of the contract's names
+from norcal.core.resize_rules import (RESIZE, RESIZE_RULE_TABLE, RESIZE_RULES, RESIZE_STRETCH,  # noqa: F401
+                                      RESIZE_TORCHVISION, ResizeRule, resize_rule)
 
 
 # The graph I/O of an exported detector: images float32 [B,3,H,W] (BGR 0-255, resized and padded by
@@ -55,53 +58,6 @@ DETECTOR = "norcal.detector"  # JSON: the PyTorch detector's settings (depth, ma
 # calibration table's names; an Ultralytics model's own). Category ids taken from an annotation
 # file for the model's classes are refused unless its category names, in id order, are these.
 CLASS_NAMES = "norcal.class_names"
-# The host's resize rule (absent: "shortest_edge"). "shortest_edge": detectron2's
-# ResizeShortestEdge(min_size_test, max_size_test), zero padding at the bottom/right to a multiple
-# of size_divisibility. "letterbox": Ultralytics' LetterBox to an input_size square: scale
-# r = min(S/h, S/w), resized (round(h*r), round(w*r)) (each side >= 1) with bilinear
-# (half-pixel centres, no antialiasing, as cv2.INTER_LINEAR), centred with top = (S - h') // 2,
-# left = (S - w') // 2, the rest filled with pad_value. image_sizes holds (h', w') either way, and
-# a letterbox graph removes the centring offset itself, so its boxes are in resized coordinates.
-RESIZE = "norcal.resize"
-# "stretch": every image resized to the INPUT_SIZE square exactly, aspect not kept, no padding
-# (Ultralytics' RT-DETR predictor: LetterBox(auto=False, scale_fill=True)).
-RESIZE_STRETCH = "stretch"
-# "torchvision": GeneralizedRCNNTransform's resize (min_size_test / max_size_test): scale
-# r = min(float32(min) / float32(short), float32(max) / float32(long)) in float32, resized
-# (floor(h*r), floor(w*r)) by bilinear interpolation (half-pixel centres, no antialiasing) of the
-# float pixels (not rounded to uint8), zero padding at the bottom/right as shortest_edge.
-RESIZE_TORCHVISION = "torchvision"
-
-
-@dataclass(frozen=True)
-class ResizeRule:
-    """What one resize rule (:data:`RESIZE`) means outside its host resize (which
-    ``norcal.runtime.preprocess`` keeps per rule): read once from the rule's name."""
-
-    name: str
-    square: bool = False  # every image becomes the one INPUT_SIZE square: no min/max size override
-    pads: bool = False  # the square is padded around the resized image with PAD_VALUE (letterbox)
-    keeps_empty_boxes: bool = False  # a box clipped to no area is kept (Ultralytics keeps it)
-    mask_paste: str = "detectron2"  # how masks are pasted when MASK_PASTE is absent
-
-
-RESIZE_RULE_TABLE = {rule.name: rule for rule in (  # the first is the default
-    ResizeRule("shortest_edge"),
-    ResizeRule("letterbox", square=True, pads=True, keeps_empty_boxes=True),
-    ResizeRule(RESIZE_STRETCH, square=True, keeps_empty_boxes=True),
-    ResizeRule(RESIZE_TORCHVISION, mask_paste="torchvision"),
-)}
-RESIZE_RULES = tuple(RESIZE_RULE_TABLE)
-
-
-def resize_rule(name: str | None) -> ResizeRule:
-    """The rule a model's ``norcal.resize`` names (absent: the default), or a one-line refusal."""
-    rule = RESIZE_RULE_TABLE.get(name or RESIZE_RULES[0])
-    if rule is None:
-        raise NorcalError(f"model metadata {RESIZE}={name!r} is not one of {', '.join(RESIZE_RULES)}")
-    return rule
-
-
 INPUT_SIZE = "norcal.input_size"  # letterbox: side S of the square input, e.g. "640"
 # shortest_edge with this key: the graph's input is fixed at the S x S square every resized image is
 # padded to (ViTDet's square_pad), so a max_size override above S is refused

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from norcal.core import contract
-from norcal.core.contract import RESIZE_RULE_TABLE, RESIZE_RULES, Preprocessing, resize_rule
+from norcal.core.contract import Preprocessing
+from norcal.core.resize_rules import RESIZE_RULE_TABLE, RESIZE_RULES, resize_rule
 from norcal.core.errors import NorcalError
 from norcal.runtime import preprocess
 from norcal.runtime.preprocess import prepare_batch, resize_problem
