@@ -282,7 +282,8 @@ def _roi_heads(lz: _Lazy, cfg: dict, prov: dict) -> None:
            "BBOX_REG_WEIGHTS": lz.get(f"{pred_path}.box2box_transform.weights"),
            "CLS_AGNOSTIC_BBOX_REG": pred["cls_agnostic_bbox_reg"], "USE_SIGMOID_CE": pred["use_sigmoid_ce"]}
     num_classes = lz.get(f"{p}.num_classes")
-    _came_from(cfg, MODEL__ROI_BOX_HEAD__POOLER_RESOLUTION=f"{p}.box_pooler.output_size",
+    _came_from(cfg, MODEL__ROI_HEADS__NUM_CLASSES=f"{p}.num_classes",
+               MODEL__ROI_BOX_HEAD__POOLER_RESOLUTION=f"{p}.box_pooler.output_size",
                MODEL__ROI_BOX_HEAD__POOLER_SAMPLING_RATIO=f"{p}.box_pooler.sampling_ratio",
                TEST__DETECTIONS_PER_IMAGE=f"{pred_path}.test_topk_per_image")
     if pred["num_classes"] != num_classes:

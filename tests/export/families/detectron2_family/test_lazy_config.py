@@ -228,3 +228,12 @@ def test_values_that_size_memory_are_named_by_the_files_key_path(tmp_path, old, 
     with pytest.raises(NorcalError) as e:
         load_config(path)
     assert str(e.value).startswith(f"LazyConfig {path}: {shown}") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("count", ["0", "-3"])
+def test_num_classes_out_of_range_is_named_by_the_files_key_path(tmp_path, count):
+    """model.roi_heads.num_classes, not the yaml-era MODEL.ROI_HEADS.NUM_CLASSES it maps to."""
+    path = _variant(tmp_path, "    num_classes: 80", f"    num_classes: {count}")
+    with pytest.raises(NorcalError) as e:
+        load_config(path)
+    assert str(e.value) == f"LazyConfig {path}: model.roi_heads.num_classes: {count}: must be >= 1"
