@@ -1,14 +1,16 @@
 """Detector families (see :mod:`norcal.export.families.base`) and the functions that pick the family
-of a checkpoint file (:func:`family_of`) and of an ONNX graph (:func:`graph_family`)."""
+of a checkpoint file (:func:`resolve`, once per file) and of an ONNX graph (:func:`graph_family`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, Detections, Detector, Family, TuneCache
 from norcal.export.families.detectron2 import Detectron2Family
 from norcal.export.families.foreign import ForeignFamily
+from norcal.export.families.pickle_scan import scans_reused
 from norcal.export.families.torchvision import TorchvisionFamily
 from norcal.export.families.ultralytics import UltralyticsFamily
 
@@ -19,9 +21,39 @@ from norcal.export.families.ultralytics import UltralyticsFamily
 FAMILIES: list[Family] = [UltralyticsFamily(), TorchvisionFamily(), Detectron2Family(), ForeignFamily()]
 
 
-def family_of(path, config=None) -> Family:
-    """The family whose checkpoint ``path`` is; refuses a file no family claims, naming them."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint file with the family that claims it (:func:`resolve`) and the pickle scans
+    its claims read, which its :meth:`load` reuses instead of reading the file again."""
+
+    family: Family
+    path: Path
+    config: Path | None
+    scans: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def load(self, decoding=None, classifier=None, **options) -> Detector:
+        """The detector its family loads (safely: no code from the file runs); ``decoding``
+        (:class:`norcal.core.decoding.Decoding`) refused by a family that takes none;
+        ``classifier`` ("softmax" or "sigmoid", :mod:`norcal.core.classifier_option`) likewise."""
+        if decoding is not None:
+            check_decoding(self.family, decoding)
+            options["decoding"] = decoding
+        if classifier is not None:
+            check_classifier_option(self.family, classifier)
+            options["classifier"] = classifier
+        with scans_reused(self.scans):
+            return self.family.load(self.path, self.config, **options)
+
+
+def resolve(path, config=None) -> Checkpoint:
+    """The checkpoint at ``path`` with the family that claims it, each file scanned once on the
+    way; refuses a file no family claims, naming them."""
     p, c = Path(path), None if config is None else Path(config)
+    with scans_reused() as scans:
+        return Checkpoint(_claimant(p, c), p, c, scans)
+
+
+def _claimant(p: Path, c: Path | None) -> Family:
     for family in FAMILIES:
         if family.claims(p, c):
             return family
@@ -31,6 +63,11 @@ def family_of(path, config=None) -> Family:
                 return family
     names = ", ".join(f.name for f in FAMILIES if f.reads_checkpoints) or "none"
     raise NorcalError(f"{p}: not a checkpoint of a known detector family ({names})")
+
+
+def family_of(path, config=None) -> Family:
+    """The family whose checkpoint ``path`` is (:func:`resolve`'s)."""
+    return resolve(path, config).family
 
 
 def checkpoint_suffixes() -> tuple[str, ...]:
@@ -46,17 +83,8 @@ def graph_family(model) -> Family:
 
 
 def load_detector(path, config=None, decoding=None, classifier=None, **options) -> Detector:
-    """The checkpoint at ``path`` loaded by its family (safely: no code from the file runs);
-    ``decoding`` (:class:`norcal.core.decoding.Decoding`) refused by a family that takes none;
-    ``classifier`` ("softmax" or "sigmoid", :mod:`norcal.core.classifier_option`) likewise."""
-    family = family_of(path, config)
-    if decoding is not None:
-        check_decoding(family, decoding)
-        options["decoding"] = decoding
-    if classifier is not None:
-        check_classifier_option(family, classifier)
-        options["classifier"] = classifier
-    return family.load(Path(path), None if config is None else Path(config), **options)
+    """The checkpoint at ``path`` loaded by its family (:meth:`Checkpoint.load`)."""
+    return resolve(path, config).load(decoding, classifier, **options)
 
 
 def check_classifier_option(family: Family, classifier) -> None:
@@ -93,5 +121,5 @@ def checkpoint_runner(weights, config=None, name: str = "pytorch", calibration=N
     return runner
 
 
-__all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "family_of", "checkpoint_suffixes",
+__all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "Checkpoint", "resolve", "family_of", "checkpoint_suffixes",
            "graph_family", "load_detector", "check_decoding", "check_classifier_option", "checkpoint_runner"]

@@ -1,11 +1,13 @@
 """What the pickle inside a torch zip checkpoint names, read from its opcodes with pickletools:
 nothing is unpickled. The families' ``claims`` (and the Ultralytics loader's refusal of foreign
-globals) decide from it."""
+globals) decide from it; within :func:`scans_reused` each file is scanned once."""
 
 from __future__ import annotations
 
+import contextlib
 import pickletools
 import zipfile
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +25,39 @@ class PickleScan:
     complete: bool
 
 
+# the scans kept while :func:`scans_reused` is active, by (resolved path, size, mtime_ns)
+_SCANS: ContextVar[dict | None] = ContextVar("norcal_pickle_scans", default=None)
+
+
+@contextlib.contextmanager
+def scans_reused(scans: dict | None = None):
+    """Within it, :func:`scan_torch_zip` reads each file once, keeping its scan in ``scans`` (a
+    new dict when None; given back): a family's claims and its load share one read."""
+    token = _SCANS.set({} if scans is None else scans)
+    try:
+        yield _SCANS.get()
+    finally:
+        _SCANS.reset(token)
+
+
 def scan_torch_zip(path: Path) -> PickleScan | None:
     """The scan of ``path``'s ``data.pkl``; None when ``path`` is no torch zip file (or its
     pickle is over :data:`MAX_PICKLE_BYTES`)."""
+    scans = _SCANS.get()
+    if scans is None:
+        return _scan(path)
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return _scan(path)
+    # size and mtime in the key: a file rewritten since its scan is read again
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in scans:
+        scans[key] = _scan(path)
+    return scans[key]
+
+
+def _scan(path: Path) -> PickleScan | None:
     try:
         with zipfile.ZipFile(path) as z:
             name = next((n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)

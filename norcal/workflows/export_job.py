@@ -256,7 +256,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     step as it starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
-    from norcal.export.families import FAMILIES, check_classifier_option, check_decoding, family_of
+    from norcal.export.families import check_classifier_option, check_decoding, resolve
 
     step = progress or (lambda _name: None)
     if norcal.logits:
@@ -272,13 +272,17 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     k = options.detections_per_image
     if k is not None:
         check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")
-    # a file no family claims is refused when loaded (after the output checks, as any bad input)
-    family = next((f for f in FAMILIES if f.claims(src, cfg)), None)
-    if family is not None:
-        family.check_export_options(options)
+    # the family found once (a file no family claims is refused after the output checks, as any
+    # bad input); its option checks run now, before the slow load
+    try:
+        checkpoint, unclaimed = resolve(src, cfg), None
+    except NorcalError as e:
+        checkpoint, unclaimed = None, e
+    if checkpoint is not None:
+        checkpoint.family.check_export_options(options)
         if options.decoding is not None:
-            check_decoding(family, options.decoding)
-        check_classifier_option(family, options.classifier)
+            check_decoding(checkpoint.family, options.decoding)
+        check_classifier_option(checkpoint.family, options.classifier)
     _check_outputs(out, triton_repo, force, [src, options.config, *verify])
     if verify:  # bad images fail now, not after the export
         from norcal.workflows.verify import check_images
@@ -286,13 +290,9 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         check_images(verify, skip_unreadable)
     t0 = time.perf_counter()
     step("loading checkpoint")
-    # checked with its family above
-    given = {name: value for name, value in (("decoding", options.decoding), ("classifier", options.classifier))
-             if value is not None}
-    if family is None:
-        family = family_of(src, cfg)
-        check_classifier_option(family, options.classifier)
-    detector = family.load(src, cfg, detections_per_image=k, **given)
+    if unclaimed is not None:
+        raise unclaimed
+    detector = checkpoint.load(options.decoding, options.classifier, detections_per_image=k)
     graph_options = detector.export_options(options)
     slot = _check_classifier_options(norcal, detector.classifier)  # before the slow export, not after it
     norcal, from_config = _calibration_for(replace(norcal, background=slot), detector)

@@ -152,7 +152,7 @@ def build_runners(request: ParityRequest,
     a front end's spinner."""
     from norcal.core.contract import check_detector, input_spec
     from norcal.core.decoding import recorded_decoding
-    from norcal.export.families import family_of, load_detector
+    from norcal.export.families import resolve
     from norcal.export.pytorch.runner import onnx_calibration
     from norcal.runtime.backends import ONNXRUNTIME
     from norcal.workflows.parity.run import fixed_input_shape, model_score_thresh
@@ -168,9 +168,9 @@ def build_runners(request: ParityRequest,
     if request.checkpoint:
         with stage("loading the PyTorch model"):
             # the decoding the ONNX records (best-class, conf), where the checkpoint's family takes one
-            family = family_of(request.checkpoint, request.config)
-            decoding = recorded_decoding(ort.metadata) if family.decodings else None
-            detector = load_detector(request.checkpoint, request.config, decoding, request.classifier)
+            checkpoint = resolve(request.checkpoint, request.config)
+            decoding = recorded_decoding(ort.metadata) if checkpoint.family.decodings else None
+            detector = checkpoint.load(decoding, request.classifier)
             torch_runner = detector.torch_runner(calibration)
             noise = functools.partial(detector.noise_runner, calibration)
         ours, theirs = (r.metadata.get(contract.NUM_CLASSES) for r in (torch_runner, ort))

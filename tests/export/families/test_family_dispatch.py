@@ -114,3 +114,24 @@ def test_an_rtdetr_export_records_its_classifier(tmp_path):
 
     det = load_detector(make_rtdetr_checkpoint(tmp_path / "rtdetr.pt"))
     _check_classifier(det, det.export(None))
+
+
+@pytest.mark.parametrize("name", ["detectron2", "torchvision", "ultralytics"])
+def test_an_export_scans_its_checkpoint_once_and_loads_it_once(name, tmp_path, monkeypatch):
+    """The pickle scan (the claims' and the load's refusals) reads the file once; the weights'
+    full torch.load once more."""
+    import torch
+    from family_cases import CASES
+
+    from norcal.export.families import pickle_scan
+    from norcal.workflows.export_job import CheckpointExport, NorCal, export_checkpoint
+
+    ckpt = CASES[name].make(tmp_path)
+    scans, loads = [], []
+    scan, load = pickle_scan._scan, torch.load
+    monkeypatch.setattr(pickle_scan, "_scan", lambda p: scans.append(Path(p).resolve()) or scan(p))
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: loads.append(Path(f).resolve()) or load(f, *a, **k))
+    export_checkpoint(ckpt.path, tmp_path / "m.onnx", NorCal(gamma=0.5, table=str(ckpt.table)),
+                      CheckpointExport(config=ckpt.config))
+    me = Path(ckpt.path).resolve()
+    assert scans.count(me) == 1 and loads.count(me) == 1
