@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 
 from norcal.core import contract
-from norcal.core.calibration_spec import Calibration, default_table
+from norcal.core.calibration_spec import DEFAULT_BACKGROUND, Calibration, ResolvedCalibration, default_table
 from norcal.core.contract import recorded_background
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable
@@ -72,17 +72,19 @@ def check_class_order(meta: dict[str, str], calibration: Calibration) -> None:
 
 
 def calibrate_graph(model: onnx.ModelProto, calibration: Calibration | float | None,
-                   table: str | CalibrationTable | None = None, *, count_type: str | None = None,
-                   **options) -> onnx.ModelProto:
+                    table: str | CalibrationTable | None = None, *, count_type: str | None = None,
+                    **options) -> onnx.ModelProto:
     """Return a copy of ``model`` whose box classifier is NorCal-calibrated.
 
     calibration: a :class:`Calibration`, or its gamma with ``table``, ``count_type`` and the
     other fields as keywords (factor, mechanism, renormalize, background, background_scale,
-    logits, inline, min_count). Its table is loaded here, once (None: the built-in one for the
-    classifier's class count). background None: the model's ``norcal.classifier_background``,
-    else "last". renormalize None: the classifier's own form (softmax renormalised, sigmoid
-    not). min_count: counts below it are raised to it; the metadata records it and how many
-    classes it raised.
+    logits, inline, min_count). An unresolved one is resolved here, once (table None: the
+    built-in one for the classifier's class count; background None: the model's
+    ``norcal.classifier_background``, else "last"); a :class:`ResolvedCalibration` is used as
+    it is, its background and scale checked by whoever resolved it for this model.
+    renormalize None: the classifier's own form (softmax renormalised, sigmoid not).
+    min_count: counts below it are raised to it; the metadata records it and how many classes
+    it raised.
     """
     if isinstance(calibration, Calibration):
         if table is not None or count_type is not None or options:
@@ -91,17 +93,26 @@ def calibrate_graph(model: onnx.ModelProto, calibration: Calibration | float | N
     else:
         cal = Calibration(gamma=calibration, table=table, count=count_type, **options)
     meta = {p.key: p.value for p in model.metadata_props}
+    resolved = isinstance(cal, ResolvedCalibration)
+    if not resolved:
+        cal = _resolve_for(model, meta, cal)
+    check_class_order(meta, cal)
+    out = insert_norcal(model, cal)
+    if not resolved:
+        check_background_scale(cal.background_scale, {p.key: p.value for p in out.metadata_props}[contract.ACTIVATION],
+                               cal.background)
+    return out
+
+
+def _resolve_for(model: onnx.ModelProto, meta: dict[str, str], cal: Calibration) -> ResolvedCalibration:
+    """``cal`` resolved for the model: its background the one the export recorded (a RetinaNet:
+    none; else "last") or checked against it, its table the built-in one for the class count."""
     recorded = recorded_background(meta)
-    if cal.background is None:  # what the export recorded (a RetinaNet: none), else detectron2's last
-        cal = cal.with_background(recorded or "last")
+    if cal.background is None:
+        cal = cal.with_background(recorded or DEFAULT_BACKGROUND)
     else:
         check_background(cal.background, recorded)
     num_classes = None
     if cal.table is None and cal.gamma is not None:
         num_classes = classifier_classes(model, cal.background)
-    cal = cal.resolve(num_classes)
-    check_class_order(meta, cal)
-    out = insert_norcal(model, cal)
-    check_background_scale(cal.background_scale, {p.key: p.value for p in out.metadata_props}[contract.ACTIVATION],
-                           cal.background)
-    return out
+    return cal.resolve(num_classes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration_spec import DEFAULT_BACKGROUND, Calibration
 from norcal.core.contract import (ACTIVATION, BACKGROUND, BACKGROUND_SCALE, CATEGORY_IDS, COUNT_TYPE, FACTOR,
                                   GAMMA, INLINE, MECHANISM, MIN_COUNT, MIN_COUNT_CLAMPED, NUM_CLASSES,
                                   RENORMALIZE, TABLE, TABLE_SHA256, class_names_metadata)
@@ -19,7 +19,7 @@ def calibration_metadata(cal: Calibration) -> dict[str, str]:
     table = cal.resolved_table
     out = {GAMMA: str(float(cal.gamma)), FACTOR: cal.factor, MECHANISM: cal.mechanism,
            RENORMALIZE: str(cal.renormalized).lower(), ACTIVATION: cal.activation or "softmax",
-           BACKGROUND: cal.background or "last", BACKGROUND_SCALE: str(float(cal.background_scale)),
+           BACKGROUND: cal.background or DEFAULT_BACKGROUND, BACKGROUND_SCALE: str(float(cal.background_scale)),
            COUNT_TYPE: cal.count or table.count_type, TABLE_SHA256: table.sha256,
            TABLE: table.name, NUM_CLASSES: str(table.num_classes),
            CATEGORY_IDS: json.dumps(table.category_ids), **class_names_metadata(table.names)}

@@ -21,6 +21,8 @@ from norcal.core.calibration import check_gamma, check_variant, log_prior
 from norcal.core.errors import NorcalError
 from norcal.core.tables import CalibrationTable, builtin_names, load_table
 
+DEFAULT_BACKGROUND = "last"  # detectron2's slot, when neither the user nor the model says
+
 
 def default_table(num_classes: int) -> CalibrationTable:
     """The built-in table with exactly ``num_classes`` classes (LVIS v1: 1203, v0.5: 1230)."""
@@ -71,10 +73,10 @@ class Calibration:
     min_count_clamped: int | None = None  # likewise
 
     # -- resolving ---------------------------------------------------------------------------
-    def resolve(self, num_classes: int | None) -> "Calibration":
-        """This calibration with gamma checked, its background slot set (None: last) and its table
-        loaded (None: the built-in one for ``num_classes``); a table for another class count than ``num_classes`` (when known) is
-        refused. Resolving a resolved calibration changes nothing and loads nothing."""
+    def resolve(self, num_classes: int | None) -> "ResolvedCalibration":
+        """This calibration with gamma checked, its background slot set (None: last), its table
+        loaded (None: the built-in one for ``num_classes``) and its log prior computed; a table for
+        another class count than ``num_classes`` (when known) is refused."""
         if self.gamma is None:
             raise NorcalError("gamma is required (0 gives the plain softmax)", param="gamma")
         check_gamma(self.gamma, self.factor)
@@ -89,13 +91,14 @@ class Calibration:
             raise NorcalError(f"table {table.name!r} has {table.num_classes} classes but the model has "
                               f"{num_classes} (background not counted)", param="table")
         counts, clamped = table.clamped_counts(self.count, self.min_count)  # validates the counts
-        # the prior refused now (a gamma beyond float32) rather than after a checkpoint's export
-        log_prior(counts, self.gamma, self.factor, self.background or "last", self.background_scale, table.names)
-        return dataclasses.replace(
-            self, gamma=float(self.gamma), table=table, count=self.count or table.count_type,
-            background=self.background or "last",  # detectron2's, when neither user nor model said
-            table_sha256=table.sha256, num_classes=table.num_classes,
-            min_count_clamped=None if self.min_count is None else clamped)
+        background = self.background or DEFAULT_BACKGROUND
+        # computed now, so a gamma beyond float32 is refused before a checkpoint's export
+        prior = log_prior(counts, self.gamma, self.factor, background, self.background_scale, table.names)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(Calibration)}
+        fields.update(gamma=float(self.gamma), table=table, count=self.count or table.count_type,
+                      background=background, table_sha256=table.sha256, num_classes=table.num_classes,
+                      min_count_clamped=None if self.min_count is None else clamped)
+        return ResolvedCalibration(**fields, prior=prior)
 
     @property
     def resolved_table(self) -> CalibrationTable:
@@ -123,15 +126,34 @@ class Calibration:
         return check_variant(self.mechanism, self.renormalize, self.activation or "softmax")
 
     def log_prior(self) -> np.ndarray:
-        """The node's constant, float64 [K]: the stored prior when read back from a graph, else
-        log a_c from the table's counts and -log b at the background slot."""
-        if self.stored_prior is not None:
-            return np.asarray(self.stored_prior, dtype=np.float64)
-        table = self.resolved_table
-        counts, _ = table.clamped_counts(self.count, self.min_count)
-        return log_prior(counts, self.gamma, self.factor, self.background or "last",
-                         self.background_scale, table.names)
+        """The node's constant, float64 [K]: the stored prior when read back from a graph (a
+        resolved calibration has the one it computed)."""
+        if self.stored_prior is None:
+            raise NorcalError("the calibration's prior is not computed (resolve it first)")
+        return np.asarray(self.stored_prior, dtype=np.float64)
 
     def describe(self) -> str:
         return (f"NorCal gamma {'?' if self.gamma is None else float(self.gamma)} ({self.factor}, "
                 f"{self.mechanism}, table {self.table_name or '?'})")
+
+
+@dataclass(frozen=True)
+class ResolvedCalibration(Calibration):
+    """A :class:`Calibration` after :meth:`Calibration.resolve`: its table loaded and fitted to the
+    class count, its background slot set and its log prior (``prior``) computed, once."""
+
+    prior: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def resolve(self, num_classes: int | None) -> "ResolvedCalibration":
+        """Itself (nothing is loaded again); a class count other than its table's is refused."""
+        if num_classes is not None and num_classes != self.num_classes:
+            raise NorcalError(f"table {self.table_name!r} has {self.num_classes} classes but the model has "
+                              f"{num_classes} (background not counted)", param="table")
+        return self
+
+    def with_background(self, background: str) -> "Calibration":
+        raise NorcalError("a resolved calibration's background is fixed (its prior depends on it)",
+                          param="background")
+
+    def log_prior(self) -> np.ndarray:
+        return np.asarray(self.prior, dtype=np.float64)

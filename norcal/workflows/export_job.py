@@ -28,7 +28,7 @@ from norcal.core.outputs import check_apart, check_output_dir, check_output_file
 from norcal.core.calibration_spec import Calibration
 from norcal.core.classifier_option import ClassifierActivation
 from norcal.core.decoding import Decoding
-from norcal.export.graph.calibrate import calibrate_graph as _insert_norcal
+from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
 from norcal.export.pytorch.onnx_trace import MIN_OPSET, max_opset
 
@@ -41,7 +41,7 @@ PathLike = str | os.PathLike
 
 
 # The calibration to bake in (gamma, table, variant, ...): one type from the CLI to the node,
-# resolved once (its table loaded) before the surgery; see norcal.core.calibration_spec.
+# resolved once (a ResolvedCalibration) before the surgery; see norcal.core.calibration_spec.
 NorCal = Calibration
 
 
@@ -104,12 +104,12 @@ class ExportResult:
         return placement(self.model) if CLASS_AXIS in meta else split_names(meta.get(LOGITS))
 
 
-def calibrate_onnx(model: onnx.ModelProto | PathLike, norcal: NorCal) -> onnx.ModelProto:
+def calibrate_onnx(model: onnx.ModelProto | PathLike, calibration: NorCal) -> onnx.ModelProto:
     """A copy of ``model`` (or of the ONNX file it names) with its box classifier replaced by
     the NorCal node (a model that already has one gets the new calibration)."""
     if not isinstance(model, onnx.ModelProto):
         model = load_onnx(model)
-    return _insert_norcal(model, norcal)
+    return calibrate_graph(model, calibration)
 
 
 def _finish(model: onnx.ModelProto, out: Path) -> Report:
@@ -196,31 +196,31 @@ def _ingest_foreign(model: onnx.ModelProto, src: Path, norcal: NorCal,
     return graph_family(model).ingest_graph(model, src, norcal, decoding)
 
 
-def _calibration_for(norcal: NorCal, detector: Detector) -> tuple[NorCal, str]:
-    """``norcal`` with its gamma (and variant) from the settings the checkpoint's config records
+def _calibration_for(calibration: NorCal, detector: Detector) -> tuple[NorCal, str]:
+    """``calibration`` with its gamma (and variant) from the settings the checkpoint's config records
     (detectron2's TEST.CALIBRATION keys) when the caller gave none, and a line saying so."""
-    if norcal.gamma is not None:
-        return norcal, ""
+    if calibration.gamma is not None:
+        return calibration, ""
     cal = detector.recorded_calibration()
     if cal is None:
         source = detector.calibration_source
         raise NorcalError(f"gamma is required (0 gives the plain {detector.classifier.activation})"
                           + (f": the config sets no {source}" if source else ""), param="gamma")
-    chosen = replace(norcal, gamma=cal.gamma, factor=cal.factor, mechanism=cal.mechanism,
+    chosen = replace(calibration, gamma=cal.gamma, factor=cal.factor, mechanism=cal.mechanism,
                      renormalize=cal.renormalize)  # the user's table and options stay
     return chosen, (f"gamma {cal.gamma:g}, factor {cal.factor}, mechanism {cal.mechanism}, "
                     f"renormalize {str(cal.renormalize).lower()}")
 
 
-def _check_classifier_options(norcal: NorCal, classifier: Classifier) -> str:
+def _check_classifier_options(calibration: NorCal, classifier: Classifier) -> str:
     """The background slot and scale against the checkpoint's classifier (its family says
     where the background is: detectron2's R-CNN heads put it last, RetinaNet has none).
     Returns the classifier's slot."""
     from norcal.export.graph.calibrate import check_background, check_background_scale
 
-    if norcal.background is not None:
-        check_background(norcal.background, classifier.background)
-    check_background_scale(norcal.background_scale, classifier.activation, classifier.background)
+    if calibration.background is not None:
+        check_background(calibration.background, classifier.background)
+    check_background_scale(calibration.background_scale, classifier.activation, classifier.background)
     return classifier.background
 
 
@@ -237,7 +237,7 @@ def _check_input_shape(options: CheckpointExport) -> None:
                           f"{MAX_TENSOR_VOLUME} per tensor", param=("batch", "height", "width"))
 
 
-def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
+def export_checkpoint(src: PathLike, out: PathLike, calibration: NorCal,
                       options: CheckpointExport = CheckpointExport(), *,
                       verify: Sequence[PathLike] = (), triton_repo: PathLike | None = None,
                       force: bool = False, progress: Callable[[str], None] | None = None,
@@ -259,7 +259,7 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
     from norcal.export.families import check_classifier_option, check_decoding, resolve
 
     step = progress or (lambda _name: None)
-    if norcal.logits:
+    if calibration.logits:
         raise NorcalError("logits applies to ONNX input; a checkpoint export knows its classifier",
                           param="logits")
     src, out = Path(src), Path(out)
@@ -294,13 +294,13 @@ def export_checkpoint(src: PathLike, out: PathLike, norcal: NorCal,
         raise unclaimed
     detector = checkpoint.load(options.decoding, options.classifier, detections_per_image=k)
     graph_options = detector.export_options(options)
-    slot = _check_classifier_options(norcal, detector.classifier)  # before the slow export, not after it
-    norcal, from_config = _calibration_for(replace(norcal, background=slot), detector)
-    norcal = norcal.resolve(detector.num_classes)  # the table, loaded once; refused now if it does not fit
+    slot = _check_classifier_options(calibration, detector.classifier)  # before the slow export, not after it
+    calibration, from_config = _calibration_for(replace(calibration, background=slot), detector)
+    calibration = calibration.resolve(detector.num_classes)  # the table, loaded once; refused now if it does not fit
     step("exporting to ONNX")
     graph = detector.export(graph_options)
     step("inserting the NorCal node")
-    graph = calibrate_onnx(graph, norcal)
+    graph = calibrate_onnx(graph, calibration)
     with output_run():  # the model, its verification and the Triton folder: all, or nothing written
         step("checking and writing")
         report = _finish(graph, out)
