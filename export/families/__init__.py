@@ -121,5 +121,5 @@ def checkpoint_runner(weights, config=None, name: str = "pytorch", calibration=N
     return runner
 
 
-__all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "Checkpoint", "resolve", "family_of", "checkpoint_suffixes",
-           "graph_family", "load_detector", "check_decoding", "check_classifier_option", "checkpoint_runner"]
+__all__ = ["Classifier", "Detections", "Detector", "Family", "TuneCache", "FAMILIES", "Checkpoint", "resolve",
+           "family_of", "checkpoint_suffixes", "graph_family", "load_detector", "check_decoding", "check_classifier_option", "checkpoint_runner"]
