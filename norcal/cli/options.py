@@ -77,11 +77,16 @@ def add_classifier_option(p) -> None:
 
 def decoding_option(args):
     """The :class:`norcal.core.decoding.Decoding` the flags give, or None when none is given."""
-    from norcal.core.decoding import MULTI_LABEL, Decoding
+    from norcal.core.decoding import BEST_CLASS, MULTI_LABEL, Decoding
 
     given = [flag for name, flag in DECODING_FLAGS.items() if getattr(args, name) not in (None, False)]
     if not given:
         return None
+    if args.agnostic_nms and args.decoding != BEST_CLASS:
+        # said here with the families that take it: a family that takes no decoding would
+        # otherwise hear only "add --decoding best-class", which it refuses next
+        raise NorcalError(f"--agnostic-nms needs --decoding {BEST_CLASS} (one label per box), which only "
+                          f"{family_names(lambda f: BEST_CLASS in f.decodings)} models take")
     if "--decoding" not in given:
         # a refusal of "the decoding" (a family that takes none) names the flags the user gave,
         # not --decoding, which they did not

@@ -77,6 +77,12 @@ case("export-d2-decoding-and-conf")(lambda w, t: (
     _export(w, t, "--config", str(w / "config.yaml"), "--gamma", "0.5", "--decoding", "best-class",
             "--agnostic-nms", "--conf", "0.3"),
     "they take no --decoding option", [t / "o.onnx"]))
+# --agnostic-nms alone: said with the families that take the best-class decoding, not only
+# "needs the best-class decoding" (a detectron2 user would add it and be refused again)
+case("export-d2-agnostic-nms")(lambda w, t: (
+    _export(w, t, "--config", str(w / "config.yaml"), "--gamma", "0.5", "--agnostic-nms"),
+    "--agnostic-nms needs --decoding best-class (one label per box), which only ultralytics models take",
+    [t / "o.onnx"]))
 
 
 def _yaml(t, name, text):
