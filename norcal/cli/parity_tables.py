@@ -82,7 +82,7 @@ def render_tables(run: ParityRun) -> list:
 def verify_text(result) -> str:
     """The ``--verify`` report (a :class:`norcal.workflows.verify.VerifyResult`) as plain text:
     a heading, the parity tables, the verdict, and a warning when only fp16 tolerances held."""
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
 
     buf = io.StringIO()
     console = Console(file=buf, width=100, color_system=None, force_terminal=False, soft_wrap=False)

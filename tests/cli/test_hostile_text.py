@@ -53,3 +53,36 @@ def test_a_file_name_with_escape_sequences_is_printed_escaped(tmp_path, capsys):
 ])
 def test_printable_escapes_exactly_what_a_terminal_acts_on(text, shown):
     assert printable(text) == shown
+
+
+def test_table_cells_from_files_are_printed_escaped(tmp_path, capsys):
+    """A class name read from a table file, shown in `norcal table show`'s rich table: escaped."""
+    from norcal.core.tables import CalibrationTable
+
+    name = "\x1b]0;pwned\x07\x1b[2J\u202eEvil"
+    path = tmp_path / "t.json"
+    CalibrationTable("t", "test", "image", [{"id": 1, "name": name, "image_count": 3, "instance_count": 3},
+                                            {"id": 2, "name": "b", "image_count": 9, "instance_count": 9}]).save(path)
+    capsys.readouterr()
+    assert main(["table", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert r"\x1b]0;pwned\x07" in out  # escaped (the cell may be cut short with an ellipsis)
+    assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+
+
+def test_the_console_keeps_line_breaks_and_markup():
+    import io
+
+    from rich.table import Table
+
+    from norcal.cli.terminal import SafeConsole
+
+    buf = io.StringIO()
+    console = SafeConsole(file=buf, force_terminal=True, width=80)
+    t = Table("a")
+    t.add_row("x\x1b[2Jy")
+    console.print(t)
+    console.print("[bold]two[/bold]\nlines")
+    out = buf.getvalue()
+    assert r"x\x1b[2Jy" in out and "\x1b[2J" not in out
+    assert "two" in out and "[bold]" not in out and "\nlines" in out  # rich's own styles still apply

@@ -39,7 +39,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
     from rich.table import Table
 
     from norcal.cli.options import parse_profile

@@ -56,7 +56,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from norcal.workflows.demo import run_demo

@@ -100,7 +100,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
 
     from norcal.core.errors import NorcalError
     from norcal.evaluation import evaluate, evaluate_fixed, from_results, prepare_gt

@@ -171,7 +171,7 @@ def _norcal(args):
 
 
 def _export_checkpoint(src: Path, out: Path, args):
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
 
     from norcal.workflows.export_job import CheckpointExport, export_checkpoint
 
@@ -201,7 +201,7 @@ def _export_checkpoint(src: Path, out: Path, args):
 
 def print_summary(result) -> None:
     """The export summary: a table of what was written, then the notes (verify, Triton)."""
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
     from rich.markup import escape
     from rich.table import Table
 

@@ -100,7 +100,7 @@ def add_arguments(p):
 def run(args) -> int:
     from dataclasses import replace
 
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, \
         TimeElapsedColumn
     from rich.text import Text

@@ -64,7 +64,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from norcal.cli.options import check_outputs, progress_bars

@@ -43,7 +43,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
     from rich.progress import Progress
     from rich.table import Table
 

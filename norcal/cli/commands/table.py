@@ -37,7 +37,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from norcal.cli.terminal import SafeConsole as Console
     from rich.table import Table
 
     console = Console(soft_wrap=True)
