@@ -11,7 +11,7 @@ import numpy as np
 
 from norcal.core.errors import NorcalError
 from norcal.core.runner import Runner
-from norcal.core.contract import MASK_PASTE, Preprocessing, input_spec, mask_paste
+from norcal.core.contract import MASK_PASTE, Preprocessing, drop_empty_masks, input_spec, mask_paste
 from norcal.runtime.images import UNREADABLE, read_for_model, reason, unreadable_error
 from norcal.runtime.postprocess import ImageDetections, split_outputs
 from norcal.runtime.preprocess import Batch, prepare_batch
@@ -51,7 +51,7 @@ def detect(runner: Runner, batch: Batch) -> list[ImageDetections]:
     meta = runner_metadata(runner)
     paste = mask_paste(meta) if MASK_PASTE in meta else batch.mask_paste
     return split_outputs(runner.infer(batch.feeds()), batch.image_sizes, batch.original_sizes,
-                         batch.keep_empty_boxes, paste, batch.clip_boxes)
+                         batch.keep_empty_boxes, paste, batch.clip_boxes, drop_empty_masks(meta))
 
 
 def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int = 1,

@@ -186,7 +186,8 @@ def paste_masks(masks: np.ndarray, boxes: np.ndarray, image_hw, threshold: float
 
 def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
                   original_sizes: np.ndarray, keep_empty: bool = False,
-                  mask_paste: str = "detectron2", clip_boxes: bool = True) -> list[ImageDetections]:
+                  mask_paste: str = "detectron2", clip_boxes: bool = True,
+                  drop_empty_masks: bool = False) -> list[ImageDetections]:
     """Batched model outputs -> per-image :class:`ImageDetections` in original coordinates.
 
     outputs: num_detections int64 [B], boxes float32 [B,K,4] (resized coords), scores [B,K],
@@ -195,7 +196,8 @@ def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
     rows of image b are valid (EfficientNMS-style padding). Boxes left with no area by the
     clip are dropped (detectron2) unless ``keep_empty`` (Ultralytics keeps them); ``mask_paste``
     says whose paste the masks follow (:class:`ImageDetections`); ``clip_boxes`` False leaves
-    the boxes unclipped (the model's :data:`norcal.core.contract.CLIP_BOXES`).
+    the boxes unclipped (the model's :data:`norcal.core.contract.CLIP_BOXES`); ``drop_empty_masks``
+    drops the detections whose pasted mask is empty (:data:`norcal.core.contract.DROP_EMPTY_MASKS`).
     """
     num = np.asarray(outputs["num_detections"]).reshape(-1)
     masks, protos = outputs.get("masks"), outputs.get(MASK_PROTOS)
@@ -214,4 +216,18 @@ def split_outputs(outputs: dict[str, np.ndarray], image_sizes: np.ndarray,
             mask_paste=mask_paste,
             mask_protos=None if protos is None else np.asarray(protos[b], np.float32),
         ))
+        if drop_empty_masks and result[-1].mask_probs is not None:
+            result[-1] = _with_masks_only(result[-1])
     return result
+
+
+def _with_masks_only(det: ImageDetections, threshold: float = 0.5) -> ImageDetections:
+    """``det`` without the detections whose mask, pasted at ``threshold``, has no pixel."""
+    if not len(det):
+        return det
+    keep = np.array([region.any() for region, _, _ in paste_mask_regions(
+        det.mask_probs, det.boxes, det.image_size, threshold, det.mask_paste, det.mask_protos)], bool)
+    if keep.all():
+        return det
+    return ImageDetections(det.boxes[keep], det.scores[keep], det.classes[keep], det.mask_probs[keep],
+                           det.image_size, det.mask_paste, det.mask_protos)

@@ -88,6 +88,7 @@ class TuneCache(ABC):
     keep_empty_boxes = False  # class attributes, not dataclass fields: no annotation
     mask_paste = "detectron2"
     clip_boxes = True
+    drop_empty_masks = False  # detections whose pasted mask is empty are dropped (contract.DROP_EMPTY_MASKS)
     image_ids: list
     image_sizes: np.ndarray
     original_sizes: np.ndarray

@@ -65,10 +65,15 @@ PAD_VALUE = "norcal.pad_value"  # letterbox: the padding's pixel value 0-255 (ab
 # "false": boxes mapped to the original image are not clipped to it (Ultralytics' RT-DETR
 # predictor leaves them as decoded); absent: clipped, as detectron2's detector_postprocess
 CLIP_BOXES = "norcal.clip_boxes"
+# "true": a detection whose pasted mask is empty is dropped, as Ultralytics' predictor drops it
+# (SegmentationPredictor.construct_result keeps masks.amax() > 0): YOLO segment models exported
+# with the best-class (the predictor's) decoding; absent: every detection is kept
+DROP_EMPTY_MASKS = "norcal.drop_empty_masks"
 RUNTIME_KEYS = frozenset({MIN_SIZE_TEST, MAX_SIZE_TEST, INPUT_FORMAT, SIZE_DIVISIBILITY, NUM_CLASSES,
-                          TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES, CLIP_BOXES})
+                          TABLE, CATEGORY_IDS, DETECTOR, RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES, CLIP_BOXES,
+                          DROP_EMPTY_MASKS})
 # absent on ResizeShortestEdge models (the first three), on models whose class names are unknown
-OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES, CLIP_BOXES})
+OPTIONAL_RUNTIME_KEYS = frozenset({RESIZE, INPUT_SIZE, PAD_VALUE, CLASS_NAMES, CLIP_BOXES, DROP_EMPTY_MASKS})
 
 # Graph key: written by a checkpoint export, kept by stripping (it describes the plain graph).
 CLASSIFIER_LOGITS = "norcal.classifier_logits"  # the box classifiers' logits tensor(s), e.g. "cls_logits"
@@ -89,6 +94,14 @@ MASK_PASTE = "norcal.mask_paste"
 MASK_PASTES = ("detectron2", "torchvision", "ultralytics")
 # what the export says about the graph itself (kept by --strip, like the runtime keys)
 GRAPH_KEYS = frozenset({CLASSIFIER_LOGITS, CLASSIFIER_BACKGROUND, MASK_HEAD_ROIS, PADDING_MASKS, MASK_PASTE})
+
+
+def drop_empty_masks(meta: dict[str, str]) -> bool:
+    """Whether the host drops detections whose pasted mask is empty (:data:`DROP_EMPTY_MASKS`)."""
+    value = meta.get(DROP_EMPTY_MASKS, "false")
+    if value not in ("true", "false"):
+        raise NorcalError(f"model metadata {DROP_EMPTY_MASKS}={value!r} is not true or false")
+    return value == "true"
 
 
 def mask_paste(meta: dict[str, str]) -> str:

@@ -75,7 +75,7 @@ def rescore_images(detector: Detector, cache: TuneCache, index: int, prior: np.n
 
     outputs = detector.rescore(cache, index, prior, mechanism, batch_size)
     return split_outputs(outputs, cache.image_sizes, cache.original_sizes, cache.keep_empty_boxes,
-                         cache.mask_paste, cache.clip_boxes)
+                         cache.mask_paste, cache.clip_boxes, cache.drop_empty_masks)
 
 
 def to_eval_detections(image_ids: Sequence, dets, category_ids: Sequence[int], masks: bool = False,

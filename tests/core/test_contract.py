@@ -26,7 +26,7 @@ def test_runtime_keys_are_the_runners_contract():
     assert contract.RUNTIME_KEYS == {
         "norcal.min_size_test", "norcal.max_size_test", "norcal.input_format", "norcal.size_divisibility",
         "norcal.num_classes", "norcal.table", "norcal.category_ids", "norcal.detector", "norcal.resize",
-        "norcal.input_size", "norcal.pad_value", "norcal.class_names", "norcal.clip_boxes"}
+        "norcal.input_size", "norcal.pad_value", "norcal.class_names", "norcal.clip_boxes", "norcal.drop_empty_masks"}
     assert {contract.TABLE, contract.NUM_CLASSES} <= contract.RUNTIME_KEYS  # stripping keeps them
     assert contract.GAMMA in contract.NODE_KEYS and contract.TABLE_SHA256 in contract.NODE_KEYS
 

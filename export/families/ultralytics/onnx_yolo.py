@@ -265,6 +265,8 @@ def runtime_metadata(head: HeadTensors, score_thresh: float, nms_thresh: float, 
     meta.update(contract.classifier_metadata(sigmoid_classifier()))  # the .pt export's classifier
     if head.coefs:
         meta.update({contract.MASK_HEAD_ROIS: "static", contract.MASK_PASTE: "ultralytics"})
+        if decoding.best_class:  # as Ultralytics' predictor, whose decoding this is
+            meta[contract.DROP_EMPTY_MASKS] = "true"
     return meta
 
 

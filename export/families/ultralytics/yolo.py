@@ -73,6 +73,7 @@ class YoloTuneCache(TuneCache):
     image_sizes: np.ndarray
     original_sizes: np.ndarray
     input_hw: tuple
+    drop_empty_masks: bool = False  # the best-class decoding of a segment model: as the predictor
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -89,7 +90,8 @@ class YoloTuneCache(TuneCache):
         return cls(*([x for c in parts for x in getattr(c, k)]
                      for k in ("image_ids", "boxes", "logits", "coefs", "protos")),
                    np.concatenate([c.image_sizes for c in parts]),
-                   np.concatenate([c.original_sizes for c in parts]), parts[0].input_hw)
+                   np.concatenate([c.original_sizes for c in parts]), parts[0].input_hw,
+                   parts[0].drop_empty_masks)
 
 
 class YoloDetector(Detector):
@@ -174,7 +176,14 @@ class YoloDetector(Detector):
         meta.update(contract.class_names_metadata(self.names))
         if self.has_masks:
             meta[contract.MASK_PASTE] = YoloTuneCache.mask_paste  # coefficients over the prototypes
+        if self._drops_empty_masks:
+            meta[contract.DROP_EMPTY_MASKS] = "true"
         return meta
+
+    @property
+    def _drops_empty_masks(self) -> bool:
+        """Ultralytics' predictor (the best-class decoding) drops a detection whose mask is empty."""
+        return self.has_masks and self.decoding.best_class
 
     def _input_size(self, options) -> int:
         h = square_size(options, "a YOLO model", "letterbox")
@@ -295,7 +304,7 @@ class YoloDetector(Detector):
         if not ids:
             raise NorcalError("no images to cache")
         return YoloTuneCache(ids, boxes, logits, coefs, protos, np.concatenate(sizes), np.concatenate(originals),
-                             input_hw)
+                             input_hw, self._drops_empty_masks and with_masks)
 
     def _head_outputs(self, images: np.ndarray) -> dict:
         """The head's outputs (:meth:`YoloGraph.head_outputs`, as torch tensors) of a prepared
