@@ -100,3 +100,21 @@ def test_infer_reads_the_key_from_the_models_metadata():
     meta = {contract.MASK_PASTE: "ultralytics"}
     assert len(detect(Runner(meta), batch)[0]) == 3
     assert len(detect(Runner({**meta, contract.DROP_EMPTY_MASKS: "true"}), batch)[0]) == 2
+
+
+def test_tune_caches_the_masks_the_drop_needs(tmp_path):
+    """Box AP of the predictor's decoding depends on the masks (an empty one drops its box): the
+    tune cache of a segment model holds them and the flag, also for a box-only sweep."""
+    from yolo_models import IMAGES, make_checkpoint
+
+    from norcal.export.families import load_detector
+    from norcal.runtime.images import read_rgb
+    from norcal.runtime.preprocess import prepare_batch
+
+    seg = make_checkpoint(tmp_path / "seg.pt", "yolov8n-seg.yaml", imgsz=64)
+    for decoding, drops in ((Decoding("best-class"), True), (Decoding(), False)):
+        det = load_detector(seg, decoding=decoding)
+        batch = prepare_batch([read_rgb(IMAGES[0])], det.preprocessing)
+        cache = det.cache([([1], batch)], [None], "exp", with_masks=False)
+        assert cache.drop_empty_masks is drops and (cache.coefs[0] is not None) is drops
+        assert type(cache).concat([cache, cache]).drop_empty_masks is drops

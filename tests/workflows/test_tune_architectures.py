@@ -192,7 +192,8 @@ def test_sweep_ap_is_the_exported_models_ap(arch, gt_files, tmp_path):
 
 # the best-class decodings (norcal.core.decoding): the YOLO's predictor NMS, class-wise and agnostic,
 # and RT-DETR's best class per query; conf yolo_models.BEST_CLASS_CONF (0.05), given in the test
-BEST_CLASS = {"yolo": ("det", False), "yolo_agnostic": ("det", True), "rtdetr": ("rtdetr", False)}
+BEST_CLASS = {"yolo": ("det", False), "yolo_agnostic": ("det", True), "rtdetr": ("rtdetr", False),
+              "yolo_seg": ("seg", False)}  # the predictor drops detections whose mask is empty
 
 
 @pytest.mark.parametrize("case", list(BEST_CLASS))
@@ -216,8 +217,8 @@ def test_best_class_sweep_ap_is_the_exported_models_ap(case, yolo_work, tmp_path
     kind, agnostic = BEST_CLASS[case]
     decoding = Decoding("best-class", agnostic, BEST_CLASS_CONF)
     gt_path, table = _gt(tmp_path / "gt.json"), load_table(yolo_work.table)
-    if kind == "det":  # the hand-written boxes are none of the random-init YOLO's: AP 0 at every gamma
-        _ultralytics_gt(gt_path, yolo_work)
+    if kind in ("det", "seg"):  # the hand-written boxes are none of the random-init YOLO's: AP 0 at every gamma
+        _ultralytics_gt(gt_path, yolo_work, kind)
     result = tune(getattr(yolo_work, kind), gt_path, IMAGES[0].parent, [0.0, 0.5], yolo_work.table, batch_size=3,
                   decoding=decoding)
     assert [p.gamma for p in result.points] == [0.0, 0.5] and result.num_images == len(IMAGES)
@@ -237,7 +238,7 @@ def test_best_class_sweep_ap_is_the_exported_models_ap(case, yolo_work, tmp_path
     assert len({round(p.stats["AP"], 6) for p in result.points}) > 1  # gamma moves the AP
 
 
-def _ultralytics_gt(path, yolo_work, top: int = 4):
+def _ultralytics_gt(path, yolo_work, kind: str = "det", top: int = 4):
     """The GT file at ``path`` with its annotations replaced by the ``top`` best of Ultralytics'
     own predictor detections of the YOLO per image (gamma 0, best-class), in original pixels
     clipped to the image."""
@@ -251,7 +252,8 @@ def _ultralytics_gt(path, yolo_work, top: int = 4):
     from yolo_models import IMAGES
 
     images = [read_rgb(p) for p in IMAGES]
-    dets, pads, _, _ = yolo_reference(yolo_work.det, images, 0.0, yolo_work.counts, multi_label=False)
+    dets, pads, _, _ = yolo_reference(getattr(yolo_work, kind), images, 0.0, yolo_work.counts, seg=kind == "seg",
+                                      multi_label=False)
     anns = []
     for p, im, d, pad in zip(IMAGES, images, dets, pads):
         scale = min(yolo_work.size / im.shape[0], yolo_work.size / im.shape[1])

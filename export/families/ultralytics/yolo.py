@@ -272,7 +272,8 @@ class YoloDetector(Detector):
         for lp in lps:
             if lp is not None and lp.shape != (self.num_classes,):
                 raise NorcalError(f"log prior has shape {tuple(lp.shape)}, the YOLO head needs ({self.num_classes},)")
-        masks = with_masks and self.has_masks
+        # the predictor's decoding drops detections by their masks: box AP needs them too
+        masks = (with_masks or self._drops_empty_masks) and self.has_masks
         thresh = self.model.score_thresh
         ids, boxes, logits, coefs, protos, sizes, originals = [], [], [], [], [], [], []
         input_hw = None
@@ -304,7 +305,7 @@ class YoloDetector(Detector):
         if not ids:
             raise NorcalError("no images to cache")
         return YoloTuneCache(ids, boxes, logits, coefs, protos, np.concatenate(sizes), np.concatenate(originals),
-                             input_hw, self._drops_empty_masks and with_masks)
+                             input_hw, self._drops_empty_masks)
 
     def _head_outputs(self, images: np.ndarray) -> dict:
         """The head's outputs (:meth:`YoloGraph.head_outputs`, as torch tensors) of a prepared
