@@ -181,7 +181,8 @@ def test_strip_removes_only_node_keys():
                contract.TABLE: "toy", contract.CATEGORY_IDS: "[1, 2, 3, 4, 5]",
                contract.DETECTOR: '{"depth": 50}', contract.RESIZE: "letterbox", contract.INPUT_SIZE: "320",
                contract.PAD_VALUE: "114", contract.CLASS_NAMES: '["c0", "c1", "c2", "c3", "c4"]',
-               contract.CLIP_BOXES: "false", contract.CLASSIFIER_LOGITS: "logits0", "user.key": "kept"}
+               contract.CLIP_BOXES: "false", contract.CLASSIFIER_LOGITS: "logits0",
+               contract.DROP_EMPTY_MASKS: "true", "user.key": "kept"}
     assert contract.RUNTIME_KEYS <= set(runtime)
     onnx.helper.set_model_props(model, runtime)
     for inline in (False, True):
