@@ -49,10 +49,10 @@ def main() -> int:
     logging.getLogger("lvis").setLevel(logging.ERROR)
     from lvis import LVIS, LVISEval, LVISResults
 
-    from norcal.core.calibration import log_prior
+    from norcal.core.calibration.formula import log_prior
     from norcal.evaluation import evaluate, prepare_gt
     from norcal.evaluation.simulate import SimConfig, detect, make_split
-    from norcal.core.tables import load_table
+    from norcal.core.calibration.tables import load_table
 
     table = load_table("lvis_v1")
     counts = table.counts()
@@ -124,8 +124,8 @@ def time_faster_coco_eval(gt_path: Path, results: list[dict], iou_type: str) -> 
 
 def example_results(out: Path) -> Path:
     """The bundled trained model (plain softmax) on its validation images -> results JSON."""
-    from norcal.core.onnx_io import save_onnx
-    from norcal.core.tables import build_table
+    from norcal.core.files.onnx_io import save_onnx
+    from norcal.core.calibration.tables import build_table
     from norcal.examples import example_dir
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model

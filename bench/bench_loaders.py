@@ -71,7 +71,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    from norcal.core.tables import build_table, load_table
+    from norcal.core.calibration.tables import build_table, load_table
     from norcal.evaluation import from_results, prepare_gt
 
     with tempfile.TemporaryDirectory() as tmp:

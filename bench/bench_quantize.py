@@ -57,7 +57,7 @@ def variants(fp32, cal_paths, precisions, say, setting=""):
 
 
 def build_models(gamma: float, n_cal: int, say, precisions=PRECISIONS):
-    from norcal.core.tables import build_table
+    from norcal.core.calibration.tables import build_table
     from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
@@ -78,8 +78,8 @@ def run(models, d, table, spec, out_dir: Path, say, threads: int = 2, repeats: i
     import numpy as np
 
     from norcal.core.contract import input_spec
-    from norcal.core.fileio import read_json
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.fileio import read_json
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.evaluation import evaluate, prepare_gt
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import prepare
@@ -164,7 +164,7 @@ def kernel_ops(model, feeds) -> dict[str, int]:
 def fullsize(path: Path, n_cal: int, threads: int, repeats: int, say) -> None:
     """Latency of another fp32 export's int8 forms, on the example's validation images."""
     from norcal.core.contract import input_spec
-    from norcal.core.onnx_io import load_onnx, save_onnx
+    from norcal.core.files.onnx_io import load_onnx, save_onnx
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import prepare
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
@@ -197,7 +197,7 @@ def op_shares(models, d, images: int = 6) -> dict[str, list[tuple[str, float]]]:
     import onnxruntime as ort
 
     from norcal.core.contract import input_spec
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.runtime.images import read_rgb
     from norcal.runtime.inference import prepare
 

@@ -5,7 +5,7 @@
 A results file of ``--records`` instance-segmentation detections on 480 x 640 images (each
 mask an ellipse of random size and place, encoded by pycocotools) is written to a temporary
 folder; then timed, best of ``--repeats`` (process CPU seconds): the bare ``json.load``, the
-check of every string's form and run sum (:func:`norcal.core.rle_counts.check_rle_counts`, what
+check of every string's form and run sum (:func:`norcal.core.datasets.rle_counts.check_rle_counts`, what
 loading results runs), and the one-string-at-a-time reader it replaced for large files, on
 the first 10,000 records (scaled up to the whole file).
 """
@@ -52,7 +52,7 @@ def best(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    from norcal.core.rle_counts import check_rle_counts, counts_problem
+    from norcal.core.datasets.rle_counts import check_rle_counts, counts_problem
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=100_000)

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     console.print("throughput vs batch " + str(rows[0]["batch"]) + ": " +
                   ", ".join(f"batch {r['batch']} x{r['images_per_s'] / base:.2f}" for r in rows))
     if args.json:
-        from norcal.core.fileio import write_json
+        from norcal.core.files.fileio import write_json
 
         write_json(args.json, {"model": str(model), "runner": runner.name, "rows": rows})
     return 0

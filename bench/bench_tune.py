@@ -36,15 +36,15 @@ def main() -> int:
 
     import torch
 
-    from norcal.core.calibration import log_prior
+    from norcal.core.calibration.formula import log_prior
     from norcal.evaluation import evaluate, prepare_gt
     from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.runtime.inference import run_images
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
-    from norcal.core.tables import build_table
+    from norcal.core.calibration.tables import build_table
     from norcal.cli.options import parse_gammas
     from norcal.export.families.detectron2.family import detector_of
     from norcal.workflows.tune import images_from_gt

@@ -47,7 +47,7 @@ def main() -> None:
     import torch
     from ultralytics import RTDETR, YOLO
 
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.export.families import load_detector
     from norcal.runtime.backends import ONNXRUNTIME
 

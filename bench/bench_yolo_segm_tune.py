@@ -101,7 +101,7 @@ def main() -> int:
     fixture_store.materialize()  # the fixtures' images, as the tests' conftest makes them
     from yolo_models import IMAGES, make_checkpoint, write_table  # sets YOLO_OFFLINE
 
-    from norcal.core.calibration import log_prior
+    from norcal.core.calibration.formula import log_prior
     from norcal.export.families import load_detector
     from norcal.runtime.postprocess import split_outputs
     from norcal.workflows.tune_cache import cache_images, rescore_gamma

@@ -31,7 +31,7 @@ GAMMA = 0.5
 
 def _model_inputs(name: str, max_images: int):
     """(weights, config, table, image paths) of one model."""
-    from norcal.core.tables import build_table
+    from norcal.core.calibration.tables import build_table
     from norcal.examples import example_dir
 
     if name == "d2_synth_trained":
@@ -42,7 +42,7 @@ def _model_inputs(name: str, max_images: int):
     sys.path.insert(0, str(TESTS))
     from golden import manifest_table
 
-    from norcal.core.tables import load_table
+    from norcal.core.calibration.tables import load_table
 
     # d2_lvis_tiny's NorCal settings used LVIS v1's own counts (its README), the others their manifest's
     table = load_table("lvis_v1") if name == "d2_lvis_tiny" else manifest_table(d)
@@ -104,7 +104,7 @@ def _check(key, name, args, dev, table, console, tmp) -> int:
     """One model's rows; the number of failed rows."""
     import onnxruntime as ort
 
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model

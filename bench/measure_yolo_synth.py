@@ -177,7 +177,7 @@ def main() -> int:
 
     import torch
 
-    from norcal.core.tables import build_table
+    from norcal.core.calibration.tables import build_table
 
     torch.set_num_threads(args.threads)
     table = build_table(args.fixture / "train_annotations.json")  # N_c = training images per class

@@ -32,8 +32,8 @@ _API = {
     "SweepPoint": "norcal.workflows.tune_sweep",
     "tune_ray": "norcal.workflows.ray_tune",
     # calibration tables
-    "CalibrationTable": "norcal.core.tables",
-    "load_table": "norcal.core.tables",
+    "CalibrationTable": "norcal.core.calibration.tables",
+    "load_table": "norcal.core.calibration.tables",
     # running exported models
     "open_runner": "norcal.runtime.runners",
     "run_images": "norcal.runtime.inference",
@@ -79,7 +79,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; nothing is imported at run time
     from norcal.core.errors import NorcalError
-    from norcal.core.tables import CalibrationTable, load_table
+    from norcal.core.calibration.tables import CalibrationTable, load_table
     from norcal.evaluation import EvalResult, evaluate, evaluate_fixed, from_results, prepare_gt
     from norcal.runtime.inference import run_images
     from norcal.runtime.postprocess import ImageDetections

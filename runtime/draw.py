@@ -20,7 +20,7 @@ import numpy as np
 
 from norcal.core.boxes import box_iou
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import atomic_path
+from norcal.core.files.fileio import atomic_path
 from norcal.runtime.postprocess import ImageDetections, paste_masks
 
 GROUP_COLOURS = {"r": (215, 38, 38), "c": (226, 132, 0), "f": (37, 99, 205)}

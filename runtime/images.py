@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 

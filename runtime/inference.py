@@ -56,14 +56,15 @@ def detect(runner: Runner, batch: Batch) -> list[ImageDetections]:
 
 def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int = 1,
                spec: Preprocessing | None = None, failed: list[tuple[Path, str]] | None = None,
-               on_done: Callable[[int], None] | None = None,
-               skip_unreadable: bool = True) -> Iterator[tuple[Path, ImageDetections]]:
+               on_done: Callable[[int], None] | None = None, skip_unreadable: bool = True,
+               on_image: Callable[[Path, np.ndarray], None] | None = None) -> Iterator[tuple[Path, ImageDetections]]:
     """Yield (path, detections) per readable image, in input order, ``batch_size`` at a time.
 
     Unreadable files are skipped and appended to ``failed`` as (path, reason), or, with
     ``skip_unreadable=False``, the first is a NorcalError that counts the unreadable rest;
     ``on_done(n)`` is called as n more input files are finished, unreadable ones included
-    (progress bars).
+    (progress bars); ``on_image(path, rgb)`` with each image as it was decoded, so a caller
+    that needs the pixels again (pictures) keeps them instead of decoding the file twice.
     """
     spec = spec or input_spec(runner_metadata(runner))
     if batch_size < 1:
@@ -82,7 +83,7 @@ def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int =
     for i, raw in enumerate(paths):
         path = Path(raw)
         try:
-            pending.append((path, read_for_model(path, (spec.min_size, spec.max_size))))
+            image = read_for_model(path, (spec.min_size, spec.max_size))
         except UNREADABLE as e:
             if not skip_unreadable:
                 raise unreadable_error(path, reason(e), paths[i + 1:]) from None
@@ -91,6 +92,9 @@ def run_images(runner: Runner, paths: list[str | os.PathLike], batch_size: int =
             if on_done:
                 on_done(1)
             continue
+        if on_image:
+            on_image(path, image)
+        pending.append((path, image))
         if len(pending) == batch_size:
             yield from flush()
     if pending:

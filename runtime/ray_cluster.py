@@ -14,7 +14,7 @@ import threading
 from typing import Any, Iterator
 
 from norcal.core.errors import NorcalError, shown
-from norcal.core.outputs import STOP_SIGNALS
+from norcal.core.files.outputs import STOP_SIGNALS
 
 CONNECT_TIMEOUT_S = 3.0  # Ray itself retries an unreachable address for minutes
 ENV = "RAY_ADDRESS"

@@ -15,9 +15,9 @@ from typing import Iterator, TextIO
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import atomic_path
-from norcal.core.schemas import ANNOTATIONS, ids_of, record_error
-from norcal.core.yolo_ground_truth import read_annotations
+from norcal.core.files.fileio import atomic_path
+from norcal.core.datasets.schemas import ANNOTATIONS, ids_of, record_error
+from norcal.core.datasets.yolo_ground_truth import read_annotations
 from norcal.runtime.postprocess import ImageDetections, paste_mask_regions
 
 
@@ -130,12 +130,12 @@ def category_ids_from_annotations(path: str | Path | dict, where: str | None = N
     (category ids in id order, image file name -> image id).
 
     File names are matched by base name (``file_name`` or, for LVIS, ``coco_url``). The
-    annotations are checked against :data:`norcal.core.schemas.ANNOTATIONS` (integer ids).
+    annotations are checked against :data:`norcal.core.datasets.schemas.ANNOTATIONS` (integer ids).
     sizes: a dict to fill with file name -> (height, width) where an image gives both as
     positive integers. names: a list to fill with the categories' names in id order (None
     where a category has none), to compare with the model's
     (:func:`norcal.core.contract.check_class_names`). A path to an Ultralytics data.yaml is
-    read as its ``split``'s annotations (:mod:`norcal.core.yolo_ground_truth`).
+    read as its ``split``'s annotations (:mod:`norcal.core.datasets.yolo_ground_truth`).
     """
     if isinstance(path, dict):
         p = where or "annotations"
@@ -202,7 +202,7 @@ class ResultsStream:
 
 @contextlib.contextmanager
 def results_writer(path: str | Path) -> Iterator[ResultsStream]:
-    """Stream a results JSON to ``path`` (atomic: :func:`norcal.core.fileio.atomic_path`)."""
+    """Stream a results JSON to ``path`` (atomic: :func:`norcal.core.files.fileio.atomic_path`)."""
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         stream = ResultsStream(f)
         yield stream

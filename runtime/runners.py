@@ -27,7 +27,7 @@ def backend_of(path: str | os.PathLike) -> Backend:
     backend = backends.backend_for(p)
     if backend is not None:
         return backend
-    from norcal.core.onnx_io import not_onnx_checkpoint
+    from norcal.core.files.onnx_io import not_onnx_checkpoint
 
     foreign = not_onnx_checkpoint(p) if p.is_file() else None
     if foreign is not None:

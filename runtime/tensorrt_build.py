@@ -21,7 +21,7 @@ from norcal.core.errors import NorcalError
 from norcal.core.ranges import check_range
 from norcal.core.profiles import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
                                      image_size_range, input_dims)
-from norcal.core.fileio import write_bytes, write_json
+from norcal.core.files.fileio import write_bytes, write_json
 
 SIDECAR_FORMAT = "norcal-engine-sidecar/1"
 
@@ -153,7 +153,7 @@ def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dic
                     device: str | None = None) -> dict:
     """What the sidecar records: the ONNX metadata and I/O, and how the engine was built."""
     from norcal.core.version import __version__
-    from norcal.core.onnx_io import graph_io
+    from norcal.core.files.onnx_io import graph_io
 
     inputs, outputs = graph_io(model)
     return {
@@ -178,7 +178,7 @@ def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dic
 
 def read_sidecar(engine_path) -> dict | None:
     """The sidecar next to an engine, or None when there is none; a malformed one is an error."""
-    from norcal.core.fileio import read_json
+    from norcal.core.files.fileio import read_json
 
     path = sidecar_path(engine_path)
     if not path.is_file():
@@ -234,7 +234,7 @@ def check_precision(model: onnx.ModelProto, options: BuildOptions) -> None:
 
 def prepare(options: BuildOptions) -> tuple[onnx.ModelProto, dict[str, Profile], str]:
     """Load the model; return it, its profiles and the trtexec line (the TensorRT check is the caller's)."""
-    from norcal.core.onnx_io import load_onnx
+    from norcal.core.files.onnx_io import load_onnx
 
     model = load_onnx(options.onnx_path)
     if options.int8:

@@ -16,9 +16,9 @@ from pathlib import Path
 import onnx
 
 from norcal.core.errors import NorcalError
-from norcal.core.onnx_io import graph_io
-from norcal.core.fileio import write_text
-from norcal.core.outputs import current_path, staged_dir
+from norcal.core.files.onnx_io import graph_io
+from norcal.core.files.fileio import write_text
+from norcal.core.files.outputs import current_path, staged_dir
 from norcal.runtime.backends.tensorrt import ENGINE_SUFFIXES
 
 DEFAULT_MAX_BATCH = 8

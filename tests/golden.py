@@ -82,7 +82,7 @@ def batch(indices, divisibility: int = 32, fixture: Path = FIXTURE):
 
 def manifest_table(fixture: Path):
     """The counts a fixture's NorCal settings used (its manifest), as a calibration table."""
-    from norcal.core.tables import CalibrationTable, frequency_group
+    from norcal.core.calibration.tables import CalibrationTable, frequency_group
 
     counts = json.loads((fixture / "manifest.json").read_text())["lvis_v1_image_counts"]
     cats = [{"id": i + 1, "name": f"class{i}", "image_count": n, "frequency": frequency_group(n)}
@@ -114,7 +114,7 @@ def gt_from_golden(fixture: Path, path: Path, images=range(3), top: int = 15, se
 
 
 def lvis_counts() -> np.ndarray:
-    from norcal.core.tables import load_table
+    from norcal.core.calibration.tables import load_table
     return load_table("lvis_v1").counts()
 
 

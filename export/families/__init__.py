@@ -34,7 +34,7 @@ class Checkpoint:
     def load(self, decoding=None, classifier=None, **options) -> Detector:
         """The detector its family loads (safely: no code from the file runs); ``decoding``
         (:class:`norcal.core.decoding.Decoding`) refused by a family that takes none;
-        ``classifier`` ("softmax" or "sigmoid", :mod:`norcal.core.classifier_option`) likewise."""
+        ``classifier`` ("softmax" or "sigmoid", :mod:`norcal.core.calibration.classifier_option`) likewise."""
         if decoding is not None:
             check_decoding(self.family, decoding)
             options["decoding"] = decoding
@@ -90,7 +90,7 @@ def load_detector(path, config=None, decoding=None, classifier=None, **options) 
 def check_classifier_option(family: Family, classifier) -> None:
     """Refuse a ``classifier`` that is not an activation, or given to a family whose weights or
     design fix the activation (it takes none), naming the parameter."""
-    from norcal.core.classifier_option import check_classifier
+    from norcal.core.calibration.classifier_option import check_classifier
 
     check_classifier(classifier)
     if classifier is not None and not family.takes_classifier:

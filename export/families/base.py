@@ -205,7 +205,7 @@ class Family(ABC):
     suffixes: ClassVar[tuple[str, ...]] = ()  # its checkpoints' file suffixes, lower case (".pth")
     # the label rules (norcal.core.decoding) its load takes as ``decoding=``; none: it takes no decoding
     decodings: ClassVar[tuple[str, ...]] = ()
-    # whether its load takes ``classifier=`` (norcal.core.classifier_option): a family whose weights can
+    # whether its load takes ``classifier=`` (norcal.core.calibration.classifier_option): a family whose weights can
     # leave the activation untold (detectron2 R-CNNs); the others' weights or design fix it
     takes_classifier: ClassVar[bool] = False
 
@@ -230,7 +230,7 @@ class Family(ABC):
 
     def ingest_graph(self, model, path: Path, calibration, decoding=None) -> tuple[Any, str]:
         """A graph this family claims as our contract's plain graph, ready for the NorCal node
-        (``calibration``: the :class:`norcal.core.calibration_spec.Calibration` to bake in; its
+        (``calibration``: the :class:`norcal.core.calibration.spec.Calibration` to bake in; its
         ``logits`` may name the tensor it goes on; ``decoding``: a
         :class:`norcal.core.decoding.Decoding` for the post-processing it appends, None: its
         default), and one line saying what was done ("" for nothing). Errors name ``path``.

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 
 TORCH_SUFFIXES = (".pth", ".pt")
 PICKLE_SUFFIXES = (".pkl",)

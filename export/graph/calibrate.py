@@ -5,10 +5,10 @@ from __future__ import annotations
 import onnx
 
 from norcal.core import contract
-from norcal.core.calibration_spec import DEFAULT_BACKGROUND, Calibration, ResolvedCalibration, default_table
+from norcal.core.calibration.spec import DEFAULT_BACKGROUND, Calibration, ResolvedCalibration, default_table
 from norcal.core.contract import recorded_background
 from norcal.core.errors import NorcalError
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration.tables import CalibrationTable
 from norcal.export.graph.classifier_search import classifier_candidates
 from norcal.export.graph.surgery import insert_norcal
 

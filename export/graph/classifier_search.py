@@ -19,7 +19,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from norcal.core import contract
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration.spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.export.graph.model_view import ModelView, has_norcal
 from norcal.export.graph.onnx_helpers import tensor_dims

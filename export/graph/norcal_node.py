@@ -4,7 +4,7 @@ Inputs: the classifier logits [..., K] and the initializer ``norcal.log_prior`` 
 (log a_c per class, -log b at the background slot). The body is plain ONNX, so ONNX Runtime
 and TensorRT's parser (>= 9.0) expand it with no plugin; ``inline=True`` writes the same ops
 straight into the graph instead. What the body holds depends on the variant (the formulas
-are listed in norcal.core.calibration; s = the prior sliced to the foreground slots, with the
+are listed in norcal.core.calibration.formula; s = the prior sliced to the foreground slots, with the
 background slot apart, for the logit mechanism only):
 
     softmax, exp/prob, renormalised:   Softmax(logits - log_prior)
@@ -31,8 +31,8 @@ import onnx_graphsurgeon as gs
 from onnx import helper, numpy_helper
 
 from norcal.core import contract
-from norcal.core.calibration import check_variant
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration.formula import check_variant
+from norcal.core.calibration.spec import Calibration
 from norcal.core.errors import NorcalError
 
 

@@ -17,8 +17,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from norcal.core import contract
-from norcal.core.calibration_meta import calibration_metadata
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration.meta import calibration_metadata
+from norcal.core.calibration.spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.core.version import __version__
 from norcal.export.graph.classifier_search import Candidate, ClassifierView, background_in_graph

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core import contract
-from norcal.core.calibration_meta import calibration_from_metadata
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration.meta import calibration_from_metadata
+from norcal.core.calibration.spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.core.contract import INPUT_NAMES, OUTPUT_NAMES, PRIOR_NAME
 

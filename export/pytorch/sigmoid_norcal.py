@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from norcal.core.calibration import calibrate, check_variant
+from norcal.core.calibration.formula import calibrate, check_variant
 from norcal.core.errors import NorcalError
 
 
@@ -21,7 +21,7 @@ class SigmoidNorCal:
         self.mechanism, self.renormalize, self.use_sigmoid = "exp", False, True
 
     def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool | None = None) -> None:
-        """``log_prior`` [C] (background none) from ``norcal.core.calibration.log_prior``; None
+        """``log_prior`` [C] (background none) from ``norcal.core.calibration.formula.log_prior``; None
         restores the plain sigmoid."""
         self.renormalize = check_variant(mechanism, renormalize, "sigmoid")
         self.mechanism = mechanism

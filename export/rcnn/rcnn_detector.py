@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from norcal.core import calibration
+from norcal.core.calibration import formula as calibration
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, TuneCache
 from norcal.export.pytorch.tools import join_outputs, torch_threads
@@ -173,7 +173,7 @@ def rescore(predictor, cache: HeadCache, prior: np.ndarray | None, mechanism: st
     """The graph's outputs for every cached image with NorCal ``prior`` ([C+1] log a_c,
     background where the predictor has it; None: the plain classifier), through the predictor's own inference.
 
-    NorCal enters through the logits (norcal.core.calibration.calibrated_logits, the prior cast
+    NorCal enters through the logits (norcal.core.calibration.formula.calibrated_logits, the prior cast
     to the logits' dtype first, as the node's initializer is), exactly as in the graph.
     roi_heads: the model's ROI heads, to run its mask head on the detections (the cache must
     hold ``features``). threads: torch threads while re-scoring (None: leave as is)."""

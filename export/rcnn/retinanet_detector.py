@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from norcal.core import calibration
+from norcal.core.calibration import formula as calibration
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, TuneCache
 from norcal.export.pytorch.tools import join_outputs, torch_threads

@@ -8,8 +8,8 @@ over P2-P5), C4 (``build_resnet_backbone`` up to res4 + ``Res5ROIHeads``, which 
 each pooled box), DC5 (``build_resnet_backbone`` with a dilated, stride-16 res5 +
 StandardROIHeads on it), Cascade (FPN + ``CascadeROIHeads``: a box head and predictor per
 stage, ``cascade_bbox_reg_weights``) and RetinaNet (``meta_architecture`` RETINANET: FPN P3-P7,
-a sigmoid head, no ROI heads). Built from a detectron2 config (``norcal.export.families.detectron2.config``) or
-inferred from a checkpoint's weights (``norcal.export.families.detectron2.arch_from_weights``), or from a
+a sigmoid head, no ROI heads). Built from a detectron2 config (``norcal.export.families.detectron2.yacs_config.spec``) or
+inferred from a checkpoint's weights (``norcal.export.families.detectron2.weights.architecture``), or from a
 torchvision state dict (``norcal.export.families.torchvision.state_dict``); consumed by
 ``norcal.export.rcnn.modeling``.
 Field defaults are detectron2's (``detectron2/config/defaults.py``) except the test-time
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration.spec import Calibration
 from norcal.core.contract import CLS_LOGITS_TENSOR, Classifier, cls_logits_tensors
 
 FPN_BACKBONE = "build_resnet_fpn_backbone"

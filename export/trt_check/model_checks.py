@@ -143,7 +143,7 @@ def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
     named there get :func:`default_profiles` (the detector contract's inputs only).
     """
     if not isinstance(model, onnx.ModelProto):
-        from norcal.core.onnx_io import load_onnx
+        from norcal.core.files.onnx_io import load_onnx
 
         model = load_onnx(model)
     if isinstance(profiles, (list, tuple)):

@@ -25,8 +25,8 @@ import norcal.cli.commands
 from norcal.core.version import __version__
 from norcal.core.errors import NorcalError, printable
 from norcal.cli.options import COMMON_FLAGS, error_line
-from norcal.core import stop_signals
-from norcal.core.outputs import output_run
+from norcal.core.files import stop_signals
+from norcal.core.files.outputs import output_run
 
 
 def _count(text: str) -> int:

@@ -35,9 +35,9 @@ def checkpoint_help(what: str = "checkpoint") -> str:
 
 
 def table_help(use: str) -> str:
-    """A --table help: what the table gives (``use``), then every source norcal.core.tables
+    """A --table help: what the table gives (``use``), then every source norcal.core.calibration.tables
     accepts (argparse help: % escaped)."""
-    from norcal.core.tables import table_sources
+    from norcal.core.calibration.tables import table_sources
 
     return f"calibration table ({use}): {table_sources()}".replace("%", "%%")
 
@@ -67,7 +67,7 @@ CLASSIFIER_FLAGS = {"classifier": "--classifier"}
 
 def add_classifier_option(p) -> None:
     """--classifier softmax|sigmoid: a detectron2 R-CNN's activation where its weights cannot tell it."""
-    from norcal.core.classifier_option import ACTIVATIONS
+    from norcal.core.calibration.classifier_option import ACTIVATIONS
 
     p.add_argument("--classifier", choices=ACTIVATIONS, default=None,
                    help=f"{family_names(lambda f: f.takes_classifier)} R-CNN without --config: its box head's "
@@ -95,7 +95,7 @@ def decoding_option(args):
 
 
 def add_calibration_options(p) -> None:
-    """--factor and --mechanism: which NorCal variant (see norcal.core.calibration)."""
+    """--factor and --mechanism: which NorCal variant (see norcal.core.calibration.formula)."""
     p.add_argument("--factor", choices=("cdt", "ens"), default="cdt",
                    help="a_c = N_c^gamma (cdt, default) or the effective number (ens, gamma < 1)")
     p.add_argument("--mechanism", choices=("exp", "prob", "logit"), default="exp",
@@ -160,15 +160,15 @@ def check_outputs(inputs=(), files=None, folders=None) -> None:
     inputs: the paths the command reads (None entries and non-paths such as built-in table
     names are ignored); an input folder stands for the image files in it too, and an Ultralytics
     data.yaml for every file and folder of its dataset, which no output may replace, and no
-    output file may lie in its image and label folders, existing or not (see :func:`norcal.core.outputs.check_apart` for what output folders may
+    output file may lie in its image and label folders, existing or not (see :func:`norcal.core.files.outputs.check_apart` for what output folders may
     not do). files / folders: {flag: path or None} of what it writes. Two outputs naming the
     same path are refused too.
     """
     from pathlib import Path
 
-    from norcal.core.fileio import same_file
-    from norcal.core.outputs import check_apart, check_output_dir, check_output_file
-    from norcal.core.ultralytics_dataset import dataset_files, is_dataset_description
+    from norcal.core.files.fileio import same_file
+    from norcal.core.files.outputs import check_apart, check_output_dir, check_output_file
+    from norcal.core.datasets.ultralytics_dataset import dataset_files, is_dataset_description
     from norcal.runtime.images import IMAGE_SUFFIXES
 
     reads = [Path(p) for p in inputs if p is not None and Path(p).exists()]
@@ -252,7 +252,7 @@ def parse_gammas(text: str) -> list[float]:
 def parse_valid_gammas(text: str, factor: str = "cdt") -> list[float]:
     """:func:`parse_gammas`, each gamma checked for ``factor`` (CDT >= 0, ENS in [0, 1)); an
     error names --gammas and what was typed."""
-    from norcal.core.calibration import check_gamma
+    from norcal.core.calibration.formula import check_gamma
 
     gammas = parse_gammas(text)
     try:

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import read_json
-from norcal.core.rle_counts import check_rle_counts
-from norcal.core.schemas import RESULTS, boxes_of, column, record_error
+from norcal.core.files.fileio import read_json
+from norcal.core.datasets.rle_counts import check_rle_counts
+from norcal.core.datasets.schemas import RESULTS, boxes_of, column, record_error
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Detections:
 def from_results(results: Any) -> Detections:
     """Detections from an LVIS/COCO result list (or the path of its JSON file), or as given.
 
-    The list is checked against :data:`norcal.core.schemas.RESULTS` (integer ids, a finite
+    The list is checked against :data:`norcal.core.datasets.schemas.RESULTS` (integer ids, a finite
     score, a box of 4 finite numbers with no negative size, RLE masks); every detection needs
     the bbox/segmentation keys of the first. An error names the file, the detection and the field.
     """

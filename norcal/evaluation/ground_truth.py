@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.rle_counts import check_rle_counts
-from norcal.core.schemas import GROUND_TRUTH, boxes_of, check_refs, column, ids_of, record_error
-from norcal.core.ultralytics_dataset import is_dataset_description
-from norcal.core.yolo_ground_truth import check_labels_folder, read_annotations
+from norcal.core.datasets.rle_counts import check_rle_counts
+from norcal.core.datasets.schemas import GROUND_TRUTH, boxes_of, check_refs, column, ids_of, record_error
+from norcal.core.datasets.ultralytics_dataset import is_dataset_description
+from norcal.core.datasets.yolo_ground_truth import check_labels_folder, read_annotations
 
 FREQUENCIES = ("r", "c", "f")
 
@@ -150,15 +150,15 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
                split: str = "val") -> LvisGT:
     """Load, validate and index an LVIS-format GT (a path, a loaded dict, or an LvisGT as it is).
 
-    The file is checked against :data:`norcal.core.schemas.GROUND_TRUTH` (images need height
+    The file is checked against :data:`norcal.core.datasets.schemas.GROUND_TRUTH` (images need height
     and width, annotations a bbox and an area), then for repeated ids and annotations that
     point to no image or category; an error names the file, the record and the field.
     Frequency groups come from the categories' ``frequency`` field; where it is missing they
-    come from ``table`` (a :class:`norcal.core.tables.CalibrationTable`, matched by category id).
+    come from ``table`` (a :class:`norcal.core.calibration.tables.CalibrationTable`, matched by category id).
     Images need ``neg_category_ids`` and ``not_exhaustive_category_ids`` (LVIS federated
     fields); a missing field is taken as empty. ``where`` names a loaded dict in errors
     (default "GT"). A path to an Ultralytics data.yaml is read as its ``split``'s ground truth
-    (:mod:`norcal.core.yolo_ground_truth`; no federated fields: every category is exhaustive).
+    (:mod:`norcal.core.datasets.yolo_ground_truth`; no federated fields: every category is exhaustive).
     """
     if isinstance(gt, LvisGT):
         return gt

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from norcal.evaluation.lvis_eval import EvalResult
-from norcal.core.fileio import atomic_path, write_json, write_text
+from norcal.core.files.fileio import atomic_path, write_json, write_text
 
 GROUP_LABELS = {"r": "rare", "c": "common", "f": "frequent"}
 

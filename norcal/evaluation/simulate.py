@@ -6,7 +6,7 @@ validation GT in LVIS format (federated: positives, ``neg_category_ids``,
 simulator gives every image R proposals with logits [R, C+1] whose foreground logits carry
 the long-tail bias of a real LVIS model, ``bias * (log N_c - mean log N)``, so the plain
 softmax under-scores rare classes. For each gamma the logits go through
-:func:`norcal.core.calibration.calibrate`, then LVIS's score threshold (1e-4) and top-300 per
+:func:`norcal.core.calibration.formula.calibrate`, then LVIS's score threshold (1e-4) and top-300 per
 image, then :func:`norcal.evaluation.evaluate`. Gamma is picked on a "train" split (other
 images, other seed) and checked on "val". (No NMS: each proposal carries one box, so
 duplicates are rare by construction.)
@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from norcal.core.calibration import calibrate, log_prior
+from norcal.core.calibration.formula import calibrate, log_prior
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import check_range
 from norcal.evaluation.detections import Detections

@@ -144,8 +144,8 @@ def run_demo(data: os.PathLike | None = None, output_dir: os.PathLike = "norcal-
     succeeded: a failed run leaves an earlier demo's folder as it was, never a mix. It may not
     be, hold or lie inside ``data``.
     """
-    from norcal.core.fileio import write_json
-    from norcal.core.outputs import check_apart, check_output_dir, staged_dir
+    from norcal.core.files.fileio import write_json
+    from norcal.core.files.outputs import check_apart, check_output_dir, staged_dir
 
     dest = Path(output_dir)
     from norcal.examples import example_places
@@ -180,7 +180,7 @@ def _stages(progress, prefix: str):
 
 def _demo_grid(gammas, batch_size: int, pictures: int) -> list[float]:
     """The gammas to tune over, the arguments checked."""
-    from norcal.core.calibration import check_gamma
+    from norcal.core.calibration.formula import check_gamma
 
     grid = sorted({check_gamma(g) for g in gammas})
     if not any(grid):
@@ -193,8 +193,8 @@ def _demo_grid(gammas, batch_size: int, pictures: int) -> list[float]:
 
 
 def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> DemoResult:
-    from norcal.core.fileio import read_json
-    from norcal.core.tables import build_table
+    from norcal.core.files.fileio import read_json
+    from norcal.core.calibration.tables import build_table
     from norcal.evaluation import prepare_gt
     from norcal.workflows.tune import images_from_gt, tune, write_sweep_plot
 
@@ -260,7 +260,7 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
 
 def _export_models(weights: Path, config: Path, wanted: list, table, out: Path):
     """The detector and one ONNX per setting (None: no NorCal), as out/model_<setting>.onnx."""
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.export.families import load_detector
     from norcal.export.graph.calibrate import calibrate_graph
 
@@ -276,7 +276,7 @@ def _export_models(weights: Path, config: Path, wanted: list, table, out: Path):
 def _infer_and_eval(g, model: Path, pairs, gt, table, topk: int, batch_size: int, out: Path, progress):
     """One setting's model run over the validation images (results written), scored for box,
     mask and boundary AP; with its detections per image id."""
-    from norcal.core.fileio import write_json
+    from norcal.core.files.fileio import write_json
     from norcal.evaluation import evaluate, evaluate_fixed
     from norcal.runtime.backends import ONNXRUNTIME
     from norcal.runtime.inference import run_images

@@ -23,10 +23,10 @@ import onnx
 
 from norcal.core.errors import NorcalError
 from norcal.core.ranges import MAX_EXPORT_BATCH, MAX_EXPORT_SIDE, MAX_TENSOR_VOLUME, MAX_TOPK, check_range
-from norcal.core.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
-from norcal.core.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
-from norcal.core.calibration_spec import Calibration
-from norcal.core.classifier_option import ClassifierActivation
+from norcal.core.files.onnx_io import PROTOBUF_LIMIT, load_onnx, save_onnx
+from norcal.core.files.outputs import check_apart, check_output_dir, check_output_file, current_path, output_run
+from norcal.core.calibration.spec import Calibration
+from norcal.core.calibration.classifier_option import ClassifierActivation
 from norcal.core.decoding import Decoding
 from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
@@ -41,7 +41,7 @@ PathLike = str | os.PathLike
 
 
 # The calibration to bake in (gamma, table, variant, ...): one type from the CLI to the node,
-# resolved once (a ResolvedCalibration) before the surgery; see norcal.core.calibration_spec.
+# resolved once (a ResolvedCalibration) before the surgery; see norcal.core.calibration.spec.
 NorCal = Calibration
 
 
@@ -58,7 +58,7 @@ class CheckpointExport:
     (:class:`norcal.core.decoding.Decoding`; None: the family's own), refused by a family that
     takes none. classifier: "softmax" or "sigmoid", the box head's activation where the weights
     cannot tell it (a detectron2 R-CNN without its config: refused without it;
-    :mod:`norcal.core.classifier_option`), refused where the config, the weights or the family
+    :mod:`norcal.core.calibration.classifier_option`), refused where the config, the weights or the family
     fix it otherwise."""
 
     config: PathLike | None = None

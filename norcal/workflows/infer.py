@@ -97,7 +97,7 @@ class InferJob:
     category_ids: list[int] | None
     category_source: str
     with_masks: bool
-    draw_table: Any = None  # norcal.core.tables.CalibrationTable
+    draw_table: Any = None  # norcal.core.calibration.tables.CalibrationTable
     not_listed: list[tuple[Path, str]] = field(default_factory=list)
     unreadable: list[tuple[Path, str]] = field(default_factory=list)
     prepare_seconds: float = 0.0
@@ -129,7 +129,7 @@ def _category_ids(options: InferOptions, meta: dict, from_annotations, annotatio
     unless their names are the class names the model records."""
     from norcal.core.contract import NUM_CLASSES, TABLE, check_class_names, metadata_category_ids, \
         metadata_class_names
-    from norcal.core.tables import builtin_names, load_table
+    from norcal.core.calibration.tables import builtin_names, load_table
 
     model_names = metadata_class_names(meta)  # checked whatever the ids' source
     ids, source, param = from_annotations, "image_ids", ("image_ids",)
@@ -155,7 +155,7 @@ def _category_ids(options: InferOptions, meta: dict, from_annotations, annotatio
 def _draw_table(options: InferOptions, meta: dict):
     """The table naming and grouping classes in the pictures: ``table``, else the model's."""
     from norcal.core.contract import TABLE
-    from norcal.core.tables import builtin_names, load_table
+    from norcal.core.calibration.tables import builtin_names, load_table
 
     if options.table:
         return load_table(options.table)
@@ -167,8 +167,8 @@ def _draw_table(options: InferOptions, meta: dict):
 
 def _split_image_ids(options: InferOptions) -> dict[Path, int] | None:
     """With ``image_ids`` an Ultralytics data.yaml: its split's images (real paths) -> ids."""
-    from norcal.core.ultralytics_dataset import is_dataset_description
-    from norcal.core.yolo_ground_truth import split_image_ids
+    from norcal.core.datasets.ultralytics_dataset import is_dataset_description
+    from norcal.core.datasets.yolo_ground_truth import split_image_ids
 
     if options.image_ids and is_dataset_description(options.image_ids):
         return split_image_ids(options.image_ids, options.split)
@@ -202,7 +202,7 @@ def _check_unique_ids(paths: list[Path], by_name: dict[str, int] | None, annotat
 
 
 def _check_outputs(options: InferOptions, paths: list[Path]) -> None:
-    from norcal.core.outputs import check_apart, check_output_dir, check_output_file
+    from norcal.core.files.outputs import check_apart, check_output_dir, check_output_file
 
     check_apart([Path(p) for p in (options.model, *options.inputs, *paths, options.image_ids, options.table)
                  if p is not None and Path(p).exists()],
@@ -240,7 +240,7 @@ def prepare_infer(options: InferOptions,
     (check_outputs or functools.partial(_check_outputs, options))(paths)
     by_name, ann_cats, not_listed, ann_sizes, ann_names = None, None, [], {}, []
     if by_path is not None:  # a data.yaml: its split's images, matched by path
-        from norcal.core.yolo_ground_truth import dataset_categories
+        from norcal.core.datasets.yolo_ground_truth import dataset_categories
 
         ann_cats, ann_names = dataset_categories(options.image_ids)
         where = f"{options.image_ids}'s split {options.split!r}"
@@ -292,24 +292,32 @@ def run_infer(job: InferJob, on_done: Callable[[int], None] | None = None) -> In
     """Run the prepared job: results streamed to ``options.output`` in image order, then the
     skipped list (with ``skip_unreadable``) and the pictures (with ``draw_dir``).
     on_done(n): n more image files finished (progress)."""
-    from norcal.core.fileio import write_json
+    from norcal.core.files.fileio import write_json
     from norcal.runtime.inference import run_images
     from norcal.runtime.results import results_fragment, results_writer
 
     options, ray = job.options, job.options.ray
     failed = list(job.skipped)
     drawn: list = []
+    to_draw = (options.draw_count or DRAW_COUNT) if job.draw_table is not None else 0
+    pixels: dict[Path, object] = {}  # the first decoded images, kept for the pictures
+
+    def keep(path, image):
+        if len(pixels) < to_draw:
+            pixels[path] = image
+
     done_images = 0
     t0 = time.perf_counter()
     with results_writer(options.output) as out:
         if ray is None:
             id_of = dict(zip(job.paths, job.image_ids))
             for path, det in run_images(job.runner, job.paths, options.batch_size, job.spec, failed,
-                                        on_done=on_done, skip_unreadable=options.skip_unreadable):
+                                        on_done=on_done, skip_unreadable=options.skip_unreadable,
+                                        on_image=keep if to_draw else None):
                 out.add(*results_fragment(id_of[path], det, job.category_ids, job.with_masks))
                 done_images += 1
-                if job.draw_table is not None and len(drawn) < (options.draw_count or DRAW_COUNT):
-                    drawn.append((path, det))
+                if path in pixels and len(drawn) < to_draw:
+                    drawn.append((path, pixels.pop(path), det))
         else:
             from norcal.runtime.ray_inference import ResultsFormat, run_images_ray
             from norcal.runtime.runners import open_runner

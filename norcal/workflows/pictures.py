@@ -16,7 +16,7 @@ import numpy as np
 
 from norcal.core.boxes import box_iou
 from norcal.core.errors import NorcalError
-from norcal.core.tables import CalibrationTable, frequency_group
+from norcal.core.calibration.tables import CalibrationTable, frequency_group
 from norcal.runtime.draw import DrawOptions, save_panels, shown_indices
 from norcal.runtime.postprocess import ImageDetections
 
@@ -87,19 +87,19 @@ def write_pictures(folder: str | os.PathLike, images: Sequence[tuple[str, np.nda
             for (name, rgb), p, c in zip(images, panels, captions)]
 
 
-def draw_model_pictures(model: str | os.PathLike, drawn: Sequence[tuple[Path, ImageDetections]],
+def draw_model_pictures(model: str | os.PathLike, drawn: Sequence[tuple[Path, np.ndarray, ImageDetections]],
                         folder: str | os.PathLike, table: CalibrationTable, provider: str | None = None,
                         options: DrawOptions | None = None) -> list[Path]:
-    """Pictures of a model's detections (``drawn``: (image path, detections) pairs); an ONNX
-    model with a NorCal node is drawn beside its baseline (the node stripped, run here on the
-    same images), any other model alone."""
+    """Pictures of a model's detections (``drawn``: (image path, its decoded RGB pixels,
+    detections)); an ONNX model with a NorCal node is drawn beside its baseline (the node
+    stripped, run here on the same pixels, one image a batch as the pictures' run was), any
+    other model alone."""
     import onnx
 
     from norcal.core import contract
-    from norcal.core.onnx_io import load_onnx
+    from norcal.core.files.onnx_io import load_onnx
     from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
-    from norcal.runtime.images import read_rgb
-    from norcal.runtime.inference import run_images
+    from norcal.runtime.inference import detect, input_spec, prepare, runner_metadata
     from norcal.runtime.runners import open_runner
 
     if not drawn:
@@ -116,10 +116,11 @@ def draw_model_pictures(model: str | os.PathLike, drawn: Sequence[tuple[Path, Im
                 plain = Path(tmp) / "baseline.onnx"
                 onnx.save(strip_norcal(graph), str(plain))  # scratch, not an output: written directly
                 runner = open_runner(plain, provider)
-                base = [d for _, d in run_images(runner, [p for p, _ in drawn])]
+                spec = input_spec(runner_metadata(runner))
+                base = [detect(runner, prepare([image], spec))[0] for _, image, _ in drawn]
                 del runner  # release the session before its file goes
     images, panels = [], []
-    for k, (path, det) in enumerate(drawn):
-        images.append((Path(path).stem, read_rgb(path)))
+    for k, (path, image, det) in enumerate(drawn):
+        images.append((Path(path).stem, image))
         panels.append([("baseline (NorCal stripped)", base[k]), (name, det)] if base else [(name, det)])
     return write_pictures(folder, images, panels, table, options)

@@ -98,9 +98,9 @@ def quantize_model(options: QuantizeOptions,
     """Write the int8 or fp16 variant of ``options.model`` to ``options.output`` (atomically;
     the output location is checked before any work). progress(stage, n, total): n more
     calibration images done."""
-    from norcal.core.fileio import same_file
-    from norcal.core.onnx_io import load_onnx, save_onnx
-    from norcal.core.outputs import check_output_file
+    from norcal.core.files.fileio import same_file
+    from norcal.core.files.onnx_io import load_onnx, save_onnx
+    from norcal.core.files.outputs import check_output_file
     from norcal.export.graph.quantize import check_fp32_model, convert_fp16, quantize_int8
 
     t0 = time.perf_counter()

@@ -24,7 +24,7 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration.tables import CalibrationTable
 from norcal.runtime.ray_inference import BatchFailed, RayOptions, ray_session, worker_error
 from norcal.workflows.tune import TunePlan, plan_tune, progress_step
 from norcal.workflows.tune_cache import cache_images, concat_caches, rescore_gamma

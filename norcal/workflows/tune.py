@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from norcal.core.calibration import check_gamma
-from norcal.core.classifier_option import ClassifierActivation, check_classifier
+from norcal.core.calibration.formula import check_gamma
+from norcal.core.calibration.classifier_option import ClassifierActivation, check_classifier
 from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration.tables import CalibrationTable
 from norcal.workflows.tune_cache import cache_images
 from norcal.workflows.tune_sweep import MASK_IOU_TYPES, SweepAccumulator, TuneResult
 
@@ -48,9 +48,9 @@ MAX_CACHE_BYTES = 1 << 40  # a cache budget beyond 1 TiB is a typo, not a machin
 
 
 def resolve_table(arg: str | os.PathLike | CalibrationTable) -> CalibrationTable:
-    """A table as given, or what :func:`norcal.core.tables.load_table` makes of a name or path
+    """A table as given, or what :func:`norcal.core.calibration.tables.load_table` makes of a name or path
     (a built-in, a table JSON, or a COCO/LVIS training annotation file)."""
-    from norcal.core.tables import load_table
+    from norcal.core.calibration.tables import load_table
 
     return arg if isinstance(arg, CalibrationTable) else load_table(arg)
 
@@ -130,9 +130,9 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None,
               rules: str = "auto", decoding: Decoding | None = None,
               classifier: ClassifierActivation | None = None) -> TunePlan:
     """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
-    from norcal.core.schemas import GROUND_TRUTH
-    from norcal.core.ultralytics_dataset import is_dataset_description
-    from norcal.core.yolo_ground_truth import read_annotations, split_pairs
+    from norcal.core.datasets.schemas import GROUND_TRUTH
+    from norcal.core.datasets.ultralytics_dataset import is_dataset_description
+    from norcal.core.datasets.yolo_ground_truth import read_annotations, split_pairs
     from norcal.evaluation import IOU_TYPES, prepare_gt
     from norcal.evaluation.ground_truth import check_table_matches
     from norcal.evaluation.rules import choose_rules

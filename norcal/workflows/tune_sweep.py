@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from norcal.core.calibration import check_gamma, log_prior
+from norcal.core.calibration.formula import check_gamma, log_prior
 from norcal.core.errors import NorcalError
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration.tables import CalibrationTable
 from norcal.workflows.tune_cache import rescore_gamma
 
 if TYPE_CHECKING:

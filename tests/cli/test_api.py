@@ -42,7 +42,7 @@ def test_every_public_name_resolves_to_its_module():
 
 
 def test_calibrate_onnx_and_export_onnx_file_without_argparse(tmp_path):
-    from norcal.core.tables import CalibrationTable
+    from norcal.core.calibration.tables import CalibrationTable
 
     table = CalibrationTable("toy", "test", "image", [
         {"id": i + 1, "name": f"c{i}", "image_count": n, "instance_count": n} for i, n in enumerate([1, 5, 50, 500])])

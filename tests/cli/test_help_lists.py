@@ -1,5 +1,5 @@
 """Help texts list what the product accepts, from the registries: the detector families
-(norcal.export.families.FAMILIES) and the calibration table sources (norcal.core.tables)."""
+(norcal.export.families.FAMILIES) and the calibration table sources (norcal.core.calibration.tables)."""
 
 import argparse
 import re

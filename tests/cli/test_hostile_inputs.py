@@ -173,7 +173,7 @@ def test_hostile_input_is_one_line_and_writes_nothing(name, world, tmp_path, cap
 def test_echoed_config_value_is_cut_short(tmp_path):
     """A config value an error quotes is cut to a few dozen characters, never built whole."""
     from norcal.core.errors import NorcalError
-    from norcal.export.families.detectron2.config_file import load_yaml_with_base
+    from norcal.export.families.detectron2.yacs_config.file import load_yaml_with_base
 
     (tmp_path / "base.yaml").write_text("MODEL: [" + ", ".join(["'" + "x" * 1000 + "'"] * 50) + "]\n")
     (tmp_path / "c.yaml").write_text("_BASE_: base.yaml\nMODEL:\n  META_ARCHITECTURE: GeneralizedRCNN\n")

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import TINY
 from norcal.cli import main
-from norcal.core import outputs
+from norcal.core.files import outputs
 from test_hostile import GT, RESULTS, SENTINEL, _digest, world  # noqa: F401  (world: a fixture)
 
 

@@ -32,7 +32,7 @@ sys.exit(main())
 # a SIGTERM while the run stages its output, with an exit hook that would hold the process 60 s
 _MID_RUN = """
 import atexit, os, signal, sys, time
-from norcal.core import outputs
+from norcal.core.files import outputs
 
 real = outputs.OutputRun.stage_file
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY
 from norcal.cli import main
 from norcal.core.errors import NorcalError
-from norcal.core.yaml_io import MAX_YAML_BYTES, read_yaml_mapping
+from norcal.core.files.yaml_io import MAX_YAML_BYTES, read_yaml_mapping
 
 
 def _padded(path, text: str, size: int):

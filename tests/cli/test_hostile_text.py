@@ -57,7 +57,7 @@ def test_printable_escapes_exactly_what_a_terminal_acts_on(text, shown):
 
 def test_table_cells_from_files_are_printed_escaped(tmp_path, capsys):
     """A class name read from a table file, shown in `norcal table show`'s rich table: escaped."""
-    from norcal.core.tables import CalibrationTable
+    from norcal.core.calibration.tables import CalibrationTable
 
     name = "\x1b]0;pwned\x07\x1b[2J\u202eEvil"
     path = tmp_path / "t.json"

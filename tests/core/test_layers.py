@@ -54,7 +54,7 @@ def test_contract_catches_a_family_importing_another(tmp_path):
     """A family reusing another family's module (as torchvision once did detectron2's) breaks it."""
     tree = _package_tree(tmp_path / "src")
     bad = tree / "norcal" / "export" / "families" / "torchvision" / "family.py"
-    bad.write_text(bad.read_text() + "\nimport norcal.export.families.detectron2.config  # noqa\n")
+    bad.write_text(bad.read_text() + "\nimport norcal.export.families.detectron2.yacs_config.spec  # noqa\n")
     proc = _lint(tree)
     assert proc.returncode != 0
     assert "Detector families never import each other BROKEN" in proc.stdout

@@ -187,7 +187,7 @@ def test_the_scan_finds_a_flag_in_a_constant_or_a_helpers_message(source):
 def test_a_planted_helper_message_in_a_library_module_is_found():
     """A real raising helper of the library (calibration's _refuse_counts), called with a flag in
     its message from a copy of its module, is reported; its other arguments are not messages."""
-    path = ROOT / "norcal" / "core" / "calibration.py"
+    path = ROOT / "norcal" / "core" / "calibration" / "formula.py"
     planted = path.read_text() + '\n\ndef planted(arr, bad):\n    _refuse_counts(arr, bad, ["a--b"], f"use --min-count {1}")\n'
     calls = message_helpers([p.read_text() if p != path else planted for p in library_modules()])
     flagged = [text for _, text in message_literals(planted, calls) if "--" in text]

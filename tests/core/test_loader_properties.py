@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,10 +22,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from norcal.core.calibration import calibrate, log_prior
+from norcal.core.calibration.formula import calibrate, log_prior
 from norcal.core.errors import NorcalError
 from norcal.evaluation import evaluate
-from test_schemas import FORMATS, gt_doc, results_doc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "datasets"))
+from test_schemas import FORMATS, gt_doc, results_doc  # noqa: E402
 
 DELETE = object()
 

@@ -186,8 +186,8 @@ def run_exported(gammas, num_images: int | None = None) -> dict[float, list[dict
     import tempfile
     from pathlib import Path
 
-    from norcal.core.onnx_io import save_onnx
-    from norcal.core.tables import build_table
+    from norcal.core.files.onnx_io import save_onnx
+    from norcal.core.calibration.tables import build_table
     from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model

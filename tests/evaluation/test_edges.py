@@ -11,7 +11,7 @@ import numpy as np
 import pycocotools.mask as mask_utils
 import pytest
 
-from norcal.core.tables import frequency_group, load_table
+from norcal.core.calibration.tables import frequency_group, load_table
 from norcal.evaluation import evaluate, evaluate_fixed
 from test_coco_rules import COCO_STATS, pycocotools_eval
 from test_evaluation import assert_same, lvis_api, make_results, reference, synthetic_gt  # noqa: F401

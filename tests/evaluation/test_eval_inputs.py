@@ -15,7 +15,7 @@ from norcal.core.errors import NorcalError
 from norcal.evaluation import prepare_gt
 from test_coco_rules import _two_boxes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core" / "datasets"))
 from test_yolo_ground_truth import _dataset, _image  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import pycocotools.mask as mask_utils
 from conftest import SYNTH
 from norcal.core.errors import NorcalError
 from norcal.evaluation import (Detections, evaluate, evaluate_fixed, from_results, prepare_gt)
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration.tables import CalibrationTable
 
 FIXTURE = SYNTH / "val.json"
 TOL = 1e-4

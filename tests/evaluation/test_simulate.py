@@ -12,10 +12,10 @@ import pytest
 
 from norcal.core.errors import NorcalError
 from norcal.evaluation import evaluate
-from norcal.core.calibration import calibrate, log_prior
+from norcal.core.calibration.formula import calibrate, log_prior
 from norcal.evaluation.simulate import (SimConfig, detect, make_split, proposal_logits, run_benchmark,
                                        simulate_gt)
-from norcal.core.tables import load_table
+from norcal.core.calibration.tables import load_table
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_bad_arguments(table):
 
 def test_tiny_table_with_few_classes():
     # fewer classes than the 12 negatives (and the up to 8 positives) drawn per image
-    from norcal.core.tables import CalibrationTable
+    from norcal.core.calibration.tables import CalibrationTable
 
     tiny = CalibrationTable("tiny", "test", "image", [
         {"id": i + 1, "name": f"c{i}", "image_count": n, "instance_count": n, "frequency": f}

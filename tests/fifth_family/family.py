@@ -9,7 +9,7 @@ from pathlib import Path
 
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import read_json
+from norcal.core.files.fileio import read_json
 from norcal.export.families.base import Classifier, Detector, Family
 from norcal.export.pytorch.onnx_trace import MIN_OPSET, trace_onnx
 

@@ -246,7 +246,7 @@ def test_zero_sizes_are_rejected_not_ignored(toy, tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
-# worded by norcal.core.schemas.ANNOTATIONS: the file, the record, the field
+# worded by norcal.core.datasets.schemas.ANNOTATIONS: the file, the record, the field
 @pytest.mark.parametrize("data, message", [
     ({"images": [{"file_name": "a.png"}], "categories": [{"id": 1}]}, r"images\[0\]: id: missing"),
     ({"images": [{"id": 1, "file_name": "a.png"}], "categories": [{"name": "x"}]}, r"categories\[0\]: id: missing"),
@@ -327,7 +327,7 @@ def test_cli_infer_exported_model_matches_detectron2(exported_tiny, tmp_path):
     from pycocotools import mask as mask_util
 
     from norcal.runtime.postprocess import paste_masks
-    from norcal.core.tables import load_table
+    from norcal.core.calibration.tables import load_table
 
     tiny = Path(__file__).parents[1] / "fixtures" / "d2_lvis_tiny"
     out = tmp_path / "res.json"

@@ -218,6 +218,31 @@ def test_infer_draw(demo, tmp_path):
         assert im.size == picture_size((256, 256), 2)
 
 
+def test_infer_draw_decodes_each_image_once(demo, tmp_path, monkeypatch):
+    """A drawn image's pixels, decoded for the run, are the ones pictured and the ones the
+    stripped baseline runs on: each file decoded once (PIL's load counted by file)."""
+    from collections import Counter
+
+    from PIL import ImageFile
+
+    from norcal.cli import main
+
+    decoded = Counter()
+    load = ImageFile.ImageFile.load
+
+    def counting_load(self):
+        if getattr(self, "_im", None) is None:  # pixels not decoded yet
+            decoded[Path(self.filename).name] += 1
+        return load(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", counting_load)
+    images = [str(SYNTH / "val" / f"{i}.png") for i in (100007, 100017, 100027)]
+    assert main(["infer", str(demo.tuned.model_path), *images, "--table", str(SYNTH / "train_annotations.json"),
+                 "-o", str(tmp_path / "drawn.json"), "--draw", str(tmp_path / "pics"), "--draw-count", "2"]) == 0
+    assert sorted(p.name for p in (tmp_path / "pics").iterdir()) == ["100007.png", "100017.png"]
+    assert decoded == {"100007.png": 1, "100017.png": 1, "100027.png": 1}
+
+
 def test_infer_draw_needs_a_table(demo, tmp_path, capsys):
     from norcal.cli import main
 

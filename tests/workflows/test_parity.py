@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from norcal.core.contract import Preprocessing
-from norcal.core.calibration import log_prior
+from norcal.core.calibration.formula import log_prior
 from norcal.cli import main
 from norcal.core.errors import NorcalError
 from norcal.cli.parity_tables import render_tables, verify_text
 from norcal.workflows.parity import (PRESETS, ParityRun, box_iou, compare, match_detections, report_json,
                                      run_parity, runner_precision, synthetic_images, tolerances_for,
                                      verdict_lines)
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration.spec import Calibration
 from norcal.export.pytorch.runner import TorchRunner, calibrated, onnx_calibration
 
 from conftest import TINY
@@ -364,7 +364,7 @@ def test_calibrated_gives_the_box_predictor_the_onnx_prior_and_restores_it():
 
 def test_onnx_calibration_reads_the_baked_prior():
     from norcal.export.graph.calibrate import calibrate_graph
-    from norcal.core.tables import load_table
+    from norcal.core.calibration.tables import load_table
 
     from onnx_graphs import classifier_graph
 
@@ -389,7 +389,7 @@ def tiny(tmp_path_factory):
     from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
 
     d = tmp_path_factory.mktemp("parity")
     spec, model = load_model(CKPT, CFG)
@@ -461,7 +461,7 @@ def test_cli_refuses_gt_categories_in_another_order_than_the_model_s(tiny, tmp_p
     compute AP with every class's detections under another category."""
     from PIL import Image
 
-    from norcal.core.tables import load_table
+    from norcal.core.calibration.tables import load_table
 
     w, h = Image.open(TINY / "images" / "img0.png").size
     cats = [{"id": c["id"], "name": c["name"]} for c in load_table("lvis_v1").categories]

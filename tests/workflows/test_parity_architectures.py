@@ -20,7 +20,7 @@ ARCHS = {"cascade": "d2_cascade_tiny", "c4": "d2_c4_tiny", "dc5": "d2_dc5_tiny",
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_cli_parity_pytorch_vs_onnxruntime(name, tmp_path, capsys):
     from norcal.cli import main
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model

@@ -23,7 +23,7 @@ def yolo320(tmp_path_factory):
     """(detector, its NorCal ONNX graph, the parity run of PyTorch vs ONNX Runtime with the floor)."""
     from conftest import TINY
     from norcal.core.contract import input_spec
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.export.families import load_detector
     from norcal.export.pytorch.runner import onnx_calibration
     from norcal.runtime.backends import ONNXRUNTIME
@@ -70,7 +70,7 @@ def test_correct_yolo_fails_the_bare_preset_but_passes_against_the_measured_floo
 
 def test_a_norcal_prior_off_by_more_than_the_floor_fails(yolo320, tmp_path):
     from norcal.core.contract import PRIOR_NAME, input_spec
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.runtime.backends import ONNXRUNTIME
     from norcal.runtime.inference import prepared_batches
     from norcal.workflows.parity import compare

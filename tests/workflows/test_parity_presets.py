@@ -15,7 +15,7 @@ import pytest
 from onnx import numpy_helper
 
 from conftest import SYNTH
-from norcal.core.onnx_io import save_onnx
+from norcal.core.files.onnx_io import save_onnx
 from norcal.workflows.parity import run_parity
 from norcal.workflows.parity.compare import compare
 from norcal.workflows.parity.tolerances import runner_precision
@@ -31,7 +31,7 @@ KEYS = ("num_detections", "boxes", "scores", "classes")
 
 @pytest.fixture(scope="module")
 def fp32():
-    from norcal.core.tables import build_table
+    from norcal.core.calibration.tables import build_table
     from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model

@@ -15,7 +15,7 @@ CKPT, CFG = TINY / "model_final.pth", TINY / "config.yaml"
 @pytest.fixture(scope="module")
 def g05(tmp_path_factory):
     """The tiny detector exported with NorCal at gamma 0.5."""
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model

@@ -32,7 +32,7 @@ def plain_export():
 
 @pytest.fixture(scope="module")
 def table():
-    from norcal.core.tables import build_table
+    from norcal.core.calibration.tables import build_table
 
     return build_table(SYNTH / "train_annotations.json")
 
@@ -46,7 +46,7 @@ def images():
 
 def run_onnx(model, images, tmp_path, name, batch_size=4):
     """ONNX Runtime on the images, ``batch_size`` per padded batch -> per-image Detections."""
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from host_inference import run_arrays
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 

@@ -27,7 +27,7 @@ def detector():
 
 @pytest.fixture(scope="module")
 def table():
-    from norcal.core.tables import build_table
+    from norcal.core.calibration.tables import build_table
 
     return build_table(SYNTH / "train_annotations.json")
 
@@ -50,7 +50,7 @@ def cache(family_detector):
 
 
 def rescored(detector, cache, table, gamma, mechanism="exp", factor="cdt"):
-    from norcal.core.calibration import log_prior
+    from norcal.core.calibration.formula import log_prior
     from norcal.export.families.detectron2.family import detector_of
     from norcal.workflows.tune_cache import rescore_images
 
@@ -92,7 +92,7 @@ def plain_onnx(detector):
 
 
 def onnx_detections(model, tmp_path, ids, batch_size=4):
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.runtime.inference import run_images
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
 
@@ -145,7 +145,7 @@ def subset_gt(tmp_path_factory):
 
 def test_tune_cli_baseline_equals_norcal_eval(subset_gt, plain_onnx, tmp_path, capsys):
     from norcal.cli import main
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
 
     sweep_json, plot = tmp_path / "sweep.json", tmp_path / "sweep.png"
     rc = main(["tune", str(SYNTH / "model_final.pth"), "--config", str(SYNTH / "config.yaml"),
@@ -179,7 +179,7 @@ def test_tune_cli_baseline_equals_norcal_eval(subset_gt, plain_onnx, tmp_path, c
 
 
 def test_rescore_restores_the_whole_predictor_state(detector, cache, table):
-    from norcal.core.calibration import log_prior
+    from norcal.core.calibration.formula import log_prior
 
     pred = detector[1].roi_heads.box_predictor
     prior = log_prior(table.counts(), 0.5, "cdt")

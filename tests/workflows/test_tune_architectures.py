@@ -46,7 +46,7 @@ class Arch:
         self._rescored: dict = {}
 
     def prior(self, gamma: float, factor: str):
-        from norcal.core.calibration import log_prior
+        from norcal.core.calibration.formula import log_prior
 
         if gamma == 0:
             return None
@@ -83,7 +83,7 @@ class Arch:
         return self._onnx[key]
 
     def _run_onnx(self, gamma: float, mechanism: str, factor: str, tmp_path):
-        from norcal.core.onnx_io import save_onnx
+        from norcal.core.files.onnx_io import save_onnx
         from norcal.export.graph.calibrate import calibrate_graph
         from norcal.runtime.inference import run_images
         from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
@@ -205,8 +205,8 @@ def test_best_class_sweep_ap_is_the_exported_models_ap(case, yolo_work, tmp_path
     from test_tune_yolo import _gt
 
     from norcal.core.decoding import Decoding
-    from norcal.core.onnx_io import save_onnx
-    from norcal.core.tables import load_table
+    from norcal.core.files.onnx_io import save_onnx
+    from norcal.core.calibration.tables import load_table
     from norcal.evaluation import evaluate, prepare_gt
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
     from norcal.runtime.inference import run_images

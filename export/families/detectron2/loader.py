@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-from norcal.core.classifier_option import SIGMOID, SOFTMAX, ClassifierActivation, check_classifier
+from norcal.core.calibration.classifier_option import SIGMOID, SOFTMAX, ClassifierActivation, check_classifier
 from norcal.core.errors import NorcalError
 
 from norcal.export.families.checkpoints import clean_state_dict, read_checkpoint
-from .config import load_config
-from .arch_from_weights import (ACTIVATION_UNREADABLE, FED_LOSS_IMPLIES_SIGMOID, architecture, cascade_stages,
+from norcal.export.families.detectron2.yacs_config.spec import load_config
+from norcal.export.families.detectron2.weights.architecture import (ACTIVATION_UNREADABLE, FED_LOSS_IMPLIES_SIGMOID, architecture, cascade_stages,
                                 layout_label, spec_from_weights, weights_layout)
 from norcal.export.rcnn.spec import RETINANET, ModelSpec
 
@@ -150,9 +150,9 @@ def load_detector_spec(weights, config=None, classifier: ClassifierActivation | 
     ``weights``: ``.pth``/``.pt`` or model-zoo ``.pkl``. ``config``: the model's detectron2
     YAML; when given it defines the spec and must agree with the weights' shapes
     (a mismatch is a :class:`NorcalError` naming both values); otherwise the spec is
-    inferred from the weights (see :func:`~norcal.export.families.detectron2.arch_from_weights.spec_from_weights`).
+    inferred from the weights (see :func:`~norcal.export.families.detectron2.weights.architecture.spec_from_weights`).
     ``classifier``: the R-CNN box head's activation, "softmax" or "sigmoid"
-    (:mod:`norcal.core.classifier_option`), which a config-less R-CNN without a federated-loss
+    (:mod:`norcal.core.calibration.classifier_option`), which a config-less R-CNN without a federated-loss
     buffer needs (refused without it); one the config, the buffer or a RetinaNet contradicts
     is refused. ``state_dict``: ``{name: torch.Tensor}`` without entries inference ignores.
     """

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 from norcal.export.families.pickle_scan import scan_torch_zip
 
 # The task models this loader builds (YOLOv8 / YOLO11 detect and segment, RT-DETR). RT-DETR's

@@ -265,7 +265,7 @@ class YoloDetector(Detector):
         after an end-to-end head's top-k: that top-k is re-run per prior by :meth:`rescore`)."""
         import torch
 
-        from norcal.core.calibration import calibrate
+        from norcal.core.calibration.formula import calibrate
 
         lps = [None if p is None else torch.as_tensor(np.asarray(p, np.float64), dtype=torch.float32)
                for p in priors]

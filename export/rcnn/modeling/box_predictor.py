@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from norcal.core.calibration import calibrate, check_variant
+from norcal.core.calibration.formula import calibrate, check_variant
 from norcal.core.errors import NorcalError
 
 from .box_coder import BoxCoder, clip_boxes
@@ -49,8 +49,8 @@ class FastRCNNOutputLayers(nn.Module):
         self.mechanism, self.renormalize = "exp", not use_sigmoid
 
     def set_log_prior(self, log_prior, mechanism: str = "exp", renormalize: bool | None = None) -> None:
-        """Calibrate scores with NorCal: ``log_prior`` [C+1] from ``norcal.core.calibration.log_prior``
-        (background at ``self.background``) and the variant (see ``norcal.core.calibration.calibrate``; renormalize
+        """Calibrate scores with NorCal: ``log_prior`` [C+1] from ``norcal.core.calibration.formula.log_prior``
+        (background at ``self.background``) and the variant (see ``norcal.core.calibration.formula.calibrate``; renormalize
         None: the head's own form); None restores the plain scores."""
         act = "sigmoid" if self.use_sigmoid else "softmax"
         self.mechanism, self.renormalize = mechanism, check_variant(mechanism, renormalize, act)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 from norcal.core.profiles import DEFAULT_BATCH
 
 HELP = "build a TensorRT engine (fp32/fp16/int8) from an exported ONNX detector"

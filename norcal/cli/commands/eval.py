@@ -105,7 +105,7 @@ def run(args) -> int:
     from norcal.core.errors import NorcalError
     from norcal.evaluation import evaluate, evaluate_fixed, from_results, prepare_gt
     from norcal.evaluation import report
-    from norcal.core.ultralytics_dataset import is_dataset_description
+    from norcal.core.datasets.ultralytics_dataset import is_dataset_description
     from norcal.evaluation.deployment import check_score_thresh, deployment_metrics
     from norcal.evaluation.rules import choose_rules
 
@@ -127,13 +127,13 @@ def run(args) -> int:
     console = Console(soft_wrap=True)
     table = None
     if args.table:
-        from norcal.core.tables import load_table
+        from norcal.core.calibration.tables import load_table
 
         table = load_table(args.table)
     groups_from = None
     if table is None and is_dataset_description(args.gt):
         # a data.yaml's own training split gives N_c, as `norcal-export --table data.yaml` counts it
-        from norcal.core.tables import table_from_dataset
+        from norcal.core.calibration.tables import table_from_dataset
 
         with console.status("counting the training split's labels"):
             table = table_from_dataset(args.gt)

@@ -10,7 +10,7 @@ from norcal.cli.options import (CLASSIFIER_FLAGS, DECODING_FLAGS, add_calibratio
                                 family_names, min_count_line, table_help)
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 
 HELP = "export a detector to ONNX with the NorCal node baked in (the main job)"
 DESCRIPTION = f"""Bake NorCal calibration into a detector's graph.
@@ -129,7 +129,7 @@ def run(args) -> int:
 
     is_checkpoint = src.suffix.lower() in checkpoint_suffixes()
     if not is_checkpoint and src.suffix.lower() != ".onnx":
-        from norcal.core.onnx_io import not_onnx_checkpoint
+        from norcal.core.files.onnx_io import not_onnx_checkpoint
 
         foreign = not_onnx_checkpoint(src)  # read as ONNX, it would fail on its bytes or on --config
         if foreign is not None:
@@ -205,8 +205,8 @@ def print_summary(result) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from norcal.core.onnx_io import describe_io
-    from norcal.core.outputs import current_path
+    from norcal.core.files.onnx_io import describe_io
+    from norcal.core.files.outputs import current_path
     from norcal.export.trt_check.support import TENSORRT_VERSION
 
     console = Console(soft_wrap=True)

@@ -123,10 +123,10 @@ def run(args) -> int:
 
     from norcal.cli.options import check_outputs
     from norcal.cli.parity_tables import render_tables
-    from norcal.core.fileio import write_json
-    from norcal.core.schemas import GROUND_TRUTH
-    from norcal.core.ultralytics_dataset import is_dataset_description
-    from norcal.core.yolo_ground_truth import dataset_categories, read_annotations, split_image_ids
+    from norcal.core.files.fileio import write_json
+    from norcal.core.datasets.schemas import GROUND_TRUTH
+    from norcal.core.datasets.ultralytics_dataset import is_dataset_description
+    from norcal.core.datasets.yolo_ground_truth import dataset_categories, read_annotations, split_image_ids
     from norcal.workflows.parity import ParityRequest, build_runners, report_json, run_parity, verdict_lines
 
     console = Console(soft_wrap=True)

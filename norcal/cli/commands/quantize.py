@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 
 HELP = "write an int8 (explicit Q/DQ, calibrated on images) or fp16 variant of an exported detector"
 DESCRIPTION = """Write a lower-precision variant of a detector exported by norcal export.

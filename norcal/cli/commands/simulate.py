@@ -49,9 +49,9 @@ def run(args) -> int:
 
     from norcal.core.errors import NorcalError
     from norcal.evaluation.simulate import SimConfig, plot_sweep, run_benchmark
-    from norcal.core.fileio import write_json
+    from norcal.core.files.fileio import write_json
     from norcal.cli.options import check_outputs, parse_valid_gammas
-    from norcal.core.tables import load_table
+    from norcal.core.calibration.tables import load_table
 
     gammas = parse_valid_gammas(args.gammas)
     if args.images < 1 or args.train_images < 1:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from norcal.core.tables import GROUPS, build_table, builtin_names, load_table
+from norcal.core.calibration.tables import GROUPS, build_table, builtin_names, load_table
 
 HELP = "build or show a calibration table (per-class training counts)"
 DESCRIPTION = """Calibration tables hold N_c, the per-class training counts NorCal divides by.
@@ -52,8 +52,8 @@ def run(args) -> int:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from norcal.cli.options import progress_bars
-        from norcal.core.tables import table_from_dataset
-        from norcal.core.ultralytics_dataset import is_dataset_description
+        from norcal.core.calibration.tables import table_from_dataset
+        from norcal.core.datasets.ultralytics_dataset import is_dataset_description
 
         check_outputs([args.annotations], files={"-o": args.output})
         if is_dataset_description(args.annotations):

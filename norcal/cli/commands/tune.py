@@ -8,7 +8,7 @@ from pathlib import Path
 from norcal.cli.options import (CLASSIFIER_FLAGS, DECODING_FLAGS, add_calibration_options, add_classifier_option,
                                 add_decoding_options, add_ray_arguments, add_split_argument, checkpoint_help,
                                 decoding_option, min_count_line, ray_options, table_help)
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 from norcal.core.errors import NorcalError
 
 HELP = "sweep NorCal's gamma on (a subset of) training images and recommend the best"
@@ -120,7 +120,7 @@ def run(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from norcal.cli.options import check_outputs, parse_valid_gammas, progress_bars
-    from norcal.core.fileio import write_json
+    from norcal.core.files.fileio import write_json
     from norcal.workflows.tune import tune, write_sweep_plot
 
     src = Path(args.model)

@@ -46,14 +46,14 @@ def _concat(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def _only_images(gt, image_ids, split: str = "val"):
-    """An annotation file or dict, validated (:data:`norcal.core.schemas.GROUND_TRUTH`), cut
+    """An annotation file or dict, validated (:data:`norcal.core.datasets.schemas.GROUND_TRUTH`), cut
     down to ``image_ids``: AP over the images that were run, not over a whole validation set
     most of which was never seen (a prepared LvisGT is kept; a data.yaml is read as its
     ``split``'s ground truth)."""
     from pathlib import Path
 
-    from norcal.core.schemas import GROUND_TRUTH
-    from norcal.core.yolo_ground_truth import read_annotations
+    from norcal.core.datasets.schemas import GROUND_TRUTH
+    from norcal.core.datasets.yolo_ground_truth import read_annotations
 
     if isinstance(gt, (str, Path)):
         gt = read_annotations(gt, "annotations", GROUND_TRUTH, split)
@@ -188,7 +188,7 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     if gt is not None and (image_ids is None or len(image_ids) != len(images_rgb)):
         raise NorcalError("AP needs one image id per image")
     if gt is not None:
-        from norcal.core.yolo_ground_truth import check_split
+        from norcal.core.datasets.yolo_ground_truth import check_split
 
         check_split(split)
     presets = {r.name: (tolerances or {}).get(r.name) or PRESETS[runner_precision(r)] for r in runners[1:]}

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from norcal.core import contract
-from norcal.core.classifier_option import ClassifierActivation, check_classifier
+from norcal.core.calibration.classifier_option import ClassifierActivation, check_classifier
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 from norcal.core.runner import Runner
 from norcal.runtime.backends.base import Backend
 from norcal.workflows.parity.tolerances import PRESETS, Tolerances, runner_precision

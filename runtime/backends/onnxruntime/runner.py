@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 from norcal.core.ranges import MAX_THREADS, check_range
 from norcal.runtime.backends.base import BackendRunner
 

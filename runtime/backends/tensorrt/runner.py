@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from norcal.core.errors import NorcalError
-from norcal.core.fileio import readable_file
+from norcal.core.files.fileio import readable_file
 from norcal.runtime.backends.base import BackendRunner
 from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from conftest import FIXTURES
 from norcal.core import contract
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration.spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.export.families import FAMILIES, family_of, graph_family
 

@@ -52,7 +52,7 @@ from pathlib import Path
 import norcal
 assert norcal.__file__.startswith(sys.argv[1]), norcal.__file__
 from norcal.cli import main
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration.tables import CalibrationTable
 work = Path(sys.argv[2])
 counts, gamma = [int(c) for c in sys.argv[3].split(",")], sys.argv[4]
 CalibrationTable("toy_table", "test", "image", [

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from norcal.core.errors import NorcalError
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration.tables import CalibrationTable
 from norcal.export.graph.calibrate import calibrate_graph
 from classifier_lookup import find_classifiers
 from norcal.export.graph.classifier_search import ClassifierView, background_in_graph

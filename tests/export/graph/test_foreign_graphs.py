@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from norcal.cli import export_main
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration.tables import CalibrationTable
 from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.graph.surgery import has_norcal, norcal_metadata, strip_norcal
 from norcal.export.trt_check import check_model

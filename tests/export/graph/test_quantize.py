@@ -27,7 +27,7 @@ GAMMA = 0.8  # the demo's tuned gamma on this example
 
 @pytest.fixture(scope="module")
 def fp32():
-    from norcal.core.tables import build_table
+    from norcal.core.calibration.tables import build_table
     from norcal.export.graph.calibrate import calibrate_graph
     from norcal.export.rcnn.export import export_detector
     from norcal.export.families.detectron2.loader import load_model
@@ -162,7 +162,7 @@ def test_fp16_keeps_the_fp32_region_and_io(fp16):
 
 
 def test_detections_agree_with_the_fp32_model(fp32, int8, fp16, tmp_path):
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.runtime.images import read_rgb
     from host_inference import run_arrays
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner
@@ -189,7 +189,7 @@ def test_parity_judges_the_int8_model_by_the_int8_preset(fp32, int8, tmp_path, c
     import json
 
     from norcal.cli import main
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
 
     save_onnx(int8, tmp_path / "int8.onnx")
     report = tmp_path / "parity.json"
@@ -226,7 +226,7 @@ def test_quantized_models_are_refused_as_input(int8, fp16):
 
 def test_cli_writes_the_int8_model_from_a_folder(fp32, tmp_path, capsys):
     from norcal.cli import main
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
 
     save_onnx(fp32, tmp_path / "model.onnx")
     assert main(["quantize", str(tmp_path / "model.onnx"), "--images", str(SYNTH / "train_subset"),
@@ -252,7 +252,7 @@ def test_ort_form_runs_int8_kernels_after_onnxruntimes_optimizer(int8_ort, tmp_p
     and the mask head (4 convs; its deconv)."""
     import onnxruntime as ort
 
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
 
     save_onnx(int8_ort, tmp_path / "ort.onnx")
     opts = ort.SessionOptions()
@@ -276,7 +276,7 @@ def test_ort_form_detections_agree_and_parity_passes_at_the_int8_preset(fp32, in
     import json
 
     from norcal.cli import main
-    from norcal.core.onnx_io import save_onnx
+    from norcal.core.files.onnx_io import save_onnx
     from norcal.runtime.images import read_rgb
     from host_inference import run_arrays
     from norcal.runtime.backends.onnxruntime.runner import OnnxRuntimeRunner

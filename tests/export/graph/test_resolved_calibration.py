@@ -9,8 +9,9 @@ import pytest
 from onnx import numpy_helper
 
 import norcal
-from norcal.core import calibration_spec, tables
-from norcal.core.calibration_spec import DEFAULT_BACKGROUND, Calibration, ResolvedCalibration
+from norcal.core.calibration import spec as calibration_spec
+from norcal.core.calibration import tables
+from norcal.core.calibration.spec import DEFAULT_BACKGROUND, Calibration, ResolvedCalibration
 
 from conftest import TINY
 from onnx_graphs import classifier_graph, gemm_weights

@@ -1,16 +1,16 @@
-"""The NorCal node: placement, ONNX Runtime parity with norcal.core.calibration, replace and strip."""
+"""The NorCal node: placement, ONNX Runtime parity with norcal.core.calibration.formula, replace and strip."""
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 
-from norcal.core.calibration import calibrate, log_prior
+from norcal.core.calibration.formula import calibrate, log_prior
 from norcal.core.errors import NorcalError
 from norcal.export.graph.calibrate import calibrate_graph
 from norcal.core import contract
 from norcal.core.contract import NODE_DOMAIN as DOMAIN, PRIOR_NAME
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration.spec import Calibration
 from classifier_lookup import find_classifiers
 from norcal.export.graph.classifier_search import classifier_candidates
 from norcal.export.graph.surgery import has_norcal, insert_norcal, norcal_metadata, strip_norcal
@@ -74,7 +74,7 @@ def test_node_spec_metadata_and_input_untouched():
 
 
 def _table_file_free():
-    from norcal.core.tables import CalibrationTable
+    from norcal.core.calibration.tables import CalibrationTable
 
     cats = [{"id": i + 1, "name": f"c{i}", "image_count": c, "instance_count": c, "frequency": "r"}
             for i, c in enumerate(COUNTS)]
@@ -280,7 +280,7 @@ def test_recalibrating_a_checkpoint_export_without_a_table():
     """``norcal-export model.norcal.onnx --gamma G`` with no table: the class count that picks
     the built-in table is read through the NorCal node already there (it was looked for on a
     plain Softmax reading the recorded logits, which the node had replaced: refused)."""
-    from norcal.core.tables import load_table
+    from norcal.core.calibration.tables import load_table
     from norcal.export.graph.calibrate import classifier_classes
 
     model = classifier_graph(num_classes=1203, features=4)
@@ -300,7 +300,7 @@ def test_recalibrating_a_checkpoint_export_without_a_table():
 
 
 def _named_table(names, counts=(1, 10, 100)):
-    from norcal.core.tables import CalibrationTable
+    from norcal.core.calibration.tables import CalibrationTable
 
     return CalibrationTable(name="named", source="test", count_type="image", categories=[
         {"id": i + 1, "name": n, "image_count": c, "instance_count": c, "frequency": "r"}

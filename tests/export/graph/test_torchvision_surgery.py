@@ -11,7 +11,7 @@ import pytest
 import torch
 import torchvision
 
-from norcal.core.calibration import calibrate, log_prior
+from norcal.core.calibration.formula import calibrate, log_prior
 from norcal.cli import export_main
 from classifier_lookup import find_classifiers
 from norcal.export.graph.surgery import norcal_metadata

@@ -18,7 +18,7 @@ import torch
 import golden as G
 from golden import manifest_table
 from conftest import FIXTURES, assert_tensorrt_compatible
-from norcal.core.calibration import log_prior
+from norcal.core.calibration.formula import log_prior
 from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.rcnn.modeling.build import model_from_state

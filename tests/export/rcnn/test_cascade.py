@@ -16,7 +16,7 @@ import golden as G
 from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.export.families.detectron2.arch_from_weights import architecture
+from norcal.export.families.detectron2.weights.architecture import architecture
 from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.rcnn.modeling.build import model_from_state
@@ -70,7 +70,7 @@ def test_weights_alone_give_the_config_model():
 
 def test_class_specific_cascade_is_refused(tmp_path):
     import yaml
-    from norcal.export.families.detectron2.config import load_config
+    from norcal.export.families.detectron2.yacs_config.spec import load_config
 
     cfg = yaml.safe_load(CONFIG.read_text())
     cfg["MODEL"]["ROI_BOX_HEAD"]["CLS_AGNOSTIC_BBOX_REG"] = False

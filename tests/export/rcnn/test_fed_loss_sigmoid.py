@@ -17,7 +17,7 @@ import torch
 import golden as G
 from conftest import FIXTURES
 from golden import manifest_table
-from norcal.core.calibration import log_prior
+from norcal.core.calibration.formula import log_prior
 from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.rcnn.modeling.build import model_from_state

@@ -14,7 +14,7 @@ import torch
 import torchvision
 
 import golden as G
-from norcal.core.calibration import log_prior
+from norcal.core.calibration.formula import log_prior
 from norcal.core.errors import NorcalError
 from norcal.export.rcnn.modeling.box_coder import BoxCoder, clip_boxes
 from norcal.export.rcnn.modeling.build import model_from_state, create_model, random_state_dict
@@ -138,7 +138,7 @@ def test_numpy_state_dict_loads_like_a_model_zoo_pkl(model):
 
 
 def test_d2_config_spec_builds_the_fixture():
-    from norcal.export.families.detectron2 import config as d2_config
+    from norcal.export.families.detectron2.yacs_config import spec as d2_config
 
     spec = d2_config.load_config(G.FIXTURE / "config.yaml")
     model_from_state(spec, G.tiny_state_dict())  # strict: any architecture mismatch raises

@@ -18,9 +18,9 @@ import torch
 
 from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core.errors import NorcalError
-from norcal.core.yaml_io import read_yaml_mapping
+from norcal.core.files.yaml_io import read_yaml_mapping
 from norcal.export.families.checkpoints import read_checkpoint
-from norcal.export.families.detectron2.mvit_weights import mvit_fields, mvit_from_lazy
+from norcal.export.families.detectron2.weights.mvit import mvit_fields, mvit_from_lazy
 from norcal.export.rcnn.modeling.build import create_model, model_from_state, random_state_dict
 from norcal.export.rcnn.modeling.mvit import MViT
 from norcal.export.rcnn.spec import ModelSpec, MViTSpec

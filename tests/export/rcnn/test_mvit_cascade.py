@@ -15,7 +15,7 @@ import pytest
 from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core.errors import NorcalError
 from norcal.export.families.checkpoints import read_checkpoint
-from norcal.export.families.detectron2.arch_from_weights import spec_from_weights
+from norcal.export.families.detectron2.weights.architecture import spec_from_weights
 from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.rcnn.modeling.build import create_model
 from norcal.export.rcnn.spec import CASCADE_ROI_HEADS, MViTSpec

@@ -13,7 +13,7 @@ import torch
 from onnx import numpy_helper
 
 import golden as G
-from norcal.core.calibration import log_prior
+from norcal.core.calibration.formula import log_prior
 from norcal.core.errors import NorcalError
 from norcal.export.rcnn.modeling.build import model_from_state, random_state_dict
 from norcal.export.rcnn.onnx_export import export_onnx
@@ -116,7 +116,7 @@ def test_onnxruntime_norcal_matches_golden(tiny_onnx, fixture_batch, setting):
     factor, gamma = G.GAMMAS[setting]
     lp = log_prior(G.lvis_counts(), gamma, factor)
     from norcal.export.graph import surgery
-    from norcal.core.calibration_spec import Calibration
+    from norcal.core.calibration.spec import Calibration
     calibrated = surgery.insert_norcal(
         tiny_onnx, Calibration(gamma=gamma, factor=factor, table="lvis_v1", background="last").resolve(1203))
     np.testing.assert_allclose(
@@ -212,7 +212,7 @@ def test_classifier_is_named_at_export(tiny_onnx, monkeypatch):
     never runs the heuristic search meant for foreign ONNX."""
     from norcal.core import contract
     from norcal.export.graph import classifier_search, surgery
-    from norcal.core.calibration_spec import Calibration
+    from norcal.core.calibration.spec import Calibration
 
     meta = {p.key: p.value for p in tiny_onnx.metadata_props}
     assert meta[contract.CLASSIFIER_LOGITS] == contract.CLS_LOGITS_TENSOR

@@ -150,7 +150,7 @@ def _with(state: dict, **changes) -> dict:
 
 
 def test_unsupported_regnets_are_refused():
-    from norcal.export.families.detectron2.arch_from_weights import spec_from_weights
+    from norcal.export.families.detectron2.weights.architecture import spec_from_weights
 
     _, sd = load_detector_spec(FIXTURE["y"] / "model_final.pth", classifier=CLASSIFIER)
     stem = "backbone.bottom_up.stem.conv.weight"

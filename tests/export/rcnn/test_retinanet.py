@@ -16,7 +16,7 @@ import torch
 import golden as G
 from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core import contract
-from norcal.core.calibration import log_prior
+from norcal.core.calibration.formula import log_prior
 from norcal.core.errors import NorcalError
 from norcal.export.graph.calibrate import calibrate_graph
 from norcal.export.families.detectron2.loader import load_detector_spec

@@ -17,7 +17,7 @@ import golden as G
 from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core.errors import NorcalError
 from norcal.export.families.checkpoints import read_checkpoint
-from norcal.export.families.detectron2.arch_from_weights import spec_from_weights
+from norcal.export.families.detectron2.weights.architecture import spec_from_weights
 from norcal.export.families.detectron2.loader import load_detector_spec
 from norcal.export.rcnn.modeling.build import model_from_state
 from norcal.export.rcnn.spec import architecture_label

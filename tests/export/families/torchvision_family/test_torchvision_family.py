@@ -14,7 +14,7 @@ from PIL import Image
 from torchvision.models.detection.transform import _resize_image_and_masks
 
 from norcal.core.boxes import box_iou
-from norcal.core.calibration_spec import Calibration
+from norcal.core.calibration.spec import Calibration
 from norcal.core.errors import NorcalError
 from norcal.export.families import family_of, load_detector
 from norcal.export.rcnn.detector import GraphOptions

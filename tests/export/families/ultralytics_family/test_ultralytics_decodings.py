@@ -109,7 +109,7 @@ def test_decoding_options_refused_in_one_line(yolo_work):
 def test_cli_flags_reach_the_metadata_and_other_families_refuse_them(yolo_work, tmp_path, capsys):
     from family_cases import D2_TINY
     from norcal.cli import export_main
-    from norcal.core.onnx_io import load_onnx
+    from norcal.core.files.onnx_io import load_onnx
     from norcal.workflows.export_job import CheckpointExport, NorCal, export_checkpoint
 
     out = tmp_path / "best.onnx"
@@ -186,7 +186,7 @@ def test_rtdetr_best_class_is_each_querys_best_class(yolo_work, rtdetr_forward):
     """Best-class RT-DETR against Ultralytics' decoder output by hand: per query its best class
     after NorCal (the last decoder layer's logits, sigmoid(logit - gamma log N_c)), above conf;
     the re-scoring from the tune cache gives the same at gamma 0.5."""
-    from norcal.core.calibration import log_prior
+    from norcal.core.calibration.formula import log_prior
     from norcal.runtime.inference import prepare
     from ultralytics.utils.ops import xywh2xyxy
 

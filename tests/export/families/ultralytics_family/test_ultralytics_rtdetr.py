@@ -18,7 +18,7 @@ from PIL import Image
 from conftest import FIXTURES, assert_tensorrt_compatible
 from norcal.core import contract
 from norcal.core.errors import NorcalError
-from norcal.core.tables import CalibrationTable
+from norcal.core.calibration.tables import CalibrationTable
 from norcal.runtime.preprocess import prepare_stretch_batch, resize_linear_uint8
 
 IMGSZ = 160

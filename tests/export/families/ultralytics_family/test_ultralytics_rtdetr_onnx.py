@@ -19,7 +19,7 @@ from test_ultralytics_onnx import _meta, _run, _session  # noqa: E402
 from norcal.core import contract  # noqa: E402
 from norcal.core.boxes import box_iou  # noqa: E402
 from norcal.core.errors import NorcalError  # noqa: E402
-from norcal.core.tables import CalibrationTable  # noqa: E402
+from norcal.core.calibration.tables import CalibrationTable  # noqa: E402
 from norcal.export.families.ultralytics.onnx_common import is_ultralytics  # noqa: E402
 from norcal.export.families.ultralytics.onnx_yolo import ingest_ultralytics  # noqa: E402
 from norcal.export.families.ultralytics.onnx_rtdetr import find_rtdetr_head  # noqa: E402

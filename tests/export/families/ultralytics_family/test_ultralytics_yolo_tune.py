@@ -34,7 +34,7 @@ def test_tune_rescore_equals_the_onnx(work, kind):
     that leave most anchors out of the cache, so the top-k re-run at gamma 0.5 works on a subset
     of each image's anchors, padded up to K rows where fewer are cached. The best-class decoding
     (Ultralytics' predictor NMS, agnostic): each gamma's argmax, conf and NMS re-run from the cache."""
-    from norcal.core.calibration import log_prior
+    from norcal.core.calibration.formula import log_prior
     from norcal.runtime.inference import prepare
     from norcal.runtime.postprocess import split_outputs
 
@@ -85,7 +85,7 @@ def test_tune_segm_rescoring_gives_ultralytics_masks(work):
     (masks pasted once per cache, shared by its gammas: here gamma 0 first) changes no RLE."""
     from pycocotools import mask as mask_utils
 
-    from norcal.core.calibration import log_prior
+    from norcal.core.calibration.formula import log_prior
     from norcal.workflows.tune_cache import cache_images, rescore_gamma, to_eval_detections
 
     det = load_detector(work.seg)

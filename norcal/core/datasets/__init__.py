@@ -1,0 +1,2 @@
+"""Data sets read for tables and ground truth: COCO/LVIS schemas, compressed RLE, YOLO labels
+and Ultralytics data.yaml descriptions."""
