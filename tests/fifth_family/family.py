@@ -50,9 +50,11 @@ class ToyDetector(Detector):
                 self.cls_score = linear
 
             def forward(self, images, image_sizes):
-                logits = self.cls_score(images.mean(dim=(2, 3)) / 255.0)[:, None, :]  # [B, 1, C+1]
-                score, cls = torch.softmax(logits, dim=-1)[:, :, :-1].max(dim=-1)
                 size = image_sizes.to(torch.float32)
+                # the mean over the image itself, not its batch's zero padding: alone == batched
+                mean = images.sum(dim=(2, 3)) / (size[:, :1] * size[:, 1:])
+                logits = self.cls_score(mean / 255.0)[:, None, :]  # [B, 1, C+1]
+                score, cls = torch.softmax(logits, dim=-1)[:, :, :-1].max(dim=-1)
                 zero = torch.zeros_like(size[:, 0])
                 boxes = torch.stack([zero, zero, size[:, 1], size[:, 0]], dim=-1)[:, None, :]
                 num = torch.ones_like(image_sizes[:, 0]).to(torch.int32)

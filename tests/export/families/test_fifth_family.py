@@ -1,7 +1,9 @@
-"""A fifth family added the way docs/architecture.md says: its own package and one line in the
-registry (pyproject's package list is the third file, for packaging only). In a copy of the
-source with only those two edits, the CLI lists it, dispatches its file to it, exports it with
-the NorCal node, and `norcal infer` runs the export, its score the paper's formula by hand."""
+"""A fifth family added the way docs/architecture.md says: its own package, one line in the
+registry, and its case in the conformance suite (pyproject's package list is the one more file,
+for packaging only). In a copy of the source with only the first two edits, the CLI lists it,
+dispatches its file to it, exports it with the NorCal node, and `norcal infer` runs the export,
+its score the paper's formula by hand; with its case appended to a copy of tests/family_cases.py,
+the conformance suite runs it through every check that applies and passes."""
 
 import json
 import math
@@ -16,6 +18,8 @@ from PIL import Image
 
 ROOT = Path(__file__).parents[3]
 TOY = Path(__file__).parents[2] / "fifth_family" / "family.py"
+TOY_CASE = TOY.with_name("case.py")
+TESTS = Path(__file__).parents[2]
 WEIGHT = [[2.0, -1.0, 0.5], [0.3, 1.2, -0.4], [-0.5, 0.2, 1.5], [1.0, 1.0, 1.0], [0.0, 0.5, 0.5]]  # 4 classes + bg
 BIAS = [0.1, 0.2, -0.3, 0.0, 0.4]
 COUNTS = [500, 50, 5, 1]  # image counts of the table's classes: the plain best is the most frequent
@@ -106,3 +110,31 @@ def _original(rel: Path) -> Path:
     if top in ("export", "runtime", "calibration_tables"):
         return ROOT / rel
     return ROOT / "norcal" / rel
+
+
+def test_a_fifth_family_joins_the_conformance_suite_with_its_case(tmp_path):
+    """The conformance suite (copied as it is) over the copy with the toy family: the registry
+    check sees its case, and export, norcal check, the hand reference at both gammas, batch ==
+    alone, norcal infer and the metadata checks pass for it."""
+    pkg = _source_copy(tmp_path / "src")
+    _add_toy_family(pkg)
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    shutil.copy(TESTS / "export" / "families" / "test_conformance.py", tests)
+    cases = (TESTS / "family_cases.py").read_text() + "\n\n" + TOY_CASE.read_text()  # the third edit
+    (tests / "family_cases.py").write_text(cases)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "src"), str(tests)])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "-k", "toy or every_family_has_a_case", "-W", "ignore::pytest.PytestUnknownMarkWarning",
+                           str(tests / "test_conformance.py")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    passed = {line.split("::")[1].split(" ")[0] for line in proc.stdout.splitlines() if line.endswith("%]")
+              and " PASSED" in line}
+    # every check but the graph search (a checkpoint export's classifier is its Detector's)
+    want = {"test_every_family_has_a_case", "test_every_check_left_out_says_why[toy]",
+            "test_export_passes_norcal_check[toy]", "test_matches_upstream_with_norcal_by_hand[toy-0.0]",
+            "test_matches_upstream_with_norcal_by_hand[toy-0.5]", "test_image_in_a_batch_equals_it_alone[toy]",
+            "test_norcal_infer_writes_the_graphs_detections[toy]", "test_metadata_carries_every_runtime_key[0.0-toy]",
+            "test_metadata_carries_every_runtime_key[0.5-toy]"}
+    assert passed == want, proc.stdout[-4000:]
