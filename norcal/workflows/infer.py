@@ -303,7 +303,7 @@ def run_infer(job: InferJob, on_done: Callable[[int], None] | None = None) -> In
     pixels: dict[Path, object] = {}  # the first decoded images, kept for the pictures
 
     def keep(path, image):
-        if len(pixels) < to_draw:
+        if len(drawn) + len(pixels) < to_draw:
             pixels[path] = image
 
     done_images = 0
@@ -316,7 +316,7 @@ def run_infer(job: InferJob, on_done: Callable[[int], None] | None = None) -> In
                                         on_image=keep if to_draw else None):
                 out.add(*results_fragment(id_of[path], det, job.category_ids, job.with_masks))
                 done_images += 1
-                if path in pixels and len(drawn) < to_draw:
+                if path in pixels:
                     drawn.append((path, pixels.pop(path), det))
         else:
             from norcal.runtime.ray_inference import ResultsFormat, run_images_ray
