@@ -165,7 +165,7 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
     provider). mask_head: also quantize the mask head's layers (they feed the masks only, so
     boxes, scores and classes are as without; the ConvTranspose stays fp32).
     """
-    import onnxruntime
+    # onnxruntime is an extra (cpu / gpu builds): imported where used, as by _int8_meta for its version
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod as OrtMethod, quantize_static
 
     if method not in CALIBRATION_METHODS:
@@ -174,18 +174,7 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
     if form not in contract.INT8_FORMS:
         raise NorcalError(f"int8 form {form!r}: choose one of {', '.join(contract.INT8_FORMS)}", param="form")
     check_fp32_model(model, where)
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    name_nodes(work)
-    if form == "ort":
-        _own_bias_initializers(work)
-    products = weightless_products(work)
-    keep = fp32_nodes(work, where) | products
-    int8_masks = mask_only_layers(work) & keep if mask_head else set()
-    keep -= int8_masks
-    if form == "ort":
-        layers = {n.name for n in work.graph.node if n.op_type in COMPUTE_OPS} - keep
-        keep |= final_layers(work, layers) - int8_masks
+    work, keep, products, int8_masks = _int8_plan(model, where, form, mask_head)
     count = [0]
 
     class Reader(CalibrationDataReader):
@@ -216,20 +205,47 @@ def quantize_int8(model: onnx.ModelProto, calibration: Iterable[dict[str, np.nda
         quantized = onnx.load(str(out))
     if count[0] == 0:
         raise NorcalError(f"{where}: no calibration images were given", param="images")
+    _set_meta(quantized, _int8_meta(work, form, method, keep, products, int8_masks, count[0]))
+    return quantized, count[0]
+
+
+def _int8_plan(model: onnx.ModelProto, where: str, form: str,
+               mask_head: bool) -> tuple[onnx.ModelProto, set[str], set[str], set[str]]:
+    """The copy to quantize (nodes named; the ort form's biases its own initializers) and the
+    node sets: kept fp32, the weightless MatMuls among them, the mask layers made int8."""
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    name_nodes(work)
+    if form == "ort":
+        _own_bias_initializers(work)
+    products = weightless_products(work)
+    keep = fp32_nodes(work, where) | products
+    int8_masks = mask_only_layers(work) & keep if mask_head else set()
+    keep -= int8_masks
+    if form == "ort":
+        layers = {n.name for n in work.graph.node if n.op_type in COMPUTE_OPS} - keep
+        keep |= final_layers(work, layers) - int8_masks
+    return work, keep, products, int8_masks
+
+
+def _int8_meta(work: onnx.ModelProto, form: str, method: str, keep: set[str], products: set[str],
+               int8_masks: set[str], images: int) -> dict[str, str]:
+    """The metadata an int8 model records: precision, form, how it was quantized, images used."""
+    import onnxruntime
+
     how = ("QDQ int8 symmetric, weights per channel, activations per tensor" if form == "tensorrt" else
            "QDQ on layer inputs and outputs, activations uint8 per tensor, weights int8 symmetric per "
            "channel, int32 biases")
     kept = _kept_region(work) + (f"; mask head int8 ({len(int8_masks)} layers)"
                                                          if int8_masks else _masks_kept(work))
-    _set_meta(quantized, {
+    return {
         contract.PRECISION: "int8",
         contract.INT8_FORM: form,
         contract.QUANTIZATION: (f"onnxruntime {onnxruntime.__version__} quantize_static ({form} form): {how}, "
                                 f"{method} calibration; {len(keep)} nodes kept fp32 ({kept})"
                                 + (f"; {len(products)} MatMuls without weights fp32 (attention and the like)" if products else "")),
-        contract.CALIBRATION_IMAGES: str(count[0]),
-    })
-    return quantized, count[0]
+        contract.CALIBRATION_IMAGES: str(images),
+    }
 
 
 def _ops(graphs: Iterable[onnx.GraphProto]) -> set[str]:
@@ -282,7 +298,7 @@ def convert_fp16(model: onnx.ModelProto, where: str = "model") -> onnx.ModelProt
     fp16 initializers (converted, clipped to fp16's range) or fp16 values (a Cast inserted
     where an fp32 node wrote them), and a Cast back to fp32 sits before every fp32 reader.
     """
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     check_fp32_model(model, where)
     work = onnx.ModelProto()
@@ -290,46 +306,10 @@ def convert_fp16(model: onnx.ModelProto, where: str = "model") -> onnx.ModelProt
     name_nodes(work)
     g = work.graph
     half = fp16_nodes(work, fp32_nodes(work, where))
-    inits = {t.name: t for t in g.initializer}
     readers = GraphIndex.of(g).consumers
     half_out = {o for n in g.node if n.name in half for o in n.output if o}
-    graph_outputs = {o.name for o in g.output}
-    finfo = np.finfo(np.float16)
-
-    new_nodes: list[onnx.NodeProto] = []
-    to_half: dict[str, str] = {}  # fp32 tensor -> its fp16 cast
-    converted: set[str] = set()
-    for n in g.node:
-        if n.name in half:
-            for k, t in enumerate(n.input):
-                if not t or t in half_out:
-                    continue
-                if t in inits and all(r.name in half for r in readers[t]):
-                    if t not in converted:
-                        arr = np.clip(numpy_helper.to_array(inits[t]), finfo.min, finfo.max)
-                        inits[t].CopyFrom(numpy_helper.from_array(arr.astype(np.float16), t))
-                        converted.add(t)
-                    continue
-                if t not in to_half:
-                    to_half[t] = f"{t}__fp16"
-                    new_nodes.append(helper.make_node("Cast", [t], [to_half[t]], to=TensorProto.FLOAT16,
-                                                      name=f"{t}__cast_fp16"))
-                n.input[k] = to_half[t]
-        new_nodes.append(n)
-    # fp32 readers of fp16 values (and graph outputs) get the value cast back
-    back: dict[str, str] = {}
-    for t in sorted(half_out):
-        fp32_readers = [r for r in readers.get(t, []) if r.name not in half]
-        if not fp32_readers and t not in graph_outputs:
-            continue
-        half_name = f"{t}__fp16out"
-        for n in g.node:
-            if n.name in half:
-                n.output[:] = [half_name if o == t else o for o in n.output]
-        for r in readers.get(t, []):
-            if r.name in half:
-                r.input[:] = [half_name if i == t else i for i in r.input]
-        back[half_name] = t
+    new_nodes, converted = _half_inputs(g, half, half_out, readers)
+    back = _rename_half_outputs(g, half, half_out, readers)
     order = []
     for n in new_nodes:
         order.append(n)
@@ -350,3 +330,55 @@ def convert_fp16(model: onnx.ModelProto, where: str = "model") -> onnx.ModelProt
                                 f"{_masks_kept(work)} and the graph I/O fp32"),
     })
     return work
+
+
+def _half_inputs(g: onnx.GraphProto, half: set[str], half_out: set[str],
+                 readers: dict) -> tuple[list[onnx.NodeProto], set[str]]:
+    """Give the fp16 nodes fp16 inputs: initializers read by fp16 nodes only are converted
+    (clipped to fp16's range), other fp32 values get a Cast. Returns the nodes in order with the
+    Casts, and the converted initializers' names."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = {t.name: t for t in g.initializer}
+    finfo = np.finfo(np.float16)
+    new_nodes: list[onnx.NodeProto] = []
+    to_half: dict[str, str] = {}  # fp32 tensor -> its fp16 cast
+    converted: set[str] = set()
+    for n in g.node:
+        if n.name in half:
+            for k, t in enumerate(n.input):
+                if not t or t in half_out:
+                    continue
+                if t in inits and all(r.name in half for r in readers[t]):
+                    if t not in converted:
+                        arr = np.clip(numpy_helper.to_array(inits[t]), finfo.min, finfo.max)
+                        inits[t].CopyFrom(numpy_helper.from_array(arr.astype(np.float16), t))
+                        converted.add(t)
+                    continue
+                if t not in to_half:
+                    to_half[t] = f"{t}__fp16"
+                    new_nodes.append(helper.make_node("Cast", [t], [to_half[t]], to=TensorProto.FLOAT16,
+                                                      name=f"{t}__cast_fp16"))
+                n.input[k] = to_half[t]
+        new_nodes.append(n)
+    return new_nodes, converted
+
+
+def _rename_half_outputs(g: onnx.GraphProto, half: set[str], half_out: set[str], readers: dict) -> dict[str, str]:
+    """Rename each fp16 value that an fp32 node (or the graph's output) reads, among its fp16
+    writers and readers; returns {fp16 name: the fp32 name its Cast back writes}."""
+    graph_outputs = {o.name for o in g.output}
+    back: dict[str, str] = {}
+    for t in sorted(half_out):
+        fp32_readers = [r for r in readers.get(t, []) if r.name not in half]
+        if not fp32_readers and t not in graph_outputs:
+            continue
+        half_name = f"{t}__fp16out"
+        for n in g.node:
+            if n.name in half:
+                n.output[:] = [half_name if o == t else o for o in n.output]
+        for r in readers.get(t, []):
+            if r.name in half:
+                r.input[:] = [half_name if i == t else i for i in r.input]
+        back[half_name] = t
+    return back

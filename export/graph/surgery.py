@@ -78,12 +78,31 @@ def insert_norcal(model: onnx.ModelProto, calibration: Calibration) -> onnx.Mode
         view.strip()
     cands = view.classifiers(calibration, logits, hint)
     lp = calibration.log_prior().reshape(-1)
+    axis = _common_axis(view, cands, calibration, lp.size)
+    calibration = calibration.with_activation(cands[0].op_type.lower())
+    _place_nodes(view, cands, calibration, lp, axis)
+    view.meta.update(calibration_metadata(calibration))
+    join = contract.LIST_SEP.join
+    view.meta.update({
+        contract.LOGITS: join(c.logits for c in cands), contract.OUTPUT: join(c.output for c in cands),
+        contract.NODE: join(c.node for c in cands), contract.INLINE: str(calibration.inline).lower(),
+        contract.BACKGROUND_INDEX: str({"last": lp.size - 1, "first": 0}.get(calibration.background, -1)),
+        contract.TOOL_VERSION: __version__,
+    })
+    if axis != -1:
+        view.meta[contract.CLASS_AXIS] = str(cands[0].axis)
+    return view.export()
+
+
+def _common_axis(view: ClassifierView, cands: list[Candidate], calibration: Calibration, size: int) -> int:
+    """Check the classifiers against the calibration (``size`` priors) and each other; their
+    shared class axis counted from the end."""
     recorded = _recorded_width(view.meta)
     for cand in cands:
         width = cand.width or recorded  # a dynamic shape: what the export recorded
-        if width is not None and width != lp.size:
+        if width is not None and width != size:
             raise NorcalError(f"the classifier {cand.node!r} has {width} logits per box but the "
-                              f"calibration has {lp.size} ({calibration.num_classes} classes from table, "
+                              f"calibration has {size} ({calibration.num_classes} classes from table, "
                               f"background {calibration.background!r})", param=("table", "background"))
     if len({c.op_type for c in cands}) != 1:
         raise NorcalError("the classifiers to calibrate mix Softmax and Sigmoid activations")
@@ -93,9 +112,12 @@ def insert_norcal(model: onnx.ModelProto, calibration: Calibration) -> onnx.Mode
     axes = {_axis_from_end(view, c) for c in cands}
     if len(axes) != 1:
         raise NorcalError("the classifiers to calibrate have their classes on different axes")
-    axis = axes.pop()
-    calibration = calibration.with_activation(cands[0].op_type.lower())
+    return axes.pop()
 
+
+def _place_nodes(view: ClassifierView, cands: list[Candidate], calibration: Calibration, lp, axis: int) -> None:
+    """Replace each candidate's activation by a NorCal node (or its inlined ops) on one shared
+    prior ``lp``; the function and its domain join the graph unless inlined."""
     g = view.graph
     prior = make_prior(lp, view.elem_type(cands[0].logits))
     for k, cand in enumerate(cands):
@@ -111,17 +133,6 @@ def insert_norcal(model: onnx.ModelProto, calibration: Calibration) -> onnx.Mode
         g.functions.append(make_function(calibration, view.opset, axis))
         if not any(o.domain == contract.NODE_DOMAIN for o in g.import_domains):
             g.import_domains.append(onnx.helper.make_opsetid(contract.NODE_DOMAIN, 1))
-    view.meta.update(calibration_metadata(calibration))
-    join = contract.LIST_SEP.join
-    view.meta.update({
-        contract.LOGITS: join(c.logits for c in cands), contract.OUTPUT: join(c.output for c in cands),
-        contract.NODE: join(c.node for c in cands), contract.INLINE: str(calibration.inline).lower(),
-        contract.BACKGROUND_INDEX: str({"last": lp.size - 1, "first": 0}.get(calibration.background, -1)),
-        contract.TOOL_VERSION: __version__,
-    })
-    if axis != -1:
-        view.meta[contract.CLASS_AXIS] = str(cands[0].axis)
-    return view.export()
 
 
 def _recorded_width(meta: dict[str, str]) -> int | None:

@@ -108,6 +108,34 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     model costs a second).
     """
     require_opset(opset)
+    height, width, padding_masks = _checked_choices(model, spec, batch, height, width, mask_head_rois,
+                                                    padding_masks)
+    images, sizes = _dummy_inputs(spec, batch, height, width)
+    model = model.eval()
+    dynamic = _dynamic_axes(batch, height, width)
+    names = [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on]
+    classifier = box_classifier(spec)  # its logits become named outputs, then internal again
+    logits = list(classifier.logits)
+    switch = padding_masks and padding_switch and switchable(model)
+    proto = _trace(model, images, sizes, dynamic, opset, names, logits, switch, padding_masks, mask_head_rois)
+    drop_outputs(proto, logits)
+    props = classifier_metadata(classifier)
+    if spec.meta_architecture != RETINANET:  # RetinaNet always masks padding, has no mask head
+        props[PADDING_MASKS] = "true" if padding_masks else "false"
+        if spec.mask_on:
+            props[MASK_HEAD_ROIS] = mask_head_rois
+    onnx.helper.set_model_props(proto, props)
+    _fix_detection_dim(proto, int(spec.detections_per_image), batch)
+    if check:
+        onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def _checked_choices(model: torch.nn.Module, spec: ModelSpec, batch: int | None, height: int | None,
+                     width: int | None, mask_head_rois: str,
+                     padding_masks: bool | None) -> tuple[int | None, int | None, bool]:
+    """The export's (height, width, padding_masks) once checked: a square-padded model's fixed
+    side, the padding masks resolved where None."""
     if mask_head_rois not in MASK_ROIS:
         raise NorcalError(f"mask_head_rois must be one of {', '.join(MASK_ROIS)}, "
                           f"got {mask_head_rois!r}")
@@ -123,6 +151,12 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     elif not padding_masks and (batch is None or batch > 1):
         raise NorcalError("padding_masks=False needs batch=1: a batch pads its images to the "
                           "largest")
+    return height, width, padding_masks
+
+
+def _dummy_inputs(spec: ModelSpec, batch: int | None, height: int | None,
+                  width: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trace's (images, image_sizes): seeded random pixels at the fixed or a default size."""
     div = max(int(spec.size_divisibility), 1)
     b = 1 if batch is None else int(batch)
     if b <= 0:
@@ -133,7 +167,11 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     gen = torch.Generator().manual_seed(0)
     images = torch.rand((b, 3, h, w), generator=gen) * 255.0
     sizes = torch.tensor([[h, w]] * b, dtype=torch.int64)
-    model = model.eval()
+    return images, sizes
+
+
+def _dynamic_axes(batch: int | None, height: int | None, width: int | None) -> dict[str, dict[int, str]]:
+    """Each input's and output's dynamic axes: those of the dimensions left None."""
     dynamic: dict[str, dict[int, str]] = {name: {} for name in INPUT_NAMES + OUTPUT_NAMES}
     if batch is None:
         for name in dynamic:
@@ -142,10 +180,14 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
         dynamic["images"][2] = "height"
     if width is None:
         dynamic["images"][3] = "width"
-    names = [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on]
-    classifier = box_classifier(spec)  # its logits become named outputs, then internal again
-    logits = list(classifier.logits)
-    switch = padding_masks and padding_switch and switchable(model)
+    return dynamic
+
+
+def _trace(model: torch.nn.Module, images: torch.Tensor, sizes: torch.Tensor, dynamic: dict, opset: int,
+           names: list[str], logits: list[str], switch: bool, padding_masks: bool,
+           mask_head_rois: str) -> onnx.ModelProto:
+    """The traced graph, with the classifier's ``logits`` as extra outputs and, with ``switch``,
+    the padding switch's two backbone branches joined in."""
     with torch.no_grad(), warnings.catch_warnings(), frozen_bn_folded(model), \
             _graph_choices(model, padding_masks, mask_head_rois):
         warnings.simplefilter("ignore")  # tracer chatter about Python ints and constants
@@ -157,14 +199,4 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
                                autograd_inlining=False)
     if switch:
         join_branches(proto, *branches, model.size_divisibility)
-    drop_outputs(proto, logits)
-    props = classifier_metadata(classifier)
-    if spec.meta_architecture != RETINANET:  # RetinaNet always masks padding, has no mask head
-        props[PADDING_MASKS] = "true" if padding_masks else "false"
-        if spec.mask_on:
-            props[MASK_HEAD_ROIS] = mask_head_rois
-    onnx.helper.set_model_props(proto, props)
-    _fix_detection_dim(proto, int(spec.detections_per_image), batch)
-    if check:
-        onnx.checker.check_model(proto, full_check=True)
     return proto

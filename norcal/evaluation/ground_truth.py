@@ -162,6 +162,33 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
     """
     if isinstance(gt, LvisGT):
         return gt
+    data, where = _load_gt(gt, where, split)
+    # categories, then images, then annotations: the order the checks report in
+    cat_ids, cats, frequency, image_count = _categories(where, data["categories"], table)
+    img_ids = ids_of(where, "images", data["images"])
+    img_order = np.argsort(img_ids, kind="stable")
+    imgs = [data["images"][i] for i in img_order]
+    img_ids = np.sort(img_ids)
+    img_hw = np.array([[im["height"], im["width"]] for im in imgs], dtype=np.int64)
+    k = len(cat_ids)
+    anns = _annotations(where, data["annotations"], img_ids, cat_ids)
+    neg, nel = _federated_pairs(where, imgs, img_order, cat_ids)
+    n = len(anns["ann_id"])
+    pos_keys = np.unique(anns["ann_img"] * k + anns["ann_cat"]) if n else np.zeros(0, dtype=np.int64)
+    ann_crowd = np.fromiter((bool(a.get("iscrowd", 0)) for a in data["annotations"]), bool, n)
+    federated = tuple(f for f in ("neg_category_ids", "not_exhaustive_category_ids")
+                      if any(f in im for im in imgs))
+    return LvisGT(
+        dataset=data, img_ids=img_ids, cat_ids=cat_ids,
+        cat_names=[str(c.get("name", c["id"])) for c in cats], frequency=frequency,
+        image_count=np.array(image_count), img_hw=img_hw, **anns,
+        pos_keys=pos_keys, neg_keys=_keys(neg, k), nel_keys=_keys(nel, k), source=where,
+        ann_crowd=ann_crowd, federated_fields=federated,
+    )
+
+
+def _load_gt(gt: str | Path | dict, where: str | None, split: str) -> tuple[dict, str]:
+    """The validated GT dict of a path or a loaded dict, and the name its errors use."""
     if isinstance(gt, (str, Path)):
         where = str(gt)
         if is_dataset_description(gt):
@@ -172,9 +199,14 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
         data = GROUND_TRUTH.validate(gt, where)
     else:
         raise NorcalError(f"GT must be a path or an LVIS dict, got {type(gt).__name__}")
+    return data, where
 
-    cat_ids = ids_of(where, "categories", data["categories"])
-    cats = [data["categories"][i] for i in np.argsort(cat_ids, kind="stable")]
+
+def _categories(where: str, categories: list, table) -> tuple[np.ndarray, list, list, list]:
+    """The categories sorted by id: their ids, records, frequency groups and N_c (nan where
+    unknown), each taken from the GT's own field first and from ``table`` where it lacks one."""
+    cat_ids = ids_of(where, "categories", categories)
+    cats = [categories[i] for i in np.argsort(cat_ids, kind="stable")]
     cat_ids = np.sort(cat_ids)
     by_table = {}
     if table is not None:
@@ -189,15 +221,11 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
         frequency.append(f)
         n = c.get("image_count", t.get("image_count"))
         image_count.append(float(n) if n is not None else np.nan)
+    return cat_ids, cats, frequency, image_count
 
-    img_ids = ids_of(where, "images", data["images"])
-    img_order = np.argsort(img_ids, kind="stable")
-    imgs = [data["images"][i] for i in img_order]
-    img_ids = np.sort(img_ids)
-    img_hw = np.array([[im["height"], im["width"]] for im in imgs], dtype=np.int64)
-    k = len(cat_ids)
 
-    anns = data["annotations"]
+def _annotations(where: str, anns: list, img_ids: np.ndarray, cat_ids: np.ndarray) -> dict:
+    """The annotations' LvisGT fields (``ann_id`` ... ``ann_bbox``), in file order, checked."""
     n = len(anns)
     ann_id = ids_of(where, "annotations", anns)
     ann_id = np.where(np.fromiter(("id" in a for a in anns), bool, n), ann_id, np.arange(1, n + 1))
@@ -207,7 +235,14 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
     ann_ignore = np.fromiter((bool(a.get("ignore", 0)) for a in anns), bool, n)
     ann_bbox = boxes_of(where, "annotations", anns)
     check_rle_counts(where, "annotations", anns)
+    return dict(ann_img=ann_img, ann_cat=ann_cat, ann_area=ann_area, ann_ignore=ann_ignore,
+                ann_bbox=ann_bbox, ann_id=ann_id)
 
+
+def _federated_pairs(where: str, imgs: list, img_order: np.ndarray,
+                     cat_ids: np.ndarray) -> tuple[list, list]:
+    """(image index, category index) pairs of the images' ``neg_category_ids`` and
+    ``not_exhaustive_category_ids``; ``img_order`` maps back to file positions for errors."""
     cat_pos = {int(c): i for i, c in enumerate(cat_ids)}
     neg, nel = [], []
     for ii, im in enumerate(imgs):
@@ -217,18 +252,7 @@ def prepare_gt(gt: str | Path | dict | LvisGT, table=None, where: str | None = N
                     raise record_error(where, "images", int(img_order[ii]), im, name,
                                        f"{c} is not the id of any entry in categories")
                 keys.append((ii, cat_pos[c]))
-    pos_keys = np.unique(ann_img * k + ann_cat) if n else np.zeros(0, dtype=np.int64)
-    ann_crowd = np.fromiter((bool(a.get("iscrowd", 0)) for a in anns), bool, n)
-    federated = tuple(f for f in ("neg_category_ids", "not_exhaustive_category_ids")
-                      if any(f in im for im in imgs))
-    return LvisGT(
-        dataset=data, img_ids=img_ids, cat_ids=cat_ids,
-        cat_names=[str(c.get("name", c["id"])) for c in cats], frequency=frequency,
-        image_count=np.array(image_count), img_hw=img_hw, ann_img=ann_img, ann_cat=ann_cat,
-        ann_area=ann_area, ann_ignore=ann_ignore, ann_bbox=ann_bbox, ann_id=ann_id,
-        pos_keys=pos_keys, neg_keys=_keys(neg, k), nel_keys=_keys(nel, k), source=where,
-        ann_crowd=ann_crowd, federated_fields=federated,
-    )
+    return neg, nel
 
 
 def check_table_matches(table, gt: LvisGT) -> None:

@@ -102,42 +102,13 @@ def add_arguments(p):
 def run(args) -> int:
     from norcal.cli.terminal import SafeConsole as Console
 
-    from norcal.core.errors import NorcalError
     from norcal.evaluation import evaluate, evaluate_fixed, from_results, prepare_gt
-    from norcal.evaluation import report
-    from norcal.core.datasets.ultralytics_dataset import is_dataset_description
-    from norcal.evaluation.deployment import check_score_thresh, deployment_metrics
+    from norcal.evaluation.deployment import deployment_metrics
     from norcal.evaluation.rules import choose_rules
 
-    from norcal.cli.options import check_outputs
-
-    if args.max_dets == 0:
-        raise NorcalError("--max-dets must be positive (or negative for no cap)")
-    if not args.no_fixed and args.fixed_per_class < 1:
-        raise NorcalError(f"--fixed-per-class must be >= 1, got {args.fixed_per_class}")
-    if args.score_thresh is not None:
-        check_score_thresh(args.score_thresh)
-    if args.split is not None and not is_dataset_description(args.gt):
-        raise NorcalError(f"--split {args.split} applies to an Ultralytics data.yaml; {args.gt} is an "
-                          "annotation file with no splits (leave --split out)")
-    split = args.split or "val"
-    check_outputs([args.gt, args.results, args.table],
-                  files={"--json": args.json, "--per-class-csv": args.per_class_csv},
-                  folders={"--plots": args.plots})
+    split = _check_flags(args)
     console = Console(soft_wrap=True)
-    table = None
-    if args.table:
-        from norcal.core.calibration.tables import load_table
-
-        table = load_table(args.table)
-    groups_from = None
-    if table is None and is_dataset_description(args.gt):
-        # a data.yaml's own training split gives N_c, as `norcal-export --table data.yaml` counts it
-        from norcal.core.calibration.tables import table_from_dataset
-
-        with console.status("counting the training split's labels"):
-            table = table_from_dataset(args.gt)
-        groups_from = f"frequency groups (APr/APc/APf) and N_c from {args.gt}'s train split"
+    table, groups_from = _table(args, console)
     with console.status("loading ground truth and results"):
         gt = prepare_gt(args.gt, table, split=split)
         if table is not None:
@@ -156,6 +127,63 @@ def run(args) -> int:
                                                           rules=choice)
     deployment = None if args.score_thresh is None else deployment_metrics(result, args.score_thresh)
     lvis = choice.name == "lvis"
+    _print_notes(console, gt, dets, lvis)
+    columns = {"LVIS" if lvis else "COCO": result}
+    if fixed is not None:
+        columns["AP^Fixed"] = fixed
+    console.print(stats_table(columns, f"{args.iou_type} evaluation of {args.results}"))
+    if deployment is not None:
+        console.print(deployment_table(deployment))
+    _write_outputs(args, console, result, fixed, deployment)
+    return 0
+
+
+def _check_flags(args) -> str:
+    """Refuse bad flags and unwritable outputs before anything is read; the --split to use."""
+    from norcal.cli.options import check_outputs
+    from norcal.core.datasets.ultralytics_dataset import is_dataset_description
+    from norcal.core.errors import NorcalError
+    from norcal.evaluation.deployment import check_score_thresh
+
+    if args.max_dets == 0:
+        raise NorcalError("--max-dets must be positive (or negative for no cap)")
+    if not args.no_fixed and args.fixed_per_class < 1:
+        raise NorcalError(f"--fixed-per-class must be >= 1, got {args.fixed_per_class}")
+    if args.score_thresh is not None:
+        check_score_thresh(args.score_thresh)
+    if args.split is not None and not is_dataset_description(args.gt):
+        raise NorcalError(f"--split {args.split} applies to an Ultralytics data.yaml; {args.gt} is an "
+                          "annotation file with no splits (leave --split out)")
+    split = args.split or "val"
+    check_outputs([args.gt, args.results, args.table],
+                  files={"--json": args.json, "--per-class-csv": args.per_class_csv},
+                  folders={"--plots": args.plots})
+    return split
+
+
+def _table(args, console):
+    """The calibration table giving frequency groups and N_c (--table, else a data.yaml --gt's
+    train split, else None), and the line saying it came from the split (or None)."""
+    from norcal.core.datasets.ultralytics_dataset import is_dataset_description
+
+    table = None
+    if args.table:
+        from norcal.core.calibration.tables import load_table
+
+        table = load_table(args.table)
+    groups_from = None
+    if table is None and is_dataset_description(args.gt):
+        # a data.yaml's own training split gives N_c, as `norcal-export --table data.yaml` counts it
+        from norcal.core.calibration.tables import table_from_dataset
+
+        with console.status("counting the training split's labels"):
+            table = table_from_dataset(args.gt)
+        groups_from = f"frequency groups (APr/APc/APf) and N_c from {args.gt}'s train split"
+    return table, groups_from
+
+
+def _print_notes(console, gt, dets, lvis: bool) -> None:
+    """Notes on what the numbers leave out: GT images without results, missing frequency groups."""
     covered = len(set(dets.image_ids.tolist()))
     if covered < len(gt.img_ids):
         console.print(f"[yellow]note:[/yellow] the results cover {covered} of the GT's {len(gt.img_ids)} "
@@ -164,12 +192,12 @@ def run(args) -> int:
     if lvis and not gt.has_frequency:
         console.print("[yellow]note:[/yellow] the GT's categories carry no frequency group; "
                       "APr/APc/APf are -1 (pass --table to group them)")
-    columns = {"LVIS" if lvis else "COCO": result}
-    if fixed is not None:
-        columns["AP^Fixed"] = fixed
-    console.print(stats_table(columns, f"{args.iou_type} evaluation of {args.results}"))
-    if deployment is not None:
-        console.print(deployment_table(deployment))
+
+
+def _write_outputs(args, console, result, fixed, deployment) -> None:
+    """--json, --per-class-csv and --plots, each file named as it is written."""
+    from norcal.evaluation import report
+
     if args.json:
         report.write_metrics(args.json, result, fixed, deployment)
         console.print(f"wrote {args.json}")
@@ -179,7 +207,6 @@ def run(args) -> int:
     if args.plots:
         for path in report.write_plots(args.plots, result, fixed):
             console.print(f"wrote {path}")
-    return 0
 
 
 def stats_table(results, title: str = "LVIS evaluation"):

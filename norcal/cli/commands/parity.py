@@ -118,18 +118,34 @@ def _load_images(args, console, skipped, split_ids=None):
 
 def run(args) -> int:
     from norcal.cli.terminal import SafeConsole as Console
-    from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from norcal.cli.options import check_outputs
-    from norcal.cli.parity_tables import render_tables
-    from norcal.core.files.fileio import write_json
-    from norcal.core.datasets.schemas import GROUND_TRUTH
     from norcal.core.datasets.ultralytics_dataset import is_dataset_description
-    from norcal.core.datasets.yolo_ground_truth import dataset_categories, read_annotations, split_image_ids
-    from norcal.workflows.parity import ParityRequest, build_runners, report_json, run_parity, verdict_lines
+    from norcal.core.datasets.yolo_ground_truth import split_image_ids
+    from norcal.workflows.parity import build_runners
 
+    request = _check_flags(args)
     console = Console(soft_wrap=True)
+    skipped: list = []
+    by_path = split_image_ids(args.gt, args.split) if args.gt and is_dataset_description(args.gt) else None
+    images, paths = _load_images(args, console, skipped, by_path)
+    gt, image_ids, cat_ids, gt_names = _ground_truth(args, paths, by_path)
+    built = build_runners(request, stage=console.status)
+    if cat_ids is not None:  # the GT's category ids are taken for the model's classes in order
+        from norcal.core.contract import check_class_names, metadata_class_names
+
+        check_class_names(metadata_class_names(built.onnx.metadata), gt_names, cat_ids, args.gt)
+    _print_setup(args, console, built, images, paths)
+    result = _compare(args, console, built, images, gt, image_ids, cat_ids)
+    _report(args, console, result, skipped)
+    return 0 if result.passed else 1
+
+
+def _check_flags(args):
+    """The ParityRequest of the flags, refused (as are unwritable outputs and a bad --limit)
+    before any file is read."""
+    from norcal.cli.options import check_outputs
+    from norcal.workflows.parity import ParityRequest
+
     request = ParityRequest(args.model, checkpoint=args.checkpoint, config=args.config, engine=args.engine,
                             engine_precision=args.engine_precision, provider=args.provider,
                             batch_size=args.batch, classifier=args.classifier)
@@ -138,9 +154,15 @@ def run(args) -> int:
                   files={"--json": args.json})
     if args.limit is not None and args.limit < 1:
         raise NorcalError(f"--limit must be >= 1, got {args.limit}")
-    skipped: list = []
-    by_path = split_image_ids(args.gt, args.split) if args.gt and is_dataset_description(args.gt) else None
-    images, paths = _load_images(args, console, skipped, by_path)
+    return request
+
+
+def _ground_truth(args, paths, by_path):
+    """--gt's annotations, the image id of each path, the category ids and their names (all None,
+    names [], without --gt); ``by_path`` maps a data.yaml split's image paths to their ids."""
+    from norcal.core.datasets.schemas import GROUND_TRUTH
+    from norcal.core.datasets.yolo_ground_truth import dataset_categories, read_annotations
+
     gt = image_ids = cat_ids = None
     gt_names: list = []
     if args.gt:  # read before the models load: a bad file fails in a second
@@ -160,12 +182,14 @@ def run(args) -> int:
         if unknown:
             raise NorcalError(f"{len(unknown)} image(s) are not in {args.gt} (by file name), e.g. {unknown[0]}")
         image_ids = [by_name[p.name] for p in paths]
+    return gt, image_ids, cat_ids, gt_names
 
-    built = build_runners(request, stage=console.status)
-    if cat_ids is not None:  # the GT's category ids are taken for the model's classes in order
-        from norcal.core.contract import check_class_names, metadata_class_names
 
-        check_class_names(metadata_class_names(built.onnx.metadata), gt_names, cat_ids, args.gt)
+def _print_setup(args, console, built, images, paths) -> None:
+    """The lines before the comparison: PyTorch's calibration, notes, batch and presets
+    (the images are checked against the model in between, as they were loaded)."""
+    from rich.markup import escape
+
     if args.checkpoint:
         calibration = built.calibration
         console.print(f"PyTorch: {Path(args.checkpoint).name} with "
@@ -180,6 +204,14 @@ def run(args) -> int:
                   f"{spec.input_format}; reference {runners[0].name}; "
                   + ", ".join(f"{r.name}: {tolerances[r.name].precision}" for r in runners[1:]))
 
+
+def _compare(args, console, built, images, gt, image_ids, cat_ids):
+    """run_parity over the built runners, one progress bar per backend."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from norcal.workflows.parity import run_parity
+
+    runners = built.runners
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         tasks = {r.name: progress.add_task(r.name, total=len(images)) for r in runners}
@@ -189,11 +221,20 @@ def run(args) -> int:
                 tasks[name] = progress.add_task(name, total=len(images))
             progress.update(tasks[name], completed=done)
 
-        result = run_parity(runners, images, spec=spec, noise_runner=built.noise,
-                            batch_size=built.batch_size, tolerances=tolerances, score_thresh=built.score_thresh,
-                            gt=gt, image_ids=image_ids, category_ids=cat_ids, fixed_shape=built.fixed_shape,
-                            split=args.split,
-                            on_batch=on_batch)
+        return run_parity(runners, images, spec=built.spec, noise_runner=built.noise,
+                          batch_size=built.batch_size, tolerances=built.tolerances,
+                          score_thresh=built.score_thresh, gt=gt, image_ids=image_ids, category_ids=cat_ids,
+                          fixed_shape=built.fixed_shape, split=args.split, on_batch=on_batch)
+
+
+def _report(args, console, result, skipped) -> None:
+    """The tables, the verdict lines and --json (with the skipped files under --skip-unreadable)."""
+    from rich.markup import escape
+
+    from norcal.cli.parity_tables import render_tables
+    from norcal.core.files.fileio import write_json
+    from norcal.workflows.parity import report_json, verdict_lines
+
     for t in render_tables(result):
         console.print(t)
     for line in verdict_lines(result):
@@ -205,4 +246,3 @@ def run(args) -> int:
             report["skipped"] = [{"file": str(p), "reason": why} for p, why in skipped]
         write_json(args.json, report)
         console.print(f"wrote {args.json}")
-    return 0 if result.passed else 1

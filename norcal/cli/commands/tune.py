@@ -116,12 +116,23 @@ def add_arguments(p):
 
 def run(args) -> int:
     from norcal.cli.terminal import SafeConsole as Console
-    from norcal.workflows.tune import MAX_CACHE_BYTES
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from norcal.cli.options import check_outputs, parse_valid_gammas, progress_bars
-    from norcal.core.files.fileio import write_json
-    from norcal.workflows.tune import tune, write_sweep_plot
+    src, gammas, ray = _check_flags(args)
+    console = Console(soft_wrap=True)
+    result = _sweep(args, src, gammas, ray, console)
+    if args.min_count is not None:
+        console.print(min_count_line(args.min_count, result.min_count_clamped))
+    console.print(sweep_table(result))
+    _print_summary(args, console, result)
+    _write_outputs(args, console, result)
+    return 0
+
+
+def _check_flags(args):
+    """Refuse a bad MODEL, bad flags and unwritable outputs before anything runs; the checkpoint
+    path, the parsed gammas and the Ray options (None without --ray)."""
+    from norcal.cli.options import check_outputs, parse_valid_gammas
+    from norcal.workflows.tune import MAX_CACHE_BYTES
 
     src = Path(args.model)
     if src.suffix.lower() == ".onnx":
@@ -145,9 +156,17 @@ def run(args) -> int:
     ray = ray_options(args)
     check_outputs([src, args.config, args.gt, args.table, args.images],
                   files={"--json": args.json, "--plot": args.plot})
-    table = args.table  # None: tune picks the built-in table matching the model's class count
+    return src, gammas, ray
 
-    console = Console(soft_wrap=True)
+
+def _sweep(args, src: Path, gammas, ray, console):
+    """The sweep (in this process, or on Ray when ``ray`` is given) under progress bars."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from norcal.cli.options import progress_bars
+    from norcal.workflows.tune import tune
+
+    table = args.table  # None: tune picks the built-in table matching the model's class count
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
         def on_rules(line: str) -> None:  # the first output line, once the GT is read
@@ -161,36 +180,42 @@ def run(args) -> int:
                       progress=progress_bars(progress), min_count=args.min_count, split=args.split, rules=args.rules,
                       on_rules=on_rules, decoding=decoding_option(args), classifier=args.classifier)
         if ray is None:
-            result = tune(src, args.gt, args.images, gammas, table, iou_type=args.iou_type, **kwargs)
-        else:
-            from norcal.workflows.ray_tune import tune_ray
+            return tune(src, args.gt, args.images, gammas, table, iou_type=args.iou_type, **kwargs)
+        from norcal.workflows.ray_tune import tune_ray
 
-            result = tune_ray(src, args.gt, args.images, gammas, table, options=ray, **kwargs)
-    if args.min_count is not None:
-        console.print(min_count_line(args.min_count, result.min_count_clamped))
-    console.print(sweep_table(result))
+        return tune_ray(src, args.gt, args.images, gammas, table, options=ray, **kwargs)
+
+
+def _print_summary(args, console, result) -> None:
+    """The lines after the table: images left out, timings and the recommended gamma."""
+    from norcal.evaluation.report import percent
+
     per_gamma = sum(p.seconds for p in result.points) / len(result.points)
     if result.gt_images and result.gt_images > result.num_images:
         console.print(f"{args.gt} lists {result.gt_images} images; the {result.num_images} found in "
                       f"{args.images} are evaluated, the others left out")
     console.print(f"network pass {result.network_seconds:.1f} s ({result.num_images} images, cache "
                   f"{result.cache_bytes / 2**20:.1f} MiB at most); {per_gamma:.2f} s per gamma")
-    from norcal.evaluation.report import percent
-
     best = result.best
     console.print(f"recommended gamma: [bold]{best.gamma:g}[/bold] (AP {percent(best.stats['AP'])}, "
                   f"APr {percent(best.stats['APr'])}; gamma 0: AP "
                   f"{percent(result.points[0].stats['AP'])})" if result.points[0].gamma == 0 else
                   f"recommended gamma: [bold]{best.gamma:g}[/bold] (AP {percent(best.stats['AP'])})")
+
+
+def _write_outputs(args, console, result) -> None:
+    """--json and --plot, each file named as it is written."""
+    from norcal.core.files.fileio import write_json
+    from norcal.workflows.tune import write_sweep_plot
+
     if args.json:
         write_json(args.json, result.to_json())
         console.print(f"wrote {args.json}")
     if args.plot:
         write_sweep_plot(args.plot, {result.iou_type: [(p.gamma, p.stats) for p in result.points]},
-                         best=best.gamma,
+                         best=result.best.gamma,
                          title=f"NorCal gamma sweep ({result.factor}, {result.num_images} images)")
         console.print(f"wrote {args.plot}")
-    return 0
 
 
 def sweep_table(result, title: str | None = None):

@@ -288,6 +288,22 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     if is_retinanet(sd):
         return retinanet_spec_from_weights(sd, anchor_layout, config_norms)
     _check_supported(sd)
+    fields = _read_fields(sd, anchor_layout, cascade_weights, vit, mvit, config_norms)
+    stats = pixel_stats(sd)
+    fields.update(stats)
+    regnet_std = fields.get("regnet") is not None and "pixel_std" not in stats
+    if regnet_std:
+        fields["pixel_std"] = REGNET_PIXEL_STD
+    _set_test_settings(fields)
+    provenance = _provenance(fields, anchor_layout, fed_loss_buffer, classifier, bool(stats), regnet_std)
+    sigmoid = fed_loss_buffer is not None or classifier == "sigmoid"
+    return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=sigmoid, input_format="BGR", convention=DETECTRON2,
+                     provenance=provenance, **fields)
+
+
+def _read_fields(sd: Mapping[str, Any], anchor_layout, cascade_weights, vit: ViTSpec | None,
+                 mvit: MViTSpec | None, config_norms: bool) -> dict:
+    """The spec fields the names and shapes fix: layout, backbone, FPN, RPN, box and mask heads."""
     fields: dict = _layout(sd)
     fpn = fields["backbone_name"] == FPN_BACKBONE
     c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
@@ -303,11 +319,14 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     fields.update(_cascade_heads(sd, channels, cascade_weights, config_norms) if cascade
                   else _box_head(sd, channels, c4, config_norms=config_norms))
     fields.update(_mask_head(sd, fields["num_classes"], config_norms))
-    stats = pixel_stats(sd)
-    fields.update(stats)
-    regnet_std = fields.get("regnet") is not None and "pixel_std" not in stats
-    if regnet_std:
-        fields["pixel_std"] = REGNET_PIXEL_STD
+    return fields
+
+
+def _set_test_settings(fields: dict) -> None:
+    """Test-time settings the weights cannot show: the LVIS configs', adjusted per layout."""
+    fpn = fields["backbone_name"] == FPN_BACKBONE
+    c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
+    vit_backbone = fields["backbone_name"] == VIT_BACKBONE
     fields.update(LVIS_TEST_SETTINGS)
     if vit_backbone or fields.get("mvit") is not None:  # the square ResizeShortestEdge(S, S) of the LSJ test loader
         fields.update(min_size_test=fields["size_divisibility"], max_size_test=fields["size_divisibility"])
@@ -315,6 +334,14 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
         fields["rpn_pre_nms_topk_test"] = SINGLE_RPN_PRE_NMS_TOPK_TEST
     if c4:  # Res5ROIHeads pools masks with the box pooler
         fields["mask_pooler_resolution"] = fields["pooler_resolution"]
+
+
+def _provenance(fields: dict, anchor_layout, fed_loss_buffer: str | None, classifier: str | None,
+                pixel_stats_read: bool, regnet_std: bool) -> dict:
+    """Where each field of a weights-only spec comes from: read, given, or assumed (and whose)."""
+    fpn = fields["backbone_name"] == FPN_BACKBONE
+    c4 = fields["roi_heads_name"] == RES5_ROI_HEADS
+    cascade = fields["roi_heads_name"] == CASCADE_ROI_HEADS
     assumed = "assumed, not readable from weights"
     anchor_sizes = fields["anchor_sizes"] if anchor_layout is None else None
     provenance = {
@@ -332,7 +359,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
         "test_thresholds": (f"{assumed}: score 1e-4, NMS 0.5, 300 detections (detectron2 LVIS configs), "
                             f"RPN top {fields['rpn_pre_nms_topk_test']} before NMS "
                             f"{'per level' if fpn else '(detectron2 default)'}"),
-        "pixel_mean/std": ("read from the checkpoint's pixel_mean/pixel_std" if stats
+        "pixel_mean/std": ("read from the checkpoint's pixel_mean/pixel_std" if pixel_stats_read
                            else f"{assumed}: ImageNet BGR mean, std {REGNET_PIXEL_STD} (every detectron2 "
                            "RegNet config)" if regnet_std
                            else f"{assumed}: detectron2 defaults (ImageNet BGR mean, std 1)"),
@@ -347,9 +374,7 @@ def spec_from_weights(state_dict: Mapping[str, Any], anchor_layout=None, cascade
     if not fpn and not c4:
         provenance["res5_dilation"] = (f"{assumed}: 2, stride 16 (DC5: detectron2's zoo has no model with an "
                                        "undilated res5 as its only feature)")
-    sigmoid = fed_loss_buffer is not None or classifier == "sigmoid"
-    return ModelSpec(stride_in_1x1=True, use_sigmoid_ce=sigmoid, input_format="BGR", convention=DETECTRON2,
-                     provenance=provenance, **fields)
+    return provenance
 
 
 def architecture(spec: ModelSpec) -> dict:

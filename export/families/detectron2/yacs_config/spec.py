@@ -229,18 +229,26 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
     provenance = {"source": source}
     vit = vit_spec(c)
     calibration = _calibration(c, provenance)
-    # Res5ROIHeads pools masks with the box pooler (its res5 halves it; the deconv doubles it back)
-    mask_pooler = ("MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", "MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO") \
-        if c4 else ("MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION", "MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO")
-    mask_pooler_type = "MODEL.ROI_BOX_HEAD.POOLER_TYPE" if c4 else "MODEL.ROI_MASK_HEAD.POOLER_TYPE"
+    # keyword arguments are evaluated in order, so the keys are read (and refused) as before
     return ModelSpec(
-        meta_architecture=c.str("MODEL.META_ARCHITECTURE"), convention=DETECTRON2,
+        convention=DETECTRON2, calibration=calibration,
+        **_backbone_fields(c, fpn, c4, vit),
+        **_rpn_fields(c, sizes, ratios, conv_dims),
+        **_box_fields(c),
+        **_mask_fields(c, mask_on, c4),
+        provenance=provenance,
+    )
+
+
+def _backbone_fields(c: ConfigValues, fpn: bool, c4: bool, vit) -> dict:
+    """The R-CNN's layout, input and backbone (ResNet, FPN; ``vit``: ViTDet's) fields."""
+    return dict(
+        meta_architecture=c.str("MODEL.META_ARCHITECTURE"),
         backbone_name=c.str("MODEL.BACKBONE.NAME"),
         backbone_out_feature="res5" if fpn else c.seq("MODEL.RESNETS.OUT_FEATURES")[0],
         roi_heads_name=RES5_ROI_HEADS if c4 else (
             CASCADE_ROI_HEADS if c.str("MODEL.ROI_HEADS.NAME") == CASCADE_ROI_HEADS else STANDARD_ROI_HEADS),
         cascade_bbox_reg_weights=_cascade_weights(c),
-        calibration=calibration,
         pixel_mean=c.floats("MODEL.PIXEL_MEAN", 3),
         pixel_std=c.floats("MODEL.PIXEL_STD", 3, positive=True, why_positive="the input is divided by them"),
         input_format=c.str("INPUT.FORMAT"),
@@ -259,6 +267,12 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         fpn_out_channels=c.int("MODEL.FPN.OUT_CHANNELS", 1),
         fpn_norm=c.norm("MODEL.FPN.NORM", layer_norm=True),
         fpn_fuse_type=c.str("MODEL.FPN.FUSE_TYPE"),
+    )
+
+
+def _rpn_fields(c: ConfigValues, sizes: tuple, ratios: tuple, conv_dims) -> dict:
+    """The anchor generator's and the RPN's fields (sizes, ratios, conv dims: already checked)."""
+    return dict(
         anchor_sizes=sizes,
         anchor_aspect_ratios=ratios,
         anchor_offset=c.float("MODEL.ANCHOR_GENERATOR.OFFSET", 0.0, 1.0, hi_open=True),
@@ -268,6 +282,12 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         rpn_post_nms_topk_test=c.int("MODEL.RPN.POST_NMS_TOPK_TEST", 1, *_POST_TOPK),
         rpn_nms_thresh=c.float("MODEL.RPN.NMS_THRESH", 0.0, 1.0),
         rpn_min_size=c.float("MODEL.PROPOSAL_GENERATOR.MIN_SIZE"),
+    )
+
+
+def _box_fields(c: ConfigValues) -> dict:
+    """The box pooler's, box head's and box predictor's fields, with the test-time thresholds."""
+    return dict(
         num_classes=c.int("MODEL.ROI_HEADS.NUM_CLASSES", 1),
         pooler_type=c.str("MODEL.ROI_BOX_HEAD.POOLER_TYPE"),
         pooler_resolution=c.int("MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", 1, *_POOLER_RESOLUTION),
@@ -285,6 +305,16 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         detections_per_image=_detections_per_image(
             c, c.int("MODEL.RPN.POST_NMS_TOPK_TEST", 1, *_POST_TOPK) * c.int("MODEL.ROI_HEADS.NUM_CLASSES", 1),
             "MODEL.RPN.POST_NMS_TOPK_TEST x MODEL.ROI_HEADS.NUM_CLASSES"),
+    )
+
+
+def _mask_fields(c: ConfigValues, mask_on: bool, c4: bool) -> dict:
+    """The mask head's and its pooler's fields (C4's pooler keys: the box pooler's)."""
+    # Res5ROIHeads pools masks with the box pooler (its res5 halves it; the deconv doubles it back)
+    mask_pooler = ("MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", "MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO") \
+        if c4 else ("MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION", "MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO")
+    mask_pooler_type = "MODEL.ROI_BOX_HEAD.POOLER_TYPE" if c4 else "MODEL.ROI_MASK_HEAD.POOLER_TYPE"
+    return dict(
         mask_on=mask_on,
         mask_head_num_conv=c.int("MODEL.ROI_MASK_HEAD.NUM_CONV", 0),
         mask_head_conv_dim=c.int("MODEL.ROI_MASK_HEAD.CONV_DIM", 1),
@@ -293,7 +323,6 @@ def spec_from_cfg(cfg: dict, source: str = "config") -> ModelSpec:
         mask_pooler_sampling_ratio=c.int(mask_pooler[1], 0, *_SAMPLING_RATIO),
         mask_pooler_type=c.str(mask_pooler_type),
         cls_agnostic_mask=c.bool("MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK"),
-        provenance=provenance,
     )
 
 
