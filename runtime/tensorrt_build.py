@@ -22,21 +22,15 @@ from norcal.core.ranges import check_range
 from norcal.core.profiles import (DEFAULT_BATCH, Profile, detector_profiles, fit_static,
                                      image_size_range, input_dims)
 from norcal.core.files.fileio import write_bytes, write_json
+from norcal.core.tensorrt_targets import LIBRARIES, RTX_GAPS, Library, library, plugins_needed, rtx_gaps
+from norcal.runtime.tensorrt_library import check_capabilities, register_plugins, set_capabilities
 
 SIDECAR_FORMAT = "norcal-engine-sidecar/1"
 
 
 def import_tensorrt():
     """The ``tensorrt`` module, or a NorcalError saying it is missing and what to do instead."""
-    try:
-        import tensorrt as trt
-    except ImportError:
-        raise NorcalError("TensorRT's Python package is not installed (pip install "
-                          "'norcal-deploy[tensorrt]'; on a Jetson it comes with JetPack)") from None
-    major = int(str(trt.__version__).split(".")[0])
-    if major < 10:
-        raise NorcalError(f"TensorRT {trt.__version__} is too old: norcal needs TensorRT 10 or newer")
-    return trt
+    return LIBRARIES["tensorrt"].load()
 
 
 # ----------------------------------------------------------------------------- options
@@ -54,6 +48,8 @@ class BuildOptions:
     hw: tuple | None = None  # (min, opt, max) (H, W); None: the model's resize metadata
     workspace_gb: float | None = None  # None: TensorRT's default (the device's memory)
     timing_cache: Path | None = None
+    target: str = "tensorrt"  # a key of LIBRARIES: tensorrt (10/11, this GPU) or rtx (ahead of time)
+    capabilities: tuple[str, ...] | None = None  # rtx: compute capabilities; None: RTX_DEFAULT_CAPABILITIES
 
 
 def _check_padded_sizes(options: BuildOptions, meta: dict[str, str]) -> None:
@@ -149,8 +145,9 @@ def file_sha256(path) -> str:
 
 
 def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dict[str, Profile],
-                    trtexec: str, built_by: str, tensorrt_version: str | None = None,
-                    device: str | None = None) -> dict:
+                    trtexec: str | None, built_by: str, tensorrt_version: str | None = None,
+                    device: str | None = None, library: str = "TensorRT",
+                    capabilities: tuple[str, ...] = ()) -> dict:
     """What the sidecar records: the ONNX metadata and I/O, and how the engine was built."""
     from norcal.core.version import __version__
     from norcal.core.files.onnx_io import graph_io
@@ -170,7 +167,11 @@ def sidecar_content(model: onnx.ModelProto, options: BuildOptions, profiles: dic
         "timing_cache": str(options.timing_cache) if options.timing_cache else None,
         "built_by": built_by,
         "tensorrt_version": tensorrt_version,
+        "library": library,  # TensorRT or TensorRT for RTX
+        "compute_capabilities": list(capabilities),  # rtx: what the engine was built for
         "device": device,
+        # what a runner must register before deserializing (C++: initLibNvInferPlugins)
+        "plugins": plugins_needed(model),
         "trtexec": trtexec,
         "norcal_version": __version__,
     }
@@ -273,20 +274,10 @@ def _make_logger(trt, verbose: bool, on_message: Callable[[str], None] | None):
     return Logger()
 
 
-def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[str, Profile],
-                 trtexec: str, verbose: bool = False,
-                 on_message: Callable[[str], None] | None = None) -> dict:
-    """Build and serialize the engine with TensorRT's Python API; write it and its sidecar.
-
-    Returns the sidecar content. Needs TensorRT 10 and a GPU. on_message: receives TensorRT's
-    warnings and errors (every message with ``verbose``), one line each.
-    """
-    try:
-        trt = import_tensorrt()
-    except NorcalError as e:
-        raise NorcalError(f"{e}; or build with the trtexec command printed above") from None
-    log = _make_logger(trt, verbose, on_message)
-    builder = trt.Builder(log)
+def _parse(trt, builder, log, options: BuildOptions, title: str):
+    """The network NVIDIA's parser makes of the model, plugins registered first; parser errors
+    name each node."""
+    register_plugins(trt, log, title)  # RoiAlign imports as ROIAlign_TRT while parsing
     network = builder.create_network(0)  # TensorRT 10 networks are always explicit-batch
     parser = trt.OnnxParser(network, log)
     # parse_from_file resolves external weights relative to the model's folder
@@ -299,16 +290,17 @@ def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[s
             op = getattr(e, "node_operator", lambda: "")() or "?"
             where = f"node '{name}' ({op})" if e.node() >= 0 else "model"
             errors.append(f"{where}: {e.desc()}")
-        raise NorcalError(f"TensorRT {trt.__version__} could not parse {options.onnx_path}: "
+        raise NorcalError(f"{title} {trt.__version__} could not parse {options.onnx_path}: "
                           + "; ".join(errors or log.errors or ["no reason given"]))
+    return network, parser
 
-    config = builder.create_builder_config()
-    if options.workspace_gb is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib(options.workspace_gb) << 20)
+
+def _set_precision(trt, config, model: onnx.ModelProto, options: BuildOptions, title: str) -> None:
+    """The builder flags for fp16 / int8, where the library still has them."""
     if options.fp16:
-        # weak typing (the FP16 flag) is deprecated since 10.12 and gone in TensorRT 11
+        # weak typing (the FP16 flag) is deprecated since 10.12 and gone in TensorRT 11 and RTX
         if not hasattr(trt.BuilderFlag, "FP16"):
-            raise NorcalError(f"TensorRT {trt.__version__} has no FP16 builder flag: convert the ONNX "
+            raise NorcalError(f"{title} {trt.__version__} has no FP16 builder flag: convert the ONNX "
                               f"model to mixed precision first and build without fp16", param="fp16")
         config.set_flag(trt.BuilderFlag.FP16)
     if options.int8:
@@ -318,6 +310,10 @@ def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[s
         # it (networks are strongly typed, the Q/DQ nodes alone make the layers int8)
         if hasattr(trt.BuilderFlag, "INT8"):
             config.set_flag(trt.BuilderFlag.INT8)
+
+
+def _add_profile(builder, network, config, profiles: dict[str, Profile]) -> None:
+    """One optimization profile over the network's dynamic inputs."""
     profile, dynamic = builder.create_optimization_profile(), 0
     for i in range(network.num_inputs):
         tensor = network.get_input(i)
@@ -331,29 +327,75 @@ def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[s
     if dynamic:
         config.add_optimization_profile(profile)
 
+
+def _configure(trt, builder, network, model, options: BuildOptions, profiles, lib: Library,
+               capabilities: tuple[str, ...]):
+    """The builder config: workspace, precision, profile, targets, timing cache (and its path)."""
+    config = builder.create_builder_config()
+    if options.workspace_gb is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib(options.workspace_gb) << 20)
+    _set_precision(trt, config, model, options, lib.title)
+    _add_profile(builder, network, config, profiles)
+    set_capabilities(trt, config, capabilities)
     cache_path = Path(options.timing_cache) if options.timing_cache else None
     if cache_path is not None:
         blob = cache_path.read_bytes() if cache_path.is_file() else b""
-        cache = config.create_timing_cache(blob)
-        config.set_timing_cache(cache, ignore_mismatch=False)
+        config.set_timing_cache(config.create_timing_cache(blob), ignore_mismatch=False)
+    return config, cache_path
 
+
+def _gpu_name() -> str | None:
+    """The CUDA device torch sees (what a TensorRT 10/11 engine is built for), if any."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def refuse_rtx_gaps(model: onnx.ModelProto, options: BuildOptions) -> None:
+    """TensorRT for RTX builds no data-dependent layer and no plugin: name the nodes, and why."""
+    gaps = rtx_gaps(model)
+    if gaps:
+        parts = [f"{op} ({', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''}): {RTX_GAPS[op].reason}"
+                 for op, nodes in gaps.items()]
+        raise NorcalError(f"{options.onnx_path} cannot be built for TensorRT for RTX: " + "; ".join(parts),
+                          param="target")
+
+
+def build_engine(options: BuildOptions, model: onnx.ModelProto, profiles: dict[str, Profile],
+                 trtexec: str, verbose: bool = False,
+                 on_message: Callable[[str], None] | None = None) -> dict:
+    """Build and serialize the engine with TensorRT's Python API; write it and its sidecar.
+
+    Returns the sidecar content. TensorRT 10/11 needs a GPU; the rtx target (TensorRT for RTX)
+    builds ahead of time without one. on_message: receives the library's warnings and errors
+    (every message with ``verbose``), one line each.
+    """
+    lib = library(options.target)
+    if lib.ahead_of_time:
+        refuse_rtx_gaps(model, options)
+    capabilities = check_capabilities(options.capabilities, lib)
+    try:
+        trt = lib.load()
+    except NorcalError as e:
+        raise NorcalError(f"{e}; or build with the trtexec command printed above") from None
+    log = _make_logger(trt, verbose, on_message)
+    builder = trt.Builder(log)
+    network, _parser = _parse(trt, builder, log, options, lib.title)  # the parser owns the weights
+    config, cache_path = _configure(trt, builder, network, model, options, profiles, lib, capabilities)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        raise NorcalError(f"TensorRT {trt.__version__} failed to build {options.onnx_path}: "
+        raise NorcalError(f"{lib.title} {trt.__version__} failed to build {options.onnx_path}: "
                           + ("; ".join(log.errors) or "no reason given"))
     if cache_path is not None:
         write_bytes(cache_path, bytes(memoryview(config.get_timing_cache().serialize())))
-
-    device = None
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            device = torch.cuda.get_device_name()
-    except ImportError:
-        pass
     write_bytes(options.engine_path, bytes(memoryview(serialized)))
-    content = sidecar_content(model, options, profiles, trtexec, built_by="norcal build",
-                              tensorrt_version=str(trt.__version__), device=device)
+    # trtexec builds for TensorRT 10/11 only: an rtx engine's sidecar names no trtexec line
+    content = sidecar_content(model, options, profiles, None if lib.ahead_of_time else trtexec,
+                              built_by="norcal build",
+                              tensorrt_version=str(trt.__version__),
+                              device=None if lib.ahead_of_time else _gpu_name(),
+                              library=lib.title, capabilities=capabilities)
     write_json(sidecar_path(options.engine_path), content)
     return content

@@ -9,7 +9,8 @@ from onnx import TensorProto, helper
 
 from norcal.core.contract import INT8_FORM
 from norcal.core.errors import NorcalError
-from norcal.core.profiles import default_profiles
+from norcal.core.profiles import Profile, default_profiles
+from norcal.core.tensorrt_targets import plugins_needed
 from norcal.export.trt_check import support as ts
 
 from .folding import Facts, collect_types, fold, read_initializer, shape_text, type_name
@@ -136,16 +137,8 @@ def tie_shared_dims(model, profiles: dict) -> dict:
     return out
 
 
-def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
-    """Check an ONNX model against the TensorRT 10.15 ONNX parser without TensorRT.
-
-    ``profiles``: {input name: Profile} or a list of Profiles (``--profile`` entries); inputs not
-    named there get :func:`default_profiles` (the detector contract's inputs only).
-    """
-    if not isinstance(model, onnx.ModelProto):
-        from norcal.core.files.onnx_io import load_onnx
-
-        model = load_onnx(model)
+def _given_profiles(profiles) -> dict[str, Profile]:
+    """{input: Profile} from a dict or a list of ``--profile`` entries (one per input)."""
     if isinstance(profiles, (list, tuple)):
         seen = {}
         for p in profiles:  # two profiles for one input: which one holds would be a guess
@@ -154,19 +147,12 @@ def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
                                   f"{p.text()}): give one per input", param="profile")
             seen[p.input] = p
         profiles = seen
-    given = dict(profiles or {})
-    findings: list[Finding] = []
-    form = {p.key: p.value for p in model.metadata_props}.get(INT8_FORM)
-    if form == "ort":
-        findings.append(Finding("error", "model", "-", f"{INT8_FORM}=ort: int8 in ONNX Runtime's form (uint8 "
-                                f"activations with zero points, int32 biases), which TensorRT does not build; "
-                                f"quantize the fp32 model in the tensorrt form for TensorRT"))
-    opset = check_opsets(model, findings)
-    flat = Flattener(model, opset or ts.OPSET_MAX)
-    flat.run(model.graph)
+    return dict(profiles or {})
 
+
+def _facts(model: onnx.ModelProto, flat: Flattener, notes: list[str]) -> Facts:
+    """Types, shapes and folded constants of the expanded graph (a note where inference fails)."""
     facts = Facts()
-    notes = []
     g = model.graph
     flat_graph = helper.make_graph([n.proto for n in flat.top], g.name or "main", g.input, g.output,
                                    g.initializer, value_info=g.value_info)
@@ -183,6 +169,35 @@ def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
         facts.initializers.add(init.name)
         facts.consts[init.name] = read_initializer(init)
     fold(flat.top + flat.sub, facts)
+    return facts
+
+
+def check_model(model: onnx.ModelProto | str | Path, profiles=None, nvidia: bool = True) -> Report:
+    """Check an ONNX model against the TensorRT 10.15 ONNX parser without TensorRT.
+
+    ``profiles``: {input name: Profile} or a list of Profiles (``--profile`` entries); inputs not
+    named there get :func:`default_profiles` (the detector contract's inputs only). ``nvidia``:
+    also run NVIDIA's own parser where one is installed (TensorRT for RTX); a node it refuses
+    that no listed RTX-only gap explains is an error.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        from norcal.core.files.onnx_io import load_onnx
+
+        model = load_onnx(model)
+    given = _given_profiles(profiles)
+    findings: list[Finding] = []
+    form = {p.key: p.value for p in model.metadata_props}.get(INT8_FORM)
+    if form == "ort":
+        findings.append(Finding("error", "model", "-", f"{INT8_FORM}=ort: int8 in ONNX Runtime's form (uint8 "
+                                f"activations with zero points, int32 biases), which TensorRT does not build; "
+                                f"quantize the fp32 model in the tensorrt form for TensorRT"))
+    opset = check_opsets(model, findings)
+    flat = Flattener(model, opset or ts.OPSET_MAX)
+    flat.run(model.graph)
+
+    notes = []
+    facts = _facts(model, flat, notes)
+    g = model.graph
 
     check_io_types(model, facts, findings)
     io_names = {v.name for v in (*g.input, *g.output)}
@@ -199,5 +214,24 @@ def check_model(model: onnx.ModelProto | str | Path, profiles=None) -> Report:
         notes.append(f"default profile of {', '.join(followed)} takes the given profile's range on the dims "
                      f"the inputs share")
     check_profiles(model, facts, merged, findings)
+    verdict = nvidia_verdict(model, findings) if nvidia else None
     return Report(ts.TENSORRT_VERSION, opset, len(nodes), sorted({n.proto.op_type for n in nodes}),
-                  findings, merged, notes)
+                  findings, merged, notes, plugins_needed(model), verdict)
+
+
+def nvidia_verdict(model: onnx.ModelProto, findings: list[Finding]):
+    """NVIDIA's parser on the model where installed (None otherwise); its refusals that our table
+    passed and no RTX-only gap explains become errors: one of the two verdicts is wrong."""
+    from .nvidia_parser import installed_parser, parse_model
+
+    trt = installed_parser()
+    if trt is None:
+        return None
+    verdict = parse_model(model, trt)
+    # our findings name a node inside a local function by its path ("norcal > sub")
+    ours = {f.node.rsplit(" > ", 1)[-1] for f in findings if f.severity == "error"}
+    for r in verdict.unexplained():
+        if r.node not in ours:
+            findings.append(Finding("error", r.node, r.op_type, f"{verdict.library}'s parser refuses it, "
+                                    f"and no RTX-only gap explains that: {r.reason}"))
+    return verdict

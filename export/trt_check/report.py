@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from norcal.core.profiles import Profile
+
+if TYPE_CHECKING:
+    from .nvidia_parser import ParserVerdict
 
 
 @dataclass
@@ -31,6 +35,8 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     profiles: dict[str, Profile] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    plugins: list[dict] = field(default_factory=list)  # tensorrt_targets.plugins_needed
+    nvidia: ParserVerdict | None = None  # NVIDIA's own parser, where one is installed
 
     @property
     def errors(self) -> list[Finding]:

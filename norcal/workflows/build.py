@@ -18,7 +18,7 @@ def prepare(options: BuildOptions, check: bool = True) -> tuple[onnx.ModelProto,
     """Load the model (and, with ``check``, refuse one that fails the TensorRT parser check)."""
     model, profiles, cmd = _prepare(options)
     if check:
-        report = check_model(model, profiles)
+        report = check_model(model, profiles, nvidia=False)  # the build parses it itself
         if not report.compatible:
             first = report.errors[0]
             raise NorcalError(f"{options.onnx_path} fails the TensorRT {report.tensorrt_version} check "

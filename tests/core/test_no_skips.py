@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# the extras of the README's install line: pip install -e '.[cpu,torch,eval,test,triton,ray,ultralytics]'
-INSTALL_LINE_EXTRAS = ("cpu", "torch", "eval", "test", "triton", "ray", "ultralytics")
+# the extras of the README's install line: pip install -e '.[cpu,torch,eval,test,triton,ray,ultralytics,tensorrt-rtx]'
+INSTALL_LINE_EXTRAS = ("cpu", "torch", "eval", "test", "triton", "ray", "ultralytics", "tensorrt-rtx")
 
 
 def _dist_name(requirement: str) -> str:

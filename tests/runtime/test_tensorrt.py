@@ -252,6 +252,12 @@ class _RecordingTensorRT:
         self.calls = []
         rec = self
 
+        def init_libnvinfer_plugins(logger, namespace):
+            rec.calls.append(("init_libnvinfer_plugins", namespace))
+            return True
+
+        self.init_libnvinfer_plugins = init_libnvinfer_plugins
+
         class Input:
             def __init__(self, name, shape):
                 self.name, self.shape = name, shape
@@ -353,6 +359,8 @@ def test_builder_api_calls(tmp_path, monkeypatch, capsys):
     side = build_engine(opts, model, profiles, cmd, on_message=messages.append)
     assert all(m.startswith("[TensorRT] ") for m in messages)  # TensorRT's warnings, passed on
     assert capsys.readouterr().out == ""  # the library prints nothing
+    # NVIDIA's plugin library registered before the parser imports a node (RoiAlign -> ROIAlign_TRT)
+    assert fake.calls[:2] == [("init_libnvinfer_plugins", ""), ("parse_from_file", str(model_path))]
     assert ("pool", "WORKSPACE", 2 << 30) in fake.calls and ("flag", "FP16") in fake.calls
     assert ("set_shape", "images", (1, 3, 32, 32), (2, 3, 64, 96), (4, 3, 128, 128)) in fake.calls
     assert ("set_shape", "image_sizes", (1, 2), (2, 2), (4, 2)) in fake.calls

@@ -7,6 +7,7 @@ from pathlib import Path
 from norcal.core.errors import NorcalError
 from norcal.core.files.fileio import readable_file
 from norcal.core.profiles import DEFAULT_BATCH
+from norcal.core.tensorrt_targets import LIBRARIES, RTX_CAPABILITIES, RTX_DEFAULT_CAPABILITIES
 
 HELP = "build a TensorRT engine (fp32/fp16/int8) from an exported ONNX detector"
 DESCRIPTION = f"""Build a TensorRT 10 engine from an exported detector with one optimization profile
@@ -28,10 +29,18 @@ wants: its implicit calibrator is deprecated) and refuses a model without Quanti
 Defaults: batch {DEFAULT_BATCH[0]}:{DEFAULT_BATCH[1]}:{DEFAULT_BATCH[2]}; H and W from the model's resize metadata
 (short edge 800, long edge 1333, padded to 32 when absent: 32x32 to 1344x1344, opt 800x1088).
 The model is checked first (norcal check) unless --skip-check.
+
+--target rtx builds with NVIDIA's TensorRT for RTX (pip install 'norcal-deploy[tensorrt-rtx]')
+ahead of time, on any machine, CPU-only included, for RTX-class GPUs (compute capability
+8.0, 8.6, 8.9, 12.x; 7.5 with --compute-capability 7.5); the engine compiles for the device on
+its first run. It does not run on Hopper (H100/H200). A graph with a data-dependent layer or
+a plugin (NonZero, NonMaxSuppression, RoiAlign) is refused, naming the nodes.
+
+  norcal build model.onnx --target rtx -o model.rtx.engine
 """
 
 # parameters of the engine build named in its errors -> the flags here
-FLAGS = {"check=False": "--skip-check", "workspace_gb": "--workspace", "fp16": "--fp16",
+FLAGS = {"check=False": "--skip-check", "target": "--target", "capabilities": "--compute-capability", "workspace_gb": "--workspace", "fp16": "--fp16",
          "batch": "--batch", "int8": "--int8", "hw": "--shape/--shapes", "form='tensorrt'": "norcal quantize --form tensorrt"}
 
 
@@ -56,6 +65,13 @@ def add_arguments(p):
                    help="print the trtexec command and write only the sidecar; no TensorRT needed")
     p.add_argument("--skip-check", action="store_true", help="do not run the static TensorRT check first")
     p.add_argument("--verbose", action="store_true", help="print TensorRT's info messages too")
+    p.add_argument("--target", choices=list(LIBRARIES), default="tensorrt",
+                   help="tensorrt: TensorRT 10/11, an engine for this machine's GPU; rtx: TensorRT for RTX, "
+                        "built ahead of time on any machine (no GPU needed) for RTX-class GPUs")
+    p.add_argument("--compute-capability", action="append", default=None, metavar="X.Y",
+                   choices=list(RTX_CAPABILITIES),
+                   help=f"with --target rtx, a compute capability to build for (repeat; default "
+                        f"{' '.join(RTX_DEFAULT_CAPABILITIES)}; 7.5 on request; no Hopper H100/H200)")
 
 
 def run(args) -> int:
@@ -78,19 +94,27 @@ def run(args) -> int:
         onnx_path=Path(args.model), engine_path=Path(args.output), fp16=args.fp16, int8=args.int8,
         batch=parse_range(args.batch) if args.batch else None, hw=hw,
         workspace_gb=args.workspace, timing_cache=Path(args.timing_cache) if args.timing_cache else None,
+        target=args.target,
+        capabilities=tuple(args.compute_capability) if args.compute_capability else None,
     )
     if options.workspace_gb is not None and not options.workspace_gb > 0:
         raise NorcalError(f"--workspace {args.workspace}: must be a positive number of GiB")
     if options.workspace_gb is not None:
         workspace_mib(options.workspace_gb)  # its range, before any work
+    if args.trtexec_only and LIBRARIES[args.target].ahead_of_time:
+        raise NorcalError("--trtexec-only builds for TensorRT 10/11: trtexec does not build TensorRT for RTX "
+                          "engines; drop --target rtx or --trtexec-only")
     model, profiles, cmd = prepare(options, check=not args.skip_check)
-    print("equivalent trtexec command:")
-    print(f"  {cmd}", flush=True)
+    if not LIBRARIES[args.target].ahead_of_time:
+        print("equivalent trtexec command:")
+        print(f"  {cmd}", flush=True)
     if args.trtexec_only:
         write_trtexec_sidecar(options, model, profiles, cmd)
         print(f"wrote {sidecar_path(options.engine_path)} (metadata for the engine trtexec will write)")
         return 0
     content = build_engine(options, model, profiles, cmd, verbose=args.verbose, on_message=print)
-    print(f"wrote {options.engine_path} ({content['precision']}, TensorRT {content['tensorrt_version']}) "
-          f"and {sidecar_path(options.engine_path)}")
+    built_for = (f", for compute capability {' '.join(content['compute_capabilities'])}"
+                 if content["compute_capabilities"] else "")
+    print(f"wrote {options.engine_path} ({content['precision']}, {content['library']} "
+          f"{content['tensorrt_version']}{built_for}) and {sidecar_path(options.engine_path)}")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from norcal.core.tensorrt_targets import LIBRARIES
 from norcal.export.trt_check.support import OPSET_MAX, OPSET_MIN, TENSORRT_VERSION
 
 HELP = f"check an ONNX model against the TensorRT {TENSORRT_VERSION} ONNX parser (no TensorRT needed)"
@@ -22,6 +23,13 @@ other input; two given ranges that differ are refused.
   norcal check model.onnx
   norcal check model.onnx --profile images:1x3x320x320:2x3x800x1088:4x3x1344x1344 \\
                           --profile image_sizes:1x2:2x2:4x2
+
+Where NVIDIA's TensorRT for RTX is installed (pip install 'norcal-deploy[tensorrt-rtx]', no
+GPU needed), its own ONNX parser runs on the model too and its verdict is printed beside the
+table's: the first node it refuses, and whether TensorRT for RTX's listed gaps (NonZero,
+NonMaxSuppression, RoiAlign: data-dependent layers and plugins it lacks, which TensorRT 10/11
+build) explain it; a refusal they do not explain is an error. Ops TensorRT imports as plugins
+(RoiAlign -> ROIAlign_TRT, from libnvinfer_plugin) are listed with what they need.
 
 Exit status: 0 compatible (warnings allowed), 1 not compatible, 2 bad input.
 """
@@ -55,6 +63,15 @@ def run(args) -> int:
             style = "red" if f.severity == "error" else "yellow"
             table.add_row(f"[{style}]{f.severity}[/{style}]", f.node, f.op_type, f.reason)
         console.print(table)
+    if report.plugins and not args.quiet:
+        pl = Table("op_type", "nodes", "TensorRT plugin", "library", "since", title="imported as plugins")
+        for entry in report.plugins:
+            pl.add_row(entry["op_type"], str(len(entry["nodes"])), entry["plugin"], entry["library"],
+                       f"TensorRT {entry['since']}")
+        console.print(pl)
+        console.print("note: the plugin library must be registered before parsing and before deserializing "
+                      "(norcal build and the runners do; a C++ host calls initLibNvInferPlugins and links "
+                      "nvinfer_plugin; trtexec loads it itself)")
     if not args.quiet:
         if report.profiles:
             pt = Table("input", "min", "opt", "max", "source", title="optimization profile")
@@ -68,6 +85,11 @@ def run(args) -> int:
                f"({len(report.op_types)} op types), {len(report.errors)} errors, "
                f"{len(report.warnings)} warnings")
     console.print(summary)
+    if report.nvidia is not None:
+        console.print(report.nvidia.summary())
+    else:
+        console.print(f"NVIDIA's parser: not installed, so only our table judged it "
+                      f"({LIBRARIES['rtx'].install} runs NVIDIA's on any machine)")
     if report.compatible:
         console.print(f"[green]compatible[/green] with the TensorRT {report.tensorrt_version} ONNX parser")
         return 0

@@ -16,6 +16,7 @@ from norcal.core.errors import NorcalError
 from norcal.core.files.fileio import readable_file
 from norcal.runtime.backends.base import BackendRunner
 from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
+from norcal.runtime.tensorrt_library import register_plugins
 
 
 class NoSidecarWarning(UserWarning):
@@ -66,12 +67,9 @@ class TensorRTRunner(BackendRunner):
         self.sidecar, self.metadata = engine_metadata(self.engine_path)
         self.device = torch.device("cuda", device)
         torch.cuda.set_device(self.device)
-
-        self._logger = trt.Logger(trt.Logger.WARNING)
-        self._runtime = trt.Runtime(self._logger)
-        self.engine = self._runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
+        self.engine = self._deserialize(trt)
+        built = self.sidecar.get("tensorrt_version") or "an unknown version"
         if self.engine is None:
-            built = self.sidecar.get("tensorrt_version") or "an unknown version"
             raise NorcalError(f"{self.engine_path}: TensorRT {trt.__version__} cannot load it (built with "
                               f"TensorRT {built} on {self.sidecar.get('device') or 'an unknown GPU'}; "
                               f"engines only load on the TensorRT version and GPU model that built them)")
@@ -81,6 +79,14 @@ class TensorRTRunner(BackendRunner):
         self.output_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         self.name = f"tensorrt-{self.sidecar.get('precision', 'fp32')}"
         self._stream = torch.cuda.Stream(device=self.device)
+
+    def _deserialize(self, trt):
+        """The engine, NVIDIA's plugin library registered first: an engine holding ROIAlign_TRT
+        (every R-CNN) finds its plugin creator while it deserializes."""
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        register_plugins(trt, self._logger)
+        self._runtime = trt.Runtime(self._logger)
+        return self._runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
 
     def _torch_dtype(self, name: str):
         trt, torch = self._trt, self._torch

@@ -257,6 +257,17 @@ EngineSidecar parse_engine_sidecar(const std::string& text, const std::string& w
     }
   }
   if (const Json* p = doc.get("precision"); p && p->kind == Json::kString) out.precision = p->text;
+  if (const Json* plugins = doc.get("plugins"); plugins && plugins->kind != Json::kNull) {
+    if (plugins->kind != Json::kArray)
+      throw std::runtime_error(where + ": 'plugins' must be a list of {\"plugin\": name, ...}");
+    for (const Json& entry : plugins->items) {
+      const Json* name = entry.kind == Json::kObject ? entry.get("plugin") : nullptr;
+      if (!name || name->kind != Json::kString || name->text.empty())
+        throw std::runtime_error(where + ": 'plugins' entry " + std::to_string(out.plugins.size()) +
+                                 " has no 'plugin' name");
+      out.plugins.push_back(name->text);
+    }
+  }
   // the keys and defaults of norcal.core.contract (MIN_SIZE_TEST, ..., DEFAULTS)
   out.min_size = positive_int(out.metadata, "norcal.min_size_test", out.min_size, where);
   out.max_size = positive_int(out.metadata, "norcal.max_size_test", out.max_size, where);

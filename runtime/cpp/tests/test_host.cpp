@@ -168,6 +168,12 @@ static void test_sidecar_hand_written() {
       "\"profile\": {\"images\": {\"min\": [1, 3, 320, 320]}}, \"precision\": \"fp16\", "
       "\"workspace_gb\": null, \"flag\": true, \"ratio\": -1.5e-3}";
   const EngineSidecar s = parse_engine_sidecar(text, "m.engine.json");
+  CHECK(s.plugins.empty());
+  // the plugins list norcal build writes (tensorrt_targets.plugins_needed)
+  const EngineSidecar r = parse_engine_sidecar(
+      "{\"format\": \"norcal-engine-sidecar/1\", \"metadata\": {}, \"plugins\": [{\"plugin\": \"ROIAlign_TRT\", "
+      "\"library\": \"libnvinfer_plugin\", \"since\": \"8.5\", \"op_type\": \"RoiAlign\", \"nodes\": [\"a\", \"b\"]}]}", "r");
+  CHECK(r.plugins == std::vector<std::string>{"ROIAlign_TRT"});
   CHECK(s.found && s.min_size == 640 && s.max_size == 1024 && s.divisibility == 64);
   CHECK(s.input_format == "RGB" && !s.bgr() && s.precision == "fp16");
   CHECK(s.metadata.at("norcal.detector") == "{\"depth\": 50, \"name\": \"caf\xc3\xa9 \xf0\x9f\x98\x80\"}");
@@ -193,6 +199,8 @@ static void test_sidecar_errors() {
   CHECK(contains(parse(head + "\"norcal.resize\": \"letterbox\", \"norcal.input_size\": \"640\"}}"),
                  "norcal.resize='letterbox' is not supported by the C++ host"));
   CHECK(parse(head + "\"norcal.resize\": \"shortest_edge\"}}").empty());
+  CHECK(contains(parse(head + "}, \"plugins\": \"ROIAlign_TRT\"}"), "'plugins' must be a list"));
+  CHECK(contains(parse(head + "}, \"plugins\": [{\"library\": \"x\"}]}"), "'plugins' entry 0 has no 'plugin' name"));
 }
 
 static void test_sidecar_files() {

@@ -11,7 +11,11 @@
 // Category ids: the sidecar's norcal.category_ids (class index -> dataset category id), as the
 // Python runner uses them; --category-ids ids.txt (the id of class index i on line i, whitespace
 // separated is fine) overrides them. Without either, class index + 1.
+// NVIDIA's plugin library (libnvinfer_plugin: ROIAlign_TRT for every R-CNN) is registered
+// before the engine is deserialized; a plugin the sidecar lists that is still not registered
+// is refused in one line.
 #include <NvInfer.h>
+#include <NvInferPlugin.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -40,6 +44,27 @@ class Logger : public nvinfer1::ILogger {
     if (severity <= Severity::kWARNING) std::cerr << "[TensorRT] " << msg << "\n";
   }
 };
+
+// The name of a registered plugin creator, whichever interface it implements.
+std::string creator_name(nvinfer1::IPluginCreatorInterface* c) {
+  const std::string kind = c->getInterfaceInfo().kind;
+  if (kind == "PLUGIN CREATOR_V1") return static_cast<nvinfer1::IPluginCreator*>(c)->getPluginName();
+  if (kind == "PLUGIN CREATOR_V3ONE") return static_cast<nvinfer1::IPluginCreatorV3One*>(c)->getPluginName();
+  return "";
+}
+
+// Every plugin the sidecar lists is in the registry, or the engine is refused before loading.
+void require_plugins(const EngineSidecar& sidecar) {
+  if (sidecar.plugins.empty()) return;
+  int32_t n = 0;
+  nvinfer1::IPluginCreatorInterface* const* all = getPluginRegistry()->getAllCreators(&n);
+  std::vector<std::string> have;
+  for (int32_t i = 0; i < n; ++i) have.push_back(creator_name(all[i]));
+  for (const std::string& need : sidecar.plugins)
+    if (std::find(have.begin(), have.end(), need) == have.end())
+      throw std::runtime_error(sidecar.path + ": the engine holds the plugin " + need +
+                               ", which is not registered: link libnvinfer_plugin of the TensorRT that built it");
+}
 
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -200,6 +225,8 @@ int run(int argc, char** argv) {
   if (!ef) throw std::runtime_error(engine_path + ": cannot open");
   const std::vector<char> blob((std::istreambuf_iterator<char>(ef)), std::istreambuf_iterator<char>());
   Logger logger;
+  if (!initLibNvInferPlugins(&logger, "")) throw std::runtime_error("could not register libnvinfer_plugin");
+  require_plugins(sidecar);
   std::unique_ptr<nvinfer1::IRuntime> runtime(nvinfer1::createInferRuntime(logger));
   std::unique_ptr<nvinfer1::ICudaEngine> engine(runtime->deserializeCudaEngine(blob.data(), blob.size()));
   if (!engine) throw std::runtime_error(engine_path + ": not a TensorRT engine for this TensorRT version/GPU");

@@ -26,6 +26,9 @@ struct EngineSidecar {
   // norcal.category_ids: class index -> dataset category id (empty: none recorded, index + 1)
   std::vector<int64_t> category_ids;
   std::map<std::string, std::string> metadata;  // the ONNX model's metadata_props
+  // the plugins the engine holds ("plugins": [{"plugin": "ROIAlign_TRT", ...}]): registered
+  // (initLibNvInferPlugins) before deserializing; one missing from the registry is refused
+  std::vector<std::string> plugins;
   bool bgr() const { return input_format == "BGR"; }
 };
 
