@@ -192,26 +192,25 @@ def _demo_grid(gammas, batch_size: int, pictures: int) -> list[float]:
     return grid
 
 
-def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> DemoResult:
+def _validation_gt(d: Path, table):
+    """The validation GT as read and as prepared (every mask checked), and its (id, path) pairs."""
     from norcal.core.files.fileio import read_json
-    from norcal.core.calibration.tables import build_table
     from norcal.evaluation import prepare_gt
-    from norcal.workflows.tune import images_from_gt, tune, write_sweep_plot
+    from norcal.workflows.tune import images_from_gt
 
-    say = log or (lambda msg: None)
-    grid = _demo_grid(gammas, batch_size, pictures)
-    d = check_data_dir(data, progress)
-    t_start = time.perf_counter()
-    seconds: dict[str, float] = {}
-    weights, config = d / "model_final.pth", d / "config.yaml"
-    table = build_table(d / "train_annotations.json", name=f"{FIXTURE_NAME}_train")
-    table.save(out / "table.json")
-    # the validation GT is checked before the long work that comes before its use
     gt_data = read_json(d / "val.json", "GT")
     gt = prepare_gt(gt_data, table, where=str(d / "val.json"))
     gt.rles()  # segm and boundary AP need every GT mask: one missing is named now, not after tuning
     pairs = images_from_gt(gt_data, d / "val", str(d / "val.json"))
+    return gt_data, gt, pairs
 
+
+def _sweeps(d: Path, grid: list[float], table, progress, seconds: dict[str, float], say):
+    """The tuning sweep on the training subset and the same sweep on the validation images,
+    each timed into ``seconds``."""
+    from norcal.workflows.tune import tune
+
+    weights, config = d / "model_final.pth", d / "config.yaml"
     # gamma is chosen on training images, exactly as `norcal tune` chooses it
     t0 = time.perf_counter()
     tuning = tune(weights, d / "train_subset.json", d / "train_subset", grid, table, config=config,
@@ -224,10 +223,15 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
     validation = tune(weights, d / "val.json", d / "val", grid, table, config=config,
                       progress=_stages(progress, "val"))
     seconds["validation_sweep"] = time.perf_counter() - t0
+    return tuning, validation
 
+
+def _deployed(d: Path, wanted: list, table, pairs, gt, batch_size: int, out: Path, progress,
+              seconds: dict[str, float], say):
+    """Every wanted setting exported, run and evaluated on the validation images (timed into
+    ``seconds``): the settings, and their detections per image id (for the pictures)."""
     t0 = time.perf_counter()
-    wanted = [None] + sorted({g for g in (tuning.best.gamma, validation.best.gamma) if g})
-    detector, paths = _export_models(weights, config, wanted, table, out)
+    detector, paths = _export_models(d / "model_final.pth", d / "config.yaml", wanted, table, out)
     seconds["export"] = time.perf_counter() - t0
     say(f"exported the {detector.num_classes}-class Mask R-CNN and inserted NorCal at gamma "
         f"{', '.join(f'{g:g}' for g in wanted[1:])} in {seconds['export']:.1f} s")
@@ -239,6 +243,26 @@ def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> D
         settings[g], kept[g] = _infer_and_eval(g, paths[g], pairs, gt, table, detector.topk, batch_size, out,
                                                progress)
     seconds["infer_and_eval"] = time.perf_counter() - t0
+    return settings, kept
+
+
+def _run_demo(data, out: Path, gammas, batch_size, pictures, progress, log) -> DemoResult:
+    """The demo's work in the staged folder ``out``: table, sweeps, models, runs, plot, pictures."""
+    from norcal.core.calibration.tables import build_table
+    from norcal.workflows.tune import write_sweep_plot
+
+    say = log or (lambda msg: None)
+    grid = _demo_grid(gammas, batch_size, pictures)
+    d = check_data_dir(data, progress)
+    t_start = time.perf_counter()
+    seconds: dict[str, float] = {}
+    table = build_table(d / "train_annotations.json", name=f"{FIXTURE_NAME}_train")
+    table.save(out / "table.json")
+    # the validation GT is checked before the long work that comes before its use
+    gt_data, gt, pairs = _validation_gt(d, table)
+    tuning, validation = _sweeps(d, grid, table, progress, seconds, say)
+    wanted = [None] + sorted({g for g in (tuning.best.gamma, validation.best.gamma) if g})
+    settings, kept = _deployed(d, wanted, table, pairs, gt, batch_size, out, progress, seconds, say)
 
     tuned_g = tuning.best.gamma or None
     result = DemoResult(settings[None], settings[tuned_g], settings[validation.best.gamma or None],

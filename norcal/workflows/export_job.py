@@ -237,6 +237,62 @@ def _check_input_shape(options: CheckpointExport) -> None:
                           f"{MAX_TENSOR_VOLUME} per tensor", param=("batch", "height", "width"))
 
 
+def _check_graph_options(options: CheckpointExport) -> None:
+    """The opset, a fixed input shape and K on their own, before any file is read."""
+    # every family's graph needs MIN_OPSET; torch writes none newer than max_opset
+    check_range("opset", options.opset, MIN_OPSET, max_opset(), integer=True,
+                why="what the graphs need and torch's exporter writes")
+    _check_input_shape(options)
+    k = options.detections_per_image
+    if k is not None:
+        check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")
+
+
+def _claimed_checkpoint(src: Path, cfg: Path | None, options: CheckpointExport):
+    """(the resolved checkpoint, None), or (None, the error) for a file no family claims: that
+    refusal waits until after the output checks, as any bad input's. The claiming family's
+    option checks run now, before the slow load."""
+    from norcal.export.families import check_classifier_option, check_decoding, resolve
+
+    try:
+        checkpoint, unclaimed = resolve(src, cfg), None
+    except NorcalError as e:
+        checkpoint, unclaimed = None, e
+    if checkpoint is not None:
+        checkpoint.family.check_export_options(options)
+        if options.decoding is not None:
+            check_decoding(checkpoint.family, options.decoding)
+        check_classifier_option(checkpoint.family, options.classifier)
+    return checkpoint, unclaimed
+
+
+def _detector_calibration(calibration: NorCal, detector: Detector) -> tuple[NorCal, str]:
+    """The calibration to bake into ``detector``'s graph, resolved (its table loaded once and
+    refused now if it does not fit), and the line saying what came from the config."""
+    slot = _check_classifier_options(calibration, detector.classifier)  # before the slow export, not after it
+    calibration, from_config = _calibration_for(replace(calibration, background=slot), detector)
+    return calibration.resolve(detector.num_classes), from_config
+
+
+def _write_checkpoint_export(src: Path, out: Path, graph: onnx.ModelProto, detector: Detector, t0: float,
+                             from_config: str, verify: Sequence[PathLike], skip_unreadable: bool,
+                             triton_repo: PathLike | None, force: bool, step: Callable[[str], None]) -> ExportResult:
+    """Check and write the calibrated graph, verify it, write the Triton folder: all, or nothing
+    written."""
+    with output_run():
+        step("checking and writing")
+        report = _finish(graph, out)
+        result = ExportResult(src, out, graph, time.perf_counter() - t0, report, description=tuple(detector.describe()),
+                              calibration_from_config=from_config)
+        if verify:
+            from norcal.workflows.verify import verify_detector
+
+            step("verifying")
+            result.verification = verify_detector(detector, current_path(out), list(verify), skip_unreadable)
+        _write_triton(result, triton_repo, force)
+    return result
+
+
 def export_checkpoint(src: PathLike, out: PathLike, calibration: NorCal,
                       options: CheckpointExport = CheckpointExport(), *,
                       verify: Sequence[PathLike] = (), triton_repo: PathLike | None = None,
@@ -256,33 +312,14 @@ def export_checkpoint(src: PathLike, out: PathLike, calibration: NorCal,
     step as it starts ("loading checkpoint", "exporting to ONNX", "inserting the NorCal node",
     "checking and writing", "verifying").
     """
-    from norcal.export.families import check_classifier_option, check_decoding, resolve
-
     step = progress or (lambda _name: None)
     if calibration.logits:
         raise NorcalError("logits applies to ONNX input; a checkpoint export knows its classifier",
                           param="logits")
     src, out = Path(src), Path(out)
     cfg = None if options.config is None else Path(options.config)
-
-    # every family's graph needs MIN_OPSET; torch writes none newer than max_opset
-    check_range("opset", options.opset, MIN_OPSET, max_opset(), integer=True,
-                why="what the graphs need and torch's exporter writes")
-    _check_input_shape(options)
-    k = options.detections_per_image
-    if k is not None:
-        check_range("detections_per_image", k, 1, MAX_TOPK, integer=True, why="TensorRT's TopK limit")
-    # the family found once (a file no family claims is refused after the output checks, as any
-    # bad input); its option checks run now, before the slow load
-    try:
-        checkpoint, unclaimed = resolve(src, cfg), None
-    except NorcalError as e:
-        checkpoint, unclaimed = None, e
-    if checkpoint is not None:
-        checkpoint.family.check_export_options(options)
-        if options.decoding is not None:
-            check_decoding(checkpoint.family, options.decoding)
-        check_classifier_option(checkpoint.family, options.classifier)
+    _check_graph_options(options)
+    checkpoint, unclaimed = _claimed_checkpoint(src, cfg, options)
     _check_outputs(out, triton_repo, force, [src, options.config, *verify])
     if verify:  # bad images fail now, not after the export
         from norcal.workflows.verify import check_images
@@ -292,24 +329,13 @@ def export_checkpoint(src: PathLike, out: PathLike, calibration: NorCal,
     step("loading checkpoint")
     if unclaimed is not None:
         raise unclaimed
-    detector = checkpoint.load(options.decoding, options.classifier, detections_per_image=k)
+    detector = checkpoint.load(options.decoding, options.classifier,
+                               detections_per_image=options.detections_per_image)
     graph_options = detector.export_options(options)
-    slot = _check_classifier_options(calibration, detector.classifier)  # before the slow export, not after it
-    calibration, from_config = _calibration_for(replace(calibration, background=slot), detector)
-    calibration = calibration.resolve(detector.num_classes)  # the table, loaded once; refused now if it does not fit
+    calibration, from_config = _detector_calibration(calibration, detector)
     step("exporting to ONNX")
     graph = detector.export(graph_options)
     step("inserting the NorCal node")
     graph = calibrate_onnx(graph, calibration)
-    with output_run():  # the model, its verification and the Triton folder: all, or nothing written
-        step("checking and writing")
-        report = _finish(graph, out)
-        result = ExportResult(src, out, graph, time.perf_counter() - t0, report, description=tuple(detector.describe()),
-                              calibration_from_config=from_config)
-        if verify:
-            from norcal.workflows.verify import verify_detector
-
-            step("verifying")
-            result.verification = verify_detector(detector, current_path(out), list(verify), skip_unreadable)
-        _write_triton(result, triton_repo, force)
-    return result
+    return _write_checkpoint_export(src, out, graph, detector, t0, from_config, verify, skip_unreadable,
+                                    triton_repo, force, step)

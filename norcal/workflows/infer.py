@@ -216,6 +216,80 @@ def _check_outputs(options: InferOptions, paths: list[Path]) -> None:
         check_output_dir(options.draw_dir, "draw_dir")
 
 
+@dataclass
+class _Listed:
+    """The image files the annotations list, and what the annotations give about them: ids by
+    file name (COCO/LVIS) or by path (a data.yaml's split), category ids and names, sizes, and
+    the files they do not list as (path, reason)."""
+
+    paths: list[Path]
+    by_name: dict[str, int] | None = None
+    categories: list[int] | None = None
+    names: list = field(default_factory=list)
+    sizes: dict = field(default_factory=dict)
+    not_listed: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _listed_images(options: InferOptions, paths: list[Path], by_path: dict[Path, int] | None) -> _Listed:
+    """``paths`` cut down to the images ``image_ids`` lists (all of them without it)."""
+    from norcal.runtime.results import category_ids_from_annotations
+
+    listed = _Listed(paths)
+    if by_path is not None:  # a data.yaml: its split's images, matched by path
+        from norcal.core.datasets.yolo_ground_truth import dataset_categories
+
+        listed.categories, listed.names = dataset_categories(options.image_ids)
+        where = f"{options.image_ids}'s split {options.split!r}"
+        listed.not_listed = [(p, f"not in {where}") for p in paths if p.resolve() not in by_path]
+        listed.paths = [p for p in paths if p.resolve() in by_path]
+        if not listed.paths:
+            raise NorcalError(f"none of the {len(listed.not_listed)} image files is in {where} (matched by "
+                              f"path, e.g. {listed.not_listed[0][0]})")
+    elif options.image_ids:
+        listed.categories, listed.by_name = category_ids_from_annotations(
+            options.image_ids, sizes=listed.sizes, names=listed.names, split=options.split)
+        unknown = [p for p in paths if p.name not in listed.by_name]
+        listed.paths = [p for p in paths if p.name in listed.by_name]
+        if not listed.paths:
+            raise NorcalError(f"none of the {len(unknown)} image files is in {options.image_ids} "
+                              f"(matched by file name, e.g. {unknown[0].name})")
+        listed.not_listed = [(p, f"not in {options.image_ids}") for p in unknown]
+    return listed
+
+
+def _open_checked_runner(options: InferOptions):
+    """The runner (on Ray one on the CPU, only for the metadata here: the workers, maybe on GPU
+    nodes, open their own), its backend on Ray (None here), and the model's metadata, checked
+    against the ONNX contract."""
+    from norcal.core.contract import check_detector
+    from norcal.runtime.inference import runner_metadata
+    from norcal.runtime.runners import backend_of, open_runner
+
+    backend = None
+    if options.ray is None:
+        runner = open_runner(options.model, options.provider, options.threads)
+    else:
+        backend = backend_of(options.model)
+        runner = open_runner(options.model, backend.cpu_provider, 1)
+    meta = runner_metadata(runner)
+    check_detector(Path(options.model).name, runner.input_names, runner.output_names, meta)
+    return runner, backend, meta
+
+
+def _readable_images(options: InferOptions, paths: list[Path], spec) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The files readable as images (checked before any work), and the others as (path, reason)."""
+    from norcal.runtime.images import unreadable_files
+
+    unreadable = unreadable_files(paths, skip=options.skip_unreadable, sizes=(spec.min_size, spec.max_size))
+    if unreadable:
+        gone = {p for p, _ in unreadable}
+        paths = [p for p in paths if p not in gone]
+        if not paths:
+            raise NorcalError(f"none of the {len(gone)} image files could be read, e.g. "
+                              f"{unreadable[0][0]}: {unreadable[0][1]}")
+    return paths, unreadable
+
+
 def prepare_infer(options: InferOptions,
                   check_outputs: Callable[[list[Path]], None] | None = None) -> InferJob:
     """Check the options and inputs and open the runner; nothing is run or written yet.
@@ -224,11 +298,8 @@ def prepare_infer(options: InferOptions,
     read, to refuse outputs that cannot be written or touch an input (default: the output,
     the skipped list and draw_dir checked against the model, the inputs and the annotations).
     """
-    from norcal.core.contract import check_detector, input_spec
-    from norcal.runtime.images import check_annotated_sizes, expand_inputs, unreadable_files
-    from norcal.runtime.inference import runner_metadata
-    from norcal.runtime.results import category_ids_from_annotations
-    from norcal.runtime.runners import backend_of, open_runner
+    from norcal.core.contract import input_spec
+    from norcal.runtime.images import check_annotated_sizes, expand_inputs
 
     t0 = time.perf_counter()
     options.check()
@@ -238,46 +309,15 @@ def prepare_infer(options: InferOptions,
     if not paths:
         raise NorcalError("no image files found in " + ", ".join(map(str, options.inputs)))
     (check_outputs or functools.partial(_check_outputs, options))(paths)
-    by_name, ann_cats, not_listed, ann_sizes, ann_names = None, None, [], {}, []
-    if by_path is not None:  # a data.yaml: its split's images, matched by path
-        from norcal.core.datasets.yolo_ground_truth import dataset_categories
-
-        ann_cats, ann_names = dataset_categories(options.image_ids)
-        where = f"{options.image_ids}'s split {options.split!r}"
-        not_listed = [(p, f"not in {where}") for p in paths if p.resolve() not in by_path]
-        paths = [p for p in paths if p.resolve() in by_path]
-        if not paths:
-            raise NorcalError(f"none of the {len(not_listed)} image files is in {where} (matched by "
-                              f"path, e.g. {not_listed[0][0]})")
-    elif options.image_ids:
-        ann_cats, by_name = category_ids_from_annotations(options.image_ids, sizes=ann_sizes, names=ann_names,
-                                                          split=options.split)
-        unknown = [p for p in paths if p.name not in by_name]
-        paths = [p for p in paths if p.name in by_name]
-        if not paths:
-            raise NorcalError(f"none of the {len(unknown)} image files is in {options.image_ids} "
-                              f"(matched by file name, e.g. {unknown[0].name})")
-        not_listed = [(p, f"not in {options.image_ids}") for p in unknown]
+    listed = _listed_images(options, paths, by_path)
+    paths, by_name = listed.paths, listed.by_name
     _check_unique_ids(paths, by_name, options.image_ids, by_path)
-    if ray is None:
-        runner = open_runner(options.model, options.provider, options.threads)
-    else:  # only for the metadata here: the workers, maybe on GPU nodes, open their own
-        backend = backend_of(options.model)
-        runner = open_runner(options.model, backend.cpu_provider, 1)
-    meta = runner_metadata(runner)
-    check_detector(Path(options.model).name, runner.input_names, runner.output_names, meta)
+    runner, backend, meta = _open_checked_runner(options)
     spec = input_spec(meta, options.min_size, options.max_size)
-    cat_ids, cat_source = _category_ids(options, meta, ann_cats, ann_names)
-    unreadable = unreadable_files(paths, skip=options.skip_unreadable,  # before any work
-                                  sizes=(spec.min_size, spec.max_size))
-    if unreadable:
-        gone = {p for p, _ in unreadable}
-        paths = [p for p in paths if p not in gone]
-        if not paths:
-            raise NorcalError(f"none of the {len(gone)} image files could be read, e.g. "
-                              f"{unreadable[0][0]}: {unreadable[0][1]}")
-    if ann_sizes:
-        check_annotated_sizes(paths, by_name, ann_sizes, options.image_ids)
+    cat_ids, cat_source = _category_ids(options, meta, listed.categories, listed.names)
+    paths, unreadable = _readable_images(options, paths, spec)
+    if listed.sizes:
+        check_annotated_sizes(paths, by_name, listed.sizes, options.image_ids)
     with_masks = options.masks and "masks" in runner.output_names
     draw_table = _draw_table(options, meta) if options.draw_dir is not None else None
     name = runner.name
@@ -285,7 +325,7 @@ def prepare_infer(options: InferOptions,
         name = backend.name_for(options.provider)
     return InferJob(options, paths, [_image_id(p, by_name, by_path) for p in paths],
                     runner if ray is None else None, name, spec, cat_ids, cat_source, with_masks,
-                    draw_table, not_listed, unreadable, time.perf_counter() - t0)
+                    draw_table, listed.not_listed, unreadable, time.perf_counter() - t0)
 
 
 def run_infer(job: InferJob, on_done: Callable[[int], None] | None = None) -> InferResult:

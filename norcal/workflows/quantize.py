@@ -93,17 +93,8 @@ def _check_metadata(model, where: str) -> None:
                           f"classifier is)", param="model")
 
 
-def quantize_model(options: QuantizeOptions,
-                   progress: Callable[[str, int, int], None] | None = None) -> QuantizeResult:
-    """Write the int8 or fp16 variant of ``options.model`` to ``options.output`` (atomically;
-    the output location is checked before any work). progress(stage, n, total): n more
-    calibration images done."""
-    from norcal.core.files.fileio import same_file
-    from norcal.core.files.onnx_io import load_onnx, save_onnx
-    from norcal.core.files.outputs import check_output_file
-    from norcal.export.graph.quantize import check_fp32_model, convert_fp16, quantize_int8
-
-    t0 = time.perf_counter()
+def _check_options(options: QuantizeOptions) -> None:
+    """The options on their own (no file is read)."""
     if options.precision not in PRECISIONS:
         raise NorcalError(f"precision {options.precision!r}: choose int8 or fp16", param="precision")
     if options.num_images is not None and options.num_images < 1:
@@ -115,11 +106,14 @@ def quantize_model(options: QuantizeOptions,
     if options.precision != "int8" and (options.form != "tensorrt" or options.mask_head):
         raise NorcalError(f"form and mask_head choose how int8 is written; {options.precision} takes neither",
                           param=("form", "mask_head=True"))
-    src, dest = Path(options.model), Path(options.output)
-    if src.exists() and same_file(src, dest):
-        raise NorcalError(f"output {dest} is the input model; choose another (inputs are never modified)",
-                          param="output")
-    check_output_file(dest, "output")
+
+
+def _load_checked(src: Path, options: QuantizeOptions):
+    """The fp32 model norcal exported, checked: its metadata, its float graph, and a mask
+    output where ``mask_head`` is asked for."""
+    from norcal.core.files.onnx_io import load_onnx
+    from norcal.export.graph.quantize import check_fp32_model
+
     where = str(src)
     model = load_onnx(src)
     _check_metadata(model, where)
@@ -129,32 +123,62 @@ def quantize_model(options: QuantizeOptions,
         # the option would change nothing: say so rather than let the user believe the masks are int8
         raise NorcalError(f"{where} has no {mask_output!r} output (no mask head): mask_head=True applies to "
                           f"mask models", param="mask_head=True")
+    return model
+
+
+def _quantize_int8(model, options: QuantizeOptions, where: str,
+                   progress: Callable[[str, int, int], None] | None):
+    """The int8 model calibrated on ``options.images`` (prepared as the runners prepare them),
+    the images it used, and the files left out as unreadable (path, reason)."""
+    from norcal.export.graph.quantize import quantize_int8
+    from norcal.runtime.images import iter_images, unreadable_files
+    from norcal.runtime.inference import prepared_batches
+
+    paths = calibration_paths(options.images, options.num_images)
+    spec = contract.input_spec({p.key: p.value for p in model.metadata_props})
+    skipped = unreadable_files(paths, skip=options.skip_unreadable, context="calibration image ",
+                               sizes=(spec.min_size, spec.max_size))
+    bad = {p for p, _ in skipped}
+    paths = [p for p in paths if p not in bad]
+    if not paths:
+        raise NorcalError(f"images {options.images}: none of its {len(bad)} image files can be read",
+                          param="images")
+    batches = prepared_batches(iter_images(paths, context="calibration image ", skipped=skipped
+                                           if options.skip_unreadable else None,
+                                           sizes=(spec.min_size, spec.max_size)),
+                               spec, options.batch_size)
+    step = (lambda n: progress("calibrate", n, len(paths))) if progress is not None else None
+    out, n_images = quantize_int8(model, (b.feeds() for b in batches), options.method, where, step,
+                                  form=options.form, mask_head=options.mask_head)
+    return out, n_images, skipped
+
+
+def quantize_model(options: QuantizeOptions,
+                   progress: Callable[[str, int, int], None] | None = None) -> QuantizeResult:
+    """Write the int8 or fp16 variant of ``options.model`` to ``options.output`` (atomically;
+    the output location is checked before any work). progress(stage, n, total): n more
+    calibration images done."""
+    from norcal.core.files.fileio import same_file
+    from norcal.core.files.onnx_io import save_onnx
+    from norcal.core.files.outputs import check_output_file
+    from norcal.export.graph.quantize import convert_fp16
+
+    t0 = time.perf_counter()
+    _check_options(options)
+    src, dest = Path(options.model), Path(options.output)
+    if src.exists() and same_file(src, dest):
+        raise NorcalError(f"output {dest} is the input model; choose another (inputs are never modified)",
+                          param="output")
+    check_output_file(dest, "output")
+    where = str(src)
+    model = _load_checked(src, options)
     skipped: list[tuple[Path, str]] = []
     if options.precision == "fp16":
         out, n_images = convert_fp16(model, where), 0
     else:
-        from norcal.runtime.images import iter_images, unreadable_files
-        from norcal.runtime.inference import prepared_batches
-
-        paths = calibration_paths(options.images, options.num_images)
-        spec = contract.input_spec({p.key: p.value for p in model.metadata_props})
-        skipped = unreadable_files(paths, skip=options.skip_unreadable, context="calibration image ",
-                                   sizes=(spec.min_size, spec.max_size))
-        bad = {p for p, _ in skipped}
-        paths = [p for p in paths if p not in bad]
-        if not paths:
-            raise NorcalError(f"images {options.images}: none of its {len(bad)} image files can be read",
-                              param="images")
-        batches = prepared_batches(iter_images(paths, context="calibration image ", skipped=skipped
-                                               if options.skip_unreadable else None,
-                                               sizes=(spec.min_size, spec.max_size)),
-                                   spec, options.batch_size)
-        step = (lambda n: progress("calibrate", n, len(paths))) if progress is not None else None
-        out, n_images = quantize_int8(model, (b.feeds() for b in batches), options.method, where, step,
-                                      form=options.form, mask_head=options.mask_head)
+        out, n_images, skipped = _quantize_int8(model, options, where, progress)
     save_onnx(out, dest)
     return QuantizeResult(
         output=dest, precision=options.precision, calibration_images=n_images, skipped=skipped,
         qdq_nodes=sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in out.graph.node),
         seconds=time.perf_counter() - t0, form=options.form if options.precision == "int8" else None)
-

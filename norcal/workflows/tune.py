@@ -122,22 +122,10 @@ class TunePlan:
         return self.iou_type in MASK_IOU_TYPES
 
 
-def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gammas: Sequence[float],
-              table: str | os.PathLike | CalibrationTable | None = None, *,
-              config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
-              batch_size: int = 4, max_cache_bytes: int = 2 << 30,
-              min_count: float | None = None, iou_type: str = "bbox", split: str = "val",
-              rules: str = "auto", decoding: Decoding | None = None,
-              classifier: ClassifierActivation | None = None) -> TunePlan:
-    """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
-    from norcal.core.datasets.schemas import GROUND_TRUTH
-    from norcal.core.datasets.ultralytics_dataset import is_dataset_description
-    from norcal.core.datasets.yolo_ground_truth import read_annotations, split_pairs
-    from norcal.evaluation import IOU_TYPES, prepare_gt
-    from norcal.evaluation.ground_truth import check_table_matches
-    from norcal.evaluation.rules import choose_rules
-    from norcal.export.families import load_detector
-    from norcal.runtime.images import unreadable_files
+def _checked_gammas(gammas: Sequence[float], factor: str, iou_type: str, max_cache_bytes,
+                    classifier: ClassifierActivation | None) -> list[float]:
+    """The gammas to sweep, once the arguments that need no file pass."""
+    from norcal.evaluation import IOU_TYPES
 
     check_classifier(classifier)
     gammas = [check_gamma(g, factor) for g in gammas]
@@ -150,8 +138,17 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None,
             and 0 < max_cache_bytes <= MAX_CACHE_BYTES):
         raise NorcalError(f"max_cache_bytes must be a finite number > 0 and <= {MAX_CACHE_BYTES} (1 TiB), "
                           f"got {max_cache_bytes:g}", param="max_cache_bytes")
-    if table is not None:
-        table = resolve_table(table)
+    return gammas
+
+
+def _tune_images(gt: os.PathLike, images: os.PathLike | None, split: str) -> tuple[dict, list, int]:
+    """The GT (cut down to the images found), the (image_id, path) pairs, every one readable,
+    and how many images the GT lists."""
+    from norcal.core.datasets.schemas import GROUND_TRUTH
+    from norcal.core.datasets.ultralytics_dataset import is_dataset_description
+    from norcal.core.datasets.yolo_ground_truth import read_annotations, split_pairs
+    from norcal.runtime.images import unreadable_files
+
     gt_data = read_annotations(gt, "GT", GROUND_TRUTH, split)
     if is_dataset_description(gt):  # the split names its images
         pairs = split_pairs(gt, split, images)
@@ -164,9 +161,17 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None,
     if len(pairs) < gt_images:  # else their objects would count as missed
         gt_data = gt_of_images(gt_data, [i for i, _ in pairs])
     unreadable_files([p for _, p in pairs], skippable=False)  # a bad image fails now, not mid-pass
+    return gt_data, pairs, gt_images
+
+
+def _checked_detector(weights, config, decoding, classifier, iou_type: str,
+                      table: CalibrationTable | None) -> tuple[Detector, CalibrationTable]:
+    """The loaded detector and the table (None: the built-in one for its class count), refused
+    where the model lacks the mask head ``iou_type`` needs or the class counts differ."""
+    from norcal.export.families import load_detector
+
     detector = load_detector(weights, config, decoding, classifier)
-    masks = iou_type in MASK_IOU_TYPES
-    if masks and not detector.has_masks:
+    if iou_type in MASK_IOU_TYPES and not detector.has_masks:
         raise NorcalError(f"iou_type {iou_type} needs a model with a mask head; {weights} has "
                           "none (use bbox)", param="iou_type")
     if table is None:
@@ -176,11 +181,25 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None,
     if detector.num_classes != table.num_classes:
         raise NorcalError(f"the model has {detector.num_classes} classes but table {table.name!r} "
                           f"has {table.num_classes}")
+    return detector, table
+
+
+def _prepared_gt(gt_data: dict, table: CalibrationTable, gt, rules: str, masks: bool):
+    """The prepared GT, checked against the table, and the evaluation rules chosen for it."""
+    from norcal.evaluation import prepare_gt
+    from norcal.evaluation.ground_truth import check_table_matches
+    from norcal.evaluation.rules import choose_rules
+
     prepared = prepare_gt(gt_data, table, where=str(gt))
     check_table_matches(table, prepared)
     choice = choose_rules(prepared, rules)
     if masks:
         prepared.rles()  # a GT without masks fails now, not after the network pass
+    return prepared, choice
+
+
+def _chunk_size(detector: Detector, gammas: list[float], batch_size: int, max_cache_bytes, masks: bool) -> int:
+    """Images per chunk: whole batches whose cache fits ``max_cache_bytes`` (one batch with masks)."""
     per_image = detector.cache_bytes(1, len(gammas))
     chunk = max(1, int(max_cache_bytes // per_image))
     if chunk < batch_size:
@@ -191,6 +210,25 @@ def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None,
     chunk -= chunk % batch_size  # whole batches only: chunking then changes nothing
     if masks:  # the mask head's maps of batches padded to different sizes do not stack
         chunk = batch_size
+    return chunk
+
+
+def plan_tune(weights: os.PathLike, gt: os.PathLike, images: os.PathLike | None, gammas: Sequence[float],
+              table: str | os.PathLike | CalibrationTable | None = None, *,
+              config: os.PathLike | None = None, factor: str = "cdt", mechanism: str = "exp",
+              batch_size: int = 4, max_cache_bytes: int = 2 << 30,
+              min_count: float | None = None, iou_type: str = "bbox", split: str = "val",
+              rules: str = "auto", decoding: Decoding | None = None,
+              classifier: ClassifierActivation | None = None) -> TunePlan:
+    """Check :func:`tune`'s arguments, read the GT and the checkpoint once, and cut the job."""
+    gammas = _checked_gammas(gammas, factor, iou_type, max_cache_bytes, classifier)
+    if table is not None:
+        table = resolve_table(table)
+    gt_data, pairs, gt_images = _tune_images(gt, images, split)
+    detector, table = _checked_detector(weights, config, decoding, classifier, iou_type, table)
+    masks = iou_type in MASK_IOU_TYPES
+    prepared, choice = _prepared_gt(gt_data, table, gt, rules, masks)
+    chunk = _chunk_size(detector, gammas, batch_size, max_cache_bytes, masks)
     acc = SweepAccumulator(detector, table, gammas, factor, mechanism, max(batch_size, 8), min_count, iou_type,
                            choice)
     return TunePlan(Path(weights), None if config is None else Path(config), pairs, detector, table,

@@ -142,6 +142,72 @@ def _judge(outputs, ref: str, name: str, tol: Tolerances, score_thresh: float, a
     return rep
 
 
+def _checked_setup(runners, images_rgb, spec, min_size, max_size, input_format, divisibility,
+                   batch_size, fixed_shape, gt, image_ids, split):
+    """The preprocessing and batch size a parity run uses, once its arguments pass; refused
+    before any runner runs, in the order callers rely on (runners, sizes, batch size, images,
+    AP inputs)."""
+    from norcal.core.contract import Preprocessing
+    from norcal.runtime.inference import prepared_batches
+
+    if len(runners) < 2:
+        raise NorcalError("parity needs at least two runners")
+    names = [r.name for r in runners]
+    if len(set(names)) != len(names):
+        raise NorcalError(f"runner names must differ to tell them apart: {', '.join(names)}")
+    if spec is None:
+        if min_size is None or max_size is None:
+            raise NorcalError("parity needs min_size and max_size, or spec", param=("min_size", "max_size"))
+        spec = Preprocessing(min_size, max_size, input_format, divisibility)
+    prepared_batches(images_rgb, spec, batch_size)  # refuses a bad batch_size now
+    if fixed_shape and fixed_shape[0]:  # the model's fixed batch wins
+        batch_size = int(fixed_shape[0])
+    if not images_rgb:
+        raise NorcalError("parity needs at least one image")
+    if gt is not None and (image_ids is None or len(image_ids) != len(images_rgb)):
+        raise NorcalError("AP needs one image id per image")
+    if gt is not None:
+        from norcal.core.datasets.yolo_ground_truth import check_split
+
+        check_split(split)
+    return spec, batch_size
+
+
+def _ap_by_runner(names, outputs, batches, gt, image_ids, category_ids, split) -> dict[str, dict[str, float]]:
+    """Box AP per runner over the images run ({} without annotations)."""
+    if gt is None:
+        return {}
+    from norcal.evaluation import prepare_gt
+
+    gt = prepare_gt(_only_images(gt, image_ids, split))
+    return {n: _ap(outputs[n], batches, gt, list(image_ids), category_ids) for n in names}
+
+
+def _noise_floor(noise_runner, reference: dict[str, np.ndarray], score_thresh: float,
+                 rerun: Callable[[Runner], dict[str, dict[str, np.ndarray]]]) -> NoiseFloor | None:
+    """How far the reference's outputs sit from its precise rerun; None where the noise
+    runner's maker gives none. ``rerun(runner)``: that runner's outputs over the same batches."""
+    if not hasattr(noise_runner, "infer"):
+        noise_runner = noise_runner()
+    if noise_runner is None:
+        return None
+    precise = rerun(noise_runner)
+    return measure_floor(reference, precise[noise_runner.name], noise_runner.name, score_thresh)
+
+
+def _judge_floored(reports: list[ParityReport], floored: list[int], outputs, names, presets,
+                   floor: NoiseFloor | None, score_thresh: float, ap) -> None:
+    """The floored candidates' reports, in place: with a floor, judged again against it;
+    without, marked as passed within their preset where they did."""
+    ref = names[0]
+    for i in floored:
+        preset = presets[names[i + 1]]
+        if floor is not None:
+            reports[i] = _judge(outputs, ref, names[i + 1], widened(preset, floor), score_thresh, ap)
+        if floor is not None or reports[i].passed:
+            reports[i].preset, reports[i].floor = preset, floor
+
+
 def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, min_size: int | None = None,
                max_size: int | None = None, input_format: str = "BGR", divisibility: int = 32,
                spec=None, batch_size: int = 1,
@@ -168,57 +234,28 @@ def run_parity(runners: Sequence[Runner], images_rgb: Sequence[np.ndarray], *, m
     candidates are judged again with their score and box tolerances widened to the measured
     floor (:mod:`norcal.workflows.parity.floor`).
     """
-    from norcal.core.contract import Preprocessing
     from norcal.runtime.inference import prepared_batches
 
-    if len(runners) < 2:
-        raise NorcalError("parity needs at least two runners")
+    spec, batch_size = _checked_setup(runners, images_rgb, spec, min_size, max_size, input_format,
+                                      divisibility, batch_size, fixed_shape, gt, image_ids, split)
     names = [r.name for r in runners]
-    if len(set(names)) != len(names):
-        raise NorcalError(f"runner names must differ to tell them apart: {', '.join(names)}")
-    if spec is None:
-        if min_size is None or max_size is None:
-            raise NorcalError("parity needs min_size and max_size, or spec", param=("min_size", "max_size"))
-        spec = Preprocessing(min_size, max_size, input_format, divisibility)
-    prepared_batches(images_rgb, spec, batch_size)  # refuses a bad batch_size now
-    if fixed_shape and fixed_shape[0]:  # the model's fixed batch wins
-        batch_size = int(fixed_shape[0])
-    if not images_rgb:
-        raise NorcalError("parity needs at least one image")
-    if gt is not None and (image_ids is None or len(image_ids) != len(images_rgb)):
-        raise NorcalError("AP needs one image id per image")
-    if gt is not None:
-        from norcal.core.datasets.yolo_ground_truth import check_split
-
-        check_split(split)
     presets = {r.name: (tolerances or {}).get(r.name) or PRESETS[runner_precision(r)] for r in runners[1:]}
     seconds: dict[str, float] = {r.name: 0.0 for r in runners}
-    outputs, batches = _run_batches(runners, prepared_batches(images_rgb, spec, batch_size), fixed_shape,
-                                    on_batch, seconds)
-    ref = names[0]
-    ap = {}
-    if gt is not None:
-        from norcal.evaluation import prepare_gt
 
-        gt = prepare_gt(_only_images(gt, image_ids, split))
-        ap = {n: _ap(outputs[n], batches, gt, list(image_ids), category_ids) for n in names}
+    def run(some: Sequence[Runner]):
+        return _run_batches(some, prepared_batches(images_rgb, spec, batch_size), fixed_shape, on_batch,
+                            seconds)
+
+    outputs, batches = run(runners)
+    ref = names[0]
+    ap = _ap_by_runner(names, outputs, batches, gt, image_ids, category_ids, split)
     reports = [_judge(outputs, ref, n, presets[n], score_thresh, ap) for n in names[1:]]
     floored = [i for i, n in enumerate(names[1:]) if presets[n].floor_factor] if noise_runner is not None else []
     floor = None
     if any(not reports[i].passed for i in floored):
         # the preset alone fails: measure how far the reference sits from its precise rerun
-        if not hasattr(noise_runner, "infer"):
-            noise_runner = noise_runner()
-        if noise_runner is not None:
-            precise, _ = _run_batches([noise_runner], prepared_batches(images_rgb, spec, batch_size),
-                                      fixed_shape, on_batch, seconds)
-            floor = measure_floor(outputs[ref], precise[noise_runner.name], noise_runner.name, score_thresh)
-    for i in floored:  # with a floor: judged against it; without: passed within the preset
-        preset = presets[names[i + 1]]
-        if floor is not None:
-            reports[i] = _judge(outputs, ref, names[i + 1], widened(preset, floor), score_thresh, ap)
-        if floor is not None or reports[i].passed:
-            reports[i].preset, reports[i].floor = preset, floor
+        floor = _noise_floor(noise_runner, outputs[ref], score_thresh, lambda r: run([r])[0])
+    _judge_floored(reports, floored, outputs, names, presets, floor, score_thresh, ap)
     return ParityRun(names, outputs, seconds, reports, len(images_rgb), ap, floor)
 
 
