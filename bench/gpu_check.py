@@ -1,13 +1,16 @@
 """GPU check: our PyTorch detectors on CUDA against their NorCal ONNX exports run by ONNX Runtime
 on the CPU (and by every other execution provider the machine's onnxruntime offers), the same
-images, judged by the parity presets; then each CUDA model alone vs in a padded batch.
+images, judged by the parity presets; then each CUDA model alone vs in a padded batch; then the
+RTX-engine step (bench/gpu_check_rtx.py): TensorRT for RTX engines built ahead of time where its
+package is installed and run where the GPU is RTX-class (else one line says why not).
 
-usage: bench/gpu_check.sh [--device cuda] [--models lvis,cascade,...] [--images N]
+usage: bench/gpu_check.sh [--device cuda] [--models lvis,cascade,...] [--images N] [--no-rtx]
 
 Models: the five detectron2 fixtures (R50-FPN Mask R-CNN, Cascade, C4, DC5, RetinaNet at
 LVIS's 1203 classes) and the bundled trained Mask R-CNN (60 classes, 8 validation images), each
 exported with a NorCal node (gamma 0.5, the fixture's counts) and the PyTorch model given the
-same prior. TF32 is off, so the fp32 preset judges CUDA. Prints one table; exit 1 if a row fails.
+same prior. TF32 is off, so the fp32 preset judges CUDA. Prints one table (and the RTX step's
+lines); exit 1 if a row or the RTX step fails.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fixture_files import TESTS, fixture_dir  # noqa: E402
+from gpu_check_rtx import rtx_step  # noqa: E402
 
 MODELS = {"lvis": "d2_lvis_tiny", "cascade": "d2_cascade_tiny", "c4": "d2_c4_tiny",
           "dc5": "d2_dc5_tiny", "retinanet": "d2_retinanet_tiny", "synth": "d2_synth_trained"}
@@ -62,6 +66,7 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
     ap.add_argument("--images", type=int, default=8, help="images per model (fixtures have 3-4)")
     ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--no-rtx", action="store_true", help="leave out the RTX-engine step")
     args = ap.parse_args()
 
     import onnxruntime as ort
@@ -96,6 +101,8 @@ def main() -> int:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     console.print(table)
+    if not args.no_rtx:
+        failed += rtx_step(args.device, say=lambda line: console.print(line, markup=False, highlight=False))
     console.print(f"{failed} failed, {time.perf_counter() - t_all:.0f} s in all")
     return 1 if failed else 0
 

@@ -106,7 +106,8 @@ class Library:
         try:
             trt = importlib.import_module(self.module)
         except ImportError:
-            raise NorcalError(f"{self.title}'s Python package is not installed ({self.install})") from None
+            raise NorcalError(f"{self.title}'s Python package is not installed (module {self.module}; "
+                              f"{self.install})") from None
         major = int(str(trt.__version__).split(".")[0])
         if major < self.min_major:
             raise NorcalError(f"{self.title} {trt.__version__} is too old: norcal needs "

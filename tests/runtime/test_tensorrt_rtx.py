@@ -14,6 +14,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from norcal.cli import main
+from norcal.core.errors import NorcalError
 from norcal.runtime.tensorrt_build import BuildOptions, build_engine, prepare, sidecar_path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -154,3 +155,203 @@ def test_the_runner_registers_plugins_before_it_deserializes():
     runner.engine_path = Path_()
     assert runner._deserialize(Trt) == "engine"
     assert calls == [("init_libnvinfer_plugins", ""), ("Runtime",), ("deserialize", b"plan")]
+
+
+# ----------------------------------------------------------------------------- the runner: which library, which GPU
+
+class _StandInTorch:
+    """Stands in for torch where no GPU is: reports one CUDA device of the given compute
+    capability and name. It runs nothing; it lets the runner's checks before deserializing run."""
+
+    def __init__(self, capability: tuple[int, int], name: str):
+        rec = self
+        self.calls = []
+
+        class cuda:
+            @staticmethod
+            def get_device_capability(device):
+                return capability
+
+            @staticmethod
+            def get_device_name(device):
+                return name
+
+            @staticmethod
+            def set_device(device):
+                rec.calls.append(("set_device", device))
+
+        self.cuda = cuda
+
+    @staticmethod
+    def device(kind, index):
+        return f"{kind}:{index}"
+
+
+@pytest.fixture(scope="module")
+def rtx_engine(tmp_path_factory):
+    """A real TensorRT for RTX engine of the tiny detector, built by norcal build for 8.9 only."""
+    d = tmp_path_factory.mktemp("rtx_engine")
+    model = _save(d, tiny_detector({"norcal.gamma": "0.3"}))
+    engine = d / "m.engine"
+    assert main(["build", str(model), "--target", "rtx", "--shape", "64x64", "--compute-capability", "8.9",
+                 "-o", str(engine)]) == 0
+    return engine
+
+
+def _gpu(monkeypatch, capability, name):
+    from norcal.runtime.backends.tensorrt import runner
+
+    torch = _StandInTorch(capability, name)
+    monkeypatch.setattr(runner, "_torch_cuda", lambda: torch)
+    return torch
+
+
+def _record_deserialize(monkeypatch):
+    """Records the module and title the runner deserializes with; the real step still runs."""
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
+
+    seen, real = [], TensorRTRunner._deserialize
+
+    def deserialize(self, trt, title="TensorRT"):
+        seen.append((trt, title))
+        return None if trt.__name__ == "tensorrt_rtx_bindings" else real(self, trt, title)
+
+    monkeypatch.setattr(TensorRTRunner, "_deserialize", deserialize)
+    return seen
+
+
+@pytest.mark.parametrize("capability, gpu", [((9, 0), "NVIDIA H100 80GB HBM3"), ((9, 0), "NVIDIA H200"),
+                                             ((7, 0), "Tesla V100-SXM2-16GB")])
+def test_an_rtx_engine_is_refused_on_a_gpu_rtx_does_not_run_on(rtx_engine, capability, gpu, monkeypatch):
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
+
+    torch, seen = _gpu(monkeypatch, capability, gpu), _record_deserialize(monkeypatch)
+    with pytest.raises(NorcalError) as e:
+        TensorRTRunner(rtx_engine)
+    msg, cc = str(e.value), "{}.{}".format(*capability)
+    assert "\n" not in msg and msg.startswith(f"{rtx_engine} is a TensorRT for RTX engine and cannot run on {gpu}")
+    assert f"(compute capability {cc}): TensorRT for RTX engines run on RTX-class GPUs, compute capability " \
+           "7.5, 8.0, 8.6, 8.9, 12.0, 12.1 only (not Hopper H100/H200)" in msg
+    assert seen == [] and torch.calls == []  # refused before the GPU is touched or the engine read
+
+
+def test_an_rtx_engine_is_refused_on_an_rtx_gpu_it_was_not_built_for(rtx_engine, monkeypatch):
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
+
+    _gpu(monkeypatch, (8, 6), "NVIDIA GeForce RTX 3090")
+    seen = _record_deserialize(monkeypatch)
+    with pytest.raises(NorcalError) as e:
+        TensorRTRunner(rtx_engine)
+    assert str(e.value) == (f"{rtx_engine} was built for compute capability 8.9, and NVIDIA GeForce RTX 3090 is "
+                            "8.6: rebuild it with norcal build --target rtx --compute-capability 8.6")
+    assert seen == []
+
+
+def test_an_rtx_engine_is_deserialized_by_tensorrt_for_rtx_on_a_gpu_it_was_built_for(rtx_engine, monkeypatch):
+    """On an 8.9 GPU the checks pass and NVIDIA's TensorRT for RTX module (the real one) is the
+    one handed to deserialization; no GPU is here, so the step is recorded and returns nothing,
+    which the runner reports naming the library."""
+    import tensorrt_rtx_bindings
+
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
+
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # TensorRT 10/11 is not what this engine needs
+    torch = _gpu(monkeypatch, (8, 9), "NVIDIA GeForce RTX 4090")
+    seen = _record_deserialize(monkeypatch)
+    with pytest.raises(NorcalError, match=r"TensorRT for RTX 1\.7\.1\.116 cannot load it \(built with TensorRT "
+                                          r"for RTX 1\.7\.1\.116 on an unknown GPU"):
+        TensorRTRunner(rtx_engine)
+    assert seen == [(tensorrt_rtx_bindings, "TensorRT for RTX")] and torch.calls == [("set_device", "cuda:0")]
+
+
+def test_an_rtx_engine_without_tensorrt_for_rtx_names_the_engine_and_the_module(rtx_engine, monkeypatch):
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
+
+    monkeypatch.setitem(sys.modules, "tensorrt_rtx_bindings", None)  # `import` raises ImportError
+    _gpu(monkeypatch, (8, 9), "NVIDIA GeForce RTX 4090")
+    with pytest.raises(NorcalError) as e:
+        TensorRTRunner(rtx_engine)
+    assert str(e.value) == (f"cannot run TensorRT for RTX engine {rtx_engine}: TensorRT for RTX's Python package "
+                            "is not installed (module tensorrt_rtx_bindings; pip install 'norcal-deploy[tensorrt-rtx]')")
+
+
+def test_a_tensorrt_engine_loads_tensorrt_and_is_not_held_to_rtx_gpus(tmp_path, monkeypatch, capsys):
+    """A TensorRT 10/11 engine's sidecar (library TensorRT): the `tensorrt` module, named when it
+    is missing although TensorRT for RTX is installed; on an H100 it goes on to deserialize."""
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
+
+    engine = tmp_path / "m.engine"
+    assert main(["build", str(_save(tmp_path, tiny_detector())), "--trtexec-only", "-o", str(engine)]) == 0
+    engine.write_bytes(b"plan")  # trtexec's engine, never run here
+    assert json.loads(sidecar_path(engine).read_text())["library"] == "TensorRT"
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(NorcalError) as e:
+        TensorRTRunner(engine)
+    assert str(e.value) == (f"cannot run TensorRT engine {engine}: TensorRT's Python package is not installed "
+                            "(module tensorrt; pip install 'norcal-deploy[tensorrt]'; on a Jetson it comes with JetPack)")
+
+    class Trt:  # stands in for the tensorrt module: its runtime loads nothing
+        __name__, __version__ = "tensorrt", "10.15.0"
+
+        class Logger:
+            WARNING = 2
+
+            def __init__(self, level):
+                pass
+
+        @staticmethod
+        def init_libnvinfer_plugins(logger, namespace):
+            return True
+
+        class Runtime:
+            def __init__(self, logger):
+                pass
+
+            def deserialize_cuda_engine(self, blob):
+                return None
+
+    monkeypatch.setitem(sys.modules, "tensorrt", Trt)
+    _gpu(monkeypatch, (9, 0), "NVIDIA H100 80GB HBM3")
+    seen = _record_deserialize(monkeypatch)
+    with pytest.raises(NorcalError, match="TensorRT 10.15.0 cannot load it"):
+        TensorRTRunner(engine)
+    assert seen == [(Trt, "TensorRT")]
+
+
+def test_a_sidecar_naming_another_library_is_refused_in_one_line(rtx_engine, tmp_path, monkeypatch):
+    from norcal.runtime.backends.tensorrt.runner import TensorRTRunner
+
+    engine = tmp_path / "x.engine"
+    engine.write_bytes(rtx_engine.read_bytes())
+    side = json.loads(sidecar_path(rtx_engine).read_text())
+    sidecar_path(engine).write_text(json.dumps({**side, "library": "TensorFlow Lite"}))
+    with pytest.raises(NorcalError) as e:
+        TensorRTRunner(engine)
+    assert str(e.value) == (f"{engine}: its sidecar names library 'TensorFlow Lite', which norcal does not run "
+                            "(one of 'TensorRT', 'TensorRT for RTX')")
+
+
+def test_an_rtx_engine_on_this_machine_says_no_gpu(rtx_engine):
+    """The real path where no GPU is (this machine, CI): TensorRT for RTX loads, torch sees no GPU."""
+    from norcal.runtime.backends.tensorrt import unavailable
+    from norcal.runtime.runners import open_runner
+
+    import torch
+
+    if torch.cuda.is_available():  # a GPU machine: the engine runs there, or is refused saying why
+        try:
+            assert open_runner(rtx_engine).name == "tensorrt-rtx-fp32"
+        except NorcalError as e:
+            assert "is a TensorRT for RTX engine and cannot run on" in str(e) or "was built for" in str(e), e
+        return
+    with pytest.raises(NorcalError, match="^the TensorRT runner needs a CUDA GPU, and torch sees none$"):
+        open_runner(rtx_engine)
+    assert unavailable() == "no CUDA GPU is visible"
+
+
+def test_no_library_installed_is_why_no_engine_runs(monkeypatch):
+    from norcal.runtime.backends.tensorrt import unavailable
+
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    monkeypatch.setitem(sys.modules, "tensorrt_rtx_bindings", None)
+    assert unavailable() == "neither TensorRT's nor TensorRT for RTX's Python package is installed"

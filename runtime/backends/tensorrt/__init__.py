@@ -1,5 +1,6 @@
-"""The TensorRT backend: serialized engines (``runner``: TensorRTRunner; engines are built by
-:mod:`norcal.runtime.tensorrt_build`). TensorRT is imported only when an engine is opened."""
+"""The TensorRT backend: serialized engines of TensorRT 10/11 or TensorRT for RTX (``runner``:
+TensorRTRunner, which loads the library the engine's sidecar names; engines are built by
+:mod:`norcal.runtime.tensorrt_build`). The library is imported only when an engine is opened."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ PROVIDERS = (None, "auto", "tensorrt")
 
 
 def unavailable() -> str | None:
-    """Why TensorRT cannot run here (no Python package, no torch, no CUDA GPU), or None."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return "TensorRT's Python package is not installed"
+    """Why no engine can run here (neither library's Python package, no torch, no CUDA GPU), or
+    None. Which library an engine needs, and whether this GPU runs it, the runner says."""
+    from norcal.core.tensorrt_targets import LIBRARIES
+
+    if not any(importlib.util.find_spec(lib.module) is not None for lib in LIBRARIES.values()):
+        return "neither " + " nor ".join(f"{lib.title}'s" for lib in LIBRARIES.values()) + " Python package is installed"
     try:
         import torch
     except ImportError:

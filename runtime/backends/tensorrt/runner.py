@@ -1,8 +1,12 @@
-"""TensorRTRunner: the Runner interface over a serialized TensorRT 10 engine.
+"""TensorRTRunner: the Runner interface over a serialized TensorRT 10/11 or TensorRT for RTX engine.
 
 Device memory comes from torch CUDA tensors (no pycuda), and the engine runs with
 ``execute_async_v3`` on a torch stream. Model metadata (NorCal settings, resize sizes) is
-read from the sidecar ``<engine>.json`` written by ``norcal build``.
+read from the sidecar ``<engine>.json`` written by ``norcal build``, and so is the library
+that built the engine (``library``: TensorRT -> module ``tensorrt``, TensorRT for RTX ->
+``tensorrt_rtx_bindings``, looked up in norcal.core.tensorrt_targets.LIBRARIES); without a
+sidecar, TensorRT. An RTX engine is refused before it is deserialized on a GPU whose compute
+capability it was not built for or TensorRT for RTX does not run on (Hopper).
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ import numpy as np
 from norcal.core.errors import NorcalError
 from norcal.core.files.fileio import readable_file
 from norcal.runtime.backends.base import BackendRunner
-from norcal.runtime.tensorrt_build import import_tensorrt, read_sidecar
-from norcal.runtime.tensorrt_library import register_plugins
+from norcal.runtime.tensorrt_build import read_sidecar
+from norcal.runtime.tensorrt_library import engine_library, load_engine_library, refuse_gpu, register_plugins
 
 
 class NoSidecarWarning(UserWarning):
@@ -35,11 +39,11 @@ def _torch_cuda():
     return torch
 
 
-def engine_metadata(engine_path) -> tuple[dict, dict[str, str]]:
-    """(sidecar, model metadata) of an engine. Without a sidecar ``<engine>.json`` the resize
-    sizes are unknown: a warning on stderr says the defaults apply unless given explicitly
-    (``norcal infer --min-size/--max-size``)."""
-    sidecar = read_sidecar(engine_path)
+def engine_metadata(engine_path, sidecar: dict | None = None) -> tuple[dict, dict[str, str]]:
+    """(sidecar, model metadata) of an engine (``sidecar``: the one already read, else read
+    here). Without a sidecar ``<engine>.json`` the resize sizes are unknown: a warning on
+    stderr says the defaults apply unless given explicitly (``norcal infer --min-size/--max-size``)."""
+    sidecar = read_sidecar(engine_path) if sidecar is None else sidecar
     if sidecar is None:
         from norcal.core.contract import DEFAULTS, MAX_SIZE_TEST, MIN_SIZE_TEST
         from norcal.runtime.tensorrt_build import sidecar_path
@@ -56,35 +60,39 @@ class TensorRTRunner(BackendRunner):
     """Run a TensorRT engine: ``infer({"images": [B,3,H,W] f32, "image_sizes": [B,2] i64})``."""
 
     def __init__(self, engine_path, device: int = 0):
-        try:
-            trt = import_tensorrt()
-        except NorcalError as e:
-            raise NorcalError(f"cannot run TensorRT engine {engine_path}: {e}") from None
+        self.engine_path = Path(engine_path)
+        sidecar = read_sidecar(self.engine_path)
+        self.library = engine_library(self.engine_path, sidecar)  # the one that built it
+        trt = load_engine_library(self.engine_path, self.library)
         torch = _torch_cuda()
         self._trt, self._torch = trt, torch
-        self.engine_path = Path(engine_path)
         readable_file(self.engine_path)  # missing, or a folder, a FIFO, a device: said as such
-        self.sidecar, self.metadata = engine_metadata(self.engine_path)
+        self.sidecar, self.metadata = engine_metadata(self.engine_path, sidecar)
         self.device = torch.device("cuda", device)
+        major, minor = torch.cuda.get_device_capability(self.device)
+        refuse_gpu(self.engine_path, sidecar, self.library, f"{major}.{minor}",
+                   torch.cuda.get_device_name(self.device))
         torch.cuda.set_device(self.device)
-        self.engine = self._deserialize(trt)
+        title = self.library.title
+        self.engine = self._deserialize(trt, title)
         built = self.sidecar.get("tensorrt_version") or "an unknown version"
         if self.engine is None:
-            raise NorcalError(f"{self.engine_path}: TensorRT {trt.__version__} cannot load it (built with "
-                              f"TensorRT {built} on {self.sidecar.get('device') or 'an unknown GPU'}; "
-                              f"engines only load on the TensorRT version and GPU model that built them)")
+            raise NorcalError(f"{self.engine_path}: {title} {trt.__version__} cannot load it (built with "
+                              f"{title} {built} on {self.sidecar.get('device') or 'an unknown GPU'}; "
+                              f"engines only load on the {title} version and GPU model that built them)")
         self.context = self.engine.create_execution_context()
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.output_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        self.name = f"tensorrt-{self.sidecar.get('precision', 'fp32')}"
+        prefix = "tensorrt-rtx" if self.library.ahead_of_time else "tensorrt"
+        self.name = f"{prefix}-{self.sidecar.get('precision', 'fp32')}"
         self._stream = torch.cuda.Stream(device=self.device)
 
-    def _deserialize(self, trt):
+    def _deserialize(self, trt, title: str = "TensorRT"):
         """The engine, NVIDIA's plugin library registered first: an engine holding ROIAlign_TRT
         (every R-CNN) finds its plugin creator while it deserializes."""
         self._logger = trt.Logger(trt.Logger.WARNING)
-        register_plugins(trt, self._logger)
+        register_plugins(trt, self._logger, title)
         self._runtime = trt.Runtime(self._logger)
         return self._runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
 
