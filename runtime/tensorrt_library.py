@@ -83,9 +83,9 @@ def refuse_gpu(engine_path, sidecar: dict | None, lib: Library, capability: str,
         raise NorcalError(f"{engine_path} is a {lib.title} engine and cannot run on {gpu} (compute capability "
                           f"{capability}): {lib.title} engines run on RTX-class GPUs, compute capability "
                           f"{', '.join(RTX_CAPABILITIES)} only (not Hopper H100/H200); on this GPU build a "
-                          f"TensorRT engine (norcal build --target tensorrt)")
+                          f"TensorRT engine (target 'tensorrt')")
     built = [str(c) for c in (sidecar or {}).get("compute_capabilities") or ()]
     if built and capability not in built:
         raise NorcalError(f"{engine_path} was built for compute capability {', '.join(built)}, and {gpu} is "
-                          f"{capability}: rebuild it with norcal build --target rtx --compute-capability "
-                          f"{capability}")
+                          f"{capability}: rebuild it for that GPU (target 'rtx', capabilities "
+                          f"('{capability}',))")

@@ -243,7 +243,7 @@ def test_an_rtx_engine_is_refused_on_an_rtx_gpu_it_was_not_built_for(rtx_engine,
     with pytest.raises(NorcalError) as e:
         TensorRTRunner(rtx_engine)
     assert str(e.value) == (f"{rtx_engine} was built for compute capability 8.9, and NVIDIA GeForce RTX 3090 is "
-                            "8.6: rebuild it with norcal build --target rtx --compute-capability 8.6")
+                            "8.6: rebuild it for that GPU (target 'rtx', capabilities ('8.6',))")
     assert seen == []
 
 
