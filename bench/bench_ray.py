@@ -113,7 +113,7 @@ def main(argv=None) -> int:
 
     import ray
 
-    from norcal.runtime.images import expand_inputs
+    from norcal.runtime.image_files import expand_inputs
     from norcal.runtime.ray_inference import RayOptions
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from norcal.runtime.images import expand_inputs
+    from norcal.runtime.image_files import expand_inputs
 
     console = Console()
     if not console.is_terminal:

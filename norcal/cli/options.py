@@ -169,7 +169,7 @@ def check_outputs(inputs=(), files=None, folders=None) -> None:
     from norcal.core.files.fileio import same_file
     from norcal.core.files.outputs import check_apart, check_output_dir, check_output_file
     from norcal.core.datasets.ultralytics_dataset import dataset_files, is_dataset_description
-    from norcal.runtime.images import IMAGE_SUFFIXES
+    from norcal.runtime.image_files import IMAGE_SUFFIXES
 
     reads = [Path(p) for p in inputs if p is not None and Path(p).exists()]
     # a data.yaml (an annotations or table argument) names the dataset's images and label files

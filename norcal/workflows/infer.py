@@ -299,7 +299,8 @@ def prepare_infer(options: InferOptions,
     the skipped list and draw_dir checked against the model, the inputs and the annotations).
     """
     from norcal.core.contract import input_spec
-    from norcal.runtime.images import check_annotated_sizes, expand_inputs
+    from norcal.runtime.image_files import expand_inputs
+    from norcal.runtime.images import check_annotated_sizes
 
     t0 = time.perf_counter()
     options.check()

@@ -64,7 +64,7 @@ def default_output(model: Path, precision: str, form: str = "tensorrt") -> Path:
 def calibration_paths(images: Path | None, num_images: int | None) -> list[Path]:
     """The calibration images: the image files in the folder ``images`` (and below), in name
     order, the first ``num_images`` of them; a NorcalError when there are none."""
-    from norcal.runtime.images import IMAGE_SUFFIXES, expand_inputs
+    from norcal.runtime.image_files import IMAGE_SUFFIXES, expand_inputs
 
     if images is None:
         raise NorcalError("int8 needs calibration images: give a folder of images like the ones the "

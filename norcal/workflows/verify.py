@@ -32,7 +32,8 @@ def check_images(image_paths, skip_unreadable: bool = False) -> tuple[list, list
     """The readable images among ``image_paths`` (files or folders), read; an unreadable one is
     a NorcalError unless ``skip_unreadable`` (then see the returned skipped list), and so is
     finding none. Returns (images, skipped: [(path, reason)])."""
-    from norcal.runtime.images import expand_inputs, read_images
+    from norcal.runtime.image_files import expand_inputs
+    from norcal.runtime.images import read_images
 
     paths = expand_inputs([str(p) for p in image_paths])
     if not paths:

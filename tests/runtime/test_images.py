@@ -58,7 +58,7 @@ def test_32_bit_pixels_are_refused_in_one_line(tmp_path, mode):
 def test_folders_are_searched_without_hidden_files_and_folders(tmp_path):
     # as the shell's and glob's * (and Ultralytics' folder listing): macOS's AppleDouble
     # "._name.jpg" files and folders such as .ipynb_checkpoints/ are no input images
-    from norcal.runtime.images import expand_inputs
+    from norcal.runtime.image_files import expand_inputs
 
     img = tmp_path / "d" / "a.png"
     img.parent.mkdir()
@@ -78,7 +78,8 @@ def test_a_dangling_image_link_in_a_folder_is_listed_not_dropped(tmp_path):
     # a broken link named like an image is an image the user meant and cannot be read: it
     # must reach the reader (error, or skipped and counted), not vanish from the count
     from norcal.core.errors import NorcalError
-    from norcal.runtime.images import expand_inputs, read_images
+    from norcal.runtime.image_files import expand_inputs
+    from norcal.runtime.images import read_images
 
     d = tmp_path / "d"
     d.mkdir()

@@ -89,7 +89,8 @@ FLAGS = {"skip_unreadable=True": "--skip-unreadable", "batch_size": "--batch", "
 def _load_images(args, console, skipped, split_ids=None):
     from rich.markup import escape
 
-    from norcal.runtime.images import expand_inputs, read_images
+    from norcal.runtime.image_files import expand_inputs
+    from norcal.runtime.images import read_images
     from norcal.workflows.parity import synthetic_images
 
     if not args.images and split_ids is None:
