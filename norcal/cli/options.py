@@ -43,12 +43,12 @@ def table_help(use: str) -> str:
 
 
 # the decoding's parameters (norcal.core.decoding.Decoding) -> their flags
-DECODING_FLAGS = {"decoding": "--decoding", "agnostic_nms": "--agnostic-nms", "conf": "--conf"}
+DECODING_FLAGS = {"decoding": "--decoding", "agnostic_nms": "--agnostic-nms", "conf": "--conf", "nms": "--nms"}
 
 
 def add_decoding_options(p) -> None:
     """--decoding, --agnostic-nms, --conf: how scores become detections (families with decodings)."""
-    from norcal.core.decoding import LABEL_RULES
+    from norcal.core.decoding import LABEL_RULES, NMS_PLACES
 
     g = p.add_argument_group(f"decoding ({family_names(lambda f: bool(f.decodings))} models and their ONNX exports; "
                              "recorded in the model's metadata)")
@@ -60,6 +60,10 @@ def add_decoding_options(p) -> None:
                    help="best-class YOLO: NMS across classes (Ultralytics' agnostic_nms)")
     g.add_argument("--conf", type=float, default=None,
                    help="score threshold (default 0.001, Ultralytics' validation; its predictor's default is 0.25)")
+    g.add_argument("--nms", choices=NMS_PLACES, default=None,
+                   help="where YOLO's NMS runs: graph (default, ONNX NonMaxSuppression) or host (the graph ends "
+                        "at the calibrated candidates and norcal's runners select them exactly as the graph "
+                        "would; for builders without data-dependent layers: norcal build --target rtx)")
 
 
 CLASSIFIER_FLAGS = {"classifier": "--classifier"}
@@ -77,7 +81,7 @@ def add_classifier_option(p) -> None:
 
 def decoding_option(args):
     """The :class:`norcal.core.decoding.Decoding` the flags give, or None when none is given."""
-    from norcal.core.decoding import BEST_CLASS, MULTI_LABEL, Decoding
+    from norcal.core.decoding import BEST_CLASS, MULTI_LABEL, NMS_GRAPH, Decoding
 
     given = [flag for name, flag in DECODING_FLAGS.items() if getattr(args, name) not in (None, False)]
     if not given:
@@ -91,7 +95,7 @@ def decoding_option(args):
         # a refusal of "the decoding" (a family that takes none) names the flags the user gave,
         # not --decoding, which they did not
         args._flags = {**(getattr(args, "_flags", None) or {}), "decoding": f"decoding ({', '.join(given)})"}
-    return Decoding(args.decoding or MULTI_LABEL, args.agnostic_nms, args.conf)
+    return Decoding(args.decoding or MULTI_LABEL, args.agnostic_nms, args.conf, args.nms or NMS_GRAPH)
 
 
 def add_calibration_options(p) -> None:

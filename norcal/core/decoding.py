@@ -13,7 +13,9 @@ Two label rules (``labels``):
 
 ``agnostic_nms``: NMS across classes (Ultralytics' ``agnostic_nms``; best-class only). ``conf``:
 the score threshold (None: the family's default, Ultralytics' validation 0.001; its predictor's
-default is 0.25).
+default is 0.25). ``nms``: where the NMS runs: ``graph`` (default, ONNX NonMaxSuppression) or
+``host`` (the graph ends at the calibrated candidates, :mod:`norcal.runtime.host_nms` selects
+them exactly as the graph would: for builders without data-dependent layers, TensorRT for RTX).
 """
 
 from __future__ import annotations
@@ -27,18 +29,23 @@ from norcal.core.errors import NorcalError
 MULTI_LABEL, BEST_CLASS = "multi-label", "best-class"
 LABEL_RULES = (MULTI_LABEL, BEST_CLASS)  # the first is every family's default
 
+NMS_GRAPH, NMS_HOST = "graph", "host"
+NMS_PLACES = (NMS_GRAPH, NMS_HOST)  # the first is the default
+
 # keys of the norcal.detector JSON (contract.DETECTOR) that record it
-DECODING_KEY, AGNOSTIC_KEY, CONF_KEY = "decoding", "agnostic_nms", "score_thresh_test"
+DECODING_KEY, AGNOSTIC_KEY, CONF_KEY, NMS_KEY = "decoding", "agnostic_nms", "score_thresh_test", "nms"
 
 
 @dataclass(frozen=True)
 class Decoding:
     """labels: ``multi-label`` or ``best-class`` (module docstring); agnostic_nms: class-agnostic
-    NMS (best-class only); conf: the score threshold in [0, 1) (None: the family's default)."""
+    NMS (best-class only); conf: the score threshold in [0, 1) (None: the family's default);
+    nms: ``graph`` or ``host`` (module docstring)."""
 
     labels: str = MULTI_LABEL
     agnostic_nms: bool = False
     conf: float | None = None
+    nms: str = NMS_GRAPH
 
     def __post_init__(self):
         if self.labels not in LABEL_RULES:
@@ -49,10 +56,16 @@ class Decoding:
         if self.conf is not None and not (isinstance(self.conf, (int, float)) and not isinstance(self.conf, bool)
                                           and math.isfinite(self.conf) and 0 <= self.conf < 1):
             raise NorcalError(f"conf must be a number in [0, 1), got {self.conf!r}", param="conf")
+        if self.nms not in NMS_PLACES:
+            raise NorcalError(f"nms must be {' or '.join(NMS_PLACES)}, got {self.nms!r}", param="nms")
 
     @property
     def best_class(self) -> bool:
         return self.labels == BEST_CLASS
+
+    @property
+    def host_nms(self) -> bool:
+        return self.nms == NMS_HOST
 
     def score_thresh(self, given: float | None) -> float | None:
         """The score threshold to decode with: ``conf`` when set (a ``given`` other one is refused),
@@ -65,7 +78,8 @@ class Decoding:
 
     def record(self) -> dict:
         """The keys it adds to ``norcal.detector`` (none for the default rule: old files read alike)."""
-        return {DECODING_KEY: self.labels, AGNOSTIC_KEY: self.agnostic_nms} if self.best_class else {}
+        out = {DECODING_KEY: self.labels, AGNOSTIC_KEY: self.agnostic_nms} if self.best_class else {}
+        return out | ({NMS_KEY: self.nms} if self.host_nms else {})
 
 
 def recorded_decoding(meta: dict[str, str]) -> Decoding:
@@ -82,6 +96,6 @@ def recorded_decoding(meta: dict[str, str]) -> Decoding:
     conf = settings.get(CONF_KEY)
     try:
         return Decoding(settings.get(DECODING_KEY, MULTI_LABEL), bool(settings.get(AGNOSTIC_KEY, False)),
-                        None if conf is None else float(conf))
+                        None if conf is None else float(conf), settings.get(NMS_KEY, NMS_GRAPH))
     except (NorcalError, TypeError, ValueError) as e:
         raise NorcalError(f"metadata {DETECTOR}: {e}") from None

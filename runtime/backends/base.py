@@ -59,8 +59,11 @@ class Backend:
         return self.cpu_provider is None or provider in self.gpu_providers
 
     def open(self, path: str | os.PathLike, provider: str | None = None, threads: int | None = None) -> Runner:
-        """The model at ``path`` loaded by this backend (whatever its suffix)."""
-        return self.opener(Path(path), provider, threads)
+        """The model at ``path`` loaded by this backend (whatever its suffix); one exported with
+        the NMS left to the host (``nms: host``) runs with it (:mod:`norcal.runtime.host_nms`)."""
+        from norcal.runtime.host_nms import with_host_nms
+
+        return with_host_nms(self.opener(Path(path), provider, threads))
 
 
 class BackendRunner(BaseRunner):

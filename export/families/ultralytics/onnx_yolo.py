@@ -294,6 +294,9 @@ def ingest_ultralytics(model: onnx.ModelProto, where: str = "model", *, score_th
     if head.end2end and decoding.best_class:
         raise NorcalError(f"{where}: an end-to-end Ultralytics head decodes as Ultralytics' one-to-one top-k; "
                           "the best-class decoding does not apply", param="decoding")
+    if decoding.host_nms:
+        raise NorcalError(f"{where}: the NMS of Ultralytics' own ONNX export stays in the graph; export the .pt "
+                          "checkpoint for nms='host'", param="nms")
     score_thresh = decoding.score_thresh(score_thresh)
     score = SCORE_THRESH if score_thresh is None else float(score_thresh)
     iou = NMS_THRESH if nms_thresh is None else float(nms_thresh)

@@ -197,6 +197,8 @@ class RtdetrDetector(Detector):
         self.decoding = decoding or Decoding()
         if self.decoding.agnostic_nms:
             raise NorcalError("an RT-DETR has no NMS: agnostic_nms does not apply", param="agnostic_nms")
+        if self.decoding.host_nms:  # its top K has no data-dependent shape: TensorRT for RTX builds it as it is
+            raise NorcalError("an RT-DETR has no NMS to leave to the host: nms='host' does not apply", param="nms")
         if self.decoding.conf is not None:
             self.score_thresh = float(self.decoding.conf)
 

@@ -113,6 +113,9 @@ class YoloDetector(Detector):
         if decoding.best_class and is_end2end(model.model[-1]):
             raise NorcalError(f"{path}: an end-to-end YOLO head decodes as Ultralytics' one-to-one top-k; "
                               "the best-class decoding does not apply", param="decoding")
+        if decoding.host_nms and is_end2end(model.model[-1]):
+            raise NorcalError(f"{path}: an end-to-end YOLO head (one-to-one top-k) has no NMS to leave to the "
+                              "host: nms='host' does not apply", param="nms")
         score_thresh = decoding.score_thresh(score_thresh)
         self.decoding = decoding
         self.path = Path(path)
@@ -165,7 +168,7 @@ class YoloDetector(Detector):
             rule = f"{s['selection']}, no NMS"
         else:
             rule = (f"{s.get('decoding', 'multi-label')}{', class-agnostic' if s.get('agnostic_nms') else ''} "
-                    f"NMS IoU {s['nms_thresh_test']:g}")
+                    f"NMS IoU {s['nms_thresh_test']:g}{' on the host' if self.decoding.host_nms else ''}")
         return rows + [("decoding", f"{rule}, conf > {s['score_thresh_test']:g}, "
                                     f"max_det {s['detections_per_image']}")]
 
@@ -221,17 +224,18 @@ class YoloDetector(Detector):
         sizes = torch.tensor([[size, size]] * b, dtype=torch.int64)
         from norcal.export.families.ultralytics.yolo_graph import output_names
 
-        names = output_names(self.has_masks)
+        host = self.decoding.host_nms
+        names = output_names(self.has_masks, host_nms=host)
         (logits,) = self.classifier.logits
         dynamic = {n: {0: "batch"} for n in (*contract.INPUT_NAMES, *names)} if batch is None else None
-        proto = trace_onnx(self.model.eval(), (images, sizes, {"with_cls_logits": True}), contract.INPUT_NAMES,
-                           [*names, logits], opset, dynamic, internal=[logits])  # the logits named
+        proto = trace_onnx(self.model.eval(), (images, sizes, {"with_cls_logits": True, "candidates": host}),
+                           contract.INPUT_NAMES, [*names, logits], opset, dynamic, internal=[logits])  # logits named
         for out in proto.graph.output:  # padded to K like EfficientNMS: say so in the shapes
             dims = out.type.tensor_type.shape.dim
             if batch is not None and dims:
                 dims[0].Clear()
                 dims[0].dim_value = b
-            if out.name not in ("num_detections", contract.MASK_PROTOS) and len(dims) >= 2:
+            if not host and out.name not in ("num_detections", contract.MASK_PROTOS) and len(dims) >= 2:
                 dims[1].Clear()
                 dims[1].dim_value = self.topk
         props = self.runtime_metadata() | contract.classifier_metadata(self.classifier)

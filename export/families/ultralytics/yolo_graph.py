@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from norcal.core.contract import MASK_PROTOS, OUTPUT_NAMES
+from norcal.core.contract import CANDIDATE_BOXES, CANDIDATE_COEFS, CANDIDATE_SCORES, MASK_PROTOS, OUTPUT_NAMES
 from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.export.pytorch.ops import non_max_suppression
@@ -46,8 +46,11 @@ from norcal.export.pytorch.sigmoid_norcal import SigmoidNorCal
 PROTO_STRIDE = 4  # the prototypes' stride over the input, as Ultralytics' mask code takes it
 
 
-def output_names(has_masks: bool) -> list[str]:
-    """The graph's outputs: the contract's, and for a segment model its masks and prototypes."""
+def output_names(has_masks: bool, host_nms: bool = False) -> list[str]:
+    """The graph's outputs: the contract's, and for a segment model its masks and prototypes;
+    with ``host_nms`` the candidates the host selects from instead (norcal.core.contract)."""
+    if host_nms:
+        return [CANDIDATE_BOXES, CANDIDATE_SCORES] + ([CANDIDATE_COEFS, MASK_PROTOS] if has_masks else [])
     return [n for n in OUTPUT_NAMES if n != "masks" or has_masks] + ([MASK_PROTOS] if has_masks else [])
 
 
@@ -264,9 +267,26 @@ class YoloGraph(SigmoidNorCal, nn.Module):
             out["cls_logits"] = head["cls_logits"]
         return out
 
-    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False):
-        """The outputs in OUTPUT_NAMES order; ``with_cls_logits`` appends the class logits (the
-        ONNX export names that tensor)."""
+    def candidates(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What a host-NMS graph outputs: every anchor's box (letterboxed-input pixels, the
+        offset still in: the host removes it as :meth:`detections` does), its calibrated class
+        scores, and for segment models its coefficients and the prototypes; with ``cls_logits``."""
+        head = self.head_outputs(images)
+        out = {CANDIDATE_BOXES: head["boxes"], CANDIDATE_SCORES: self.probs(head["cls_logits"]),
+               "cls_logits": head["cls_logits"]}
+        if self.has_masks:
+            out |= {CANDIDATE_COEFS: head["coefs"], MASK_PROTOS: head["protos"]}
+        return out
+
+    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False,
+                candidates: bool = False):
+        """The outputs in OUTPUT_NAMES order, or with ``candidates`` the candidates' (a host-NMS
+        export; image_sizes then unused); ``with_cls_logits`` appends the class logits (the ONNX
+        export names that tensor)."""
+        if candidates:
+            out = self.candidates(images)
+            names = output_names(self.has_masks, host_nms=True)
+            return (*(out[k] for k in names), *((out["cls_logits"],) if with_cls_logits else ()))
         out = self.inference(images, image_sizes, intermediates=with_cls_logits)
         outputs = tuple(out[k] for k in (*OUTPUT_NAMES, MASK_PROTOS) if k in out)
         return (*outputs, out["cls_logits"]) if with_cls_logits else outputs

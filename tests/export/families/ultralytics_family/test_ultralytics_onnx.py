@@ -173,6 +173,9 @@ def test_end_to_end_export_ingested_equals_the_pt_export(yolo_work, tmp_path, ki
     with pytest.raises(NorcalError, match="end-to-end Ultralytics head .* best-class decoding does not apply") as e:
         ingest_ultralytics(source, decoding=Decoding("best-class"))
     assert e.value.param == "decoding"
+    with pytest.raises(NorcalError, match="NMS of Ultralytics' own ONNX export stays in the graph") as e:
+        ingest_ultralytics(source, decoding=Decoding(nms="host"))  # its NMS is Ultralytics', not ours
+    assert e.value.param == "nms"
 
 
 @pytest.mark.slow
