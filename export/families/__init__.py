@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from norcal.core.decoding import Decoding
 from norcal.core.errors import NorcalError
 from norcal.export.families.base import Classifier, Detections, Detector, Family, TuneCache
 from norcal.export.families.detectron2 import Detectron2Family
@@ -102,6 +103,8 @@ def check_decoding(family: Family, decoding) -> None:
     """Refuse a decoding ``family`` cannot take (one that has its own post-processing takes
     none), naming the parameter."""
     if not family.decodings:
+        if family.takes_host_nms and decoding == Decoding(nms=decoding.nms):
+            return  # the NMS's place only: the loaded detector says whether it can leave it
         raise NorcalError(f"{family.name} checkpoints decode as their own post-processing: they take no "
                           "decoding option", param="decoding")
     if decoding.labels not in family.decodings:

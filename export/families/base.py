@@ -205,6 +205,9 @@ class Family(ABC):
     suffixes: ClassVar[tuple[str, ...]] = ()  # its checkpoints' file suffixes, lower case (".pth")
     # the label rules (norcal.core.decoding) its load takes as ``decoding=``; none: it takes no decoding
     decodings: ClassVar[tuple[str, ...]] = ()
+    # whether a family that takes no decoding takes one that only leaves the NMS to the host
+    # (Decoding(nms="host")): its one-stage detectors (RetinaNet) honour it, the others refuse it
+    takes_host_nms: ClassVar[bool] = False
     # whether its load takes ``classifier=`` (norcal.core.calibration.classifier_option): a family whose weights can
     # leave the activation untold (detectron2 R-CNNs); the others' weights or design fix it
     takes_classifier: ClassVar[bool] = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from norcal.core.errors import NorcalError
 from norcal.export.families.base import Detector
 from norcal.export.pytorch.onnx_trace import MIN_OPSET
 
@@ -28,9 +29,19 @@ class SpecDetector(Detector):
     (``norcal.export.rcnn.modeling``); the family's subclass sets ``family`` and, where its
     config can record NorCal settings, ``calibration_source``."""
 
+    host_nms = False  # the graph ends at the candidates, the NMS left to the host (RetinaNet only)
+
     def __init__(self, spec, model):
         self.spec, self.model = spec, model
         self.num_classes = int(spec.num_classes)
+
+    def with_nms(self, decoding) -> "SpecDetector":
+        """This detector with the NMS where ``decoding`` (Decoding or None) puts it; an R-CNN's
+        stays in the graph: its RPN's NMS and RoiAlign come before the classifier."""
+        if decoding is not None and decoding.host_nms:
+            raise NorcalError(f"an R-CNN's NMS (the RPN's, before RoiAlign and the box head) stays in the graph: "
+                              "nms='host' applies to RetinaNet and YOLO", param="nms")
+        return self
 
     def describe(self) -> list[tuple[str, str]]:
         """The architecture, the test settings (resize, ViT square padding, score threshold, NMS
@@ -74,7 +85,7 @@ class SpecDetector(Detector):
     def export(self, options: GraphOptions | None = None):
         from norcal.export.rcnn.export import export_detector
 
-        return export_detector(self.model, self.spec, **asdict(options or GraphOptions()))
+        return export_detector(self.model, self.spec, host_nms=self.host_nms, **asdict(options or GraphOptions()))
 
     def torch_runner(self, calibration=None, name: str = "pytorch"):
         from norcal.export.rcnn.export import runtime_metadata

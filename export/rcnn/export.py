@@ -43,15 +43,20 @@ def runtime_metadata(spec: ModelSpec) -> dict[str, str]:
 def export_detector(model, spec: ModelSpec, *, batch: int | None = None, height: int | None = None,
                     width: int | None = None, opset: int = MIN_OPSET, mask_head_rois: str = "valid",
                     padding_masks: bool | None = None, padding_switch: bool = False,
-                    check: bool = True) -> onnx.ModelProto:
+                    check: bool = True, host_nms: bool = False) -> onnx.ModelProto:
     """The batched ONNX graph (plain softmax classifier) with runtime metadata set; the
-    options are :func:`norcal.export.rcnn.onnx_export.export_onnx`'s."""
+    options are :func:`norcal.export.rcnn.onnx_export.export_onnx`'s (``host_nms``: a RetinaNet
+    ends at its candidates, recorded as ``"nms": "host"``)."""
+    from norcal.core.decoding import Decoding
     from norcal.export.rcnn.onnx_export import export_onnx
 
     graph = export_onnx(model, spec, batch=batch, height=height, width=width, opset=opset,
                         mask_head_rois=mask_head_rois, padding_masks=padding_masks,
-                        padding_switch=padding_switch, check=check)
+                        padding_switch=padding_switch, check=check, host_nms=host_nms)
     props = {p.key: p.value for p in graph.metadata_props}
     props.update(runtime_metadata(spec))
+    if host_nms:
+        settings = json.loads(props[contract.DETECTOR]) | Decoding(nms="host").record()
+        props[contract.DETECTOR] = json.dumps(settings)
     onnx.helper.set_model_props(graph, props)
     return graph

@@ -18,7 +18,8 @@ from contextlib import contextmanager, nullcontext
 import onnx
 import torch
 
-from norcal.core.contract import INPUT_NAMES, MASK_HEAD_ROIS, OUTPUT_NAMES, PADDING_MASKS, classifier_metadata
+from norcal.core.contract import (CANDIDATE_BOXES, CANDIDATE_CLASSES, CANDIDATE_SCORES, INPUT_NAMES, MASK_HEAD_ROIS,
+                                  OUTPUT_NAMES, PADDING_MASKS, classifier_metadata)
 from norcal.core.errors import NorcalError
 
 from norcal.export.pytorch.onnx_trace import MIN_OPSET, drop_outputs, require_opset, trace_onnx
@@ -91,7 +92,7 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
                 height: int | None = None, width: int | None = None,
                 opset: int = MIN_OPSET, mask_head_rois: str = MASK_ROIS_VALID,
                 padding_masks: bool | None = None, padding_switch: bool = False,
-                check: bool = True) -> onnx.ModelProto:
+                check: bool = True, host_nms: bool = False) -> onnx.ModelProto:
     """Trace ``model`` (from ``modeling.model_from_state``) to an ONNX model in memory.
 
     ``batch``/``height``/``width``: fix that dimension (height/width a multiple of the spec's
@@ -105,7 +106,8 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     FrozenBN is folded into the convolutions. With ``check`` the graph is checked with
     ``onnx.checker.check_model(full_check=True)`` before it is returned (a caller that checks
     the final graph anyway, like the export job, passes False: a full check of a full-size
-    model costs a second).
+    model costs a second). ``host_nms`` (RetinaNet): the graph's outputs are its candidates
+    (norcal.core.contract CANDIDATE_*), the NMS left to the host.
     """
     require_opset(opset)
     height, width, padding_masks = _checked_choices(model, spec, batch, height, width, mask_head_rois,
@@ -113,11 +115,13 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
     images, sizes = _dummy_inputs(spec, batch, height, width)
     model = model.eval()
     dynamic = _dynamic_axes(batch, height, width)
-    names = [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on]
+    names = ([CANDIDATE_BOXES, CANDIDATE_SCORES, CANDIDATE_CLASSES] if host_nms
+             else [n for n in OUTPUT_NAMES if n != "masks" or spec.mask_on])
     classifier = box_classifier(spec)  # its logits become named outputs, then internal again
     logits = list(classifier.logits)
     switch = padding_masks and padding_switch and switchable(model)
-    proto = _trace(model, images, sizes, dynamic, opset, names, logits, switch, padding_masks, mask_head_rois)
+    proto = _trace(model, images, sizes, dynamic, opset, names, logits, switch, padding_masks, mask_head_rois,
+                   {"candidates": True} if host_nms else {})
     drop_outputs(proto, logits)
     props = classifier_metadata(classifier)
     if spec.meta_architecture != RETINANET:  # RetinaNet always masks padding, has no mask head
@@ -125,7 +129,8 @@ def export_onnx(model: torch.nn.Module, spec: ModelSpec, *, batch: int | None = 
         if spec.mask_on:
             props[MASK_HEAD_ROIS] = mask_head_rois
     onnx.helper.set_model_props(proto, props)
-    _fix_detection_dim(proto, int(spec.detections_per_image), batch)
+    if not host_nms:
+        _fix_detection_dim(proto, int(spec.detections_per_image), batch)
     if check:
         onnx.checker.check_model(proto, full_check=True)
     return proto
@@ -185,7 +190,7 @@ def _dynamic_axes(batch: int | None, height: int | None, width: int | None) -> d
 
 def _trace(model: torch.nn.Module, images: torch.Tensor, sizes: torch.Tensor, dynamic: dict, opset: int,
            names: list[str], logits: list[str], switch: bool, padding_masks: bool,
-           mask_head_rois: str) -> onnx.ModelProto:
+           mask_head_rois: str, forward_options: dict) -> onnx.ModelProto:
     """The traced graph, with the classifier's ``logits`` as extra outputs and, with ``switch``,
     the padding switch's two backbone branches joined in."""
     with torch.no_grad(), warnings.catch_warnings(), frozen_bn_folded(model), \
@@ -194,7 +199,8 @@ def _trace(model: torch.nn.Module, images: torch.Tensor, sizes: torch.Tensor, dy
         branches = trace_branches(model, images, sizes, dynamic, opset) if switch else None
         with placeholder_backbone(model) if switch else nullcontext():
             # the logits as more outputs get their name; dropped as outputs once the branches are in
-            proto = trace_onnx(model, (images, sizes, {"with_cls_logits": True}), INPUT_NAMES, [*names, *logits],
+            proto = trace_onnx(model, (images, sizes, {"with_cls_logits": True, **forward_options}), INPUT_NAMES,
+                               [*names, *logits],
                                opset, {k: v for k, v in dynamic.items() if v and (k in INPUT_NAMES or k in names)},
                                autograd_inlining=False)
     if switch:

@@ -122,6 +122,12 @@ class RetinaNetDetector(SpecDetector):
         super().__init__(spec, model)
         self.topk = int(model.topk)
 
+    def with_nms(self, decoding) -> "RetinaNetDetector":
+        """With Decoding(nms="host") the graph ends at the levels' top candidates (no
+        NonMaxSuppression; :mod:`norcal.runtime.host_nms` selects them as the graph would)."""
+        self.host_nms = decoding is not None and decoding.host_nms
+        return self
+
     @property
     def classifier(self) -> Classifier:
         return box_classifier(self.spec)

@@ -26,7 +26,9 @@ MASK_PROTOS = "mask_protos"  # and, where MASK_PASTE is "ultralytics", the proto
 # a graph exported with the NMS left to the host (norcal.detector's "nms": "host") ends at these:
 # every anchor's box [B, A, 4] in input pixels, its calibrated class scores [B, A, C] and, for a
 # segment model, its mask coefficients [B, A, nm] beside mask_protos (norcal.runtime.host_nms)
+# (a RetinaNet's: its levels' top candidates, boxes [B, R, 4], scores [B, R] and classes [B, R])
 CANDIDATE_BOXES, CANDIDATE_SCORES, CANDIDATE_COEFS = "candidate_boxes", "candidate_scores", "candidate_coefs"
+CANDIDATE_CLASSES = "candidate_classes"
 
 # A checkpoint export names its box classifier's logits [B, R, C+1] (the tensor the classifier's
 # Softmax reads) so that surgery finds it by name; CLASSIFIER_LOGITS (below) records the name.

@@ -115,7 +115,7 @@ def test_nms_row_is_onnx_runtimes_on_random_rows_with_many_ties():
 def test_cli_host_nms_export_runs_to_the_same_results_file_and_builds_for_rtx(yolo_work, tmp_path, capsys):
     """norcal export --nms host: norcal infer writes the very results file of the in-graph NMS
     export (the runner chosen by the metadata), and norcal build --target rtx writes an engine
-    with NVIDIA's TensorRT for RTX builder, which refuses the in-graph NMS export."""
+    with NVIDIA's TensorRT for RTX builder (det and seg), which refuses the in-graph NMS export."""
     out = {}
     for nms in ("graph", "host"):
         model = tmp_path / f"{nms}.onnx"
@@ -132,6 +132,85 @@ def test_cli_host_nms_export_runs_to_the_same_results_file_and_builds_for_rtx(yo
     capsys.readouterr()
     assert main(["build", str(tmp_path / "graph.onnx"), "--target", "rtx", "-o", str(tmp_path / "g.engine")]) == 2
     assert "NonMaxSuppression" in capsys.readouterr().err and not (tmp_path / "g.engine").exists()
+    seg = tmp_path / "seg.onnx"  # a segment model's candidates (coefficients and prototypes too) build as well
+    assert main(["export", str(yolo_work.seg), "--gamma", "0.5", "--table", str(yolo_work.table),
+                 "--nms", "host", "-o", str(seg)]) == 0
+    assert main(["build", str(seg), "--target", "rtx", "-o", str(tmp_path / "seg.engine")]) == 0
+    assert (tmp_path / "seg.engine").stat().st_size > 0
+
+
+def _retinanet_exports(name, folder):
+    """(in-graph NMS, host NMS) exports of a RetinaNet checkpoint: detectron2's tiny fixture or
+    torchvision's tiny model, calibrated at gamma 0.5."""
+    import torch
+
+    from norcal.workflows.export_job import CheckpointExport, NorCal, export_checkpoint
+
+    if name == "detectron2":
+        from golden import manifest_table
+
+        from conftest import FIXTURES
+
+        src = FIXTURES / "d2_retinanet_tiny"
+        ckpt, config, table = src / "model_final.pth", src / "config.yaml", manifest_table(src)
+    else:
+        from torchvision_models import table_file, tiny_retinanet
+
+        ckpt, config, table = folder / "tv.pth", None, str(table_file(folder / "tv_table.json"))
+        torch.save(tiny_retinanet().state_dict(), ckpt)
+    out = []
+    for decoding in (None, Decoding(nms="host")):
+        path = folder / f"{name}_{'host' if decoding else 'graph'}.onnx"
+        export_checkpoint(ckpt, path, NorCal(gamma=0.5, table=table),
+                          CheckpointExport(config=config if config and config.is_file() else None, decoding=decoding))
+        out.append(path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def retinanets(tmp_path_factory):
+    """{family: (in-graph NMS export, host NMS export)}, each exported once for the module."""
+    made = {}
+
+    def exports(family):
+        if family not in made:
+            made[family] = _retinanet_exports(family, tmp_path_factory.mktemp(family))
+        return made[family]
+    return exports
+
+
+@pytest.mark.parametrize("family", ["detectron2", "torchvision"])
+def test_retinanet_host_nms_equals_the_in_graph_nms_alone_and_batched(family, retinanets):
+    from norcal.core.files.onnx_io import load_onnx
+
+    graph_path, host_path = retinanets(family)
+    in_graph, host = _session(load_onnx(graph_path)), _session(load_onnx(host_path))
+    meta = host.get_modelmeta().custom_metadata_map
+    assert recorded_decoding(meta).host_nms and "NonMaxSuppression" not in {
+        n.op_type for n in load_onnx(host_path).graph.node}
+    selection = HostSelection.from_metadata(meta)
+    assert not selection.letterbox
+    spec = contract.input_spec(meta)
+    images = [read_rgb(p) for p in IMAGES]
+    for batch in ([images], [[im] for im in images]):
+        for part in batch:
+            feeds = prepare(part, spec).feeds()
+            ref = _run(in_graph, feeds)
+            ours = select(_run(host, feeds), feeds["image_sizes"], feeds["images"].shape[2:], selection)
+            assert ref["num_detections"].sum() > 0
+            for k in ("num_detections", "boxes", "scores", "classes"):
+                assert ours[k].dtype == ref[k].dtype and np.array_equal(ours[k], ref[k]), (family, k)
+
+
+def test_retinanet_host_nms_builds_for_rtx(retinanets, tmp_path, capsys):
+    """NVIDIA's TensorRT for RTX builder takes the detectron2 RetinaNet's candidates graph (the
+    in-graph NMS export it refuses, naming NonMaxSuppression)."""
+    graph_path, host_path = retinanets("detectron2")
+    assert main(["build", str(host_path), "--target", "rtx", "-o", str(tmp_path / "r.engine")]) == 0
+    assert (tmp_path / "r.engine").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["build", str(graph_path), "--target", "rtx", "-o", str(tmp_path / "g.engine")]) == 2
+    assert "NonMaxSuppression" in capsys.readouterr().err
 
 
 def test_host_nms_is_refused_where_no_nms_of_ours_is_in_the_graph(yolo_work):
@@ -144,14 +223,20 @@ def test_host_nms_is_refused_where_no_nms_of_ours_is_in_the_graph(yolo_work):
         Decoding(nms="gpu")
 
 
-def test_detectron2_refuses_nms_host_in_one_line(tmp_path, capsys):
+def test_an_rcnn_refuses_nms_host_in_one_line(tmp_path, capsys):
+    """An R-CNN's NMS (the RPN's, before RoiAlign) stays in the graph: refused before the export
+    writes anything; another decoding still refused for the families that take none."""
     from family_cases import D2_TINY
 
     out = tmp_path / "m.onnx"
     assert main(["export", str(D2_TINY / "model_final.pth"), "--config", str(D2_TINY / "config.yaml"),
                  "--gamma", "0", "--nms", "host", "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "--nms" in err and not out.exists()
+    assert "\n" not in err and "an R-CNN's NMS (the RPN's, before RoiAlign and the box head) stays in the graph" in err
+    assert not out.exists()
+    assert main(["export", str(D2_TINY / "model_final.pth"), "--config", str(D2_TINY / "config.yaml"),
+                 "--gamma", "0", "--nms", "host", "--decoding", "best-class", "-o", str(out)]) == 2
+    assert "decode as their own post-processing" in capsys.readouterr().err and not out.exists()
 
 
 def test_a_host_nms_model_without_its_thresholds_is_refused_in_one_line():

@@ -76,6 +76,7 @@ class Detectron2Family(Family):
              "(--config, _BASE_ chains and LazyConfigs followed): ResNet, RegNet, ViTDet, MViTv2 backbones; "
              "BGR input, ResizeShortestEdge + padding")
     takes_classifier = True
+    takes_host_nms = True
     suffixes = TORCH_SUFFIXES + PICKLE_SUFFIXES
 
     def claims(self, path: Path, config: Path | None) -> bool:
@@ -85,13 +86,15 @@ class Detectron2Family(Family):
         check_graph_options(options)
 
     def load(self, path: Path, config: Path | None = None, *,
-             detections_per_image: int | None = None, classifier: str | None = None) -> SpecDetector:
+             detections_per_image: int | None = None, classifier: str | None = None,
+             decoding=None) -> SpecDetector:
         """options: ``detections_per_image`` replaces the config's K; ``classifier``: the R-CNN box
-        head's activation where the weights cannot tell it (:func:`.loader.load_detector_spec`)."""
+        head's activation where the weights cannot tell it (:func:`.loader.load_detector_spec`);
+        ``decoding``: only Decoding(nms="host") (:meth:`SpecDetector.with_nms`)."""
         from norcal.export.families.detectron2.loader import load_model
 
         return detector_of(*load_model(path, config, detections_per_image=detections_per_image,
-                                       classifier=classifier))
+                                       classifier=classifier)).with_nms(decoding)
 
 
 __all__ = ["Detectron2Family", "Detectron2RCNN", "Detectron2RetinaNet", "GraphOptions",

@@ -33,6 +33,7 @@ class TorchvisionFamily(Family):
 
     name = FAMILY
     suffixes = TORCH_SUFFIXES
+    takes_host_nms = True
     reads = "Faster / Mask R-CNN and RetinaNet state dicts (.pth); RGB input, resized as GeneralizedRCNNTransform"
 
     def claims(self, path: Path, config: Path | None) -> bool:
@@ -42,14 +43,15 @@ class TorchvisionFamily(Family):
         check_graph_options(options)  # our R-CNN's graph options, as detectron2's
 
     def load(self, path: Path, config: Path | None = None, *,
-             detections_per_image: int | None = None) -> TorchvisionDetector:
-        """options: ``detections_per_image`` replaces torchvision's 100."""
+             detections_per_image: int | None = None, decoding=None) -> TorchvisionDetector:
+        """options: ``detections_per_image`` replaces torchvision's 100; ``decoding``: only
+        Decoding(nms="host") (:meth:`SpecDetector.with_nms`)."""
         from norcal.export.families.checkpoints import read_checkpoint
 
         if config is not None:
             raise NorcalError(f"{config}: a torchvision state dict takes no config file")
         check_variant(saved_keys(path), path)  # by name, before reading (and checking) every weight
-        return detector_from_state(read_checkpoint(path), path, detections_per_image)
+        return detector_from_state(read_checkpoint(path), path, detections_per_image).with_nms(decoding)
 
 
 __all__ = ["TorchvisionFamily", "TorchvisionDetector", "TorchvisionRetinaNet", "detector_from_state", "is_torchvision_checkpoint",

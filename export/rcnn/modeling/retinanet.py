@@ -198,9 +198,16 @@ class RetinaNet(SigmoidNorCal, nn.Module):
         return {"num_detections": keep.sum(dim=1), "boxes": det * keep_f[..., None],
                 "scores": top * keep_f, "classes": cls * keep.to(cls.dtype)}
 
-    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False):
-        """The outputs in OUTPUT_NAMES order; ``with_cls_logits`` appends the concatenated class
-        logits (the ONNX export names that tensor)."""
+    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, with_cls_logits: bool = False,
+                candidates: bool = False):
+        """The outputs in OUTPUT_NAMES order, or with ``candidates`` the levels' top candidates
+        (boxes, scores, classes: the NMS left to the host); ``with_cls_logits`` appends the
+        concatenated class logits (the ONNX export names that tensor)."""
+        if candidates:
+            levels = self.head_outputs(images, image_sizes)
+            cls_logits = torch.cat([lv[0] for lv in levels], dim=1)
+            found = self.candidates(levels, self.probs(cls_logits), image_sizes)
+            return (*found, cls_logits) if with_cls_logits else found
         out = self.inference(images, image_sizes, intermediates=with_cls_logits)
         outputs = tuple(out[k] for k in OUTPUT_NAMES if k in out)
         return (*outputs, out["cls_logits"]) if with_cls_logits else outputs
