@@ -1,6 +1,6 @@
 """The C++ host library (runtime/cpp) built with CMake, checked by ctest and against the Python
 runtime on the fixture images: resize (PIL's filter), batching, box mapping, mask pasting, JSON,
-and the engine sidecar as the Python builder writes it."""
+the engine sidecar as the Python builder writes it, and the host NMS (bit for bit)."""
 
 import json
 import shutil
@@ -257,3 +257,87 @@ def test_results_json_matches_python(build, tmp_path):
     assert min(ious) >= 0.99
     same_rle = np.mean([a["segmentation"]["counts"] == b["segmentation"]["counts"] for a, b in zip(ours, ref)])
     assert same_rle >= 0.95  # identical bytes except where a pixel sits at exactly 0.5
+
+
+NMS_OUTPUTS = ("num_detections", "boxes", "scores", "classes")
+
+
+def _nms_pair(build, tmp_path, boxes, scores, sizes, size, rule, coefs=None):
+    """(C++ `norcal-host nms`, Python host_nms.select) on the same candidates: dicts of outputs."""
+    from norcal.core import contract
+    from norcal.runtime.host_nms import select
+
+    arrays = {"cb": boxes, "cs": scores, "sz": sizes} | ({} if coefs is None else {"cc": coefs})
+    for name, arr in arrays.items():
+        np.save(tmp_path / f"{name}.npy", arr)
+    how = "agnostic" if rule.agnostic else "best" if rule.best_class else "multi"
+    host(build, "nms", *(tmp_path / f"{n}.npy" for n in ("cb", "cs", "sz")), size, how, repr(rule.score_thresh),
+         repr(rule.iou), rule.topk, tmp_path / "o", *([tmp_path / "cc.npy"] if coefs is not None else []))
+    names = NMS_OUTPUTS + (() if coefs is None else ("masks",))
+    ours = {n: np.load(tmp_path / f"o_{n}.npy") for n in names}
+    outputs = {contract.CANDIDATE_BOXES: boxes, contract.CANDIDATE_SCORES: scores}
+    if coefs is not None:  # select passes the prototypes through; any array will do
+        outputs |= {contract.CANDIDATE_COEFS: coefs, contract.MASK_PROTOS: np.zeros((len(boxes), 1, 2, 2), np.float32)}
+    ref = select(outputs, sizes, (size, size), rule)
+    return ours, {n: ref[n] for n in names}
+
+
+def _rule(best_class, agnostic, score_thresh, iou, topk, num_classes):
+    """A letterboxed YOLO's HostSelection; the class count and letterbox flag only where it has them."""
+    from dataclasses import fields
+
+    from norcal.runtime.host_nms import HostSelection
+
+    extra = {"num_classes": num_classes, "letterbox": True}
+    return HostSelection(best_class, agnostic, score_thresh, iou, topk,
+                         **{f.name: extra[f.name] for f in fields(HostSelection) if f.name in extra})
+
+
+def _assert_same(ours, ref):
+    for name in ref:
+        assert ours[name].dtype == ref[name].dtype and np.array_equal(ours[name], ref[name]), name
+
+
+@pytest.mark.parametrize("topk", [7, 100])
+@pytest.mark.parametrize("best_class,agnostic", [(False, False), (True, False), (True, True)],
+                         ids=["multi-label", "best-class", "agnostic"])
+def test_host_nms_matches_python_bit_for_bit(build, tmp_path, best_class, agnostic, topk):
+    rng = np.random.default_rng(7)
+    b, a, c, s = 3, 60, 4, 64
+    # scores in eighths: ties within and across rows, and some exactly at the 0.25 threshold
+    scores = (rng.integers(0, 9, (b, a, c)) / 8).astype(np.float32)
+    # integer corners in a small field, so boxes overlap often and IoUs land exactly on 0.5;
+    # widths from 0, so some boxes have no area
+    x0, y0 = rng.integers(0, 4, (2, b, a))
+    w, h = rng.integers(0, 8, (2, b, a))
+    boxes = np.stack([x0, y0, x0 + w, y0 + h], axis=-1).astype(np.float32)
+    assert (w == 0).sum() > 10
+    sizes = np.array([[64, 48], [37, 64], [64, 64]], dtype=np.int64)
+    coefs = rng.standard_normal((b, a, 3)).astype(np.float32)
+    rule = _rule(best_class, agnostic, 0.25, 0.5, topk, c)
+    ours, ref = _nms_pair(build, tmp_path, boxes, scores, sizes, s, rule, coefs)
+    _assert_same(ours, ref)
+    assert (ref["num_detections"] > 0).all()
+
+
+def test_host_nms_keeps_an_iou_exactly_at_the_threshold(build, tmp_path):
+    # IoU 1/3 (intersection 1, union 3) against the threshold float32(1/3): equal, so kept (> not >=)
+    third = np.float32(1 / 3)
+    assert np.float32(1) / np.float32(3) == third
+    boxes = np.array([[[0, 0, 2, 1], [1, 0, 3, 1]]], dtype=np.float32)
+    scores = np.array([[[0.9], [0.8]]], dtype=np.float32)
+    ours, ref = _nms_pair(build, tmp_path, boxes, scores, np.array([[64, 64]]), 64,
+                          _rule(False, False, 0.05, 1 / 3, 5, 1))
+    _assert_same(ours, ref)
+    assert ref["num_detections"].tolist() == [2]
+
+
+def test_host_nms_refuses_a_shape_mismatch_in_one_line(build, tmp_path):
+    np.save(tmp_path / "cb.npy", np.zeros((3, 60, 4), np.float32))
+    np.save(tmp_path / "cs.npy", np.zeros((3, 61, 4), np.float32))
+    np.save(tmp_path / "sz.npy", np.full((3, 2), 64))
+    r = subprocess.run([str(build / "norcal-host"), "nms", *(tmp_path / f"{n}.npy" for n in ("cb", "cs", "sz")),
+                        "64", "best", "0.25", "0.5", "10", tmp_path / "o"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr == (f"error: {tmp_path / 'cs.npy'}: candidate scores must be float32 "
+                                              "[3,60,*], got <f4 [3,61,4]\n"), r.stderr
+    assert not (tmp_path / "o_boxes.npy").exists()

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "norcal/host.hpp"
+#include "norcal/host_nms.hpp"
 #include "norcal/npy.hpp"
 #include "norcal/sidecar.hpp"
 
@@ -145,6 +146,42 @@ static void test_half() {
   CHECK(half_to_float(0x0001) == std::ldexp(1.0f, -24) && half_to_float(0x3800) == 0.5f);
 }
 
+static void test_nms_row() {
+  const float boxes[6 * 4] = {0, 0, 4, 4,  0, 0, 4, 2,  0, 0, 4, 2,  1, 1, 1, 3,  0, 0, 4, 4,  10, 10, 12, 12};
+  const float scores[6] = {0.9f, 0.7f, 0.7f, 0.95f, 0.5f, 0.6f};
+  // 3 (zero width) is kept first and suppresses nothing, nor is it suppressed; 1 has IoU 8/16 =
+  // 0.5 with 0, exactly the threshold, and is kept; 2 ties 1 and loses to the lower anchor, then
+  // IoU 1 with it suppresses it; 4's score equals the threshold, so it is no candidate.
+  CHECK((nms_row(boxes, scores, 6, 0.5f, 0.5f, 100) == std::vector<int64_t>{3, 0, 1, 5}));
+  CHECK((nms_row(boxes, scores, 6, 0.5f, 0.5f, 2) == std::vector<int64_t>{3, 0}));
+  CHECK((nms_row(boxes, scores, 6, 0.5f, 0.49f, 100) == std::vector<int64_t>{3, 0, 5}));  // now 0.5 > iou
+}
+
+static void test_host_select() {
+  // anchors 0 and 1 the same box, 2 apart; anchor 0's classes tie (best class 0)
+  const float boxes[3 * 4] = {0, 0, 10, 10,  0, 0, 10, 10,  20, 20, 30, 30};
+  const float scores[3 * 2] = {0.6f, 0.6f,  0.2f, 0.8f,  0.6f, 0.1f};
+  const float coefs[3] = {1, 2, 3};
+  const int64_t sizes[2] = {20, 31};  // in 40 x 40: offset top floor(20/2) = 10, left floor(9/2) = 4
+  NmsRule rule{true, false, 0.3f, 0.5f, 3};
+  // rows [0.6, 0, 0.6] and [0, 0.8, 0], nothing suppressed; top 3 with the 0.6 tie by lower index
+  ImagePicks p = select_image(boxes, scores, 3, 2, rule);
+  CHECK((p.scores == std::vector<float>{0.8f, 0.6f, 0.6f}));
+  CHECK((p.classes == std::vector<int64_t>{1, 0, 0} && p.anchors == std::vector<int64_t>{1, 0, 2}));
+  // agnostic: one row [0.6, 0.8, 0.6], 0 suppressed by 1; K = 4 > 3 anchors, so one padded slot
+  rule.agnostic = true;
+  rule.topk = 4;
+  const HostNmsOutputs o = norcal::select(boxes, scores, coefs, 1, 3, 2, 1, sizes, 40, 40, rule);
+  CHECK(o.num_detections[0] == 2);
+  CHECK((o.scores == std::vector<float>{0.8f, 0.6f, 0, 0} && o.classes == std::vector<int64_t>{1, 0, 0, 0}));
+  CHECK((o.boxes == std::vector<float>{-4, -10, 6, 0, 16, 10, 26, 20, 0, 0, 0, 0, 0, 0, 0, 0}));
+  CHECK((o.masks == std::vector<float>{2, 3, 0, 0}));
+  // multi-label: row 1 keeps anchor 1 and suppresses 0 (IoU 1), row 0 keeps 0 and 2
+  rule = NmsRule{false, false, 0.3f, 0.5f, 3};
+  p = select_image(boxes, scores, 3, 2, rule);
+  CHECK((p.scores == std::vector<float>{0.8f, 0.6f, 0.6f} && p.anchors == std::vector<int64_t>{1, 0, 2}));
+}
+
 // The message of the std::runtime_error that f throws, or "" when it throws none.
 template <class F>
 static std::string error_of(F f) {
@@ -252,6 +289,8 @@ int main(int argc, char** argv) {
   test_rle();
   test_results_json();
   test_half();
+  test_nms_row();
+  test_host_select();
   test_sidecar_hand_written();
   test_sidecar_errors();
   test_sidecar_files();

@@ -11,6 +11,10 @@
 //   norcal-host sidecar ENGINE                         -> prints "MIN MAX FORMAT DIV" from ENGINE.json
 //   norcal-host categories ENGINE [IDS.npy]            -> prints the category ids results use:
 //                                                         IDS (checked against the sidecar) or the sidecar's
+//   norcal-host nms BOXES.npy SCORES.npy SIZES.npy S multi|best|agnostic SCORE_THRESH IOU TOPK PREFIX [COEFS.npy]
+//                       host NMS (host_nms.hpp): candidate boxes f32 [B,A,4], scores f32 [B,A,C], image
+//                       sizes int [B,2] letterboxed into S x S (coefs f32 [B,A,M]) -> PREFIX_num_detections,
+//                       PREFIX_boxes, PREFIX_scores, PREFIX_classes (PREFIX_masks).npy
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "norcal/host.hpp"
+#include "norcal/host_nms.hpp"
 #include "norcal/npy.hpp"
 #include "norcal/sidecar.hpp"
 #include "norcal/tool.hpp"
@@ -34,8 +39,28 @@ static Image load_image(const std::string& path) {
   return im;
 }
 
+// "[3,5,4]"; -1 (any size) as "*"
+static std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + (shape[i] < 0 ? "*" : std::to_string(shape[i]));
+  return s + "]";
+}
+
+// A float32 array of shape `want` (-1: any size): the NMS is float32 arithmetic, so another
+// dtype would not give the Python's bits.
+static NpyArray load_f32(const std::string& path, const char* what, const std::vector<int64_t>& want) {
+  NpyArray a = read_npy(path);
+  bool ok = a.descr == "<f4" && a.shape.size() == want.size();
+  for (size_t i = 0; ok && i < want.size(); ++i) ok = want[i] < 0 || a.shape[i] == want[i];
+  if (!ok)
+    throw std::runtime_error(path + ": " + what + " must be float32 " + shape_str(want) + ", got " + a.descr + " " +
+                             shape_str(a.shape));
+  return a;
+}
+
 static int usage() {
-  std::cerr << "usage: norcal-host size|resize|batch|rescale|paste|results|sidecar|categories ... (see the source header)\n";
+  std::cerr << "usage: norcal-host size|resize|batch|rescale|paste|results|sidecar|categories|nms ... "
+               "(see the source header)\n";
   return 2;
 }
 
@@ -111,6 +136,36 @@ static int run(int argc, char** argv) {
                              argc == 4 ? argv[3] : "");
     for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)ids[i]);
     std::printf("\n");
+  } else if (cmd == "nms" && (argc == 11 || argc == 12)) {
+    const NpyArray boxes = load_f32(argv[2], "candidate boxes", {-1, -1, 4});
+    const int64_t B = boxes.shape[0], A = boxes.shape[1];
+    const NpyArray scores = load_f32(argv[3], "candidate scores", {B, A, -1});
+    const NpyArray sizes = read_npy(argv[4]);
+    if ((sizes.descr != "<i8" && sizes.descr != "<i4") || sizes.shape != std::vector<int64_t>{B, 2})
+      throw std::runtime_error(std::string(argv[4]) + ": image sizes must be int [" + std::to_string(B) +
+                               ",2], got " + sizes.descr + " " + shape_str(sizes.shape));
+    const std::string how = argv[6];
+    if (how != "multi" && how != "best" && how != "agnostic")
+      throw std::runtime_error("rule must be multi, best or agnostic, got '" + how + "'");
+    NmsRule rule;
+    rule.best_class = how != "multi";
+    rule.agnostic = how == "agnostic";
+    // parsed as double and rounded once to float32, as np.float32(score_thresh) does
+    rule.score_thresh = float(std::stod(argv[7]));
+    rule.iou = float(std::stod(argv[8]));
+    rule.topk = std::stoll(argv[9]);
+    NpyArray coefs;
+    if (argc == 12) coefs = load_f32(argv[11], "candidate coefficients", {B, A, -1});
+    const int64_t M = argc == 12 ? coefs.shape[2] : 0;
+    const float* co = argc == 12 ? coefs.as<float>() : nullptr;
+    const HostNmsOutputs o = norcal::select(boxes.as<float>(), scores.as<float>(), co, B, A, scores.shape[2], M,
+                                            sizes.to_int64().data(), arg_i(5), arg_i(5), rule);
+    const std::string prefix = argv[10];
+    write_npy(prefix + "_num_detections.npy", "<i8", {B}, o.num_detections.data(), o.num_detections.size() * 8);
+    write_npy(prefix + "_boxes.npy", "<f4", {B, o.k, 4}, o.boxes.data(), o.boxes.size() * 4);
+    write_npy(prefix + "_scores.npy", "<f4", {B, o.k}, o.scores.data(), o.scores.size() * 4);
+    write_npy(prefix + "_classes.npy", "<i8", {B, o.k}, o.classes.data(), o.classes.size() * 8);
+    if (argc == 12) write_npy(prefix + "_masks.npy", "<f4", {B, o.k, M}, o.masks.data(), o.masks.size() * 4);
   } else {
     return usage();
   }
