@@ -1,6 +1,7 @@
 """The C++ host library (runtime/cpp) built with CMake, checked by ctest and against the Python
 runtime on the fixture images: resize (PIL's filter), batching, box mapping, mask pasting, JSON,
-the engine sidecar as the Python builder writes it, and the host NMS (bit for bit)."""
+the engine sidecar as the Python builder writes it, and the host NMS (bit for bit: a YOLO's and a
+RetinaNet's candidates)."""
 
 import json
 import shutil
@@ -341,3 +342,147 @@ def test_host_nms_refuses_a_shape_mismatch_in_one_line(build, tmp_path):
     assert r.returncode == 2 and r.stderr == (f"error: {tmp_path / 'cs.npy'}: candidate scores must be float32 "
                                               "[3,60,*], got <f4 [3,61,4]\n"), r.stderr
     assert not (tmp_path / "o_boxes.npy").exists()
+
+
+def _retinanet_nms(build, tmp_path, boxes, scores, classes, rule, name="r"):
+    """`norcal-host nms --classes` on a RetinaNet's candidates: a dict of its outputs."""
+    for part, arr in (("cb", boxes), ("cs", scores), ("cl", classes)):
+        np.save(tmp_path / f"{name}_{part}.npy", arr)
+    host(build, "nms", "--classes", tmp_path / f"{name}_cl.npy", rule.num_classes, tmp_path / f"{name}_cb.npy",
+         tmp_path / f"{name}_cs.npy", repr(rule.score_thresh), repr(rule.iou), rule.topk, tmp_path / f"{name}_o")
+    return {n: np.load(tmp_path / f"{name}_o_{n}.npy") for n in NMS_OUTPUTS}
+
+
+def _retinanet_select(boxes, scores, classes, rule, sizes):
+    """runtime/host_nms.py's select on the same candidates (the sizes unread: not letterboxed)."""
+    from norcal.core import contract
+    from norcal.runtime.host_nms import select
+
+    outputs = {contract.CANDIDATE_BOXES: boxes, contract.CANDIDATE_SCORES: scores, contract.CANDIDATE_CLASSES: classes}
+    ref = select(outputs, sizes, (64, 64), rule)
+    return {n: ref[n] for n in NMS_OUTPUTS}
+
+
+def _tie_heavy_retinanet(rng, b, r, c):
+    """(boxes [b, r, 4], scores [b, r], classes [b, r]) with equal scores within and across classes,
+    scores at the 0.25 threshold, the same box in several classes, IoUs exactly at 0.5 and no-area boxes."""
+    scores = (rng.integers(0, 9, (b, r)) / 8).astype(np.float32)
+    classes = rng.integers(0, c, (b, r)).astype(np.int64)
+    x0, y0 = rng.integers(0, 4, (2, b, r))
+    w, h = rng.integers(0, 8, (2, b, r))
+    boxes = np.stack([x0, y0, x0 + w, y0 + h], axis=-1).astype(np.float32)
+    boxes[:, 1:20:2] = boxes[:, 0:20:2]  # candidates 1, 3, ..., 19 repeat the box before them
+    assert (w == 0).sum() > 10 and (scores == 0.25).sum() > 10
+    return boxes, scores, classes
+
+
+@pytest.mark.parametrize("topk", [7, 100, 450])  # 450 > classes x candidates: padded slots
+def test_retinanet_host_nms_matches_python_bit_for_bit_alone_and_batched(build, tmp_path, topk):
+    from norcal.runtime.host_nms import HostSelection
+
+    rng = np.random.default_rng(11)
+    b, r, c = 3, 80, 5
+    boxes, scores, classes = _tie_heavy_retinanet(rng, b, r, c)
+    # letterbox False as a RetinaNet's metadata gives; sizes whose offset would be nonzero if subtracted
+    rule = HostSelection(False, False, 0.25, 0.5, topk, c, False)
+    sizes = np.array([[40, 64], [64, 37], [21, 30]], dtype=np.int64)
+    ours = _retinanet_nms(build, tmp_path, boxes, scores, classes, rule)
+    ref = _retinanet_select(boxes, scores, classes, rule, sizes)
+    _assert_same(ours, ref)
+    assert (ref["num_detections"] > 0).all() and (ref["boxes"] != 0).any()
+    for i in range(b):  # each image alone: its row of the batch
+        alone = _retinanet_nms(build, tmp_path, boxes[i:i + 1], scores[i:i + 1], classes[i:i + 1], rule, f"a{i}")
+        _assert_same(alone, _retinanet_select(boxes[i:i + 1], scores[i:i + 1], classes[i:i + 1], rule, sizes[i:i + 1]))
+        _assert_same(alone, {n: v[i:i + 1] for n, v in ref.items()})
+
+
+def test_retinanet_host_nms_is_class_wise_and_keeps_an_iou_at_the_threshold(build, tmp_path):
+    from norcal.runtime.host_nms import HostSelection
+
+    # one box in classes 1 and 0 (both kept: class-wise); a box at IoU 1/2 with it in class 1 (kept:
+    # > not >=); one at IoU 0.81 in class 1 (suppressed)
+    boxes = np.array([[[0, 0, 10, 10], [0, 0, 10, 10], [0, 0, 10, 5], [1, 1, 10, 10]]], dtype=np.float32)
+    scores = np.array([[0.9, 0.85, 0.8, 0.7]], dtype=np.float32)
+    classes = np.array([[1, 0, 1, 1]], dtype=np.int64)
+    rule = HostSelection(False, False, 0.05, 0.5, 5, 2, False)
+    ours = _retinanet_nms(build, tmp_path, boxes, scores, classes, rule)
+    _assert_same(ours, _retinanet_select(boxes, scores, classes, rule, np.array([[10, 10]])))
+    assert ours["num_detections"].tolist() == [3] and ours["classes"][0, :3].tolist() == [1, 0, 1]
+
+
+@pytest.fixture(scope="module")
+def d2_retinanet(tmp_path_factory):
+    """(in-graph NMS, host NMS) exports of detectron2's tiny RetinaNet at gamma 0.5, made as
+    tests/runtime/test_host_nms.py makes them."""
+    from golden import manifest_table
+
+    from conftest import FIXTURES
+    from norcal.core.decoding import Decoding
+    from norcal.workflows.export_job import CheckpointExport, NorCal, export_checkpoint
+
+    src, out = FIXTURES / "d2_retinanet_tiny", tmp_path_factory.mktemp("d2_retinanet")
+    paths = []
+    for decoding in (None, Decoding(nms="host")):
+        paths.append(out / f"{'host' if decoding else 'graph'}.onnx")
+        export_checkpoint(src / "model_final.pth", paths[-1], NorCal(gamma=0.5, table=manifest_table(src)),
+                          CheckpointExport(config=src / "config.yaml", decoding=decoding))
+    return paths
+
+
+def test_retinanet_host_nms_on_a_detectron2_export_equals_python_and_the_in_graph_nms(build, tmp_path, d2_retinanet):
+    """The real candidates of detectron2's RetinaNet (--nms host) through the C++: equal bit for bit
+    to runtime/host_nms.py and to the in-graph NMS export run in ONNX Runtime, alone and batched."""
+    import onnxruntime as ort
+
+    from norcal.core import contract
+    from norcal.runtime.host_nms import HostSelection
+    from norcal.runtime.inference import prepare
+
+    def run(sess, feeds):
+        names = [i.name for i in sess.get_inputs()]
+        return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {n: feeds[n] for n in names})))
+
+    in_graph, host_graph = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in d2_retinanet)
+    meta = host_graph.get_modelmeta().custom_metadata_map
+    rule = HostSelection.from_metadata(meta)
+    assert not rule.letterbox and rule.num_classes == 1203
+    spec = contract.input_spec(meta)
+    images = [read_rgb(p) for p in sorted((TINY / "images").glob("*.png"))]
+    for n, part in enumerate([images] + [[im] for im in images]):  # one batch of all, then each alone
+        feeds = prepare(part, spec).feeds()
+        cand = run(host_graph, feeds)
+        boxes, scores, classes = (cand[k] for k in (contract.CANDIDATE_BOXES, contract.CANDIDATE_SCORES,
+                                                    contract.CANDIDATE_CLASSES))
+        ours = _retinanet_nms(build, tmp_path, boxes, scores, classes, rule, f"img{n}")
+        _assert_same(ours, _retinanet_select(boxes, scores, classes, rule, feeds["image_sizes"]))
+        ref = run(in_graph, feeds)
+        assert ref["num_detections"].sum() > 0
+        _assert_same(ours, {k: ref[k] for k in NMS_OUTPUTS})
+
+
+def test_retinanet_host_nms_refuses_wrong_inputs_in_one_line(build, tmp_path):
+    r, cl, cb, cs = 6, tmp_path / "cl.npy", tmp_path / "cb.npy", tmp_path / "cs.npy"
+    np.save(cb, np.zeros((2, r, 4), np.float32))
+    np.save(cs, np.zeros((2, r), np.float32))
+    np.save(tmp_path / "cs3.npy", np.zeros((2, r, 3), np.float32))
+    np.save(tmp_path / "cs64.npy", np.zeros((2, r), np.float64))
+    np.save(cl, np.zeros((2, r + 1), np.int64))
+    np.save(tmp_path / "cl_ok.npy", np.full((2, r), 4, np.int64))
+    o, args = tmp_path / "o", ("0.05", "0.5", "10")
+    cases = [
+        (["--classes", cl, 4, cb, cs, *args, o], f"{cl}: candidate classes must be int [2,6], got <i8 [2,7]"),
+        (["--classes", tmp_path / "cl_ok.npy", 4, cb, cs, *args, o],
+         "candidate class 4 of candidate 0 is outside the model's 4 classes"),
+        (["--classes", cl, 4, cb, tmp_path / "cs3.npy", *args, o], "are a YOLO's, which has no candidate classes"),
+        (["--classes", cl, 4, cb, tmp_path / "cs64.npy", *args, o], "candidate scores must be float32 [2,6], got <f8"),
+        (["--classes", tmp_path / "cl_ok.npy", "many", cb, cs, *args, o],
+         "nms: NUM_CLASSES must be an integer, got 'many'"),
+        (["--classes", cl, 4, cb, cs, *args], "nms: expected norcal-host nms --classes CLASSES.npy NUM_CLASSES"),
+        ([cb, cs, tmp_path / "sz.npy", 64, "best", *args, o], f"{cs}: candidate scores [B,R] are a RetinaNet's"),
+    ]
+    for argv, message in cases:
+        res = subprocess.run([str(build / "norcal-host"), "nms", *map(str, argv)], capture_output=True, text=True)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1 and message in res.stderr, (argv, res.stderr)
+        assert not (tmp_path / "o_boxes.npy").exists()
+    help_text = host(build, "nms", "--help")
+    assert "--classes CLASSES.npy NUM_CLASSES" in help_text and "not letterboxed" in help_text

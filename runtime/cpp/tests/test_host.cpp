@@ -163,7 +163,7 @@ static void test_host_select() {
   const float scores[3 * 2] = {0.6f, 0.6f,  0.2f, 0.8f,  0.6f, 0.1f};
   const float coefs[3] = {1, 2, 3};
   const int64_t sizes[2] = {20, 31};  // in 40 x 40: offset top floor(20/2) = 10, left floor(9/2) = 4
-  NmsRule rule{true, false, 0.3f, 0.5f, 3};
+  NmsRule rule{true, false, 0.3f, 0.5f, 3, 0, true};
   // rows [0.6, 0, 0.6] and [0, 0.8, 0], nothing suppressed; top 3 with the 0.6 tie by lower index
   ImagePicks p = select_image(boxes, scores, 3, 2, rule);
   CHECK((p.scores == std::vector<float>{0.8f, 0.6f, 0.6f}));
@@ -171,7 +171,7 @@ static void test_host_select() {
   // agnostic: one row [0.6, 0.8, 0.6], 0 suppressed by 1; K = 4 > 3 anchors, so one padded slot
   rule.agnostic = true;
   rule.topk = 4;
-  const HostNmsOutputs o = norcal::select(boxes, scores, coefs, 1, 3, 2, 1, sizes, 40, 40, rule);
+  const HostNmsOutputs o = norcal::select({boxes, scores, nullptr, coefs, 1, 3, 2, 1}, sizes, 40, 40, rule);
   CHECK(o.num_detections[0] == 2);
   CHECK((o.scores == std::vector<float>{0.8f, 0.6f, 0, 0} && o.classes == std::vector<int64_t>{1, 0, 0, 0}));
   CHECK((o.boxes == std::vector<float>{-4, -10, 6, 0, 16, 10, 26, 20, 0, 0, 0, 0, 0, 0, 0, 0}));
@@ -180,6 +180,76 @@ static void test_host_select() {
   rule = NmsRule{false, false, 0.3f, 0.5f, 3};
   p = select_image(boxes, scores, 3, 2, rule);
   CHECK((p.scores == std::vector<float>{0.8f, 0.6f, 0.6f} && p.anchors == std::vector<int64_t>{1, 0, 2}));
+}
+
+static bool contains(const std::string& s, const std::string& part);
+
+// The message of the std::invalid_argument that f throws, or "" when it throws none.
+template <class F>
+static std::string error_of_invalid(F f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+static void test_host_select_retinanet() {
+  // Six candidates of two images (the same boxes and scores), 3 classes, not letterboxed.
+  //   0 [0,0,10,10] .9   1 [0,0,10,5] .8 (IoU with 0: 50/100 = .5, exactly the threshold)
+  //   2 [1,1,10,10] .7 (IoU with 0: 81/100)   3 [0,0,10,10] .85 (0's box)
+  //   4 [20,20,30,30] .3 (equal to the score threshold: no candidate)   5 [40,40,50,50] .8
+  const float box6[6 * 4] = {0, 0, 10, 10,  0, 0, 10, 5,    1, 1, 10, 10,
+                             0, 0, 10, 10,  20, 20, 30, 30,  40, 40, 50, 50};
+  const float sc6[6] = {0.9f, 0.8f, 0.7f, 0.85f, 0.3f, 0.8f};
+  std::vector<float> boxes(box6, box6 + 24), scores(sc6, sc6 + 6);
+  boxes.insert(boxes.end(), box6, box6 + 24);
+  scores.insert(scores.end(), sc6, sc6 + 6);
+  // image 0: class rows 0: {3}, 1: {4, 5}, 2: {0, 1, 2}. Row 2 keeps 0, keeps 1 (.5 is not > .5),
+  // drops 2 (.81); 3 is kept in its own row though it is 0's box. TopK over [3 x 6]: .9 (row 2,
+  // anchor 0), .85 (row 0, 3), then the .8 tie by flat index: row 1 anchor 5 (11) before row 2
+  // anchor 1 (13); then two unused slots. image 1: every candidate class 0: one row, by score
+  // 0 (.9), 3 (.85, IoU 1 with 0: dropped), 1 and 5 (.8 tie: the lower anchor first; both kept),
+  // 2 dropped; classes 0.
+  const int64_t classes[12] = {2, 2, 2, 0, 1, 1,  0, 0, 0, 0, 0, 0};
+  const NmsRule rule{false, false, 0.3f, 0.5f, 6, 3, false};
+  const HostCandidates in{boxes.data(), scores.data(), classes, nullptr, 2, 6, 1, 0};
+  const HostNmsOutputs o = norcal::select(in, nullptr, 0, 0, rule);
+  CHECK(o.b == 2 && o.k == 6 && o.m == 0 && o.masks.empty());
+  CHECK((o.num_detections == std::vector<int64_t>{4, 3}));
+  CHECK((o.scores == std::vector<float>{0.9f, 0.85f, 0.8f, 0.8f, 0, 0,  0.9f, 0.8f, 0.8f, 0, 0, 0}));
+  CHECK((o.classes == std::vector<int64_t>{2, 0, 1, 2, 0, 0,  0, 0, 0, 0, 0, 0}));
+  const std::vector<float> zero(8, 0.f);
+  std::vector<float> want = {0, 0, 10, 10,  0, 0, 10, 10,  40, 40, 50, 50,  0, 0, 10, 5};  // as given: no offset
+  want.insert(want.end(), zero.begin(), zero.end());
+  const std::vector<float> want1 = {0, 0, 10, 10,  0, 0, 10, 5,  40, 40, 50, 50,  0, 0, 0, 0};
+  want.insert(want.end(), want1.begin(), want1.end());
+  want.insert(want.end(), zero.begin(), zero.end());
+  CHECK(o.boxes == want);
+  // the label rule is not read for these candidates
+  const NmsRule agnostic{true, true, 0.3f, 0.5f, 6, 3, false};
+  CHECK(norcal::select(in, nullptr, 0, 0, agnostic).classes == o.classes);
+}
+
+static void test_host_select_retinanet_refusals() {
+  // a class outside the model's, or no class count, is refused
+  const float boxes[2 * 4] = {0, 0, 1, 1,  2, 2, 3, 3};
+  const float scores[2] = {0.5f, 0.6f};
+  auto refused = [&](std::vector<int64_t> cls, int64_t num_classes) {
+    const NmsRule rule{false, false, 0.3f, 0.5f, 6, num_classes, false};
+    return error_of_invalid([&] { select_image(boxes, scores, cls.data(), 2, 1, rule); });
+  };
+  CHECK(refused({0, 2}, 3).empty());
+  CHECK(contains(refused({0, 3}, 3), "candidate class 3 of candidate 1 is outside the model's 3 classes"));
+  CHECK(contains(refused({-1, 0}, 3), "candidate class -1 of candidate 0 is outside"));
+  CHECK(contains(refused({0, 0}, 0), "need num_classes >= 1"));
+  // a letterboxed rule needs the image sizes its offset comes from
+  const int64_t cls[2] = {0, 1};
+  const NmsRule letterboxed{false, false, 0.3f, 0.5f, 6, 2, true};
+  const HostCandidates in{boxes, scores, cls, nullptr, 1, 2, 1, 0};
+  CHECK(contains(error_of_invalid([&] { norcal::select(in, nullptr, 8, 8, letterboxed); }),
+                 "a letterboxed rule needs the image sizes"));
 }
 
 // The message of the std::runtime_error that f throws, or "" when it throws none.
@@ -291,6 +361,8 @@ int main(int argc, char** argv) {
   test_half();
   test_nms_row();
   test_host_select();
+  test_host_select_retinanet();
+  test_host_select_retinanet_refusals();
   test_sidecar_hand_written();
   test_sidecar_errors();
   test_sidecar_files();

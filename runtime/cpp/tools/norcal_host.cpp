@@ -12,9 +12,10 @@
 //   norcal-host categories ENGINE [IDS.npy]            -> prints the category ids results use:
 //                                                         IDS (checked against the sidecar) or the sidecar's
 //   norcal-host nms BOXES.npy SCORES.npy SIZES.npy S multi|best|agnostic SCORE_THRESH IOU TOPK PREFIX [COEFS.npy]
-//                       host NMS (host_nms.hpp): candidate boxes f32 [B,A,4], scores f32 [B,A,C], image
-//                       sizes int [B,2] letterboxed into S x S (coefs f32 [B,A,M]) -> PREFIX_num_detections,
-//                       PREFIX_boxes, PREFIX_scores, PREFIX_classes (PREFIX_masks).npy
+//   norcal-host nms --classes CLASSES.npy NUM_CLASSES BOXES.npy SCORES.npy SCORE_THRESH IOU TOPK PREFIX
+//                       host NMS (host_nms.hpp) of a YOLO's or (--classes) a RetinaNet's candidates
+//                       -> PREFIX_num_detections, PREFIX_boxes, PREFIX_scores, PREFIX_classes (PREFIX_masks).npy;
+//                       norcal-host nms --help says what each input is
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -46,10 +47,11 @@ static std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// A float32 array of shape `want` (-1: any size): the NMS is float32 arithmetic, so another
-// dtype would not give the Python's bits.
-static NpyArray load_f32(const std::string& path, const char* what, const std::vector<int64_t>& want) {
-  NpyArray a = read_npy(path);
+// A float32 array of shape `want` (-1: any size), read from path unless `a` is it already: the
+// NMS is float32 arithmetic, so another dtype would not give the Python's bits.
+static NpyArray load_f32(const std::string& path, const char* what, const std::vector<int64_t>& want,
+                         NpyArray a = {}) {
+  if (a.descr.empty()) a = read_npy(path);
   bool ok = a.descr == "<f4" && a.shape.size() == want.size();
   for (size_t i = 0; ok && i < want.size(); ++i) ok = want[i] < 0 || a.shape[i] == want[i];
   if (!ok)
@@ -60,8 +62,141 @@ static NpyArray load_f32(const std::string& path, const char* what, const std::v
 
 static int usage() {
   std::cerr << "usage: norcal-host size|resize|batch|rescale|paste|results|sidecar|categories|nms ... "
-               "(see the source header)\n";
+               "(see the source header; norcal-host nms --help)\n";
   return 2;
+}
+
+static const char* const NMS_USAGE =
+    "usage: norcal-host nms BOXES.npy SCORES.npy SIZES.npy S multi|best|agnostic SCORE_THRESH IOU TOPK PREFIX "
+    "[COEFS.npy]\n"
+    "       norcal-host nms --classes CLASSES.npy NUM_CLASSES BOXES.npy SCORES.npy SCORE_THRESH IOU TOPK PREFIX\n";
+
+static const char* const NMS_HELP =
+    "\nThe NMS of a graph exported with --nms host, on its candidates saved as .npy: runtime/host_nms.py's\n"
+    "select, bit for bit. The layout is the inputs': candidate classes given (--classes) is a RetinaNet's,\n"
+    "none a YOLO's.\n"
+    "\nYOLO (letterboxed: boxes less each image's centring offset in the S x S square)\n"
+    "  BOXES.npy     candidate_boxes    float32 [B,A,4], letterboxed-input pixels\n"
+    "  SCORES.npy    candidate_scores   float32 [B,A,C]\n"
+    "  SIZES.npy     image_sizes        int32/int64 [B,2], (h, w) of each image before letterboxing\n"
+    "  S             the letterbox square's side (norcal.input_size)\n"
+    "  multi|best|agnostic   the recorded label rule: every (class, anchor); each anchor's best class;\n"
+    "                best classes in one class-agnostic row\n"
+    "  COEFS.npy     candidate_coefs    float32 [B,A,M] (segment models) -> also PREFIX_masks.npy\n"
+    "\nRetinaNet (detectron2, torchvision: the levels' top candidates; not letterboxed, boxes as given)\n"
+    "  CLASSES.npy   candidate_classes  int32/int64 [B,R], each in [0, NUM_CLASSES)\n"
+    "  NUM_CLASSES   the model's norcal.num_classes: one NMS row per class, each candidate in its own\n"
+    "  BOXES.npy     candidate_boxes    float32 [B,R,4], input pixels\n"
+    "  SCORES.npy    candidate_scores   float32 [B,R]\n"
+    "\nBoth\n"
+    "  SCORE_THRESH IOU TOPK   norcal.detector's score_thresh_test, nms_thresh_test, detections_per_image\n"
+    "                (the thresholds rounded once to float32, as np.float32 does)\n"
+    "  PREFIX        writes PREFIX_num_detections.npy int64 [B], PREFIX_boxes.npy float32 [B,K,4],\n"
+    "                PREFIX_scores.npy float32 [B,K], PREFIX_classes.npy int64 [B,K] (K = TOPK)\n"
+    "\nA missing input, another dtype or shape, or a class out of range is refused in one line (exit 2).\n";
+
+// An integer array of shape `want` (image sizes, candidate classes), read as int64.
+static std::vector<int64_t> load_int(const std::string& path, const char* what, const std::vector<int64_t>& want) {
+  const NpyArray a = read_npy(path);
+  if ((a.descr != "<i8" && a.descr != "<i4") || a.shape != want)
+    throw std::runtime_error(path + ": " + what + " must be int " + shape_str(want) + ", got " + a.descr + " " +
+                             shape_str(a.shape));
+  return a.to_int64();
+}
+
+// The argument `what` (its text) as a number, an integer where `integer`, or a one-line refusal.
+static double number_arg(const char* text, const char* what, bool integer) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = integer ? double(std::stoll(text, &used)) : std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (!used || text[used])
+    throw std::runtime_error(std::string("nms: ") + what + " must be " + (integer ? "an integer" : "a number") +
+                             ", got '" + text + "'");
+  return v;
+}
+
+// SCORE_THRESH IOU TOPK at argv[at..at+2]: the thresholds parsed as double and rounded once to
+// float32, as np.float32(score_thresh) does.
+static NmsRule nms_thresholds(char** argv, int at) {
+  NmsRule rule;
+  rule.score_thresh = float(number_arg(argv[at], "SCORE_THRESH", false));
+  rule.iou = float(number_arg(argv[at + 1], "IOU", false));
+  rule.topk = int64_t(number_arg(argv[at + 2], "TOPK", true));
+  return rule;
+}
+
+static void write_nms(const std::string& prefix, const HostNmsOutputs& o, bool masks) {
+  const int64_t B = o.b;
+  write_npy(prefix + "_num_detections.npy", "<i8", {B}, o.num_detections.data(), o.num_detections.size() * 8);
+  write_npy(prefix + "_boxes.npy", "<f4", {B, o.k, 4}, o.boxes.data(), o.boxes.size() * 4);
+  write_npy(prefix + "_scores.npy", "<f4", {B, o.k}, o.scores.data(), o.scores.size() * 4);
+  write_npy(prefix + "_classes.npy", "<i8", {B, o.k}, o.classes.data(), o.classes.size() * 8);
+  if (masks) write_npy(prefix + "_masks.npy", "<f4", {B, o.k, o.m}, o.masks.data(), o.masks.size() * 4);
+}
+
+// nms BOXES SCORES SIZES S RULE SCORE_THRESH IOU TOPK PREFIX [COEFS]: a YOLO's, letterboxed.
+static int nms_yolo(int argc, char** argv) {
+  const NpyArray boxes = load_f32(argv[2], "candidate boxes", {-1, -1, 4});
+  const int64_t B = boxes.shape[0], A = boxes.shape[1];
+  NpyArray scores = read_npy(argv[3]);
+  if (scores.shape.size() == 2)
+    throw std::runtime_error(std::string(argv[3]) + ": candidate scores [B,R] are a RetinaNet's: give its candidate "
+                             "classes (norcal-host nms --classes CLASSES.npy NUM_CLASSES ...)");
+  load_f32(argv[3], "candidate scores", {B, A, -1}, scores);
+  const std::vector<int64_t> sizes = load_int(argv[4], "image sizes", {B, 2});
+  const std::string how = argv[6];
+  if (how != "multi" && how != "best" && how != "agnostic")
+    throw std::runtime_error("rule must be multi, best or agnostic, got '" + how + "'");
+  NmsRule rule = nms_thresholds(argv, 7);
+  rule.best_class = how != "multi";
+  rule.agnostic = how == "agnostic";
+  rule.letterbox = true;  // a YOLO's norcal.resize is letterbox: its rule pads
+  NpyArray coefs;
+  if (argc == 12) coefs = load_f32(argv[11], "candidate coefficients", {B, A, -1});
+  HostCandidates in{boxes.as<float>(), scores.as<float>(), nullptr, argc == 12 ? coefs.as<float>() : nullptr,
+                    B, A, scores.shape[2], argc == 12 ? coefs.shape[2] : 0};
+  const int s = int(number_arg(argv[5], "S", true));
+  write_nms(argv[10], norcal::select(in, sizes.data(), s, s, rule), argc == 12);
+  return 0;
+}
+
+// nms --classes CLASSES NUM_CLASSES BOXES SCORES SCORE_THRESH IOU TOPK PREFIX: a RetinaNet's,
+// not letterboxed (its resize, shortest_edge or torchvision's, pads nothing).
+static int nms_retinanet(char** argv) {
+  const NpyArray boxes = load_f32(argv[5], "candidate boxes", {-1, -1, 4});
+  const int64_t B = boxes.shape[0], R = boxes.shape[1];
+  NpyArray scores = read_npy(argv[6]);
+  if (scores.shape.size() == 3)
+    throw std::runtime_error(std::string(argv[6]) + ": candidate scores [B,A,C] are a YOLO's, which has no candidate "
+                             "classes: run norcal-host nms without --classes");
+  load_f32(argv[6], "candidate scores", {B, R}, scores);
+  const std::vector<int64_t> classes = load_int(argv[3], "candidate classes", {B, R});
+  NmsRule rule = nms_thresholds(argv, 7);
+  rule.num_classes = int64_t(number_arg(argv[4], "NUM_CLASSES", true));
+  HostCandidates in{boxes.as<float>(), scores.as<float>(), classes.data(), nullptr, B, R, 1, 0};
+  write_nms(argv[10], norcal::select(in, nullptr, 0, 0, rule), false);
+  return 0;
+}
+
+static int nms(int argc, char** argv) {
+  if (argc == 3 && (std::strcmp(argv[2], "--help") == 0 || std::strcmp(argv[2], "-h") == 0)) {
+    std::cout << NMS_USAGE << NMS_HELP;
+    return 0;
+  }
+  const bool retinanet = argc > 2 && std::strcmp(argv[2], "--classes") == 0;
+  if (retinanet ? argc != 11 : (argc != 11 && argc != 12)) {
+    const std::string forms(NMS_USAGE);
+    const size_t second = forms.find('\n') + 1;  // the usage's line of this layout, less "usage: "
+    const std::string form = retinanet ? forms.substr(second, forms.size() - second - 1)
+                                       : forms.substr(0, second - 1);
+    throw std::runtime_error("nms: expected " + form.substr(form.find("norcal-host")) + ", got " +
+                             std::to_string(argc - 2) + " arguments after nms (norcal-host nms --help)");
+  }
+  return retinanet ? nms_retinanet(argv) : nms_yolo(argc, argv);
 }
 
 static int run(int argc, char** argv) {
@@ -136,36 +271,8 @@ static int run(int argc, char** argv) {
                              argc == 4 ? argv[3] : "");
     for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)ids[i]);
     std::printf("\n");
-  } else if (cmd == "nms" && (argc == 11 || argc == 12)) {
-    const NpyArray boxes = load_f32(argv[2], "candidate boxes", {-1, -1, 4});
-    const int64_t B = boxes.shape[0], A = boxes.shape[1];
-    const NpyArray scores = load_f32(argv[3], "candidate scores", {B, A, -1});
-    const NpyArray sizes = read_npy(argv[4]);
-    if ((sizes.descr != "<i8" && sizes.descr != "<i4") || sizes.shape != std::vector<int64_t>{B, 2})
-      throw std::runtime_error(std::string(argv[4]) + ": image sizes must be int [" + std::to_string(B) +
-                               ",2], got " + sizes.descr + " " + shape_str(sizes.shape));
-    const std::string how = argv[6];
-    if (how != "multi" && how != "best" && how != "agnostic")
-      throw std::runtime_error("rule must be multi, best or agnostic, got '" + how + "'");
-    NmsRule rule;
-    rule.best_class = how != "multi";
-    rule.agnostic = how == "agnostic";
-    // parsed as double and rounded once to float32, as np.float32(score_thresh) does
-    rule.score_thresh = float(std::stod(argv[7]));
-    rule.iou = float(std::stod(argv[8]));
-    rule.topk = std::stoll(argv[9]);
-    NpyArray coefs;
-    if (argc == 12) coefs = load_f32(argv[11], "candidate coefficients", {B, A, -1});
-    const int64_t M = argc == 12 ? coefs.shape[2] : 0;
-    const float* co = argc == 12 ? coefs.as<float>() : nullptr;
-    const HostNmsOutputs o = norcal::select(boxes.as<float>(), scores.as<float>(), co, B, A, scores.shape[2], M,
-                                            sizes.to_int64().data(), arg_i(5), arg_i(5), rule);
-    const std::string prefix = argv[10];
-    write_npy(prefix + "_num_detections.npy", "<i8", {B}, o.num_detections.data(), o.num_detections.size() * 8);
-    write_npy(prefix + "_boxes.npy", "<f4", {B, o.k, 4}, o.boxes.data(), o.boxes.size() * 4);
-    write_npy(prefix + "_scores.npy", "<f4", {B, o.k}, o.scores.data(), o.scores.size() * 4);
-    write_npy(prefix + "_classes.npy", "<i8", {B, o.k}, o.classes.data(), o.classes.size() * 8);
-    if (argc == 12) write_npy(prefix + "_masks.npy", "<f4", {B, o.k, M}, o.masks.data(), o.masks.size() * 4);
+  } else if (cmd == "nms") {
+    return nms(argc, argv);
   } else {
     return usage();
   }
